@@ -1,0 +1,57 @@
+"""Settings: one frozen dataclass, built once in `main()` from flags, the environment and `.env`."""
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dotenv import load_dotenv
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str | None  # None: the default model
+    weights: str  # auto | float32 | keep
+    host: str
+    port: int
+    cache_dir: Path
+    log_dir: Path
+    layers: tuple[int, ...] | None  # explicit per-rank layer counts, else a uniform split
+    max_queue: int
+    default_max_tokens: int
+    log_level: str
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
+    """(config, prepare_only). Flags win over environment variables, which win over `.env`."""
+    load_dotenv(HERE / ".env", override=False)
+    p = argparse.ArgumentParser(description="Serve one model split across the ranks of an MLX ring.")
+    p.add_argument("--model", default=_env("MODEL"), help="MLX folder, .gguf file or HF repo id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--weights", default=_env("WEIGHTS", "auto"), choices=["auto", "float32", "keep"],
+                   help="auto: float32 on a CPU device (MLX's CPU quantized kernels are slow), as stored elsewhere")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="HTTP bind address (rank 0)")
+    p.add_argument("--port", type=int, default=int(_env("PORT", "8100")))
+    p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(Path.home() / ".cache" / "mlx-ring")))
+    p.add_argument("--log-dir", default=_env("LOG_DIR", str(HERE / "logs")))
+    p.add_argument("--layers", default=_env("LAYERS"), help="per-rank layer counts, e.g. 3,2,2 (default: even split)")
+    p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")))
+    p.add_argument("--max-tokens", type=int, default=int(_env("MAX_TOKENS", "512")), help="default completion limit")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
+    a = p.parse_args(argv)
+    try:
+        layers = tuple(int(x) for x in a.layers.split(",")) if a.layers else None
+    except ValueError:
+        raise ValueError(f"LAYERS={a.layers!r} must be comma-separated integers, e.g. 3,2,2") from None
+    if not 0 < a.port < 65536:
+        raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
+    cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
+                 layers, a.max_queue, a.max_tokens, a.log_level.upper())
+    return cfg, a.prepare

@@ -1,0 +1,195 @@
+"""Rank 0's scheduler: the one thread that owns MLX, fed by the HTTP side through queues.
+
+Requests arrive on a bounded queue; each gets its own generator from `generate.generate`, and the
+engine advances every active request by one token per round, so requests share the ring instead of
+waiting for each other. Results and errors travel back as values through `Request.emit`.
+"""
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from generate import Pipeline, SamplingParams, Token, generate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delta:
+    text: str
+    tokens: list[Token]
+
+
+@dataclass
+class Done:
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    message: str
+    status: int = 500
+    type: str = "server_error"
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
+    stop: list[str] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class _Active:
+    """Bookkeeping of one running request: its generator, detokenizer and not-yet-sent text."""
+
+    def __init__(self, req: Request, seq: int, pipe: Pipeline, tokenizer: TokenizerWrapper):
+        self.req, self.seq = req, seq
+        self.tokens = generate(pipe, seq, req.prompt, req.params)
+        self.detok = tokenizer.detokenizer
+        self.detok.reset()
+        self.count = 0
+        self.held = ""  # text that could still be the start of a stop string
+        self.held_tokens: list[Token] = []
+
+
+class Engine:
+    def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64):
+        self.pipe, self.tokenizer = pipe, tokenizer
+        self.requests: queue.Queue[Request] = queue.Queue(max_queue)
+        self.calls: queue.Queue[tuple[Callable, Future]] = queue.Queue()
+        self.active: list[_Active] = []
+        self.seq_ids = itertools.count(1)
+        self.stopping = threading.Event()
+
+    # -- called from the HTTP thread ----------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        try:
+            self.requests.put_nowait(req)
+        except queue.Full:
+            raise QueueFull(f"{self.requests.maxsize} requests are already waiting") from None
+
+    def call(self, fn: Callable[[Pipeline], object]) -> Future:
+        """Run `fn(pipeline)` on the engine thread between steps (health pings, status)."""
+        fut: Future = Future()
+        self.calls.put((fn, fut))
+        return fut
+
+    # -- the engine thread --------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until `stop()`; then tell every rank to shut down."""
+        while not self.stopping.is_set():
+            self._run_calls()
+            self._admit(block=not self.active)
+            for a in list(self.active):
+                self._advance(a)
+        for a in self.active:
+            a.req.emit(Failed("the server is shutting down", 503, "service_unavailable"))
+        self.pipe.shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self.calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.pipe))
+                except Exception as e:  # errors travel back as values
+                    fut.set_exception(e)
+
+    def _admit(self, block: bool) -> None:
+        try:
+            req = self.requests.get(timeout=0.05) if block else self.requests.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if req.cancelled.is_set():
+                req.emit(Failed("cancelled by the client", 499, "cancelled"))
+            else:
+                self.active.append(_Active(req, next(self.seq_ids), self.pipe, self.tokenizer))
+            try:
+                req = self.requests.get_nowait()
+            except queue.Empty:
+                return
+
+    def _advance(self, a: _Active) -> None:
+        if a.req.cancelled.is_set():
+            return self._finish(a, None)
+        try:
+            t0 = time.perf_counter()
+            token = next(a.tokens)
+        except Exception as e:
+            log.exception("generation failed for sequence %d", a.seq)
+            return self._finish(a, Failed(f"generation failed: {e}"))
+        a.count += 1
+        if a.count == 1:
+            log.debug("sequence %d: first token after %.3f s", a.seq, time.perf_counter() - t0)
+        if token.id in self.tokenizer.eos_token_ids:
+            self._flush(a, final=True)
+            return self._finish(a, Done("stop", len(a.req.prompt), a.count))
+        a.detok.add_token(token.id)
+        a.held += a.detok.last_segment
+        a.held_tokens.append(token)
+        if self._cut_at_stop(a):
+            return self._finish(a, Done("stop", len(a.req.prompt), a.count))
+        if a.count >= a.req.max_tokens:
+            a.detok.finalize()
+            a.held += a.detok.last_segment
+            if self._cut_at_stop(a):
+                return self._finish(a, Done("stop", len(a.req.prompt), a.count))
+            self._flush(a, final=True)
+            return self._finish(a, Done("length", len(a.req.prompt), a.count))
+        self._flush(a, final=False)
+
+    def _cut_at_stop(self, a: _Active) -> bool:
+        hits = [i for i in (a.held.find(s) for s in a.req.stop) if i >= 0]
+        if not hits:
+            return False
+        a.held = a.held[: min(hits)]
+        self._flush(a, final=True)
+        return True
+
+    def _flush(self, a: _Active, final: bool) -> None:
+        keep = 0
+        if not final:
+            # Hold back the longest tail that could still grow into a stop string.
+            for s in a.req.stop:
+                for n in range(min(len(s) - 1, len(a.held)), keep, -1):
+                    if a.held.endswith(s[:n]):
+                        keep = n
+                        break
+        text = a.held[: len(a.held) - keep]
+        if text or (final and a.held_tokens):
+            a.req.emit(Delta(text, a.held_tokens))
+            a.held, a.held_tokens = a.held[len(text) :], []
+
+    def _finish(self, a: _Active, outcome: Done | Failed | None) -> None:
+        self.active.remove(a)
+        a.tokens.close()
+        try:
+            self.pipe.free(a.seq)  # drop this sequence's KV cache on every rank
+        except Exception as e:
+            log.exception("freeing sequence %d failed", a.seq)
+            outcome = outcome if isinstance(outcome, Failed) else Failed(f"ring failure: {e}")
+        if outcome is not None:
+            a.req.emit(outcome)

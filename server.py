@@ -1,0 +1,137 @@
+"""Entry point on every rank: `mlx.launch --backend ring --hostfile hosts.json server.py`.
+
+Each rank loads its slice of layers. Rank 0 also holds the embedding and head, runs the engine on
+its main thread (the one thread that owns MLX) and serves the OpenAI API from a uvicorn thread.
+The other ranks loop on the step protocol until told to shut down.
+"""
+
+import logging
+import signal
+import socket
+import sys
+import threading
+
+import mlx.core as mx
+from mlx_lm.utils import load_config, load_tokenizer
+
+from config import Config, parse_config
+from model_source import DEFAULT_MODEL, resolve_model
+from plan import LayerPlan, plan_from_sizes, uniform_plan
+from shard import Ring, Shard, load_shard, serve_worker
+
+log = logging.getLogger("server")
+HOST_BYTES = 64
+
+
+def setup_logging(cfg: Config, rank: int) -> None:
+    """Every line carries rank and host; rank r also writes `logs/rank{r}.log` on its own machine."""
+    host = socket.gethostname()
+
+    class Tag(logging.Filter):
+        def filter(self, record):
+            record.rank, record.host = rank, host
+            return True
+
+    fmt = logging.Formatter("%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s")
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(cfg.log_dir / f"rank{rank}.log")]
+    for h in handlers:
+        h.setFormatter(fmt)
+        h.addFilter(Tag())
+    logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
+
+
+def make_plan(cfg: Config, n_layers: int, size: int) -> LayerPlan:
+    if cfg.layers is None:
+        return uniform_plan(n_layers, size)
+    if len(cfg.layers) != size:
+        raise ValueError(f"LAYERS names {len(cfg.layers)} ranks but the ring has {size}; give one count per host")
+    return plan_from_sizes(n_layers, list(cfg.layers))
+
+
+def gather_cluster(shard: Shard, group: mx.distributed.Group) -> dict:
+    """Every rank's static facts (host, range, bytes held), gathered with one collective."""
+    info = shard.info()
+    host = info["host"].encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    # KiB units keep the byte counts inside int32.
+    row = [info["rank"], *info["layers"], info["parameter_bytes"] >> 10, info["holds_embedding"], info["holds_head"], *host]
+    rows = mx.distributed.all_gather(mx.array([row], dtype=mx.int32), group=group).tolist()
+    ranks = []
+    for r in rows:
+        ranks.append({
+            "rank": r[0], "host": bytes(r[6:]).rstrip(b"\0").decode(errors="replace"), "layers": r[1:3],
+            "parameter_bytes_kib": r[3], "holds_embedding": bool(r[4]), "holds_head": bool(r[5]),
+        })
+    plan = shard.plan
+    return {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
+
+
+def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
+    import uvicorn
+
+    from api import ServedModel, make_app
+    from engine import Engine
+    from generate import Pipeline
+
+    model_config = load_config(model_path)
+    tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
+    served = ServedModel(
+        id=cfg.model or DEFAULT_MODEL,
+        tokenizer=tokenizer,
+        context_length=model_config.get("max_position_embeddings") or 4096,
+        default_max_tokens=cfg.default_max_tokens,
+        cluster=cluster,
+    )
+    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue)
+    http = uvicorn.Server(uvicorn.Config(make_app(engine, served), host=cfg.host, port=cfg.port, log_config=None))
+    web = threading.Thread(target=http.run, name="http", daemon=True)
+
+    def on_signal(signum, _frame):
+        log.info("signal %d: shutting down", signum)
+        http.should_exit = True
+        engine.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    web.start()
+    while not http.started and web.is_alive():
+        web.join(0.05)
+    if not web.is_alive():
+        engine.stop()
+        engine.run()  # tells the other ranks to exit
+        raise SystemExit(f"the HTTP server could not start on {cfg.host}:{cfg.port} (port in use?); set PORT")
+    hosts = [r["host"] for r in cluster["ranks"]]
+    log.info("layer plan:\n%s", shard.plan.describe(hosts))
+    log.info("ready: http://%s:%d/v1 serving %s on %d rank(s)", cfg.host, cfg.port, served.id, ring.size)
+    engine.run()
+    http.should_exit = True
+    web.join(5)
+
+
+def main() -> None:
+    cfg, prepare_only = parse_config()
+    group = mx.distributed.init(backend="ring")
+    rank, size = group.rank(), group.size()
+    setup_logging(cfg, rank)
+    model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+    if prepare_only:
+        print(model_path)
+        return
+    plan = make_plan(cfg, load_config(model_path)["num_hidden_layers"], size)
+    shard = load_shard(model_path, plan, rank)
+    log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
+    cluster = gather_cluster(shard, group)
+    ring = Ring(group)
+    if rank == 0:
+        serve_rank0(cfg, shard, ring, model_path, cluster)
+    else:
+        serve_worker(shard, ring)
+    log.info("exiting")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:  # configuration errors: one clear line, no traceback
+        logging.getLogger("server").error("%s", e)
+        sys.exit(2)

@@ -1,0 +1,200 @@
+"""A rank's slice of the model, and the step protocol that carries work around the ring.
+
+Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
+array: hidden states `(B, L, H)` for a forward step, a `(size, STATUS_COLS)` table for a status
+step. The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all
+ranks go through the same operations in the same order.
+"""
+
+import logging
+import resource
+import socket
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from plan import LayerPlan
+
+log = logging.getLogger(__name__)
+
+HEADER_LEN = 8
+DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
+STATUS_COLS = 6  # rank, MLX active KiB, MLX peak KiB, process RSS KiB, open sequences, cached tokens
+
+
+class Kind(IntEnum):
+    FORWARD = 1  # run local layers on the payload, with the cache of `seq`
+    FREE = 2  # drop the cache of `seq`
+    STATUS = 3  # each rank fills its row of the payload table
+    PING = 4  # no-op round trip: proves every rank is alive and in step
+    SHUTDOWN = 5  # pass it on, then exit
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    seq: int = 0
+    offset: int = 0  # FORWARD: tokens already in the cache of `seq`; 0 starts a fresh cache
+    shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
+    dtype: int = 0  # index into DTYPES
+
+    def encode(self) -> mx.array:
+        dims = list(self.shape) + [0] * (3 - len(self.shape))
+        return mx.array([self.kind, self.seq, self.offset, self.dtype, len(self.shape), *dims], dtype=mx.int32)
+
+    @staticmethod
+    def decode(a: mx.array) -> "Header":
+        kind, seq, offset, dtype, ndim, *dims = a.tolist()
+        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype)
+
+    @staticmethod
+    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0) -> "Header":
+        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype))
+
+
+class Ring:
+    """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size)."""
+
+    def __init__(self, group: mx.distributed.Group):
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+        self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+
+    def send(self, header: Header, payload: mx.array | None) -> None:
+        # Header first, evaluated on its own: two independent sends in one graph have no order.
+        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
+        if header.shape:
+            mx.eval(mx.distributed.send(payload, self.next, group=self.group))
+
+    def recv(self) -> tuple[Header, mx.array | None]:
+        # The header tells the payload's shape and dtype, so it must arrive first.
+        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.group))
+        if not header.shape:
+            return header, None
+        payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
+        mx.eval(payload)
+        return header, payload
+
+
+def rss_kib() -> int:
+    """Resident memory of this process now (Linux), or its peak where /proc is missing (macOS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() >> 10
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # bytes on macOS
+
+
+def _check_architecture(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm")):
+        raise ValueError(
+            f"model type {getattr(model, 'model_type', type(model).__name__)!r} does not have the "
+            "embed_tokens / layers / norm shape this server slices; use a Llama, Mistral, Qwen2, Qwen3 or Phi-3 family model"
+        )
+    return inner
+
+
+def parameter_bytes(module: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+class Shard:
+    """The layers `[start, end)` of one rank, their KV caches per sequence, and (rank 0) embedding and head."""
+
+    def __init__(self, model: nn.Module, plan: LayerPlan, rank: int):
+        self.model, self.plan, self.rank = model, plan, rank
+        self.inner = model.model
+        self.start, self.end = plan.ranges[rank]
+        self.caches: dict[int, list] = {}
+        self.host = socket.gethostname()
+
+    # -- rank 0 only: the ends of the model -------------------------------------------------------
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.inner.embed_tokens(tokens)
+
+    def head(self, h: mx.array) -> mx.array:
+        h = self.inner.norm(h)
+        if "lm_head" in self.model:
+            return self.model.lm_head(h)
+        return self.inner.embed_tokens.as_linear(h)
+
+    # -- every rank ---------------------------------------------------------------------------------
+    def forward(self, h: mx.array, caches: list) -> mx.array:
+        """Run the local layers on hidden states `(B, L, H)`."""
+        masks = {}
+        for layer, c in zip(self.inner.layers, caches):
+            window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
+            if window not in masks:
+                masks[window] = create_attention_mask(h, c, window_size=window)
+            h = layer(h, masks[window], c)
+        return h
+
+    def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
+        """Apply one step to this rank's layers and caches; returns the payload to pass on."""
+        if header.kind == Kind.FORWARD:
+            if header.offset == 0:
+                self.caches[header.seq] = make_prompt_cache(self.model)
+            caches = self.caches.get(header.seq)
+            assert caches is not None, f"rank {self.rank}: no cache for sequence {header.seq}"
+            assert caches[0].offset == header.offset, (
+                f"rank {self.rank}: cache of sequence {header.seq} holds {caches[0].offset} tokens, "
+                f"rank 0 expects {header.offset}"
+            )
+            return self.forward(payload, caches)
+        if header.kind == Kind.FREE:
+            self.caches.pop(header.seq, None)
+            return None
+        if header.kind == Kind.STATUS:
+            row = mx.array([self.status_row()], dtype=mx.int32)
+            return mx.concatenate([payload[: self.rank], row, payload[self.rank + 1 :]])
+        return payload
+
+    def status_row(self) -> list[int]:
+        tokens = sum(c[0].offset for c in self.caches.values() if c)
+        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), len(self.caches), tokens]
+
+    def info(self) -> dict:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "layers": [self.start, self.end],
+            "parameter_bytes": parameter_bytes(self.model),
+            "holds_embedding": "embed_tokens" in self.inner,
+            "holds_head": "norm" in self.inner,
+        }
+
+
+def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
+    """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and head),
+    then materialise what is left: tensors of other ranks are never read from disk."""
+    model, _ = load_model(Path(model_path), lazy=True)
+    inner = _check_architecture(model)
+    if len(inner.layers) != plan.n_layers:
+        raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(inner.layers)}")
+    start, end = plan.ranges[rank]
+    inner.layers = inner.layers[start:end]
+    if rank != 0:
+        for name in ("embed_tokens", "norm"):
+            inner.pop(name)
+        if "lm_head" in model:
+            model.pop("lm_head")
+    mx.eval(model.parameters())
+    return Shard(model, plan, rank)
+
+
+def serve_worker(shard: Shard, ring: Ring) -> None:
+    """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by."""
+    while True:
+        header, payload = ring.recv()  # the next step, from the previous rank
+        out = shard.apply(header, payload)
+        ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
+        if header.kind == Kind.SHUTDOWN:
+            return
