@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# One command for the ring. Usage: ./launch.sh [start|stop|restart|status|logs|test|prepare] [args]
+#   start    install what is needed, prepare the model, start every rank in hosts.json (default)
+#   stop     stop every rank           status   is it up, and the per-rank layer plan and memory
+#   logs     follow logs/*.log         test     run the test suite (extra args go to pytest)
+#   prepare  install and convert the model only
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+
+# Settings from the environment or .env (server.py reads .env itself for everything else).
+setting() { local v="${!1:-}"; [ -z "$v" ] && [ -f .env ] && v=$(sed -n "s/^$1=//p" .env | tail -n 1 | tr -d '"'\'); echo "${v:-$2}"; }
+HOSTFILE=$(setting HOSTFILE hosts.json)
+HOST=$(setting HOST 127.0.0.1)
+PORT=$(setting PORT 8100)
+RING_PORT=$(setting RING_PORT 32323)
+STARTUP_TIMEOUT=$(setting STARTUP_TIMEOUT 600)
+URL_HOST=$([ "$HOST" = "0.0.0.0" ] && echo 127.0.0.1 || echo "$HOST")
+URL="http://$URL_HOST:$PORT"
+PIDFILE=logs/launcher.pid
+
+say() { printf '%s\n' "$*" >&2; }
+
+ensure_uv() {
+  command -v uv >/dev/null 2>&1 && return
+  export PATH="$HOME/.local/bin:$PATH"
+  command -v uv >/dev/null 2>&1 && return
+  say "installing uv (the project's environment manager) with pip..."
+  python3 -m pip install --user -q uv 2>/dev/null || python3 -m pip install -q --break-system-packages uv
+  command -v uv >/dev/null 2>&1 || { say "uv is not on PATH after install; add \$HOME/.local/bin to PATH"; exit 1; }
+}
+
+# On a Linux CPU, MLX's bundled BLAS is the slow reference one; Debian's OpenBLAS is ~50x faster.
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+ensure_blas() {
+  [ "$(uname -s)" = Linux ] || return 0
+  if [ ! -e "$OPENBLAS" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing OpenBLAS for MLX's CPU backend (apt-get install libopenblas0-pthread)..."
+    (apt-get install -y -qq libopenblas0-pthread >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libopenblas0-pthread; }) >/dev/null 2>&1 || true
+  fi
+  if [ -e "$OPENBLAS" ]; then
+    export LD_PRELOAD="$OPENBLAS${LD_PRELOAD:+:$LD_PRELOAD}"
+  else
+    say "note: OpenBLAS not found; the CPU backend will be slow (install libopenblas0-pthread)"
+  fi
+}
+
+ensure_env() {
+  ensure_uv
+  local extra=()
+  [ "$(setting CUDA 0)" = 1 ] && extra=(--extra cuda)
+  uv sync --frozen --quiet "${extra[@]}" "$@"
+  ensure_blas
+}
+
+running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+start() {
+  if running; then say "already running (pid $(cat "$PIDFILE")) at $URL"; status; return; fi
+  ensure_env
+  mkdir -p logs
+  say "preparing the model (converted once, then cached)..."
+  .venv/bin/python server.py --prepare >/dev/null
+  say "starting the ring from $HOSTFILE..."
+  # A session of its own, so `stop` can signal the launcher and its local ranks together.
+  setsid nohup .venv/bin/mlx.launch --backend ring --hostfile "$HOSTFILE" --starting-port "$RING_PORT" \
+    -- "$ROOT/.venv/bin/python" "$ROOT/server.py" "$@" >> logs/launcher.log 2>&1 < /dev/null &
+  echo $! > "$PIDFILE"
+  local waited=0
+  until curl -sf "$URL/health" >/dev/null 2>&1; do
+    if ! running; then say "the ring exited during startup; last lines of logs/launcher.log:"; tail -n 20 logs/launcher.log >&2; exit 1; fi
+    [ "$waited" -ge "$STARTUP_TIMEOUT" ] && { say "not healthy after ${STARTUP_TIMEOUT}s; see logs/"; exit 1; }
+    sleep 1; waited=$((waited + 1))
+  done
+  say "ready: $URL/v1 (OpenAI-compatible)"
+  status
+}
+
+stop() {
+  if ! running; then say "not running"; rm -f "$PIDFILE"; return; fi
+  local pid; pid=$(cat "$PIDFILE")
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$PIDFILE"
+  say "stopped"
+}
+
+status() {
+  if ! running; then say "not running"; return 1; fi
+  curl -sf "$URL/health" >/dev/null || { say "launcher pid $(cat "$PIDFILE") is up but $URL/health does not answer"; return 1; }
+  curl -sf "$URL/cluster/status" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print("model %(model)s," % s, "plan %(strategy)s over %(n_layers)d layers" % s["plan"])
+for r in s["ranks"]:
+    r["ends"] = " + embedding and head" if r["holds_embedding"] else ""
+    r["mib"], r["rss"] = r["parameter_bytes_kib"] / 1024, r["rss_kib"] / 1024
+    r["start"], r["end"] = r["layers"]
+    print("  rank %(rank)d (%(host)s): layers [%(start)d, %(end)d)%(ends)s, weights %(mib).1f MiB, resident %(rss).1f MiB, %(open_sequences)d open sequences" % r)'
+}
+
+cmd=${1:-start}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  start) start "$@" ;;
+  stop) stop ;;
+  restart) stop; start "$@" ;;
+  status) status ;;
+  logs) mkdir -p logs; if [ -t 1 ]; then tail -n 50 -F logs/*.log; else tail -n "${1:-100}" logs/*.log; fi ;;
+  prepare) ensure_env; .venv/bin/python server.py --prepare ;;
+  test) ensure_env; exec .venv/bin/python -m pytest "$@" ;;
+  *) say "unknown command '$cmd'; use start, stop, restart, status, logs, test or prepare"; exit 2 ;;
+esac
