@@ -17,7 +17,7 @@ from mlx_lm.utils import load_config, load_tokenizer
 from config import Config, parse_config
 from model_source import DEFAULT_MODEL, resolve_model
 from plan import LayerPlan, plan_from_sizes, uniform_plan
-from shard import Ring, Shard, load_shard, serve_worker
+from shard import Ring, Shard, init_group, load_shard, serve_worker
 
 log = logging.getLogger("server")
 HOST_BYTES = 64
@@ -110,7 +110,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 
 def main() -> None:
     cfg, prepare_only = parse_config()
-    group = mx.distributed.init(backend="ring")
+    group = init_group()
     rank, size = group.rank(), group.size()
     setup_logging(cfg, rank)
     model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)

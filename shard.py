@@ -7,6 +7,7 @@ ranks go through the same operations in the same order.
 """
 
 import logging
+import os
 import resource
 import socket
 from dataclasses import dataclass
@@ -57,6 +58,15 @@ class Header:
     @staticmethod
     def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0) -> "Header":
         return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype))
+
+
+def init_group() -> mx.distributed.Group:
+    """The ring group mlx.launch describes; a group of one when started alone."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
+        # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
+        del os.environ["MLX_HOSTFILE"]
+    return mx.distributed.init(backend="ring")
 
 
 class Ring:
