@@ -1,0 +1,104 @@
+"""The real `openai` client against the real server: 2 ranks under mlx.launch, default model."""
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model, load_tokenizer
+
+from serverutil import running_server
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, default_model):
+    with running_server(tmp_path_factory.mktemp("server"), n_ranks=2) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_answers_like_single_process_mlx_lm(client, default_model):
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=32)
+    tokenizer = load_tokenizer(default_model)
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+    model, _ = load_model(default_model)
+    want = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=32):
+        if tok in tokenizer.eos_token_ids:
+            break
+        want.append(tok)
+    assert r.choices[0].message.content == tokenizer.decode(want) == "The capital of France is Paris."
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == len(want) + 1  # + end token
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_stream_joined_equals_non_streamed(client):
+    ask = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Name three colours."}], temperature=0, max_tokens=24)
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == whole.choices[0].message.content
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_length_limit_and_max_completion_tokens(client):
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_completion_tokens=3)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    assert r.choices[0].message.content == "The capital of"
+
+
+def test_stop_string_cuts_text(client):
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, stop=[" Paris", "zzz"])
+    assert r.choices[0].message.content == "The capital of France is" and r.choices[0].finish_reason == "stop"
+    s = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, stop=" Paris", stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == "The capital of France is"
+
+
+def test_completions_and_models(client):
+    r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    assert r.object == "text_completion" and r.choices[0].text.startswith(" Paris") or r.choices[0].text.startswith("Paris")
+    assert len(r.choices[0].logprobs.tokens) == 4 and all(len(t) == 2 for t in r.choices[0].logprobs.top_logprobs)
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+
+
+def test_chat_logprobs_and_seeded_sampling(client):
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=4, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == ["The", " capital", " of", " France"]
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token and c.logprob <= 0 for c in content)
+    ask = dict(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=1.0, top_p=0.9, max_tokens=12, seed=7)
+    assert client.chat.completions.create(**ask).choices[0].message.content == client.chat.completions.create(**ask).choices[0].message.content
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_working(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=5)
+    assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[])
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-17", messages=QUESTION)
+    assert e.value.body["code"] == "model_not_found"
+    raw = httpx.post(f"{server}/v1/chat/completions", content=b"{not json", timeout=30)
+    assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=8)
+    assert r.choices[0].message.content.startswith("The capital of France")
+
+
+def test_health_and_cluster_status(server):
+    h = httpx.get(f"{server}/health", timeout=30).json()
+    assert h["status"] == "ok" and h["ranks"] == 2
+    s = httpx.get(f"{server}/cluster/status", timeout=30).json()
+    assert [r["layers"] for r in s["ranks"]] == [[0, 15], [15, 30]]
+    assert [r["open_sequences"] for r in s["ranks"]] == [0, 0]  # every finished request freed its caches
+    assert s["ranks"][0]["parameter_bytes_kib"] > s["ranks"][1]["parameter_bytes_kib"]  # rank 0 adds embedding
