@@ -2,6 +2,7 @@
 requests for the engine thread, and turns the engine's events into OpenAI responses."""
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -13,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine import Delta, Done, Engine, Failed, QueueFull, Request
+from engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
 from openai_schema import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,10 @@ class ServedModel:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param=None, code=None):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param=None, code=None, headers=None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
 
 def error_body(message: str, type: str, param=None, code=None) -> dict:
@@ -67,9 +69,26 @@ class JsonBodies:
         await self.app(scope, receive, send)
 
 
-def make_app(engine: Engine, served: ServedModel) -> FastAPI:
+class BearerAuth:
+    """ASGI middleware: with an API key set, /v1/* needs `Authorization: Bearer <key>`; /health stays open."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.key):  # constant time: no timing oracle on the key
+                body = error_body("missing or wrong API key; send Authorization: Bearer <key>", "authentication_error", code="invalid_api_key")
+                return await JSONResponse(body, status_code=401)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
     app.add_middleware(JsonBodies)
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_, exc):
@@ -77,7 +96,7 @@ def make_app(engine: Engine, served: ServedModel) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _on_api_error(_, exc: ApiError):
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status)
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_, exc):
@@ -104,7 +123,9 @@ def make_app(engine: Engine, served: ServedModel) -> FastAPI:
         try:
             engine.submit(req)
         except QueueFull as e:
-            raise ApiError(503, f"the server is busy ({e}); retry shortly", "server_overloaded") from None
+            raise ApiError(503, f"the server is busy ({e}); retry shortly", "server_overloaded", headers={"Retry-After": "1"}) from None
+        except Unavailable as e:
+            raise ApiError(503, f"the server is not taking requests: {e}", "service_unavailable", headers={"Retry-After": "5"}) from None
         return events
 
     async def run(req: Request, events: asyncio.Queue, http: HttpRequest):
@@ -232,6 +253,8 @@ def make_app(engine: Engine, served: ServedModel) -> FastAPI:
     @app.get("/health")
     async def health():
         t0 = time.perf_counter()
+        if engine.broken or engine.stopping.is_set():
+            return JSONResponse({"status": "unavailable", "error": engine.broken or "shutting down"}, status_code=503)
         try:
             await on_engine(lambda pipe: pipe.ping(), timeout=10)  # a real trip through every rank
         except Exception as e:

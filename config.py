@@ -20,8 +20,12 @@ class Config:
     log_dir: Path
     layers: tuple[int, ...] | None  # explicit per-rank layer counts, else a uniform split
     max_queue: int
+    max_active: int  # sequences generating at once; the rest wait in the queue
     default_max_tokens: int
     log_level: str
+    step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
+    drain_timeout: float  # seconds running requests get to finish after SIGTERM
+    api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -41,9 +45,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(Path.home() / ".cache" / "mlx-ring")))
     p.add_argument("--log-dir", default=_env("LOG_DIR", str(HERE / "logs")))
     p.add_argument("--layers", default=_env("LAYERS"), help="per-rank layer counts, e.g. 3,2,2 (default: even split)")
-    p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")))
+    p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")), help="requests waiting beyond MAX_ACTIVE; more get 503")
+    p.add_argument("--max-active", type=int, default=int(_env("MAX_ACTIVE", "16")), help="sequences generating at once")
     p.add_argument("--max-tokens", type=int, default=int(_env("MAX_TOKENS", "512")), help="default completion limit")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
+                   help="seconds one trip round the ring may take before the ring counts as broken")
+    p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
     a = p.parse_args(argv)
     try:
@@ -52,6 +60,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"LAYERS={a.layers!r} must be comma-separated integers, e.g. 3,2,2") from None
     if not 0 < a.port < 65536:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
+    if a.max_queue < 1 or a.max_active < 1:
+        raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
+    if a.step_timeout <= 0 or a.drain_timeout < 0:
+        raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
-                 layers, a.max_queue, a.max_tokens, a.log_level.upper())
+                 layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
+                 _env("API_KEY"))
     return cfg, a.prepare

@@ -7,6 +7,7 @@ waiting for each other. Results and errors travel back as values through `Reques
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from generate import Pipeline, SamplingParams, Token, generate
+from generate import Pipeline, RingError, SamplingParams, Token, generate
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class QueueFull(Exception):
     pass
 
 
+class Unavailable(Exception):
+    """The engine takes no new work: it is draining for shutdown, or the ring is broken."""
+
+
 class _Active:
     """Bookkeeping of one running request: its generator, detokenizer and not-yet-sent text."""
 
@@ -69,16 +74,22 @@ class _Active:
 
 
 class Engine:
-    def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64):
+    def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64, max_active: int = 16,
+                 step_timeout: float = 60.0, drain_timeout: float = 30.0):
         self.pipe, self.tokenizer = pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
         self.calls: queue.Queue[tuple[Callable, Future]] = queue.Queue()
         self.active: list[_Active] = []
+        self.max_active = max_active
         self.seq_ids = itertools.count(1)
         self.stopping = threading.Event()
+        self.step_timeout, self.drain_timeout = step_timeout, drain_timeout
+        self.broken: str | None = None  # why the ring is unusable; the process exits soon after
 
     # -- called from the HTTP thread ----------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        if self.broken or self.stopping.is_set():
+            raise Unavailable(self.broken or "the server is shutting down")
         try:
             self.requests.put_nowait(req)
         except queue.Full:
@@ -92,18 +103,65 @@ class Engine:
 
     # -- the engine thread --------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until `stop()`; then tell every rank to shut down."""
-        while not self.stopping.is_set():
-            self._run_calls()
-            self._admit(block=not self.active)
+        """Serve until `stop()`, then drain (finish running requests, up to `drain_timeout`) and tell
+        every rank to shut down. A broken ring ends the process instead (see `_die`)."""
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+        try:
+            while not self.stopping.is_set():
+                self._serve_round()
+            deadline = time.monotonic() + self.drain_timeout
+            self._reject_waiting()
+            while self.active and time.monotonic() < deadline:
+                self._serve_round()
             for a in list(self.active):
-                self._advance(a)
-        for a in self.active:
-            a.req.emit(Failed("the server is shutting down", 503, "service_unavailable"))
-        self.pipe.shutdown()
+                self._finish(a, Failed("the server is shutting down", 503, "service_unavailable"))
+            self.pipe.shutdown()
+        except RingError as e:
+            self._die(str(e))
+
+    def _serve_round(self) -> None:
+        self._run_calls()
+        if not self.stopping.is_set():
+            self._admit(block=not self.active)
+        elif not self.active:
+            time.sleep(0.01)
+        for a in list(self.active):
+            self._advance(a)
 
     def stop(self) -> None:
+        """Stop taking requests and drain; safe to call from a signal handler."""
         self.stopping.set()
+
+    def _reject_waiting(self) -> None:
+        while True:
+            try:
+                self.requests.get_nowait().emit(Failed("the server is shutting down", 503, "service_unavailable"))
+            except queue.Empty:
+                return
+
+    def _watchdog(self) -> None:
+        # MLX's ring has no timeout: a stopped or silent peer blocks recv forever, so time steps here.
+        while True:
+            time.sleep(0.2)
+            started = self.pipe.busy_since
+            if started is not None and time.monotonic() - started > self.step_timeout:
+                self._die(f"a ring step got no answer within {self.step_timeout:.0f} s (a rank is stopped, hung or unreachable)")
+
+    def _die(self, reason: str) -> None:
+        """The ring cannot be trusted any more: fail every request with a clear error, then exit so
+        that mlx.launch stops the other ranks and the launcher restarts the ring."""
+        if self.broken:
+            return
+        self.broken = reason
+        log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(self.active) + self.requests.qsize())
+        for a in list(self.active):
+            a.req.emit(Failed(f"ring failure: {reason}", 503, "service_unavailable"))
+        self._reject_waiting()
+        for _, fut in list(self.calls.queue):
+            if not fut.done():
+                fut.set_exception(RingError(reason))
+        time.sleep(1.0)  # let the HTTP thread send those errors
+        os._exit(75)
 
     def _run_calls(self) -> None:
         while True:
@@ -116,21 +174,20 @@ class Engine:
                     fut.set_result(fn(self.pipe))
                 except Exception as e:  # errors travel back as values
                     fut.set_exception(e)
+                    if isinstance(e, RingError):
+                        raise
 
     def _admit(self, block: bool) -> None:
-        try:
-            req = self.requests.get(timeout=0.05) if block else self.requests.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            if req.cancelled.is_set():
+        while len(self.active) < self.max_active:
+            try:
+                req = self.requests.get(timeout=0.05) if block else self.requests.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if req.cancelled.is_set():  # the client left while it waited: nothing to compute
                 req.emit(Failed("cancelled by the client", 499, "cancelled"))
             else:
                 self.active.append(_Active(req, next(self.seq_ids), self.pipe, self.tokenizer))
-            try:
-                req = self.requests.get_nowait()
-            except queue.Empty:
-                return
 
     def _advance(self, a: _Active) -> None:
         if a.req.cancelled.is_set():
@@ -138,6 +195,8 @@ class Engine:
         try:
             t0 = time.perf_counter()
             token = next(a.tokens)
+        except RingError:
+            raise
         except Exception as e:
             log.exception("generation failed for sequence %d", a.seq)
             return self._finish(a, Failed(f"generation failed: {e}"))
@@ -186,10 +245,6 @@ class Engine:
     def _finish(self, a: _Active, outcome: Done | Failed | None) -> None:
         self.active.remove(a)
         a.tokens.close()
-        try:
-            self.pipe.free(a.seq)  # drop this sequence's KV cache on every rank
-        except Exception as e:
-            log.exception("freeing sequence %d failed", a.seq)
-            outcome = outcome if isinstance(outcome, Failed) else Failed(f"ring failure: {e}")
         if outcome is not None:
             a.req.emit(outcome)
+        self.pipe.free(a.seq)  # drop this sequence's KV cache on every rank

@@ -4,6 +4,7 @@
 (the scheduler) decides when a sequence stops.
 """
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -13,21 +14,33 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from shard import STATUS_COLS, Header, Kind, Ring, Shard
 
 
+class RingError(RuntimeError):
+    """The ring is broken (a peer died or answered out of step); only a restart mends it."""
+
+
 class Pipeline:
     """Rank 0's handle on the whole ring: embed, every rank's layers in turn, head."""
 
     def __init__(self, shard: Shard, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
         self.shard, self.ring = shard, ring
+        self.busy_since: float | None = None  # when the step now on the ring started; read by the watchdog
 
     def round_trip(self, header: Header, payload: mx.array | None) -> mx.array | None:
         """Apply a step on rank 0, then on ranks 1..N-1 in ring order; returns what comes home."""
-        out = self.shard.apply(header, payload)
-        if self.ring.size == 1:
-            return out
-        self.ring.send(header, out)  # hand the step to rank 1
-        back, out = self.ring.recv()  # the ring closes: rank N-1 hands it back to rank 0
-        assert back == header, f"ring returned {back}, sent {header}: the ranks are out of step"
+        self.busy_since = time.monotonic()
+        try:
+            out = self.shard.apply(header, payload)
+            if self.ring.size == 1:
+                return out
+            self.ring.send(header, out)  # hand the step to rank 1
+            back, out = self.ring.recv()  # the ring closes: rank N-1 hands it back to rank 0
+        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
+            raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+        finally:
+            self.busy_since = None
+        if back != header:
+            raise RingError(f"ring returned {back}, sent {header}: the ranks are out of step")
         return out
 
     def logits(self, seq: int, tokens: list[int], offset: int) -> mx.array:

@@ -15,9 +15,13 @@ HOST=$(setting HOST 127.0.0.1)
 PORT=$(setting PORT 8100)
 RING_PORT=$(setting RING_PORT 32323)
 STARTUP_TIMEOUT=$(setting STARTUP_TIMEOUT 600)
+DRAIN_TIMEOUT=$(setting DRAIN_TIMEOUT 30)
+MAX_RESTARTS=$(setting MAX_RESTARTS 5)
 URL_HOST=$([ "$HOST" = "0.0.0.0" ] && echo 127.0.0.1 || echo "$HOST")
 URL="http://$URL_HOST:$PORT"
-PIDFILE=logs/launcher.pid
+LOG_DIR=$(setting LOG_DIR logs)
+export LOG_DIR
+PIDFILE=$LOG_DIR/launcher.pid
 
 say() { printf '%s\n' "$*" >&2; }
 
@@ -55,20 +59,48 @@ ensure_env() {
 
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
+# Runs in a session of its own (see start): restarts the ring when it fails, a bounded number of
+# times; SIGTERM drains rank 0 (which shuts the other ranks down) and ends the loop.
+supervise() {
+  local tries=0 stopping=0 lp rc t0
+  trap 'stopping=1; [ -f "$LOG_DIR/rank0.pid" ] && kill -TERM "$(cat "$LOG_DIR/rank0.pid")" 2>/dev/null' TERM INT
+  while :; do
+    rm -f "$LOG_DIR/rank0.pid"
+    t0=$(date +%s)
+    .venv/bin/mlx.launch --backend ring --hostfile "$HOSTFILE" --starting-port "$RING_PORT" \
+      -- "$ROOT/.venv/bin/python" "$ROOT/server.py" "$@" &
+    lp=$!
+    while kill -0 "$lp" 2>/dev/null; do
+      # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung): force it.
+      if [ -f "$LOG_DIR/rank0.pid" ] && ! kill -0 "$(cat "$LOG_DIR/rank0.pid")" 2>/dev/null; then
+        sleep 3
+        kill -0 "$lp" 2>/dev/null && { say "a rank did not exit after rank 0 left; killing the ring"; pkill -KILL -P "$lp"; kill -KILL "$lp"; }
+      fi
+      sleep 1 & wait $! || true
+    done
+    wait "$lp"; rc=$?
+    [ "$stopping" = 1 ] && { say "ring stopped"; exit 0; }
+    [ $(( $(date +%s) - t0 )) -gt 300 ] && tries=0  # a ring that served a while starts a fresh count
+    tries=$((tries + 1))
+    if [ "$tries" -gt "$MAX_RESTARTS" ]; then say "the ring failed $tries times in a row (exit $rc); giving up"; exit 1; fi
+    say "the ring exited with code $rc; restart $tries of $MAX_RESTARTS in 2 s"
+    sleep 2
+  done
+}
+
 start() {
   if running; then say "already running (pid $(cat "$PIDFILE")) at $URL"; status; return; fi
   ensure_env
-  mkdir -p logs
+  mkdir -p "$LOG_DIR"
   say "preparing the model (converted once, then cached)..."
   .venv/bin/python server.py --prepare >/dev/null
   say "starting the ring from $HOSTFILE..."
-  # A session of its own, so `stop` can signal the launcher and its local ranks together.
-  setsid nohup .venv/bin/mlx.launch --backend ring --hostfile "$HOSTFILE" --starting-port "$RING_PORT" \
-    -- "$ROOT/.venv/bin/python" "$ROOT/server.py" "$@" >> logs/launcher.log 2>&1 < /dev/null &
+  # A session of its own, so `stop` can reach the supervisor, the launcher and local ranks together.
+  setsid nohup "$ROOT/launch.sh" supervise "$@" >> "$LOG_DIR/launcher.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   local waited=0
   until curl -sf "$URL/health" >/dev/null 2>&1; do
-    if ! running; then say "the ring exited during startup; last lines of logs/launcher.log:"; tail -n 20 logs/launcher.log >&2; exit 1; fi
+    if ! running; then say "the ring exited during startup; last lines of $LOG_DIR/launcher.log:"; tail -n 20 "$LOG_DIR/launcher.log" >&2; exit 1; fi
     [ "$waited" -ge "$STARTUP_TIMEOUT" ] && { say "not healthy after ${STARTUP_TIMEOUT}s; see logs/"; exit 1; }
     sleep 1; waited=$((waited + 1))
   done
@@ -79,9 +111,9 @@ start() {
 stop() {
   if ! running; then say "not running"; rm -f "$PIDFILE"; return; fi
   local pid; pid=$(cat "$PIDFILE")
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  kill -TERM "$pid"  # the supervisor drains rank 0, which shuts every rank down
+  for _ in $(seq 1 $(( (DRAIN_TIMEOUT + 15) * 2 ))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$pid" 2>/dev/null || true  # anything left in the session (normally nothing)
   rm -f "$PIDFILE"
   say "stopped"
 }
@@ -104,10 +136,11 @@ cmd=${1:-start}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   start) start "$@" ;;
+  supervise) supervise "$@" ;;
   stop) stop ;;
   restart) stop; start "$@" ;;
   status) status ;;
-  logs) mkdir -p logs; if [ -t 1 ]; then tail -n 50 -F logs/*.log; else tail -n "${1:-100}" logs/*.log; fi ;;
+  logs) mkdir -p "$LOG_DIR"; if [ -t 1 ]; then tail -n 50 -F "$LOG_DIR"/*.log; else tail -n "${1:-100}" "$LOG_DIR"/*.log; fi ;;
   prepare) ensure_env; .venv/bin/python server.py --prepare ;;
   test) ensure_env; exec .venv/bin/python -m pytest "$@" ;;
   *) say "unknown command '$cmd'; use start, stop, restart, status, logs, test or prepare"; exit 2 ;;

@@ -6,6 +6,7 @@ The other ranks loop on the step protocol until told to shut down.
 """
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -82,14 +83,14 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         default_max_tokens=cfg.default_max_tokens,
         cluster=cluster,
     )
-    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue)
-    http = uvicorn.Server(uvicorn.Config(make_app(engine, served), host=cfg.host, port=cfg.port, log_config=None))
+    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue, cfg.max_active, cfg.step_timeout, cfg.drain_timeout)
+    app = make_app(engine, served, cfg.api_key)
+    http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5))
     web = threading.Thread(target=http.run, name="http", daemon=True)
 
     def on_signal(signum, _frame):
-        log.info("signal %d: shutting down", signum)
-        http.should_exit = True
-        engine.stop()
+        log.info("signal %d: draining (up to %.0f s), then shutting down every rank", signum, cfg.drain_timeout)
+        engine.stop()  # HTTP stays up meanwhile, answering 503 to new requests
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -121,10 +122,15 @@ def main() -> None:
     shard = load_shard(model_path, plan, rank)
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, group)
+    # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
+    (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     ring = Ring(group)
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, cluster)
     else:
+        # A worker leaves when rank 0's shutdown step passes by or the ring breaks; a SIGTERM alone
+        # would cut the ring under requests rank 0 is still draining.
+        signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: leaving when rank 0 shuts the ring down"))
         serve_worker(shard, ring)
     log.info("exiting")
 
