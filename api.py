@@ -130,18 +130,21 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
 
     async def run(req: Request, events: asyncio.Queue, http: HttpRequest):
         """Yield the engine's events for `req`; marks it cancelled on exit (a no-op once finished)."""
+        async def watch_disconnect():
+            # The body is already read, so the next ASGI message is the client hanging up.
+            while (await http.receive())["type"] != "http.disconnect":
+                pass
+            req.cancelled.set()
+
+        watcher = asyncio.create_task(watch_disconnect())
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        return
-                    continue
+                ev = await events.get()
                 yield ev
                 if isinstance(ev, (Done, Failed)):
                     return
         finally:
+            watcher.cancel()
             req.cancelled.set()  # frees the sequence on every rank if the client went away
 
     def make_request(body, prompt: list[int]) -> Request:

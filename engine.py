@@ -191,7 +191,7 @@ class Engine:
 
     def _advance(self, a: _Active) -> None:
         if a.req.cancelled.is_set():
-            return self._finish(a, None)
+            return self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
         try:
             t0 = time.perf_counter()
             token = next(a.tokens)
@@ -242,9 +242,8 @@ class Engine:
             a.req.emit(Delta(text, a.held_tokens))
             a.held, a.held_tokens = a.held[len(text) :], []
 
-    def _finish(self, a: _Active, outcome: Done | Failed | None) -> None:
+    def _finish(self, a: _Active, outcome: Done | Failed) -> None:
         self.active.remove(a)
         a.tokens.close()
-        if outcome is not None:
-            a.req.emit(outcome)
+        a.req.emit(outcome)
         self.pipe.free(a.seq)  # drop this sequence's KV cache on every rank

@@ -74,11 +74,11 @@ supervise() {
       # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung): force it.
       if [ -f "$LOG_DIR/rank0.pid" ] && ! kill -0 "$(cat "$LOG_DIR/rank0.pid")" 2>/dev/null; then
         sleep 3
-        kill -0 "$lp" 2>/dev/null && { say "a rank did not exit after rank 0 left; killing the ring"; pkill -KILL -P "$lp"; kill -KILL "$lp"; }
+        kill -0 "$lp" 2>/dev/null && { say "a rank did not exit after rank 0 left; killing the ring"; pkill -KILL -P "$lp" || true; kill -KILL "$lp" || true; }
       fi
       sleep 1 & wait $! || true
     done
-    wait "$lp"; rc=$?
+    rc=0; wait "$lp" || rc=$?
     [ "$stopping" = 1 ] && { say "ring stopped"; exit 0; }
     [ $(( $(date +%s) - t0 )) -gt 300 ] && tries=0  # a ring that served a while starts a fresh count
     tries=$((tries + 1))

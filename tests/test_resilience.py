@@ -1,0 +1,204 @@
+"""Faults and edges against the real launcher (`launch.sh`, its supervisor, mlx.launch, 2 ranks):
+killed and stopped ranks, SIGTERM drain, disconnects, auth, a full queue and bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from ringutil import ROOT, free_port, write_hostfile
+
+EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as we ask
+
+
+class Launcher:
+    def __init__(self, tmp: Path, **env):
+        self.tmp = tmp
+        self.port = free_port()
+        self.env = {**os.environ, "PORT": str(self.port), "RING_PORT": str(free_port(3)), "LOG_DIR": str(tmp / "logs"),
+                    "HOSTFILE": str(write_hostfile(tmp / "hosts.json", 2)), **{k: str(v) for k, v in env.items()}}
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def sh(self, *args, timeout=300):
+        return subprocess.run([str(ROOT / "launch.sh"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def pid(self, name: str) -> int:
+        return int((self.tmp / "logs" / f"{name}.pid").read_text())
+
+    def client(self, timeout: float = 60):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.env.get("API_KEY", "none"), max_retries=0, timeout=timeout)
+
+    def wait_healthy(self, within: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < within:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"not healthy within {within} s:\n{(self.tmp / 'logs' / 'launcher.log').read_text()[-4000:]}")
+
+    def processes(self) -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if str(self.tmp) in line or f"--starting-port {self.env['RING_PORT']}" in line]
+
+
+@pytest.fixture
+def launcher(tmp_path, default_model):
+    made = []
+
+    def start(**env):
+        ln = Launcher(tmp_path, **env)
+        r = ln.sh("start")
+        assert r.returncode == 0, r.stdout + r.stderr
+        made.append(ln)
+        return ln
+
+    yield start
+    for ln in made:
+        ln.sh("stop", timeout=120)
+
+
+def long_stream(client, max_tokens=400):
+    return client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Count to a thousand."}],
+                                          max_tokens=max_tokens, logit_bias=EOS_OFF, stream=True)
+
+
+def test_killed_worker_errors_fast_then_ring_restarts(launcher):
+    ln = launcher(STEP_TIMEOUT=5)
+    stream = long_stream(ln.client())
+    next(stream), next(stream)  # generating
+    os.kill(ln.pid("rank1"), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(openai.APIError, match="ring failure"):
+        for _ in stream:
+            pass
+    assert time.monotonic() - t0 < 10
+    ln.wait_healthy(within=60)
+    r = ln.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert "restart 1 of" in (ln.tmp / "logs" / "launcher.log").read_text()
+
+
+def test_stopped_worker_times_out_then_ring_restarts(launcher):
+    ln = launcher(STEP_TIMEOUT=3)
+    stopped = ln.pid("rank1")
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            ln.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert e.value.status_code == 503 and "no answer within 3 s" in e.value.message
+        assert time.monotonic() - t0 < 10
+        ln.wait_healthy(within=60)
+        assert ln.pid("rank1") != stopped
+    finally:
+        try:
+            os.kill(stopped, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the supervisor already killed it, as it should
+
+
+def test_sigterm_drains_in_flight_then_every_rank_exits(launcher):
+    ln = launcher(DRAIN_TIMEOUT=60)
+    text, errors = [], []
+
+    def consume():
+        try:
+            for c in long_stream(ln.client(), max_tokens=60):
+                text.append(c.choices[0].delta.content or "" if c.choices else "")
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    while not text:
+        time.sleep(0.05)
+    os.kill(ln.pid("launcher"), signal.SIGTERM)
+    time.sleep(1.0)
+    late = httpx.post(f"{ln.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert late.status_code == 503 and late.headers["retry-after"] and late.json()["error"]["type"] == "service_unavailable"
+    t.join(120)
+    assert not errors and len("".join(text)) > 0
+    for _ in range(60):
+        if not ln.processes():
+            break
+        time.sleep(0.5)
+    assert ln.processes() == [], "orphan processes left behind"
+
+
+def test_auth_queue_disconnect_and_validation(launcher):
+    ln = launcher(API_KEY="s3cret", MAX_ACTIVE=1, MAX_QUEUE=1)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{ln.url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(f"{ln.url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{ln.url}/health", timeout=10).status_code == 200  # open without a key
+    client = ln.client()
+    auth = {"Authorization": "Bearer s3cret"}
+
+    # One request generating, one waiting: the next is turned away with 503 and Retry-After.
+    first = long_stream(client)
+    next(first)
+    waiting = threading.Thread(target=lambda: client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=2))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{ln.url}/cluster/status", timeout=10).json()["queued_requests"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    busy = httpx.post(f"{ln.url}/v1/chat/completions", headers=auth, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert busy.status_code == 503 and int(busy.headers["retry-after"]) >= 1
+
+    # Client goes away mid-stream: its sequence is freed on every rank within a second.
+    first.close()
+    time.sleep(1.5)
+    waiting.join(60)
+    status = httpx.get(f"{ln.url}/cluster/status", timeout=10).json()
+    assert [r["open_sequences"] for r in status["ranks"]] == [0, 0]
+
+    bad = {
+        "temperature": 2.5, "top_p": 1.5, "top_logprobs": 21, "stop": ["a", "b", "c", "d", "e"], "stream_options": {"include_usage": True},
+    }
+    for field, value in bad.items():
+        body = {"messages": [{"role": "user", "content": "hi"}], field: value}
+        if field == "top_logprobs":
+            body["logprobs"] = True
+        r = httpx.post(f"{ln.url}/v1/chat/completions", headers=auth, json=body, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    for body in [[1, 2], {"messages": [{"role": "wizard", "content": "x"}]}, {"messages": "hi"}, {}]:
+        r = httpx.post(f"{ln.url}/v1/chat/completions", headers=auth, content=json.dumps(body), timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    huge = {"messages": [{"role": "user", "content": "hello " * 9000}], "stream": True}
+    r = httpx.post(f"{ln.url}/v1/chat/completions", headers=auth, json=huge, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(f"{ln.url}/v1/chat/completions", headers=auth, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    ok = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert ok.usage.completion_tokens <= 3
+
+
+def test_many_timed_out_clients_leave_the_server_responsive(launcher):
+    ln = launcher()
+    quick = ln.client(timeout=0.5)
+
+    def hit(_):
+        try:
+            quick.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=50)
+        except openai.APIError:
+            pass
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(hit, range(200)))
+    t0 = time.monotonic()
+    r = ln.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices and time.monotonic() - t0 < 5
