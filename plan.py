@@ -1,9 +1,17 @@
-"""The layer plan: which contiguous, half-open range of decoder layers each rank holds.
+"""The layer plan: which contiguous, half-open range of decoder layers each rank holds, and why.
 
-Pure data and pure functions, no MLX: every rank computes the same plan from the same inputs.
+Pure data and pure functions, no MLX: every rank computes the same plan from the same inputs (the
+model's sizes, every rank's capabilities, the strategy), so the plan itself never crosses the ring.
+Memory is counted in GiB (2**30 bytes, as Apple counts RAM), bandwidth in 10**9 bytes/s.
 """
 
-from dataclasses import dataclass
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+STRATEGIES = ("balanced", "uniform", "memory", "compute", "custom")
+RUNTIME_GIB = 0.5  # per rank: Python, MLX, activations and buffers besides weights and KV cache
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,10 @@ class LayerPlan:
     def size(self) -> int:
         return len(self.ranges)
 
+    @property
+    def sizes(self) -> list[int]:
+        return [e - s for s, e in self.ranges]
+
     def layers_of(self, rank: int) -> range:
         return range(*self.ranges[rank])
 
@@ -35,6 +47,93 @@ class LayerPlan:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know of a model: the size of one layer and of the two ends."""
+
+    n_layers: int
+    layer_bytes: float  # parameter bytes of one decoder layer (mean over the layers)
+    ends_bytes: float  # embedding + final norm + head (once if tied): rank 0 holds them
+    head_read_bytes: float  # bytes the head reads per decoded token (the head, or the tied embedding)
+    kv_bytes_per_token: float  # KV cache bytes of one layer for one token
+    layer_read_bytes: float  # bytes one layer reads per decoded token (MoE: only the active experts)
+    layer_flops: float  # FLOPs of one layer per token (2 per active parameter)
+    head_flops: float = 0.0
+    dtype: str = "float16"
+    name: str = ""
+
+    @property
+    def total_bytes(self) -> float:
+        return self.n_layers * self.layer_bytes + self.ends_bytes
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One rank's machine, as probed at startup or declared in hosts.json."""
+
+    host: str
+    memory_gb: float  # total memory (GiB)
+    usable_gb: float  # what this rank may fill: weights, KV cache and runtime (GiB)
+    tflops: float  # matmul speed in the model's dtype (10**12 FLOP/s)
+    bandwidth_gbs: float  # memory bandwidth (10**9 bytes/s); one decoded token reads every weight once
+    device: str = ""
+    layers: int | None = None  # custom: exactly this many layers
+    weight: float | None = None  # custom: this rank's share of the layers not fixed by `layers`
+    source: str = "probed"
+
+
+def default_usable_gb(memory_gb: float) -> float:
+    """macOS lets the GPU wire about 2/3 of RAM up to 36 GiB and 3/4 above (its default wired limit)."""
+    return memory_gb * (0.75 if memory_gb > 36 else 2 / 3)
+
+
+HOST_KEYS = ("memory_gb", "usable_gb", "max_memory_gb", "tflops", "bandwidth_gbs", "device", "layers", "weight")
+NUMBER_KEYS = ("memory_gb", "usable_gb", "max_memory_gb", "tflops", "bandwidth_gbs", "weight")
+
+
+def declared(host: str, entry: dict) -> Capabilities | None:
+    """A host's capabilities from its hosts.json keys alone, if it has the three that matter."""
+    if not all(k in entry for k in ("memory_gb", "tflops", "bandwidth_gbs")):
+        return None
+    return with_host_keys(Capabilities(host, 1.0, 1.0, 1.0, 1.0, source="hosts.json"), entry)
+
+
+def with_host_keys(cap: Capabilities, entry: dict) -> Capabilities:
+    """hosts.json keys win over what was measured; `max_memory_gb` caps what the plan may fill."""
+    where = f"hosts.json entry of {cap.host}"
+    for k in NUMBER_KEYS:
+        if k in entry and (not isinstance(entry[k], (int, float)) or isinstance(entry[k], bool) or entry[k] <= 0):
+            raise ValueError(f"{where}: {k} must be a positive number, got {entry[k]!r}")
+    if "layers" in entry and (not isinstance(entry["layers"], int) or entry["layers"] < 1):
+        raise ValueError(f"{where}: layers must be a whole number of at least 1, got {entry['layers']!r}")
+    if not any(k in entry for k in HOST_KEYS):
+        return cap
+    memory = float(entry.get("memory_gb", cap.memory_gb))
+    usable = float(entry.get("usable_gb", default_usable_gb(memory) if "memory_gb" in entry else cap.usable_gb))
+    usable = min(usable, float(entry.get("max_memory_gb", usable)))
+    measured = any(k in entry for k in ("memory_gb", "usable_gb", "tflops", "bandwidth_gbs"))
+    return replace(cap, memory_gb=memory, usable_gb=usable, tflops=float(entry.get("tflops", cap.tflops)),
+                   bandwidth_gbs=float(entry.get("bandwidth_gbs", cap.bandwidth_gbs)), device=entry.get("device", cap.device),
+                   layers=entry.get("layers", cap.layers), weight=entry.get("weight", cap.weight),
+                   source="hosts.json" if measured else cap.source)
+
+
+def colocate(caps: list[Capabilities]) -> list[Capabilities]:
+    """Ranks on one host share its memory and its speed: each gets its share of the host's memory
+    and the first such rank's speed, so the plan does not chase measurement noise between them."""
+    first: dict[str, Capabilities] = {}
+    count: dict[str, int] = {}
+    for c in caps:
+        first.setdefault(c.host, c)
+        count[c.host] = count.get(c.host, 0) + 1
+    out = []
+    for c in caps:
+        f, k = first[c.host], count[c.host]
+        out.append(c if k == 1 else replace(c, tflops=f.tflops, bandwidth_gbs=f.bandwidth_gbs, device=f.device,
+                                            usable_gb=min(c.usable_gb, f.usable_gb / k)))
+    return out
+
+
 def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:
     """Split `n_layers` as evenly as possible; the first `n_layers % n_ranks` ranks get one more."""
     if n_ranks < 1:
@@ -45,20 +144,227 @@ def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:
             "every rank needs at least one layer: remove hosts or pick a deeper model"
         )
     base, extra = divmod(n_layers, n_ranks)
-    ranges, start = [], 0
-    for r in range(n_ranks):
-        end = start + base + (1 if r < extra else 0)
-        ranges.append((start, end))
-        start = end
-    return LayerPlan(n_layers, tuple(ranges), "uniform")
+    return plan_from_sizes(n_layers, [base + (1 if r < extra else 0) for r in range(n_ranks)], "uniform")
 
 
-def plan_from_sizes(n_layers: int, sizes: list[int]) -> LayerPlan:
+def plan_from_sizes(n_layers: int, sizes: list[int], strategy: str = "custom") -> LayerPlan:
     """A plan from explicit per-rank layer counts (e.g. `LAYERS=3,2,2`), checked."""
     if sum(sizes) != n_layers or any(s < 1 for s in sizes):
-        raise ValueError(f"layer counts {sizes} must be positive and add up to the model's {n_layers} layers")
+        raise ValueError(f"layer counts {list(sizes)} must be positive and add up to the model's {n_layers} layers")
     ranges, start = [], 0
     for s in sizes:
         ranges.append((start, start + s))
         start += s
-    return LayerPlan(n_layers, tuple(ranges), "custom")
+    return LayerPlan(n_layers, tuple(ranges), strategy)
+
+
+def proportional_sizes(n_layers: int, weights: list[float]) -> list[int]:
+    """Layer counts proportional to `weights`, each at least 1 (largest remainder; ties to low ranks)."""
+    n = len(weights)
+    if n_layers < n:
+        uniform_plan(n_layers, n)  # raises the usual message
+    total = sum(weights)
+    if total <= 0 or any(w < 0 for w in weights):
+        weights, total = [1.0] * n, float(n)
+    quota = [n_layers * w / total for w in weights]
+    sizes = [max(1, math.floor(q)) for q in quota]
+    while sum(sizes) > n_layers:  # the minimum of one layer each overshot: take from the most over quota
+        r = max((r for r in range(n) if sizes[r] > 1), key=lambda r: (sizes[r] - quota[r], -r))
+        sizes[r] -= 1
+    while sum(sizes) < n_layers:
+        r = max(range(n), key=lambda r: (quota[r] - sizes[r], -r))
+        sizes[r] += 1
+    return sizes
+
+
+# --- the cost model ---------------------------------------------------------------------------
+
+def layer_seconds(model: ModelSpec, cap: Capabilities) -> float:
+    """Predicted time of one layer for one decoded token: read its weights, or do its math."""
+    return max(model.layer_read_bytes / (cap.bandwidth_gbs * 1e9), model.layer_flops / (cap.tflops * 1e12))
+
+
+def fixed_seconds(model: ModelSpec, cap: Capabilities, rank: int) -> float:
+    """Rank 0 also runs the head for every decoded token."""
+    if rank != 0:
+        return 0.0
+    return max(model.head_read_bytes / (cap.bandwidth_gbs * 1e9), model.head_flops / (cap.tflops * 1e12))
+
+
+def stage_seconds(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> list[float]:
+    return [fixed_seconds(model, c, r) + n * layer_seconds(model, c) for r, (c, n) in enumerate(zip(caps, sizes))]
+
+
+def host_seconds(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> dict[str, float]:
+    """Ranks on one machine take turns on its cores, so a machine is busy for the sum of its stages."""
+    busy: dict[str, float] = {}
+    for c, t in zip(caps, stage_seconds(model, caps, sizes)):
+        busy[c.host] = busy.get(c.host, 0.0) + t
+    return busy
+
+
+def bottleneck(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> float:
+    """The slowest stage (the busiest machine): it bounds decode throughput with the ring kept full."""
+    return max(host_seconds(model, caps, sizes).values())
+
+
+def fixed_bytes(model: ModelSpec, rank: int) -> float:
+    return RUNTIME_GIB * GIB + (model.ends_bytes if rank == 0 else 0.0)
+
+
+def per_layer_bytes(model: ModelSpec, kv_tokens: int) -> float:
+    return model.layer_bytes + kv_tokens * model.kv_bytes_per_token
+
+
+def memory_need(model: ModelSpec, rank: int, n: int, kv_tokens: int) -> float:
+    """Bytes rank `rank` needs for `n` layers: weights, KV reserve, runtime, and on rank 0 the ends."""
+    return fixed_bytes(model, rank) + n * per_layer_bytes(model, kv_tokens)
+
+
+def max_layers(model: ModelSpec, cap: Capabilities, rank: int, kv_tokens: int) -> int:
+    room = cap.usable_gb * GIB - fixed_bytes(model, rank)
+    return max(0, math.floor(room / per_layer_bytes(model, kv_tokens) + 1e-9))
+
+
+# --- strategies -------------------------------------------------------------------------------
+
+def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "balanced",
+                kv_tokens: int = 8192, sizes: list[int] | None = None) -> LayerPlan:
+    """The plan for `strategy`, checked against every rank's memory (ValueError naming the host).
+
+    `sizes` (from LAYERS=) fixes the counts whatever the strategy, as `custom` with explicit counts.
+    """
+    n, L = len(caps), model.n_layers
+    if strategy not in STRATEGIES:
+        raise ValueError(f"STRATEGY={strategy!r} is not known; use one of {', '.join(STRATEGIES)}")
+    for c in caps:
+        if min(c.usable_gb, c.tflops, c.bandwidth_gbs) <= 0:
+            raise ValueError(f"host {c.host}: capabilities must be positive, got usable {c.usable_gb} GB, "
+                             f"{c.tflops} TFLOP/s, {c.bandwidth_gbs} GB/s; fix its keys in hosts.json")
+    if sizes is not None:
+        if len(sizes) != n:
+            raise ValueError(f"LAYERS names {len(sizes)} ranks but the ring has {n}; give one count per host")
+        plan = plan_from_sizes(L, list(sizes), "custom")
+    elif strategy == "uniform":
+        plan = uniform_plan(L, n)
+    elif strategy == "memory":
+        room = [max(0.0, c.usable_gb * GIB - fixed_bytes(model, r)) for r, c in enumerate(caps)]
+        plan = plan_from_sizes(L, proportional_sizes(L, room), strategy)
+    elif strategy == "compute":
+        plan = plan_from_sizes(L, proportional_sizes(L, [c.tflops for c in caps]), strategy)
+    elif strategy == "custom":
+        plan = plan_from_sizes(L, custom_sizes(L, caps), strategy)
+    else:
+        plan = plan_from_sizes(L, balanced_sizes(model, caps, kv_tokens), strategy)
+    check_fits(model, caps, plan, kv_tokens)
+    return plan
+
+
+def custom_sizes(n_layers: int, caps: list[Capabilities]) -> list[int]:
+    """Hosts with `layers` get exactly that many; the rest share what is left by `weight` (default 1)."""
+    fixed = sum(c.layers for c in caps if c.layers is not None)
+    free = [r for r, c in enumerate(caps) if c.layers is None]
+    left = n_layers - fixed
+    if (not free and left != 0) or (free and left < len(free)) or any(c.layers is not None and c.layers < 1 for c in caps):
+        raise ValueError(f"the `layers` keys in hosts.json give {fixed} of the model's {n_layers} layers to "
+                         f"{len(caps) - len(free)} hosts, leaving {left} for {len(free)} others; "
+                         "make them add up (every host needs at least one layer)")
+    shares = proportional_sizes(left, [caps[r].weight if caps[r].weight is not None else 1.0 for r in free]) if free else []
+    out = [c.layers for c in caps]
+    for r, s in zip(free, shares):
+        out[r] = s
+    return out
+
+
+def balanced_sizes(model: ModelSpec, caps: list[Capabilities], kv_tokens: int) -> list[int]:
+    """Minimise the busiest machine's predicted time per token within every rank's memory.
+
+    Greedy: every rank starts with one layer, then each next layer goes where it leaves its machine
+    least busy (ties: the rank with fewer layers, then the lower rank). For identical layers on
+    machines of fixed speed this is optimal (it takes the smallest possible finishing times first).
+    """
+    n, L = len(caps), model.n_layers
+    cap = [max_layers(model, c, r, kv_tokens) for r, c in enumerate(caps)]
+    if L < n:
+        uniform_plan(L, n)  # raises the usual message
+    if min(cap) < 1 or sum(cap) < L:
+        raise ValueError(_does_not_fit(model, caps, cap, kv_tokens))
+    sizes = [1] * n
+    busy = host_seconds(model, caps, sizes)
+    per = [layer_seconds(model, c) for c in caps]
+    heap = [(busy[c.host] + per[r], 1, r) for r, c in enumerate(caps) if cap[r] > 1]
+    heapq.heapify(heap)
+    for _ in range(L - n):
+        while True:  # entries go stale when a machine's other rank took a layer meanwhile
+            t, k, r = heapq.heappop(heap)
+            h = caps[r].host
+            if k == sizes[r] and t == busy[h] + per[r]:
+                break
+            heapq.heappush(heap, (busy[h] + per[r], sizes[r], r))
+        sizes[r] += 1
+        busy[h] += per[r]
+        if sizes[r] < cap[r]:
+            heapq.heappush(heap, (busy[h] + per[r], sizes[r], r))
+    return sizes
+
+
+# --- checks and reports -----------------------------------------------------------------------
+
+def _gb(b: float) -> str:
+    return f"{b / GIB:.1f} GB"
+
+
+def _does_not_fit(model: ModelSpec, caps: list[Capabilities], cap: list[int], kv_tokens: int) -> str:
+    each = "; ".join(f"{c.host} (rank {r}) holds at most {cap[r]} in {c.usable_gb:.1f} GB usable"
+                     for r, c in enumerate(caps))
+    need = memory_need(model, 0, model.n_layers, kv_tokens) + (len(caps) - 1) * RUNTIME_GIB * GIB
+    have = sum(c.usable_gb for c in caps) * GIB
+    return (f"the model does not fit: its {model.n_layers} layers of {_gb(model.layer_bytes)} (+ {_gb(model.ends_bytes)} "
+            f"embedding and head on rank 0, KV cache for {kv_tokens} tokens) need {_gb(need)} in all, the hosts have "
+            f"{_gb(have)}: {each}. Add a host, pick a smaller or more quantized model, or lower KV_TOKENS")
+
+
+def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> None:
+    """ValueError naming the first rank whose slice needs more memory than it has."""
+    for r, (c, (s, e)) in enumerate(zip(caps, plan.ranges)):
+        need = memory_need(model, r, e - s, kv_tokens)
+        if need > c.usable_gb * GIB + 1:
+            ends = f" + {_gb(model.ends_bytes)} embedding and head" if r == 0 else ""
+            raise ValueError(
+                f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
+                f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * kv_tokens * model.kv_bytes_per_token)} "
+                f"KV cache for {kv_tokens} tokens + {RUNTIME_GIB} GB runtime) but it has {c.usable_gb:.1f} GB usable "
+                f"of {c.memory_gb:.0f} GB. Use STRATEGY=balanced, add a host, pick a smaller or more quantized model, "
+                "lower KV_TOKENS, or raise its max_memory_gb in hosts.json")
+
+
+def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> dict:
+    """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status)."""
+    stages = stage_seconds(model, caps, plan.sizes)
+    ranks = []
+    for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
+        ranks.append({
+            "rank": r, "host": c.host, "device": c.device, "memory_gb": round(c.memory_gb, 2),
+            "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
+            "capabilities_from": c.source, "layers": [s, e],
+            "weights_gb": round(((e - s) * model.layer_bytes + (model.ends_bytes if r == 0 else 0)) / GIB, 3),
+            "needs_gb": round(memory_need(model, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
+        })
+    one_stream = sum(stages)
+    return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens, "ranks": ranks,
+            "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
+            "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3)}
+
+
+def format_summary(s: dict) -> str:
+    """A table of `summary(...)`: one line per rank, then the prediction."""
+    head = f"{'rank':<5}{'host':<16}{'device':<16}{'memory':>8}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>7}  {'layers':<16}{'weights':>9}{'needs':>9}{'stage':>11}"
+    lines = [head]
+    for r in s["ranks"]:
+        lo, hi = r["layers"]
+        lines.append(f"{r['rank']:<5}{r['host'][:15]:<16}{r['device'][:15]:<16}{r['memory_gb']:>5.0f} GB{r['usable_gb']:>6.1f} GB"
+                     f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>7.0f}  {f'[{lo}, {hi})':<9}{hi - lo:>3} {'':<3}"
+                     f"{r['weights_gb']:>6.1f} GB{r['needs_gb']:>6.1f} GB{r['predicted_stage_ms']:>8.1f} ms")
+    lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream "
+                 f"(slowest stage {s['slowest_stage_ms']:.1f} ms; network hops not counted)")
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""How many bytes and FLOPs a model's layers hold, without loading a weight.
+
+From the safetensors headers when the folder has them (exact), else estimated from config.json
+(hidden and intermediate sizes, heads, experts, vocabulary, dtype or quantization), so the dry run
+`./launch.sh plan --model <folder>` works with only a config.json.
+"""
+
+import json
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+
+from plan import ModelSpec
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F32": 4, "F16": 2, "BF16": 2}
+SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _counts(c: dict) -> dict:
+    """Parameter counts from a Hugging Face / mlx-lm config: per layer (all and active) and the ends."""
+    h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    nh = c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    d = c.get("head_dim") or h // nh
+    attn = h * nh * d + 2 * h * nkv * d + nh * d * h
+    if c.get("attention_bias") or c.get("model_type") == "qwen2":
+        attn += nh * d + 2 * nkv * d
+    norms = 2 * h + (2 * d if c.get("model_type", "").startswith("qwen3") else 0)
+    experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    if experts:
+        moe_i = c.get("moe_intermediate_size") or c["intermediate_size"]
+        k = c.get("num_experts_per_tok") or 1
+        shared_i = c.get("shared_expert_intermediate_size") or 0
+        shared = 3 * h * shared_i + (h if shared_i else 0)
+        mlp, active_mlp = experts * 3 * h * moe_i + h * experts + shared, k * 3 * h * moe_i + h * experts + shared
+    else:
+        mlp = active_mlp = 3 * h * c["intermediate_size"]
+    tied = c.get("tie_word_embeddings", False)
+    return {"layer": attn + mlp + norms, "active": attn + active_mlp + norms, "linear": attn + mlp,
+            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": 2 * nkv * d, "n_layers": L, "vocab_hidden": V * h}
+
+
+def _quantization(c: dict) -> dict | None:
+    q = c.get("quantization") or c.get("quantization_config")
+    return q if isinstance(q, dict) and q.get("bits") else None
+
+
+def spec_from_config(c: dict, name: str = "") -> ModelSpec:
+    """An estimate from config.json alone: dense or MoE layers, tied or untied head, any dtype or
+    mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`)."""
+    n = _counts(c)
+    dtype = c.get("torch_dtype") or c.get("dtype") or "float16"
+    act = DTYPE_BYTES.get(dtype, 2)
+    q = _quantization(c)
+    # mlx-lm quantizes every linear layer and the embedding; norms stay in float.
+    per_weight = q["bits"] / 8 + 4 / q.get("group_size", 64) if q else act
+    layer = n["linear"] * per_weight + (n["layer"] - n["linear"]) * act
+    read = layer * n["active"] / n["layer"]
+    ends = (n["embed"] + n["head"]) * per_weight + n["norm"] * act
+    head_read = n["vocab_hidden"] * per_weight
+    label = f"{q['bits']}-bit" if q else dtype
+    return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
+                     label, name)
+
+
+def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
+    """`name -> (dtype, bytes)` of every tensor in the folder's *.safetensors files, headers only."""
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for k, v in header.items():
+            if k != "__metadata__":
+                out[k] = (v["dtype"], v["data_offsets"][1] - v["data_offsets"][0])
+    return out
+
+
+def spec_from_folder(folder: Path) -> ModelSpec:
+    """Exact bytes per layer and of the ends from the weight files' headers where there are any."""
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {folder / 'config.json'} ({e}); --model must be a folder with config.json") from None
+    try:
+        est = spec_from_config(config, folder.name)
+    except KeyError as e:
+        raise ValueError(f"{folder / 'config.json'} lacks {e}; the planner needs hidden_size, num_hidden_layers, "
+                         "num_attention_heads, intermediate_size and vocab_size") from None
+    tensors = safetensors_sizes(folder)
+    if not tensors:
+        return est
+    per_layer = Counter()
+    ends = head = embed = 0
+    for k, (_, nbytes) in tensors.items():
+        m = LAYER_KEY.search(k)
+        if m:
+            per_layer[int(m.group(1))] += nbytes
+        else:
+            ends += nbytes
+            head += nbytes if "lm_head" in k else 0
+            embed += nbytes if "embed_tokens" in k else 0
+    floats = Counter(d for d, _ in tensors.values() if d in SAFETENSORS_DTYPES)
+    dtype = SAFETENSORS_DTYPES[floats.most_common(1)[0][0]] if floats else est.dtype
+    act = DTYPE_BYTES[dtype]
+    layer = sum(per_layer.values()) / est.n_layers
+    quant = any(d == "U32" for d, _ in tensors.values())
+    n = _counts(config)
+    return ModelSpec(est.n_layers, layer, ends, head or embed, n["kv"] * act, layer * n["active"] / n["layer"],
+                     est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name)
