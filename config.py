@@ -2,7 +2,7 @@
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dotenv import load_dotenv
@@ -26,6 +26,9 @@ class Config:
     step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
+    strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
+    kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
+    hostfile: Path = HERE / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -52,6 +55,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
                    help="seconds one trip round the ring may take before the ring counts as broken")
     p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
+    p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
+                   help="how layers are split: balanced (default: fastest plan that fits), uniform, memory, compute, custom (hosts.json)")
+    p.add_argument("--kv-tokens", type=int, default=int(_env("KV_TOKENS", "8192")),
+                   help="tokens of KV cache every rank keeps room for when the layer plan is made")
+    p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
     a = p.parse_args(argv)
     try:
@@ -62,9 +70,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
     if a.max_queue < 1 or a.max_active < 1:
         raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
+    if a.kv_tokens < 0:
+        raise ValueError(f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)")
     if a.step_timeout <= 0 or a.drain_timeout < 0:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
                  layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
                  _env("API_KEY"))
+    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser())
     return cfg, a.prepare

@@ -4,6 +4,7 @@
 #   stop     stop every rank           status   is it up, and the per-rank layer plan and memory
 #   logs     follow logs/*.log         test     run the test suite (extra args go to pytest)
 #   prepare  install and convert the model only
+#   plan     print the layer plan for the hostfile and model, loading no weights (--json, --model, --strategy)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -142,6 +143,7 @@ case "$cmd" in
   status) status ;;
   logs) mkdir -p "$LOG_DIR"; if [ -t 1 ]; then tail -n 50 -F "$LOG_DIR"/*.log; else tail -n "${1:-100}" "$LOG_DIR"/*.log; fi ;;
   prepare) ensure_env; .venv/bin/python server.py --prepare ;;
+  plan) ensure_env; exec .venv/bin/python planner.py --hostfile "$HOSTFILE" "$@" ;;  # later flags win
   test) ensure_env; exec .venv/bin/python -m pytest "$@" ;;
-  *) say "unknown command '$cmd'; use start, stop, restart, status, logs, test or prepare"; exit 2 ;;
+  *) say "unknown command '$cmd'; use start, stop, restart, status, logs, test, prepare or plan"; exit 2 ;;
 esac

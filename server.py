@@ -17,7 +17,9 @@ from mlx_lm.utils import load_config, load_tokenizer
 
 from config import Config, parse_config
 from model_source import DEFAULT_MODEL, resolve_model
-from plan import LayerPlan, plan_from_sizes, uniform_plan
+from model_size import spec_from_folder
+from plan import LayerPlan, format_summary
+from planner import plan_ring
 from shard import Ring, Shard, init_group, load_shard, serve_worker
 
 log = logging.getLogger("server")
@@ -42,16 +44,16 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, n_layers: int, size: int) -> LayerPlan:
-    if cfg.layers is None:
-        return uniform_plan(n_layers, size)
-    if len(cfg.layers) != size:
-        raise ValueError(f"LAYERS names {len(cfg.layers)} ranks but the ring has {size}; give one count per host")
-    return plan_from_sizes(n_layers, list(cfg.layers))
+def make_plan(cfg: Config, model_path, group: mx.distributed.Group) -> tuple[LayerPlan, dict]:
+    """Every rank measures itself (cached per host), the ranks exchange what they found, and each
+    computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts."""
+    plan, _, predicted = plan_ring(cfg, spec_from_folder(model_path), group)
+    return plan, predicted
 
 
-def gather_cluster(shard: Shard, group: mx.distributed.Group) -> dict:
-    """Every rank's static facts (host, range, bytes held), gathered with one collective."""
+def gather_cluster(shard: Shard, group: mx.distributed.Group, predicted: dict | None = None) -> dict:
+    """Every rank's static facts (host, range, bytes held), gathered with one collective, plus the
+    planner's view of each rank (capabilities, memory needed, predicted stage time)."""
     info = shard.info()
     host = info["host"].encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
     # KiB units keep the byte counts inside int32.
@@ -64,7 +66,12 @@ def gather_cluster(shard: Shard, group: mx.distributed.Group) -> dict:
             "parameter_bytes_kib": r[3], "holds_embedding": bool(r[4]), "holds_head": bool(r[5]),
         })
     plan = shard.plan
-    return {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
+    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
+    if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts
+        for r, p in zip(ranks, predicted["ranks"]):
+            r.update({k: v for k, v in p.items() if k not in r})
+        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "predicted_tokens_per_s", "slowest_stage_ms")})
+    return out
 
 
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
@@ -118,10 +125,12 @@ def main() -> None:
     if prepare_only:
         print(model_path)
         return
-    plan = make_plan(cfg, load_config(model_path)["num_hidden_layers"], size)
+    plan, predicted = make_plan(cfg, model_path, group)
+    if rank == 0:
+        log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
-    cluster = gather_cluster(shard, group)
+    cluster = gather_cluster(shard, group, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     ring = Ring(group)

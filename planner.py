@@ -1,0 +1,154 @@
+"""Planning at the edges: hosts.json's per-host keys, the startup exchange that gives every rank the
+same inputs, and the dry run `./launch.sh plan` (prints a plan without loading a weight).
+
+The arithmetic lives in plan.py (pure); measuring lives in probe.py.
+"""
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from config import Config, parse_config
+from model_size import spec_from_folder
+from plan import (GIB, HOST_KEYS, STRATEGIES, Capabilities, LayerPlan, ModelSpec, colocate, declared,
+                  format_summary, plan_layers, summary, with_host_keys)
+
+log = logging.getLogger("planner")
+
+
+def load_hostfile(path: Path) -> list[dict]:
+    """The hostfile's entries (one per rank, ring order), checked for shape."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the hostfile {path} ({e}); HOSTFILE must name a JSON list of hosts") from None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{path} must be a JSON list of objects, one per rank, e.g. "
+                         '[{"ssh": "mac-studio.local", "ips": ["192.168.1.10"], "memory_gb": 48}]')
+    return entries
+
+
+def dtype_of(spec: ModelSpec) -> str:
+    """The dtype the probe measures matmuls in: the model's activations (quantized: its scales')."""
+    return spec.dtype.split()[0] if spec.dtype.split()[0] in ("float32", "float16", "bfloat16") else "float16"
+
+
+def plan_ring(cfg: Config, spec: ModelSpec, group) -> tuple[LayerPlan, list[Capabilities], dict]:
+    """Every rank measures itself; rank 0 adds the settings and hosts.json's keys; one exchange later
+    every rank holds the same inputs and so computes the same plan (rank 0's settings win)."""
+    from probe import exchange, local_capabilities
+
+    rank, size = group.rank(), group.size()
+    mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}
+    if rank == 0:
+        hosts = []
+        if cfg.hostfile.is_file():
+            entries = load_hostfile(cfg.hostfile)
+            if len(entries) == size:
+                hosts = [{k: e[k] for k in HOST_KEYS if k in e} for e in entries]
+            else:
+                log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
+        mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
+                 "kv_tokens": cfg.kv_tokens, "hosts": hosts}
+    rows = exchange(mine, group)
+    lead = rows[0]
+    caps = [Capabilities(**r["caps"]) for r in rows]
+    if lead["hosts"]:
+        caps = [with_host_keys(c, e) for c, e in zip(caps, lead["hosts"])]
+    caps = colocate(caps)
+    plan = plan_layers(spec, caps, lead["strategy"], lead["kv_tokens"], lead["layers"])
+    return plan, caps, summary(spec, caps, plan, lead["kv_tokens"])
+
+
+# --- the dry run ------------------------------------------------------------------------------
+
+def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str]]:
+    """The model's sizes (config.json, or weight headers) and each host's capabilities: its
+    hosts.json keys, else this machine's probe. Returns notes for the reader too."""
+    model = Path(cfg.model).expanduser() if cfg.model else None
+    if model is None or not model.is_dir():
+        from model_source import resolve_model  # the default model, a .gguf or a repo id
+
+        model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+    spec = spec_from_folder(model)
+    entries = load_hostfile(cfg.hostfile)
+    caps, probed, here = [], [], None
+    for i, e in enumerate(entries):
+        name = str(e.get("ssh") or f"rank{i}")
+        cap = declared(name, e)
+        if cap is None:
+            if here is None:
+                from probe import local_capabilities
+
+                here = local_capabilities(cfg.cache_dir, dtype_of(spec), i)
+            cap = with_host_keys(Capabilities(name, here.memory_gb, here.usable_gb, here.tflops, here.bandwidth_gbs,
+                                              here.device, source="probed here"), e)
+            probed.append(name)
+        caps.append(cap)
+    notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "
+             "so measured on this machine"] if probed else []
+    return spec, colocate(caps), notes
+
+
+def dry_run(cfg: Config) -> dict:
+    spec, caps, notes = dry_run_inputs(cfg)
+    strategy = "custom" if cfg.layers else cfg.strategy
+    plan = plan_layers(spec, caps, strategy, cfg.kv_tokens, list(cfg.layers) if cfg.layers else None)
+    out = summary(spec, caps, plan, cfg.kv_tokens)
+    others = {}
+    for s in STRATEGIES:
+        if s in (strategy, "custom"):
+            continue
+        try:
+            p = plan_layers(spec, caps, s, cfg.kv_tokens)
+            o = summary(spec, caps, p, cfg.kv_tokens)
+            others[s] = {"sizes": p.sizes, "predicted_tokens_per_s": o["predicted_tokens_per_s"], "slowest_stage_ms": o["slowest_stage_ms"]}
+        except ValueError as e:
+            others[s] = {"error": str(e)}
+    model = {"name": spec.name, "n_layers": spec.n_layers, "dtype": spec.dtype, "layer_gb": round(spec.layer_bytes / GIB, 4),
+             "ends_gb": round(spec.ends_bytes / GIB, 3), "total_gb": round(spec.total_bytes / GIB, 2),
+             "kv_mb_per_token": round(spec.n_layers * spec.kv_bytes_per_token / 2**20, 4)}
+    return {"model": model, "hostfile": str(cfg.hostfile), **out, "other_strategies": others, "notes": notes}
+
+
+def format_dry_run(d: dict) -> str:
+    m = d["model"]
+    lines = [f"model {m['name']}: {m['n_layers']} layers x {m['layer_gb']:.2f} GB + {m['ends_gb']:.2f} GB embedding and head "
+             f"= {m['total_gb']:.1f} GB ({m['dtype']}); KV reserve {d['kv_tokens']} tokens x {m['kv_mb_per_token']:.3f} MB",
+             f"plan {d['strategy']} for {d['hostfile']}:", format_summary(d)]
+    alt = []
+    for s, o in d["other_strategies"].items():
+        alt.append(f"{s} {'/'.join(map(str, o['sizes']))} -> {o['predicted_tokens_per_s']} tokens/s, slowest stage "
+                   f"{o['slowest_stage_ms']:.1f} ms" if "sizes" in o else f"{s} does not fit")
+    if alt:
+        lines.append("other strategies: " + "; ".join(alt))
+    lines += [f"note: {n}" for n in d["notes"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="./launch.sh plan", add_help=False,
+                                description="Print the layer plan for a hostfile and a model, without loading weights.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-h", "--help", action="store_true")
+    a, rest = p.parse_known_args(argv)
+    if a.help:
+        p.print_help()
+        print("\nOther flags are server.py's: --model, --hostfile, --strategy, --kv-tokens, --layers, --cache-dir")
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg, _ = parse_config(rest)
+        d = dry_run(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(d, indent=1) if a.json else format_dry_run(d))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

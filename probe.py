@@ -1,0 +1,159 @@
+"""What this machine can do: device, memory, matmul speed and memory bandwidth, measured once and
+cached per host, device and dtype; and the exchange that gives every rank every rank's answer.
+
+`MLX_RING_CAPS` (tests, or to pretend): a JSON list, one object per rank, whose keys (`host`,
+`device`, `memory_gb`, `usable_gb`, `tflops`, `bandwidth_gbs`) replace what this rank measures.
+A rank whose entry has memory_gb, tflops and bandwidth_gbs measures nothing.
+"""
+
+import json
+import logging
+import os
+import platform
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from plan import GIB, Capabilities, default_usable_gb
+
+log = logging.getLogger(__name__)
+
+CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs")
+EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a hostfile's overrides
+PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
+
+
+def device_info() -> dict:
+    """MLX's device info where it has one (`mx.device_info()`, older `mx.metal.device_info()`)."""
+    for get in (getattr(mx, "device_info", None), getattr(getattr(mx, "metal", None), "device_info", None)):
+        try:
+            if get is not None:
+                return dict(get())
+        except Exception:  # no such device in this build: fall back to the OS
+            continue
+    return {}
+
+
+def os_memory() -> tuple[float, float]:
+    """(total, available) bytes from the OS: /proc/meminfo on Linux, sysctl and vm_stat on macOS."""
+    if Path("/proc/meminfo").exists():
+        info = {}
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            info[key] = int(rest.split()[0]) * 1024
+        return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
+    if platform.system() == "Darwin":
+        total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
+        out = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
+        page = int(re.search(r"page size of (\d+)", out).group(1))
+        pages = {k.strip(): int(v.strip().rstrip(".")) for k, v in re.findall(r"^(Pages [^:]+):\s+(\d+\.?)$", out, re.M)}
+        free = sum(pages.get(f"Pages {k}", 0) for k in ("free", "inactive", "speculative", "purgeable"))
+        return total, free * page
+    raise ValueError("cannot read this machine's memory (neither /proc/meminfo nor macOS sysctl); "
+                     "declare memory_gb for it in hosts.json or MLX_RING_CAPS")
+
+
+def _timed(fn, seconds: float) -> tuple[int, float]:
+    """(iterations, elapsed) of fn() run until `seconds` passed, after one warm-up call."""
+    mx.eval(fn())
+    n, t0 = 0, time.perf_counter()
+    while True:
+        mx.eval(fn())
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return n, elapsed
+
+
+def measure_speed(dtype: str) -> tuple[float, float]:
+    """(TFLOP/s of a square matmul in `dtype`, GB/s of reading a large array) on the default device."""
+    dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
+    gpu = mx.default_device() != mx.cpu
+    size = 2048 if gpu else 512
+    a, b = mx.random.normal((size, size)).astype(dt), mx.random.normal((size, size)).astype(dt)
+    n, t = _timed(lambda: a @ b, PROBE_SECONDS)
+    tflops = 2 * size**3 * n / t / 1e12
+    big = mx.ones(((512 if gpu else 64) * 2**20 // 4,), dtype=mx.float32)  # decode streams weights like this
+    n, t = _timed(lambda: mx.sum(big), PROBE_SECONDS)
+    return tflops, big.nbytes * n / t / 1e9
+
+
+def _cached_speed(cache_dir: Path, device: str, dtype: str) -> tuple[float, float]:
+    """The measured speed for this host, device and dtype; measured on first use, then read back."""
+    path = Path(cache_dir) / "probe.json"
+    key = f"{socket.gethostname()}|{device}|{dtype}"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    if key in cache:
+        return cache[key]["tflops"], cache[key]["bandwidth_gbs"]
+    t0 = time.perf_counter()
+    tflops, gbs = measure_speed(dtype)
+    log.info("measured %s (%s): %.3f TFLOP/s, %.1f GB/s in %.2f s (cached in %s)", device, dtype, tflops, gbs,
+             time.perf_counter() - t0, path)
+    cache[key] = {"tflops": tflops, "bandwidth_gbs": gbs, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)  # atomic: ranks sharing a host may write at once
+    except OSError as e:
+        log.warning("cannot cache the probe in %s: %s", path, e)
+    return tflops, gbs
+
+
+def env_override(rank: int) -> dict:
+    """This rank's entry of MLX_RING_CAPS, checked."""
+    raw = os.environ.get("MLX_RING_CAPS")
+    if not raw:
+        return {}
+    try:
+        rows = json.loads(raw)
+        row = rows[rank] if rank < len(rows) else {}
+        assert isinstance(row, dict)
+    except (json.JSONDecodeError, AssertionError, TypeError, KeyError):
+        raise ValueError('MLX_RING_CAPS must be a JSON list of objects, one per rank, e.g. '
+                         '[{"memory_gb": 48, "tflops": 30, "bandwidth_gbs": 400}, ...]') from None
+    unknown = set(row) - set(CAP_KEYS)
+    if unknown:
+        raise ValueError(f"MLX_RING_CAPS rank {rank} has unknown keys {sorted(unknown)}; use {', '.join(CAP_KEYS)}")
+    return row
+
+
+def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabilities:
+    """This rank's machine: MLX_RING_CAPS where it says, measured (speed cached) for the rest."""
+    over = env_override(rank)
+    info = device_info()
+    device = over.get("device") or str(info.get("device_name") or mx.default_device())
+    host = over.get("host") or socket.gethostname()
+    if "memory_gb" in over:
+        total = over["memory_gb"]
+        usable = over.get("usable_gb", default_usable_gb(total))
+    else:
+        os_total, os_avail = os_memory()
+        total = (info.get("memory_size") or os_total) / GIB
+        # Metal: the GPU may wire at most the recommended working set; everywhere: what is free now.
+        usable = min(os_avail, info.get("max_recommended_working_set_size") or os_avail) / GIB
+        usable = over.get("usable_gb", usable)
+    if "tflops" in over and "bandwidth_gbs" in over:
+        tflops, gbs = over["tflops"], over["bandwidth_gbs"]
+    else:
+        tflops, gbs = _cached_speed(cache_dir, device, dtype)
+        tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
+    return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
+                        source="MLX_RING_CAPS" if over else "probed")
+
+
+def exchange(mine: dict, group: mx.distributed.Group) -> list[dict]:
+    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte rows."""
+    data = json.dumps(mine, sort_keys=True).encode()
+    if len(data) > EXCHANGE_BYTES:
+        raise ValueError(f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json")
+    row = mx.array([list(data.ljust(EXCHANGE_BYTES, b"\0"))], dtype=mx.int32)
+    rows = mx.distributed.all_gather(row, group=group).tolist() if group.size() > 1 else row.tolist()
+    return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]
