@@ -256,7 +256,17 @@ def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "bal
         plan = plan_from_sizes(L, custom_sizes(L, caps), strategy)
     else:
         plan = plan_from_sizes(L, balanced_sizes(model, caps, kv_tokens), strategy)
-    check_fits(model, caps, plan, kv_tokens)
+    try:
+        check_fits(model, caps, plan, kv_tokens)
+    except ValueError as e:
+        if strategy == "balanced" and sizes is None:
+            raise
+        try:  # say whether letting the planner size the slices would do
+            fit = "/".join(map(str, balanced_sizes(model, caps, kv_tokens)))
+            hint = f"STRATEGY=balanced{' without LAYERS' if sizes else ''} fits it as {fit} layers"
+        except ValueError:
+            hint = "no split fits: add a host, pick a smaller or more quantized model, or lower KV_TOKENS"
+        raise ValueError(f"{e}; {hint}") from None
     return plan
 
 
@@ -334,8 +344,7 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
                 f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
                 f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * kv_tokens * model.kv_bytes_per_token)} "
                 f"KV cache for {kv_tokens} tokens + {RUNTIME_GIB} GB runtime) but it has {c.usable_gb:.1f} GB usable "
-                f"of {c.memory_gb:.0f} GB. Use STRATEGY=balanced, add a host, pick a smaller or more quantized model, "
-                "lower KV_TOKENS, or raise its max_memory_gb in hosts.json")
+                f"of {c.memory_gb:.0f} GB (set usable_gb in hosts.json if it may use more)")
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> dict:
@@ -358,13 +367,16 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
 
 def format_summary(s: dict) -> str:
     """A table of `summary(...)`: one line per rank, then the prediction."""
-    head = f"{'rank':<5}{'host':<16}{'device':<16}{'memory':>8}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>7}  {'layers':<16}{'weights':>9}{'needs':>9}{'stage':>11}"
-    lines = [head]
+    hw = max(4, *(len(r["host"]) for r in s["ranks"])) + 2
+    dw = max((len(r["device"]) for r in s["ranks"]), default=0)
+    dw = dw + 2 if dw else 0
+    lines = [f"{'rank':<5}{'host':<{hw}}{'device' if dw else '':<{dw}}{'memory':>6}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>6}"
+             f"  {'layers':<14}{'weights':>9}{'needs':>9}{'stage':>10}"]
     for r in s["ranks"]:
         lo, hi = r["layers"]
-        lines.append(f"{r['rank']:<5}{r['host'][:15]:<16}{r['device'][:15]:<16}{r['memory_gb']:>5.0f} GB{r['usable_gb']:>6.1f} GB"
-                     f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>7.0f}  {f'[{lo}, {hi})':<9}{hi - lo:>3} {'':<3}"
-                     f"{r['weights_gb']:>6.1f} GB{r['needs_gb']:>6.1f} GB{r['predicted_stage_ms']:>8.1f} ms")
-    lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream "
-                 f"(slowest stage {s['slowest_stage_ms']:.1f} ms; network hops not counted)")
+        lines.append(f"{r['rank']:<5}{r['host']:<{hw}}{r['device']:<{dw}}{r['memory_gb']:>3.0f} GB{r['usable_gb']:>6.1f} GB"
+                     f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
+                     f"{r['weights_gb']:>6.1f} GB{r['needs_gb']:>6.1f} GB{r['predicted_stage_ms']:>7.1f} ms")
+    lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
+                 f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); network hops not counted")
     return "\n".join(lines)

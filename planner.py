@@ -121,7 +121,7 @@ def format_dry_run(d: dict) -> str:
              f"plan {d['strategy']} for {d['hostfile']}:", format_summary(d)]
     alt = []
     for s, o in d["other_strategies"].items():
-        alt.append(f"{s} {'/'.join(map(str, o['sizes']))} -> {o['predicted_tokens_per_s']} tokens/s, slowest stage "
+        alt.append(f"{s} {'/'.join(map(str, o['sizes']))}: {o['predicted_tokens_per_s']} tokens/s, slowest stage "
                    f"{o['slowest_stage_ms']:.1f} ms" if "sizes" in o else f"{s} does not fit")
     if alt:
         lines.append("other strategies: " + "; ".join(alt))

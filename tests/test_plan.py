@@ -1,5 +1,7 @@
 """The layer plan is a pure function: property tests, no MLX."""
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -158,7 +160,7 @@ def test_infeasible_plan_names_host_need_and_remedy():
     huge = ModelSpec(48, 1.1e9, 3e9, 1.5e9, 8192, 1.1e9, 2.2e9, 3e9)
     with pytest.raises(ValueError, match=r"mini-1 \(rank 0\) holds at most .*Add a host, pick a smaller or more quantized"):
         plan_layers(huge, minis, "balanced", 8192)
-    with pytest.raises(ValueError, match=r"host mini-1 \(rank 0\) cannot hold its slice: layers \[0, 24\) need .* GB .* but it has 10.7 GB usable"):
+    with pytest.raises(ValueError, match=r"host mini-1 \(rank 0\) cannot hold its slice: layers \[0, 24\) need .* GB .* but it has 10.7 GB usable.*no split fits"):
         plan_layers(huge, minis, "uniform", 8192)
 
 
@@ -188,3 +190,26 @@ def test_summary_predicts_stage_times_and_tokens_per_second():
     assert a == pytest.approx((16 * 436e6 + 1.05e9) / 400e9 * 1e3, rel=1e-3)  # + the head on rank 0
     assert s["predicted_tokens_per_s"] == pytest.approx(1e3 / (a + b), rel=1e-2)
     assert set(STRATEGIES) == {"balanced", "uniform", "memory", "compute", "custom"}
+
+
+def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
+    """`./launch.sh plan`: sizes from config.json alone, capabilities from hosts.json, text and --json."""
+    from planner import main
+
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}))
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "studio", "memory_gb": 48, "tflops": 17, "bandwidth_gbs": 480},
+                                 {"ssh": "mini", "memory_gb": 16, "tflops": 3.5, "bandwidth_gbs": 100}]))
+    args = ["--hostfile", str(hosts), "--model", str(model), "--strategy", "balanced", "--layers", "", "--kv-tokens", "8192"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "32 layers x 0.41 GB" in text and "plan balanced" in text and "tokens/s for one stream" in text
+    assert main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["layers"] for r in d["ranks"]] == [[0, 26], [26, 32]] and d["other_strategies"]["uniform"]["sizes"] == [16, 16]
+    assert main([*args, "--kv-tokens", "400000"]) == 2  # 50 GB of KV cache: nothing fits
+    assert "the model does not fit" in capsys.readouterr().err
