@@ -4,6 +4,7 @@ requests for the engine thread, and turns the engine's events into OpenAI respon
 import asyncio
 import hmac
 import json
+import math
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ class ServedModel:
     tokenizer: object  # mlx_lm TokenizerWrapper; tokenizing needs no MLX
     context_length: int
     default_max_tokens: int
+    max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
     cluster: dict = field(default_factory=dict)  # static per-rank facts gathered at startup
 
 
@@ -101,19 +103,25 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_, exc):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def check_model(name: str | None) -> None:
         if name not in (None, "", served.id, "default"):
             raise ApiError(404, f"The model '{name}' does not exist; this server serves '{served.id}'", "invalid_request_error", "model", "model_not_found")
 
-    def limit_tokens(prompt: list[int], asked: int | None) -> int:
+    def limit_tokens(prompt: list[int], body) -> int:
         room = served.context_length - len(prompt)
         if room <= 0:
             raise ApiError(400, f"the prompt has {len(prompt)} tokens but the model's context is {served.context_length}; shorten it", param="messages", code="context_length_exceeded")
+        cap = served.max_tokens_limit or served.context_length
+        for name in ("max_tokens", "max_completion_tokens"):
+            asked = getattr(body, name, None)
+            if asked is not None and asked > cap:
+                raise ApiError(400, f"{name}={asked} is over this server's limit of {cap} (MAX_TOKENS_LIMIT); ask for fewer", param=name)
+        asked = body.token_limit()
         if asked is not None and asked > room:
             raise ApiError(400, f"max_tokens={asked} plus the prompt's {len(prompt)} tokens exceeds the context of {served.context_length}; ask for at most {room}", param="max_tokens", code="context_length_exceeded")
-        return asked if asked is not None else min(room, served.default_max_tokens)
+        return asked if asked is not None else min(room, cap, body.default_tokens or served.default_max_tokens)
 
     def submit(req: Request) -> asyncio.Queue:
         """Queue `req` for the engine; its events arrive on the returned asyncio queue."""
@@ -149,7 +157,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
 
     def make_request(body, prompt: list[int]) -> Request:
         top = body.logprob_count()
-        return Request(prompt, limit_tokens(prompt, body.token_limit()), body.sampling(top or 0), emit=None, stop=body.stops())
+        return Request(prompt, limit_tokens(prompt, body), body.sampling(top or 0), emit=None, stop=body.stops())
 
     def chat_prompt(body: ChatCompletionRequest) -> list[int]:
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {}) for m in body.messages]
@@ -161,6 +169,9 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
     def token_text(tid: int) -> str:
         return served.tokenizer.decode([tid])
 
+    def finite(lp: float) -> float:
+        return lp if math.isfinite(lp) else -9999.0  # as OpenAI reports impossible tokens; JSON has no -inf
+
     def chat_logprobs(tokens, top: int | None):
         if top is None:
             return None
@@ -168,8 +179,8 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
         for t in tokens:
             s = token_text(t.id)
             content.append({
-                "token": s, "logprob": t.logprob, "bytes": list(s.encode()),
-                "top_logprobs": [{"token": token_text(i), "logprob": lp, "bytes": list(token_text(i).encode())} for i, lp in t.top[:top]],
+                "token": s, "logprob": finite(t.logprob), "bytes": list(s.encode()),
+                "top_logprobs": [{"token": token_text(i), "logprob": finite(lp), "bytes": list(token_text(i).encode())} for i, lp in t.top[:top]],
             })
         return {"content": content}
 
@@ -178,8 +189,8 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
             return None
         return {
             "tokens": [token_text(t.id) for t in tokens],
-            "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{token_text(i): lp for i, lp in t.top[:top]} for t in tokens] if top else None,
+            "token_logprobs": [finite(t.logprob) for t in tokens],
+            "top_logprobs": [{token_text(i): finite(lp) for i, lp in t.top[:top]} for t in tokens] if top else None,
         }
 
     def usage(done: Done) -> dict:
@@ -242,16 +253,17 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
     async def completions(body: CompletionRequest, http: HttpRequest):
         check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, list) else served.tokenizer.encode(body.prompt)
-        if not prompt:
-            raise ApiError(400, "prompt: must not be empty", param="prompt")
+        vocab = len(served.tokenizer.get_vocab())
+        if not prompt or not all(0 <= t < vocab for t in prompt):
+            raise ApiError(400, f"prompt: must be non-empty text or token ids in [0, {vocab})", param="prompt")
         return await respond(body, prompt, http, chat=False)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served.id, "object": "model", "created": 0, "owned_by": "mlx-ring"}]}
 
-    async def on_engine(fn, timeout: float):
-        return await asyncio.wait_for(asyncio.wrap_future(engine.call(fn)), timeout)
+    async def on_engine(fut, timeout: float):
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
 
     @app.get("/health")
     async def health():
@@ -259,7 +271,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
         if engine.broken or engine.stopping.is_set():
             return JSONResponse({"status": "unavailable", "error": engine.broken or "shutting down"}, status_code=503)
         try:
-            await on_engine(lambda pipe: pipe.ping(), timeout=10)  # a real trip through every rank
+            await on_engine(engine.ping(), timeout=10)  # a real trip through every rank
         except Exception as e:
             return JSONResponse({"status": "unhealthy", "error": str(e) or type(e).__name__}, status_code=503)
         return {"status": "ok", "ranks": len(served.cluster.get("ranks", [])), "ring_round_trip_ms": round((time.perf_counter() - t0) * 1e3, 2)}
@@ -267,13 +279,56 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
     @app.get("/cluster/status")
     async def cluster_status():
         try:
-            live = await on_engine(lambda pipe: pipe.status(), timeout=10)
+            live = await on_engine(engine.status(), timeout=10)
         except Exception as e:
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         ranks = [static | dyn for static, dyn in zip(served.cluster["ranks"], live)]
         return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize()}
 
+    def openapi():
+        # FastAPI documents validation failures as 422; this server answers 400 in OpenAI's shape.
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
+            error = {"description": "Bad request, in OpenAI's error shape", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+            for ops in schema["paths"].values():
+                for op in ops.values():
+                    responses = op.setdefault("responses", {})
+                    responses.pop("422", None)
+                    if "requestBody" in op:
+                        ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
+                        # with "stream": true: server-sent events whose data is a JSON chunk or [DONE]
+                        ok["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}}
+                        responses["400"] = error
+                        responses["404"] = error | {"description": "Unknown model"}
+                        responses["503"] = error | {"description": "Busy, draining or the ring is down"}
+                    if op.get("operationId", "").startswith(("health", "cluster")):
+                        responses["503"] = {"description": "The ring does not answer"}
+            # Limits known only at run time: completion length, and token ids of this vocabulary.
+            schemas = schema["components"]["schemas"]
+            for name, field in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+                                ("CompletionRequest", "max_tokens")):
+                for branch in schemas[name]["properties"][field].get("anyOf", [schemas[name]["properties"][field]]):
+                    if branch.get("type") == "integer":
+                        branch["maximum"] = served.max_tokens_limit or served.context_length
+            for branch in schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
+                if branch.get("type") == "array":
+                    branch["items"]["maximum"] = len(served.tokenizer.get_vocab()) - 1
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
 
 
 def sse(obj: dict) -> str:

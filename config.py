@@ -26,9 +26,12 @@ class Config:
     step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
+    groups: int = 0  # decode micro-batches in flight; 0: as many as ranks when stage times say it pays
+    prefill_chunk: int = 512  # prompt tokens per prefill step
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
     hostfile: Path = HERE / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
+    max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -51,10 +54,16 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")), help="requests waiting beyond MAX_ACTIVE; more get 503")
     p.add_argument("--max-active", type=int, default=int(_env("MAX_ACTIVE", "16")), help="sequences generating at once")
     p.add_argument("--max-tokens", type=int, default=int(_env("MAX_TOKENS", "512")), help="default completion limit")
+    p.add_argument("--max-tokens-limit", type=int, default=int(_env("MAX_TOKENS_LIMIT", "0")),
+                   help="most completion tokens one request may ask for (0: the model's context length)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
                    help="seconds one trip round the ring may take before the ring counts as broken")
     p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
+    p.add_argument("--groups", type=int, default=int(_env("GROUPS", "0")),
+                   help="decode micro-batches kept in flight (0: auto, from measured stage times)")
+    p.add_argument("--prefill-chunk", type=int, default=int(_env("PREFILL_CHUNK", "512")),
+                   help="prompt tokens per prefill step; chunks of one prompt overlap across ranks")
     p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
                    help="how layers are split: balanced (default: fastest plan that fits), uniform, memory, compute, custom (hosts.json)")
     p.add_argument("--kv-tokens", type=int, default=int(_env("KV_TOKENS", "8192")),
@@ -70,12 +79,15 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
     if a.max_queue < 1 or a.max_active < 1:
         raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
+    if a.groups < 0 or a.prefill_chunk < 1:
+        raise ValueError("GROUPS must be >= 0 (0: auto) and PREFILL_CHUNK >= 1")
     if a.kv_tokens < 0:
         raise ValueError(f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)")
     if a.step_timeout <= 0 or a.drain_timeout < 0:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
                  layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
-                 _env("API_KEY"))
+                 _env("API_KEY"), groups=a.groups, prefill_chunk=a.prefill_chunk,
+                 max_tokens_limit=a.max_tokens_limit)
     cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser())
     return cfg, a.prepare

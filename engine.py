@@ -1,8 +1,8 @@
 """Rank 0's scheduler: the one thread that owns MLX, fed by the HTTP side through queues.
 
-Requests arrive on a bounded queue; each gets its own generator from `generate.generate`, and the
-engine advances every active request by one token per round, so requests share the ring instead of
-waiting for each other. Results and errors travel back as values through `Request.emit`.
+Requests arrive on a bounded queue and become sequences of the continuous-batching `Scheduler`,
+which shares forward steps among them; this module turns their tokens into text (stop strings,
+limits) and results and errors travel back as values through `Request.emit`.
 """
 
 import itertools
@@ -17,7 +17,9 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from generate import Pipeline, RingError, SamplingParams, Token, generate
+from batching import Scheduler, Sequence
+from generate import Pipeline, RingError, SamplingParams, Token, parse_status, status_table
+from shard import Header, Kind
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,9 @@ class Unavailable(Exception):
 class _Active:
     """Bookkeeping of one running request: its generator, detokenizer and not-yet-sent text."""
 
-    def __init__(self, req: Request, seq: int, pipe: Pipeline, tokenizer: TokenizerWrapper):
+    def __init__(self, req: Request, seq: Sequence, tokenizer: TokenizerWrapper):
         self.req, self.seq = req, seq
-        self.tokens = generate(pipe, seq, req.prompt, req.params)
+        self.t0 = time.perf_counter()
         self.detok = tokenizer.detokenizer
         self.detok.reset()
         self.count = 0
@@ -75,11 +77,12 @@ class _Active:
 
 class Engine:
     def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64, max_active: int = 16,
-                 step_timeout: float = 60.0, drain_timeout: float = 30.0):
+                 step_timeout: float = 60.0, drain_timeout: float = 30.0, groups: int = 0, prefill_chunk: int = 512):
         self.pipe, self.tokenizer = pipe, tokenizer
+        self.sched = Scheduler(pipe, groups, prefill_chunk)
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
-        self.calls: queue.Queue[tuple[Callable, Future]] = queue.Queue()
-        self.active: list[_Active] = []
+        self.calls: queue.Queue[tuple[Kind, Future]] = queue.Queue()
+        self.active: dict[int, _Active] = {}
         self.max_active = max_active
         self.seq_ids = itertools.count(1)
         self.stopping = threading.Event()
@@ -95,10 +98,17 @@ class Engine:
         except queue.Full:
             raise QueueFull(f"{self.requests.maxsize} requests are already waiting") from None
 
-    def call(self, fn: Callable[[Pipeline], object]) -> Future:
-        """Run `fn(pipeline)` on the engine thread between steps (health pings, status)."""
+    def ping(self) -> Future:
+        """A round trip through every rank, between generation steps; resolves to None."""
+        return self._call(Kind.PING)
+
+    def status(self) -> Future:
+        """Resolves to one dict per rank: memory, open sequences, cached tokens, stage time."""
+        return self._call(Kind.STATUS)
+
+    def _call(self, kind: Kind) -> Future:
         fut: Future = Future()
-        self.calls.put((fn, fut))
+        self.calls.put((kind, fut))
         return fut
 
     # -- the engine thread --------------------------------------------------------------------------
@@ -113,20 +123,28 @@ class Engine:
             self._reject_waiting()
             while self.active and time.monotonic() < deadline:
                 self._serve_round()
-            for a in list(self.active):
+            for a in list(self.active.values()):
                 self._finish(a, Failed("the server is shutting down", 503, "service_unavailable"))
+            while not self.sched.idle():  # let every rank free what it holds
+                self.sched.step()
             self.pipe.shutdown()
         except RingError as e:
             self._die(str(e))
+        except Exception as e:  # a bug on rank 0 leaves the ranks' caches in an unknown state: restart
+            log.exception("engine failure")
+            self._die(f"internal error on rank 0: {e}")
 
     def _serve_round(self) -> None:
-        self._run_calls()
+        self._take_calls()
         if not self.stopping.is_set():
-            self._admit(block=not self.active)
-        elif not self.active:
+            self._admit(block=self.sched.idle())
+        elif self.sched.idle():
             time.sleep(0.01)
-        for a in list(self.active):
-            self._advance(a)
+        for a in list(self.active.values()):
+            if a.req.cancelled.is_set():
+                self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
+        for seq, token in self.sched.step():
+            self._advance(self.active[seq.id], token)
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
@@ -154,7 +172,7 @@ class Engine:
             return
         self.broken = reason
         log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(self.active) + self.requests.qsize())
-        for a in list(self.active):
+        for a in list(self.active.values()):
             a.req.emit(Failed(f"ring failure: {reason}", 503, "service_unavailable"))
         self._reject_waiting()
         for _, fut in list(self.calls.queue):
@@ -163,19 +181,19 @@ class Engine:
         time.sleep(1.0)  # let the HTTP thread send those errors
         os._exit(75)
 
-    def _run_calls(self) -> None:
+    def _take_calls(self) -> None:
         while True:
             try:
-                fn, fut = self.calls.get_nowait()
+                kind, fut = self.calls.get_nowait()
             except queue.Empty:
                 return
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(self.pipe))
-                except Exception as e:  # errors travel back as values
-                    fut.set_exception(e)
-                    if isinstance(e, RingError):
-                        raise
+            if not fut.set_running_or_notify_cancel():
+                continue
+            if kind == Kind.STATUS:
+                table = status_table(self.pipe.ring.size)
+                self.sched.call(Header.for_payload(kind, table), table, lambda t, fut=fut: fut.set_result(parse_status(t)))
+            else:
+                self.sched.call(Header(kind), None, lambda _, fut=fut: fut.set_result(None))
 
     def _admit(self, block: bool) -> None:
         while len(self.active) < self.max_active:
@@ -186,23 +204,19 @@ class Engine:
             block = False
             if req.cancelled.is_set():  # the client left while it waited: nothing to compute
                 req.emit(Failed("cancelled by the client", 499, "cancelled"))
-            else:
-                self.active.append(_Active(req, next(self.seq_ids), self.pipe, self.tokenizer))
+                continue
+            try:
+                seq = Sequence(next(self.seq_ids), req.prompt, req.params)
+            except Exception as e:  # e.g. a sampler that cannot be built from these parameters
+                req.emit(Failed(f"cannot start generation: {e}", 400, "invalid_request_error"))
+                continue
+            self.active[seq.id] = _Active(req, seq, self.tokenizer)
+            self.sched.add(seq)
 
-    def _advance(self, a: _Active) -> None:
-        if a.req.cancelled.is_set():
-            return self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
-        try:
-            t0 = time.perf_counter()
-            token = next(a.tokens)
-        except RingError:
-            raise
-        except Exception as e:
-            log.exception("generation failed for sequence %d", a.seq)
-            return self._finish(a, Failed(f"generation failed: {e}"))
+    def _advance(self, a: _Active, token: Token) -> None:
         a.count += 1
         if a.count == 1:
-            log.debug("sequence %d: first token after %.3f s", a.seq, time.perf_counter() - t0)
+            log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
         if token.id in self.tokenizer.eos_token_ids:
             self._flush(a, final=True)
             return self._finish(a, Done("stop", len(a.req.prompt), a.count))
@@ -243,7 +257,6 @@ class Engine:
             a.held, a.held_tokens = a.held[len(text) :], []
 
     def _finish(self, a: _Active, outcome: Done | Failed) -> None:
-        self.active.remove(a)
-        a.tokens.close()
+        del self.active[a.seq.id]
         a.req.emit(outcome)
-        self.pipe.free(a.seq)  # drop this sequence's KV cache on every rank
+        self.sched.remove(a.seq)  # its cache rows go on every rank before its group's next step

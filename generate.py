@@ -1,12 +1,14 @@
-"""Decoding on rank 0 as small pieces: one trip round the ring, prefill, step, generate.
+"""Rank 0's handle on the ring and the sampling of tokens from logits.
 
-`Pipeline` is the only code that starts work on the ring; `generate` is a generator, so the caller
-(the scheduler) decides when a sequence stops.
+`Pipeline` is the only code that starts work on the ring. It keeps several steps in flight so that
+rank 0 computes its stage of the next step while the other ranks compute theirs; how many, it
+decides so that the ring can never deadlock (see `Pipeline.limit`). `SequenceSampler` turns one
+sequence's logits into a token with mlx-lm's samplers and logits processors.
 """
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -19,50 +21,87 @@ class RingError(RuntimeError):
 
 
 class Pipeline:
-    """Rank 0's handle on the whole ring: embed, every rank's layers in turn, head."""
+    """Submit steps (rank 0 applies its own stage at once), collect them as they come home, in order."""
 
     def __init__(self, shard: Shard, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
         self.shard, self.ring = shard, ring
-        self.busy_since: float | None = None  # when the step now on the ring started; read by the watchdog
+        # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on the
+        # ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends can form.
+        self.limit = max(1, ring.size - 1)
+        self.inflight: deque[Header] = deque()  # sent, not yet back
+        self.ready: deque[tuple[Header, mx.array | None]] = deque()  # done here, not yet sent (or, alone, done)
+        self.busy_since: float | None = None  # when the blocking call now running started; read by the watchdog
+        self.stage_s = 0.0  # how long rank 0's own stage of the last submitted step took
 
-    def round_trip(self, header: Header, payload: mx.array | None) -> mx.array | None:
-        """Apply a step on rank 0, then on ranks 1..N-1 in ring order; returns what comes home."""
+    def can_submit(self) -> bool:
+        return not self.ready if self.ring.size > 1 else True
+
+    def outstanding(self) -> int:
+        return len(self.inflight) + len(self.ready)
+
+    def submit(self, header: Header, payload: mx.array | None) -> None:
+        """Apply `header` on rank 0 now; it goes on round the ring as soon as the ring has room."""
+        assert self.can_submit()
+        t0 = time.perf_counter()
+        out = self.shard.apply(header, payload)
+        if out is not None:
+            mx.eval(out)  # rank 0's stage runs now, while the previous step is on the other ranks
+        self.stage_s = time.perf_counter() - t0
+        self.ready.append((header, out))
+        self._send_ready()
+
+    def collect(self) -> tuple[Header, mx.array | None]:
+        """The oldest outstanding step, back from the last rank."""
+        if self.ring.size == 1:
+            return self.ready.popleft()
+        if not self.inflight:
+            self._send_ready()
+        expected = self.inflight.popleft()
         self.busy_since = time.monotonic()
         try:
-            out = self.shard.apply(header, payload)
-            if self.ring.size == 1:
-                return out
-            self.ring.send(header, out)  # hand the step to rank 1
-            back, out = self.ring.recv()  # the ring closes: rank N-1 hands it back to rank 0
+            back, out = self.ring.recv()  # the ring closes: rank N-1 hands the step back to rank 0
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
-            raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+            raise RingError(f"ring step {Kind(expected.kind).name} failed: {e}") from e
         finally:
             self.busy_since = None
-        if back != header:
-            raise RingError(f"ring returned {back}, sent {header}: the ranks are out of step")
-        return out
+        if back != expected:
+            raise RingError(f"ring returned {back}, sent {expected}: the ranks are out of step")
+        self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
+        return back, out
 
-    def logits(self, seq: int, tokens: list[int], offset: int) -> mx.array:
-        """Logits `(V,)` at the last of `tokens`, appended to the cache of `seq` holding `offset` tokens."""
-        h = self.shard.embed(mx.array([tokens]))  # (1, L, H)
-        h = self.round_trip(Header.for_payload(Kind.FORWARD, h, seq, offset), h)
-        return self.shard.head(h[:, -1:, :])[0, -1]
+    def _send_ready(self) -> None:
+        while self.ring.size > 1 and self.ready and len(self.inflight) < self.limit:
+            header, out = self.ready.popleft()
+            self.busy_since = time.monotonic()
+            try:
+                self.ring.send(header, out)  # hand the step to rank 1
+            except RuntimeError as e:
+                raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+            finally:
+                self.busy_since = None
+            self.inflight.append(header)
 
-    def free(self, seq: int) -> None:
-        self.round_trip(Header(Kind.FREE, seq), None)
-
-    def ping(self) -> None:
-        self.round_trip(Header(Kind.PING), None)
-
-    def status(self) -> list[dict]:
-        table = mx.zeros((self.ring.size, STATUS_COLS), dtype=mx.int32)
-        rows = self.round_trip(Header.for_payload(Kind.STATUS, table), table).tolist()
-        keys = ("rank", "mlx_active_memory_kib", "mlx_peak_memory_kib", "rss_kib", "open_sequences", "cached_tokens")
-        return [dict(zip(keys, row)) for row in rows]
+    def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
+        """One step through every rank with nothing else outstanding (tests, shutdown)."""
+        assert not self.outstanding()
+        self.submit(header, payload)
+        return self.collect()[1]
 
     def shutdown(self) -> None:
-        self.round_trip(Header(Kind.SHUTDOWN), None)
+        while self.outstanding():
+            self.collect()
+        self.round_trip(Header(Kind.SHUTDOWN))
+
+
+def status_table(size: int) -> mx.array:
+    return mx.zeros((size, STATUS_COLS), dtype=mx.int32)
+
+
+def parse_status(table: mx.array) -> list[dict]:
+    keys = ("rank", "mlx_active_memory_kib", "mlx_peak_memory_kib", "rss_kib", "open_sequences",
+            "cached_tokens", "forward_us")
+    return [dict(zip(keys, row)) for row in table.tolist()]
 
 
 @dataclass(frozen=True)
@@ -78,6 +117,11 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per token (0: none)
 
+    def plain(self) -> bool:
+        """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
+        return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias or self.seed is not None or self.top_logprobs)
+
 
 @dataclass
 class Token:
@@ -86,28 +130,58 @@ class Token:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-def generate(pipe: Pipeline, seq: int, prompt: list[int], params: SamplingParams) -> Iterator[Token]:
-    """Yield sampled tokens for `prompt` forever; the caller stops it (and frees `seq`)."""
-    sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
-    processors = make_logits_processors(
-        params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
-    )
-    history = list(prompt)
-    logits = pipe.logits(seq, prompt, 0)  # prefill: the whole prompt in one step
-    for step in range(1 << 62):
-        if processors:
-            context = mx.array(history)
-            for p in processors:
-                logits = p(context, logits[None])[0]
-        logprobs = logits - mx.logsumexp(logits)
-        if params.seed is not None:
-            # Per-request stream of randomness, independent of other requests sharing the engine.
-            mx.random.seed((params.seed * 1_000_003 + step) % (1 << 63))
-        token = sampler(logprobs[None])[0].item()
-        top = []
-        if params.top_logprobs:
-            ids = mx.argsort(-logprobs)[: params.top_logprobs]
-            top = list(zip(ids.tolist(), logprobs[ids].tolist()))
-        yield Token(token, logprobs[token].item(), top)
-        history.append(token)
-        logits = pipe.logits(seq, [token], len(history) - 1)
+class SequenceSampler:
+    """One sequence's sampler, logits processors and token history."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int]):
+        self.params = params
+        self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
+        self.processors = make_logits_processors(
+            params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
+        )
+        self.history = list(prompt)
+        self.step = 0
+
+    def logprobs(self, logits: mx.array) -> mx.array:
+        """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
+        if self.processors:
+            context = mx.array(self.history)
+            for p in self.processors:
+                logits = p(context, logits)
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def sample(self, logprobs: mx.array) -> mx.array:
+        if self.params.seed is not None:
+            # Per-request stream of randomness, independent of other requests sharing the ring.
+            mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
+        return self.sampler(logprobs)
+
+    def accept(self, token: int) -> None:
+        self.history.append(token)
+        self.step += 1
+
+
+def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token]:
+    """One token per row of `logits (B, V)`; rows sharing plain parameters sample in one batched call."""
+    first = samplers[0].params
+    if first.plain() and all(s.params == first for s in samplers):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        ids = samplers[0].sample(logprobs)
+        chosen = mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
+        mx.eval(ids, chosen)
+        tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
+    else:
+        rows = [s.logprobs(logits[e : e + 1]) for e, s in enumerate(samplers)]
+        ids = [s.sample(lp) for s, lp in zip(samplers, rows)]
+        mx.eval(ids, rows)
+        tokens = []
+        for s, lp, i in zip(samplers, rows, ids):
+            tid = i.item()
+            top = []
+            if s.params.top_logprobs:
+                best = mx.argsort(-lp[0])[: s.params.top_logprobs]
+                top = list(zip(best.tolist(), lp[0][best].tolist()))
+            tokens.append(Token(tid, lp[0, tid].item(), top))
+    for s, t in zip(samplers, tokens):
+        s.accept(t.id)
+    return tokens

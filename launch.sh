@@ -68,8 +68,10 @@ supervise() {
   while :; do
     rm -f "$LOG_DIR/rank0.pid"
     t0=$(date +%s)
+    # mlx.launch busy-loops on an empty or finished stdin: give it an open pipe with a byte now and
+    # then (the ranks close their end at start, after which it stops watching them).
     .venv/bin/mlx.launch --backend ring --hostfile "$HOSTFILE" --starting-port "$RING_PORT" \
-      -- "$ROOT/.venv/bin/python" "$ROOT/server.py" "$@" &
+      -- "$ROOT/.venv/bin/python" "$ROOT/server.py" "$@" < <(exec 2>/dev/null; while sleep 1; do echo; done) &
     lp=$!
     while kill -0 "$lp" 2>/dev/null; do
       # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung): force it.

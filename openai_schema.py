@@ -1,8 +1,8 @@
 """Typed OpenAI request models and the one adapter from them to the engine's internal types."""
 
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from generate import SamplingParams
 
@@ -10,9 +10,29 @@ MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 
 
+
 class _Strict(BaseModel):
     # An unknown field is an error, not silently dropped: the client learns what we do not support.
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `false` is not 0 and "1" is not 1.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data):
+        # JSON Schema counts 3.0 as an integer; strict pydantic does not. Accept whole floats for
+        # integer fields (and lists of them), nothing else.
+        def whole(v):
+            return int(v) if isinstance(v, float) and v.is_integer() else v
+
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or "int" not in str(field.annotation) or "float" in str(field.annotation):
+                continue
+            out[name] = [whole(x) for x in value] if isinstance(value, list) else whole(value)
+        return out
 
 
 class TextPart(_Strict):
@@ -35,19 +55,38 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# Token id (as a string key) -> bias in [-100, 100].
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]],
+    WithJsonSchema({"type": "object", "additionalProperties": False,
+                    "patternProperties": {"^[0-9]+$": {"type": "number", "minimum": -100, "maximum": 100}}}),
+]
+
+
+def _only_with(field: str, needs: str, when: dict) -> dict:
+    """JSON Schema for "`field` (matching `when`) only with `needs: true`", so clients can see the rule."""
+    return {"if": {"required": [field], "properties": {field: when}},
+            "then": {"required": [needs], "properties": {needs: {"const": True}}}}
+
+
+_STREAM_OPTIONS_RULE = _only_with("stream_options", "stream", {"type": "object"})
+
+
 class _Sampling(_Strict):
+    model_config = ConfigDict(json_schema_extra=_STREAM_OPTIONS_RULE)
+    default_tokens: ClassVar[int | None] = None  # completion limit when the request names none (None: the server's)
     model: str | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="Extension: keep the k most likely tokens (0: off).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Extension: min-p sampling (0: off).")
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     seed: int | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, description="Extension: mlx-lm's repetition penalty.")
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = Field(None, ge=0.1, le=10.0, description="Extension: mlx-lm's repetition penalty.")
+    logit_bias: LogitBias | None = None
     n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -55,14 +94,8 @@ class _Sampling(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
-            raise ValueError(f"stop: at most {MAX_STOP} stop sequences are allowed")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
-        if self.logit_bias:
-            for k, v in self.logit_bias.items():
-                if not k.lstrip("-").isdigit() or not -100 <= v <= 100:
-                    raise ValueError("logit_bias: keys must be token ids and values within [-100, 100]")
         return self
 
     def stops(self) -> list[str]:
@@ -85,6 +118,8 @@ class _Sampling(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _STREAM_OPTIONS_RULE, _only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1})]})
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -105,11 +140,18 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    default_tokens: ClassVar[int | None] = 16
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     logprobs: int | None = Field(None, ge=0, le=5)
-    max_tokens: int | None = Field(16, ge=1)
-    echo: Literal[False] = False
+    max_tokens: int | None = Field(None, ge=1, description="Default 16, as OpenAI's.")
+    echo: bool = Field(False, json_schema_extra={"const": False}, description="Not supported: must be false.")
     suffix: None = None
+
+    @model_validator(mode="after")
+    def _check_echo(self):
+        if self.echo:
+            raise ValueError("echo: not supported; leave it false")
+        return self
 
     def token_limit(self) -> int | None:
         return self.max_tokens

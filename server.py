@@ -88,9 +88,11 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         tokenizer=tokenizer,
         context_length=model_config.get("max_position_embeddings") or 4096,
         default_max_tokens=cfg.default_max_tokens,
+        max_tokens_limit=cfg.max_tokens_limit,
         cluster=cluster,
     )
-    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue, cfg.max_active, cfg.step_timeout, cfg.drain_timeout)
+    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue, cfg.max_active, cfg.step_timeout, cfg.drain_timeout,
+                    cfg.groups, cfg.prefill_chunk)
     app = make_app(engine, served, cfg.api_key)
     http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5))
     web = threading.Thread(target=http.run, name="http", daemon=True)

@@ -10,6 +10,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -25,43 +26,50 @@ from plan import LayerPlan
 
 log = logging.getLogger(__name__)
 
-HEADER_LEN = 8
+HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
-STATUS_COLS = 6  # rank, MLX active KiB, MLX peak KiB, process RSS KiB, open sequences, cached tokens
+STATUS_COLS = 7  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, mean forward us
 
 
 class Kind(IntEnum):
-    FORWARD = 1  # run local layers on the payload, with the cache of `seq`
-    FREE = 2  # drop the cache of `seq`
-    STATUS = 3  # each rank fills its row of the payload table
-    PING = 4  # no-op round trip: proves every rank is alive and in step
-    SHUTDOWN = 5  # pass it on, then exit
+    PREFILL = 1  # run local layers on one sequence's chunk `(1, L, H)`, with that sequence's own cache
+    JOIN = 2  # move the prefilled cache of `seq` into the batch of decode group `group`, as its last row
+    DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
+    FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
+    FREE = 5  # drop the cache of `seq` (a prefill that will not join)
+    STATUS = 6  # each rank fills its row of the payload table
+    PING = 7  # no-op round trip: proves every rank is alive and in step
+    SHUTDOWN = 8  # pass it on, then exit
 
 
 @dataclass(frozen=True)
 class Header:
     kind: int
     seq: int = 0
-    offset: int = 0  # FORWARD: tokens already in the cache of `seq`; 0 starts a fresh cache
+    offset: int = 0  # PREFILL: tokens already in the cache of `seq`; 0 starts a fresh cache
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
+    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.seq, self.offset, self.dtype, len(self.shape), *dims], dtype=mx.int32)
+        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        kind, seq, offset, dtype, ndim, *dims = a.tolist()
-        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype)
+        kind, seq, offset, dtype, group, ndim, *dims = a.tolist()
+        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group)
 
     @staticmethod
-    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0) -> "Header":
-        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype))
+    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
+        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
 
 
 def init_group() -> mx.distributed.Group:
     """The ring group mlx.launch describes; a group of one when started alone."""
+    # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
+    # a small machine); with our end closed, its next write fails and it stops watching the pipe.
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     hostfile = os.environ.get("MLX_HOSTFILE")
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
@@ -117,13 +125,20 @@ def parameter_bytes(module: nn.Module) -> int:
 
 
 class Shard:
-    """The layers `[start, end)` of one rank, their KV caches per sequence, and (rank 0) embedding and head."""
+    """The layers `[start, end)` of one rank and their KV caches, and (rank 0) embedding and head.
+
+    Caches live in two places: one per sequence while its prompt is prefilled (exactly as a single
+    process would hold it), then, once it joins a decode group, as a row of that group's batched,
+    left-padded cache (mlx-lm's `BatchKVCache`), so the whole group decodes in one forward step.
+    """
 
     def __init__(self, model: nn.Module, plan: LayerPlan, rank: int):
         self.model, self.plan, self.rank = model, plan, rank
         self.inner = model.model
         self.start, self.end = plan.ranges[rank]
-        self.caches: dict[int, list] = {}
+        self.prefills: dict[int, list] = {}  # seq -> per-layer caches
+        self.groups: dict[int, list] = {}  # group -> per-layer batched caches
+        self.forward_us = 0.0  # moving average of this rank's time per forward step (set by its loop)
         self.host = socket.gethostname()
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
@@ -147,29 +162,66 @@ class Shard:
             h = layer(h, masks[window], c)
         return h
 
+    def rows(self, group: int) -> int:
+        return self.rows_of(self.groups.get(group))
+
+    @staticmethod
+    def rows_of(caches: list | None) -> int:
+        return caches[0].offset.shape[0] if caches else 0
+
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
         """Apply one step to this rank's layers and caches; returns the payload to pass on."""
-        if header.kind == Kind.FORWARD:
+        kind = header.kind
+        if kind == Kind.PREFILL:
             if header.offset == 0:
-                self.caches[header.seq] = make_prompt_cache(self.model)
-            caches = self.caches.get(header.seq)
+                self.prefills[header.seq] = make_prompt_cache(self.model)
+            caches = self.prefills.get(header.seq)
             assert caches is not None, f"rank {self.rank}: no cache for sequence {header.seq}"
             assert caches[0].offset == header.offset, (
                 f"rank {self.rank}: cache of sequence {header.seq} holds {caches[0].offset} tokens, "
                 f"rank 0 expects {header.offset}"
             )
             return self.forward(payload, caches)
-        if header.kind == Kind.FREE:
-            self.caches.pop(header.seq, None)
+        if kind == Kind.DECODE:
+            rows = self.rows(header.group)
+            assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
+            return self.forward(payload, self.groups[header.group])
+        if kind == Kind.JOIN:
+            single = self.prefills.pop(header.seq)
+            batched = [c.merge([c]) for c in single]  # a batch of one, then appended as the group's last row
+            group = self.groups.setdefault(header.group, [])
+            if not group:
+                group.extend(batched)
+            else:
+                for g, b in zip(group, batched):
+                    g.extend(b)
             return None
-        if header.kind == Kind.STATUS:
+        if kind == Kind.FILTER:
+            keep = payload.tolist() if payload is not None else []
+            if keep:
+                for c in self.groups[header.group]:
+                    c.filter(keep)
+            else:
+                del self.groups[header.group]
+                mx.clear_cache()  # hand freed cache memory back, so memory stays flat between bursts
+            return payload  # the next rank needs the same row list
+        if kind == Kind.FREE:
+            self.prefills.pop(header.seq, None)
+            mx.clear_cache()
+            return None
+        if kind == Kind.STATUS:
             row = mx.array([self.status_row()], dtype=mx.int32)
             return mx.concatenate([payload[: self.rank], row, payload[self.rank + 1 :]])
         return payload
 
     def status_row(self) -> list[int]:
-        tokens = sum(c[0].offset for c in self.caches.values() if c)
-        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), len(self.caches), tokens]
+        tokens = sum(c[0].offset for c in self.prefills.values())
+        rows = 0
+        for caches in self.groups.values():
+            rows += self.rows_of(caches)
+            tokens += int(mx.maximum(caches[0].offset, 0).sum().item())
+        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(),
+                len(self.prefills) + rows, tokens, int(self.forward_us)]
 
     def info(self) -> dict:
         return {
@@ -204,7 +256,10 @@ def serve_worker(shard: Shard, ring: Ring) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by."""
     while True:
         header, payload = ring.recv()  # the next step, from the previous rank
+        t0 = time.perf_counter()
         out = shard.apply(header, payload)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
+        if header.kind in (Kind.PREFILL, Kind.DECODE):
+            shard.forward_us = 0.9 * shard.forward_us + 0.1 * (time.perf_counter() - t0) * 1e6
         if header.kind == Kind.SHUTDOWN:
             return

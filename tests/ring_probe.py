@@ -1,7 +1,10 @@
-"""Run under mlx.launch by the tests: push a prompt and greedy decode steps through the real ring.
+"""Run under mlx.launch by the tests: greedy-decode several sequences through the real ring with the
+real scheduler, sequences arriving and leaving mid-flight.
 
-Every rank writes `rank{r}.json` (its layer range, parameter bytes, resident memory); rank 0 also
-writes `logits.npy` (one row per step) and `tokens.json`.
+`--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
+before scheduler step k. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
+resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
+all sequences left) and `logits{i}.npy` (one row of logits per generated token of sequence i).
 """
 
 import argparse
@@ -14,16 +17,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from generate import Pipeline  # noqa: E402
+import batching  # noqa: E402
+from batching import Scheduler, Sequence  # noqa: E402
+from generate import Pipeline, SamplingParams, parse_status, status_table  # noqa: E402
 from plan import plan_from_sizes, uniform_plan  # noqa: E402
-from shard import Ring, init_group, load_shard, rss_kib, serve_worker  # noqa: E402
+from shard import Header, Kind, Ring, init_group, load_shard, rss_kib, serve_worker  # noqa: E402
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--prompt", required=True, help="comma-separated token ids")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--spec", required=True)
+    p.add_argument("--groups", type=int, default=1)
+    p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--layers", default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -33,23 +39,46 @@ def main():
     plan = plan_from_sizes(n_layers, [int(x) for x in a.layers.split(",")]) if a.layers else uniform_plan(n_layers, size)
     shard = load_shard(Path(a.model), plan, rank)
     out = Path(a.out)
-    info = shard.info() | {"rss_kib": rss_kib(), "size": size}
-    (out / f"rank{rank}.json").write_text(json.dumps(info))
+    (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
     ring = Ring(group)
     if rank != 0:
         return serve_worker(shard, ring)
+
+    # Record the logits each sequence's token was sampled from.
+    owner, rows = {}, {}
+    real = batching.sample_rows
+
+    def recording(samplers, logits):
+        for s, row in zip(samplers, np.array(logits.astype(mx.float32))):
+            rows.setdefault(owner[id(s)], []).append(row)
+        return real(samplers, logits)
+
+    batching.sample_rows = recording
+
+    spec = json.loads(a.spec)
     pipe = Pipeline(shard, ring)
-    prompt = [int(t) for t in a.prompt.split(",")]
-    rows, tokens = [], []
-    logits = pipe.logits(1, prompt, 0)
-    for step in range(a.steps):
-        rows.append(np.array(logits.astype(mx.float32)))
-        tokens.append(int(mx.argmax(logits).item()))
-        logits = pipe.logits(1, [tokens[-1]], len(prompt) + step)
-    pipe.free(1)
-    status = pipe.status()
-    np.save(out / "logits.npy", np.stack(rows))
-    (out / "tokens.json").write_text(json.dumps({"tokens": tokens, "status": status}))
+    sched = Scheduler(pipe, groups=a.groups, chunk=a.chunk)
+    waiting = sorted(range(len(spec)), key=lambda i: spec[i]["at"])
+    tokens = {i: [] for i in range(len(spec))}
+    step = 0
+    while waiting or not sched.idle():
+        while waiting and spec[waiting[0]]["at"] <= step:
+            i = waiting.pop(0)
+            seq = Sequence(i, spec[i]["prompt"], SamplingParams(temperature=0.0))
+            owner[id(seq.sampler)] = i
+            sched.add(seq)
+        for seq, token in sched.step():
+            tokens[seq.id].append(token.id)
+            if len(tokens[seq.id]) >= spec[seq.id]["max_tokens"]:
+                sched.remove(seq)
+        step += 1
+    status = []
+    sched.call(Header.for_payload(Kind.STATUS, status_table(size)), status_table(size), lambda t: status.extend(parse_status(t)))
+    while not status:
+        sched.step()
+    for i, r in rows.items():
+        np.save(out / f"logits{i}.npy", np.stack(r))
+    (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status}))
     pipe.shutdown()
 
 

@@ -15,12 +15,15 @@ from ringutil import ROOT, launch, make_tiny_model
 PROBE = str(ROOT / "tests" / "ring_probe.py")
 
 
-def run_probe(tmp_path, n, model, prompt, steps, layers=None):
-    argv = [PROBE, "--model", str(model), "--prompt", ",".join(map(str, prompt)), "--steps", str(steps), "--out", str(tmp_path)]
-    launch(n, tmp_path, argv + (["--layers", layers] if layers else []))
+def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300):
+    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
+    argv = [PROBE, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
+            "--chunk", str(chunk), "--out", str(tmp_path)]
+    launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
-    out = json.loads((tmp_path / "tokens.json").read_text())
-    return np.load(tmp_path / "logits.npy"), out["tokens"], out["status"], ranks
+    out = json.loads((tmp_path / "result.json").read_text())
+    logits = [np.load(tmp_path / f"logits{i}.npy") for i in range(len(spec))]
+    return out["tokens"], logits, out["status"], ranks
 
 
 def reference_logits(model_path, prompt, steps):
@@ -45,22 +48,27 @@ def reference_logits(model_path, prompt, steps):
 def test_tiny_models_logits_match_single_process(tmp_path, kind, n, layers):
     model = make_tiny_model(tmp_path / "model", kind)
     prompt = [5, 17, 42, 99, 3, 250, 7]
-    got, tokens, status, ranks = run_probe(tmp_path, n, model, prompt, steps=6, layers=layers)
+    tokens, logits, status, ranks = run_probe(tmp_path, n, model, [{"prompt": prompt, "max_tokens": 6, "at": 0}], layers=layers)
     want, want_tokens = reference_logits(model, prompt, steps=6)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # prefill and 5 cached decode steps
-    assert tokens == want_tokens
-    assert all(r["open_sequences"] == 0 for r in status)  # freed on every rank
+    np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)  # prefill and 5 cached decode steps
+    assert tokens[0] == want_tokens
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)  # freed on every rank
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_default_model_greedy_tokens_identical_to_mlx_lm(tmp_path, default_model, n):
     tokenizer = load_tokenizer(default_model)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}], add_generation_prompt=True)
-    _, tokens, _, ranks = run_probe(tmp_path, n, default_model, prompt, steps=32)
-    model, _ = load_model(default_model)
-    want = [int(t) for t, _ in zip((tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=32)), range(32))]
-    assert tokens == want, f"{n} ranks: {tokenizer.decode(tokens)!r} != {tokenizer.decode(want)!r}"
+    tokens, _, _, ranks = run_probe(tmp_path, n, default_model, [{"prompt": prompt, "max_tokens": 32, "at": 0}])
+    want = alone(default_model, prompt, 32)
+    assert tokens[0] == want, f"{n} ranks: {tokenizer.decode(tokens)!r} != {tokenizer.decode(want)!r}"
     assert [tuple(r["layers"]) for r in ranks] == [tuple(x) for x in _uniform(30, n)]
+
+
+def alone(model_path, prompt, n):
+    """Greedy tokens of single-process mlx_lm for one sequence on its own."""
+    model, _ = load_model(model_path)
+    return [int(t) for t, _ in zip((tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n)), range(n))]
 
 
 def _uniform(n_layers, n):
@@ -72,7 +80,7 @@ def _uniform(n_layers, n):
 def test_each_rank_holds_exactly_its_slice(tmp_path, default_model):
     """Bytes held by each rank equal its layers' tensors (+ embedding, norm and head on rank 0),
     and a worker's resident memory stays far below the whole model's size."""
-    _, _, _, ranks = run_probe(tmp_path, 3, default_model, [1, 2, 3], steps=1)
+    _, _, _, ranks = run_probe(tmp_path, 3, default_model, [{"prompt": [1, 2, 3], "max_tokens": 1, "at": 0}])
     full, _ = load_model(default_model, lazy=True)
     layer_bytes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in full.model.layers]
     ends = sum(v.nbytes for k, v in tree_flatten(full.parameters()) if not k.startswith("model.layers."))
@@ -83,3 +91,54 @@ def test_each_rank_holds_exactly_its_slice(tmp_path, default_model):
         assert r["holds_embedding"] == r["holds_head"] == (r["rank"] == 0)
     worker = ranks[1]
     assert worker["rss_kib"] * 1024 < worker["parameter_bytes"] + 0.5 * total, "a worker read more than its slice"
+
+
+# Sequences of different lengths arriving and leaving mid-flight (`at`: the scheduler step it joins).
+MIXED = [
+    {"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
+    {"prompt": [8, 1], "max_tokens": 16, "at": 0},
+    {"prompt": [300, 2, 9, 9, 41, 7, 7, 12, 60, 1, 4], "max_tokens": 5, "at": 3},
+    {"prompt": [77], "max_tokens": 10, "at": 7},
+    {"prompt": [6, 5, 4, 3, 2, 1], "max_tokens": 8, "at": 15},
+]
+
+
+@pytest.mark.parametrize("n,groups", [(2, 1), (2, 2), (3, 3)])
+def test_batched_sequences_match_each_run_alone(tmp_path, n, groups):
+    """Continuous batching, chunked prefill (chunks of 4) and micro-batch groups: every sequence's
+    logits agree with single-process mlx-lm running it alone within float rounding of the batch
+    shapes (atol 1e-4 on logits of order 1), and its tokens are identical."""
+    model = make_tiny_model(tmp_path / "model", "qwen3")
+    tokens, logits, status, _ = run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=4)
+    for i, s in enumerate(MIXED):
+        want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
+        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
+        assert tokens[i] == want_tokens, f"sequence {i}"
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)
+
+
+def test_overlap_changes_no_token(tmp_path):
+    """The same requests give bitwise the same tokens with 1 group or 2 groups in flight."""
+    model = make_tiny_model(tmp_path / "model", "llama")
+    runs = []
+    for groups in (1, 2):
+        (tmp_path / str(groups)).mkdir()
+        runs.append(run_probe(tmp_path / str(groups), 2, model, MIXED, groups=groups, chunk=3)[0])
+    assert runs[0] == runs[1]
+
+
+def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_model):
+    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2 ranks: the
+    ring must neither deadlock on send/recv ordering (the launch has a timeout) nor change tokens."""
+    tokenizer = load_tokenizer(default_model)
+    chat = lambda q: tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    long_prompt = chat("Summarise: " + "the sea is wide and the sky is blue; " * 120)
+    spec = [
+        {"prompt": chat("What is the capital of France?"), "max_tokens": 16, "at": 0},
+        {"prompt": long_prompt, "max_tokens": 4, "at": 1},
+        {"prompt": chat("Name three colours."), "max_tokens": 16, "at": 2},
+    ]
+    tokens, _, status, _ = run_probe(tmp_path, 2, default_model, spec, groups=2, chunk=512, timeout=240)
+    for i, s in enumerate(spec):
+        assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), f"sequence {i}"
+    assert all(r["open_sequences"] == 0 for r in status)

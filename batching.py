@@ -1,0 +1,218 @@
+"""Continuous batching on rank 0: which step goes round the ring next.
+
+A sequence's prompt goes through in chunks of its own (its cache is exactly what one process would
+build), then it joins a decode group: a micro-batch whose rows decode together in one step per
+token. Sequences join and leave a group between its steps, without waiting for each other. Each
+group has at most one decode step outstanding (its next tokens depend on the last), but different
+groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes its stage of group B
+or of the next prompt chunk. The caller calls `step()` in a loop and decides when sequences stop.
+"""
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+from generate import Pipeline, SamplingParams, SequenceSampler, Token, sample_rows
+from shard import Header, Kind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    sampler: SequenceSampler = None
+    sent: int = 0  # prompt tokens already submitted
+    chunks_out: int = 0  # prefill chunks on the ring
+    last: int | None = None  # the last sampled token: the next decode step's input
+    removed: bool = False
+
+    def __post_init__(self):
+        self.sampler = SequenceSampler(self.params, self.prompt)
+
+
+@dataclass(eq=False)
+class Group:
+    id: int
+    rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
+    joining: list[Sequence] = field(default_factory=list)  # prefilled, to be appended before the next step
+    busy: bool = False  # a decode step of this group is on the ring
+    last_turn: int = -1
+
+    def load(self) -> int:
+        return len(self.rows) + len(self.joining)
+
+
+@dataclass
+class _Step:
+    """What rank 0 must do when a step comes home."""
+
+    kind: Kind
+    seq: Sequence | None = None
+    group: Group | None = None
+    rows: list[Sequence] = field(default_factory=list)
+    last_chunk: bool = False
+    done: Callable[[mx.array | None], None] | None = None
+
+
+def _bucket(rows: int) -> int:
+    return 1 << max(0, rows - 1).bit_length()  # 1, 2, 4, 8, ...
+
+
+class Scheduler:
+    """`groups`: decode micro-batches; 0 picks, per new sequence, one group or one per rank from
+    measured stage times."""
+
+    def __init__(self, pipe: Pipeline, groups: int = 0, chunk: int = 512):
+        self.pipe, self.chunk = pipe, chunk
+        self.auto = groups == 0
+        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
+        self.stage_s: dict[int, float] = {}  # batch bucket -> rank 0's decode stage time (moving average)
+        self.prefilling: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
+        self.to_free: list[Sequence] = []
+        self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
+        self.steps: deque[_Step] = deque()  # outstanding, in ring order
+        self.turn = 0
+        self.prefill_turn = -1
+
+    # -- what the caller does -------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.prefilling.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Stop `seq`: its rows and caches go at the next chance, on every rank."""
+        seq.removed = True
+
+    def call(self, header: Header, payload: mx.array | None, done: Callable[[mx.array | None], None]) -> None:
+        """Send a control step (ping, status) between the others; `done` gets what comes home."""
+        self.calls.append((header, payload, done))
+
+    def idle(self) -> bool:
+        return not (self.steps or self.prefilling or self.calls or self.to_free
+                    or any(g.load() for g in self.groups))
+
+    def step(self) -> list[tuple[Sequence, Token]]:
+        """Fill the ring with ready work, then take the oldest step home; returns the tokens it gave."""
+        while self.pipe.can_submit() and self._submit_next():
+            pass
+        if not self.steps:
+            return []
+        header, out = self.pipe.collect()
+        return self._complete(self.steps.popleft(), out)
+
+    # -- choosing work --------------------------------------------------------------------------
+    def _submit_next(self) -> bool:
+        if self.calls:
+            header, payload, done = self.calls.popleft()
+            return self._submit(header, payload, _Step(header.kind, done=done))
+        if self.to_free:
+            seq = self.to_free.pop()
+            return self._submit(Header(Kind.FREE, seq.id), None, _Step(Kind.FREE))
+        # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
+        # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
+        ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
+        if self._prefill_ready():
+            ready.append((self.prefill_turn, None))
+        if not ready:
+            return False
+        self.turn += 1
+        _, lane = min(ready, key=lambda x: x[0])
+        if lane is None:
+            self.prefill_turn = self.turn
+            return self._submit_chunk(self.prefilling[0])
+        return self._submit_decode(lane)
+
+    def _prefill_ready(self) -> bool:
+        while self.prefilling and self.prefilling[0].removed and not self.prefilling[0].chunks_out:
+            self.to_free.append(self.prefilling.popleft())  # its cache may exist on the ranks
+        if not self.prefilling:
+            return False
+        head = self.prefilling[0]
+        return not head.removed and head.sent < len(head.prompt)
+
+    def _submit_chunk(self, seq: Sequence) -> bool:
+        tokens = seq.prompt[seq.sent : seq.sent + self.chunk]
+        h = self.pipe.shard.embed(mx.array([tokens]))  # (1, L, H)
+        last = seq.sent + len(tokens) == len(seq.prompt)
+        header = Header.for_payload(Kind.PREFILL, h, seq=seq.id, offset=seq.sent)
+        seq.sent += len(tokens)
+        seq.chunks_out += 1
+        if last:
+            self.prefilling.popleft()  # its chunks are all out; the next prompt may start behind them
+        return self._submit(header, h, _Step(Kind.PREFILL, seq=seq, last_chunk=last))
+
+    def _submit_decode(self, g: Group) -> bool:
+        # Rows leave and join only while none of the group's steps is on the ring, and every rank
+        # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
+        keep = [i for i, s in enumerate(g.rows) if not s.removed]
+        if len(keep) < len(g.rows):
+            g.rows = [g.rows[i] for i in keep]
+            rows = mx.array(keep, dtype=mx.int32) if keep else None  # none left: the group's cache goes
+            header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
+            return self._submit(header, rows, _Step(Kind.FILTER))
+        while g.joining:
+            seq = g.joining.pop(0)
+            if seq.removed:
+                self.to_free.append(seq)
+                continue
+            g.rows.append(seq)
+            return self._submit(Header(Kind.JOIN, seq.id, group=g.id), None, _Step(Kind.JOIN))
+        if not g.rows:
+            return True
+        g.last_turn = self.turn
+        g.busy = True
+        h = self.pipe.shard.embed(mx.array([[s.last] for s in g.rows]))  # (B, 1, H)
+        self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)))
+        b = _bucket(len(g.rows))
+        self.stage_s[b] = 0.8 * self.stage_s.get(b, self.pipe.stage_s) + 0.2 * self.pipe.stage_s
+        return True
+
+    def _submit(self, header: Header, payload: mx.array | None, step: _Step) -> bool:
+        self.pipe.submit(header, payload)
+        self.steps.append(step)
+        return True
+
+    def _groups_in_use(self) -> int:
+        if not self.auto or len(self.groups) == 1:
+            return len(self.groups)
+        rows = sum(g.load() for g in self.groups) + 1
+        whole = self.stage_s.get(_bucket(rows))
+        part = self.stage_s.get(_bucket(-(-rows // len(self.groups))))
+        # Splitting a batch pays only where a stage's time grows with its rows; a bandwidth-bound
+        # decode step costs about as much for 1 row as for 64, and then one group is best.
+        return len(self.groups) if whole and part and whole > 1.5 * part else 1
+
+    # -- results --------------------------------------------------------------------------------
+    def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token]]:
+        if step.done is not None:
+            step.done(out)
+            return []
+        if step.kind == Kind.PREFILL:
+            seq = step.seq
+            seq.chunks_out -= 1
+            if not step.last_chunk:
+                return []
+            if seq.removed:
+                self.to_free.append(seq)
+                return []
+            logits = self.pipe.shard.head(out[:, -1:, :])[:, -1, :]  # (1, V) at the prompt's last token
+            token = sample_rows([seq.sampler], logits)[0]
+            seq.last = token.id
+            min(self.groups[: self._groups_in_use()], key=Group.load).joining.append(seq)
+            return [(seq, token)]
+        if step.kind == Kind.DECODE:
+            step.group.busy = False
+            logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
+            tokens = sample_rows([s.sampler for s in step.rows], logits)
+            results = []
+            for seq, token in zip(step.rows, tokens):
+                seq.last = token.id
+                if not seq.removed:
+                    results.append((seq, token))
+            return results
+        return []
