@@ -12,7 +12,11 @@ import socket
 import sys
 import threading
 
-import mlx.core as mx
+# One GPU per rank on a multi-GPU host (CUDA_PER_RANK=1): chosen before MLX starts.
+if os.environ.get("CUDA_PER_RANK") == "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+
+import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_config, load_tokenizer
 
 from config import Config, parse_config

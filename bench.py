@@ -1,0 +1,254 @@
+"""Benchmark this server against single-process mlx_lm.server (and, optionally, mlx-lm's own
+distributed server) on the same model and machine, in one run, through a streaming OpenAI client.
+
+    ./launch.sh bench --ranks 1,2,3 --concurrency 1,4,8            # default model, this machine
+    ./launch.sh bench --model /tmp/llama3-8b --gpu --ranks 1,2 --peers mlx_lm,mlx_lm_tp
+
+Reports per target: time to first token (short prompt, and a long one), per-stream decode tokens/s,
+aggregate tokens/s and p50/p99 inter-token latency at each concurrency, and peak memory per rank.
+Writes `bench.json`, `bench.md` and `throughput.png` to `--out`.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+
+ROOT = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+TOPICS = ["the sea", "a lighthouse", "an old clock", "a mountain village", "a robot gardener", "winter stars",
+          "a lost letter", "the first train", "a quiet library", "a desert well", "a fox in the snow", "a kite"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Target:
+    """A server process we start, stream from, and stop."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, port: int, ours: bool):
+        self.name, self.cmd, self.env, self.port, self.ours = name, cmd, env, port, ours
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self):
+        self.log = open(ROOT / "bench-results" / f"{self.name}.log", "w")
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env={**os.environ, **self.env}, stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see bench-results/{self.name}.log")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{self.name} did not start in 900 s")
+
+    def __exit__(self, *exc):
+        os.killpg(self.proc.pid, 15)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+        self.log.close()
+
+    def memory(self) -> list[dict]:
+        """Peak memory per rank: MLX's own count where the server reports it, else the OS's."""
+        if self.ours:
+            ranks = httpx.get(self.url + "/cluster/status", timeout=30).json()["ranks"]
+            return [{"rank": r["rank"], "mlx_peak_mib": r["mlx_peak_memory_kib"] / 1024, "rss_mib": r["rss_kib"] / 1024,
+                     "weights_mib": r["parameter_bytes_kib"] / 1024} for r in ranks]
+        out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "python"], capture_output=True, text=True).stdout
+        rows = []
+        for i, pid in enumerate(out.split()):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            hwm = next((int(l.split()[1]) for l in status.splitlines() if l.startswith("VmHWM")), 0)
+            if hwm > 100_000:  # skip launcher processes
+                rows.append({"rank": len(rows), "rss_peak_mib": hwm / 1024})
+        return rows
+
+
+async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    times = []
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0,
+        stream=True, stream_options={"include_usage": True})
+    tokens = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    tokens = tokens or len(times)
+    if not times:
+        return {"ttft": None, "tokens": 0, "itl": [], "decode_tps": None, "end": time.perf_counter()}
+    itl = [b - a for a, b in zip(times, times[1:])]
+    span = times[-1] - times[0]
+    return {"ttft": times[0] - t0, "tokens": tokens, "itl": itl, "end": times[-1],
+            "decode_tps": (tokens - 1) / span if span > 0 and tokens > 1 else None}
+
+
+async def run_concurrency(url: str, model: str, c: int, max_tokens: int, round_: int) -> dict:
+    prompts = [f"Request {round_}-{i}. Write a long, detailed story about {TOPICS[i % len(TOPICS)]}." for i in range(c)]
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="bench", timeout=3600, max_retries=0) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(stream_one(client, model, p, max_tokens) for p in prompts))
+    wall = max(r["end"] for r in results) - t0
+    itl = sorted(x for r in results for x in r["itl"])
+    tps = [r["decode_tps"] for r in results if r["decode_tps"]]
+    pct = lambda q: itl[min(len(itl) - 1, int(q * len(itl)))] * 1e3 if itl else None  # noqa: E731
+    return {"concurrency": c, "completion_tokens": sum(r["tokens"] for r in results), "wall_s": wall,
+            "aggregate_tps": sum(r["tokens"] for r in results) / wall,
+            "per_stream_decode_tps": statistics.mean(tps) if tps else None,
+            "ttft_s_mean": statistics.mean(r["ttft"] for r in results if r["ttft"] is not None),
+            "itl_p50_ms": pct(0.5), "itl_p99_ms": pct(0.99)}
+
+
+async def ttft(url: str, model: str, prompt: str) -> float:
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="bench", timeout=3600, max_retries=0) as client:
+        return (await stream_one(client, model, prompt, 2))["ttft"]
+
+
+def long_prompt(tokenizer_dir: Path, n_tokens: int, salt: str) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    unit = f" {salt}: the tide comes in over the grey stones and goes out again, as it has for a thousand years."
+    per = len(tok.encode(unit))
+    return "Summarise this text." + unit * max(1, (n_tokens - 40) // per)
+
+
+def bench_target(t: Target, a, model_dir: Path) -> dict:
+    model = "default" if t.ours else str(model_dir)
+    url = t.url
+    asyncio.run(run_concurrency(url, model, 1, 8, round_=-1))  # warm up: first calls compile and allocate
+    out = {"target": t.name, "ttft_short_s": asyncio.run(ttft(url, model, "Say hello."))}
+    if a.long_prompt:
+        asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, "warm")))  # its shapes compile once
+        out["ttft_long_s"] = asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, t.name)))
+        out["long_prompt_tokens"] = a.long_prompt
+    out["runs"] = []
+    for c in a.concurrency:
+        r = asyncio.run(run_concurrency(url, model, c, a.max_tokens, round_=c))
+        print(f"  {t.name} c={c}: {r['aggregate_tps']:.1f} tok/s aggregate, "
+              f"{(r['per_stream_decode_tps'] or 0):.1f} per stream", flush=True)
+        out["runs"].append(r)
+    out["memory"] = t.memory()
+    return out
+
+
+def targets(a, model_dir: Path) -> list[Target]:
+    py, ts = str(BIN / "python"), []
+    gpu_env = {"CUDA_PER_RANK": "1"} if a.gpu else {}
+    for n in a.ranks:
+        hostfile = ROOT / "bench-results" / f"hosts{n}.json"
+        hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
+        port = free_port()
+        cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
+               str(free_port()), "--", py, str(ROOT / "server.py"), "--model", str(model_dir), "--port", str(port),
+               "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
+               "--log-dir", str(ROOT / "bench-results" / f"logs-{n}"), *a.server_args]
+        ts.append(Target(f"ring-{n}", cmd, gpu_env, port, ours=True))
+    for peer in a.peers:
+        port = free_port()
+        serve = [str(BIN / "mlx_lm.server"), "--model", str(model_dir), "--port", str(port),
+                 "--decode-concurrency", str(max(a.concurrency)), "--max-tokens", str(a.max_tokens)]
+        if peer == "mlx_lm":
+            ts.append(Target("mlx_lm", serve, {}, port, ours=False))
+        else:  # mlx-lm's own distributed server over the same ring backend, one rank per GPU
+            hostfile = ROOT / "bench-results" / "hosts-peer.json"
+            hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * max(a.ranks)))
+            cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
+                   str(free_port()), "--", py, str(ROOT / "bench_peer.py"), *serve[1:],
+                   *(["--pipeline"] if peer == "mlx_lm_pp" else [])]
+            ts.append(Target(peer, cmd, gpu_env, port, ours=False))
+    return ts
+
+
+def report(results: list[dict], meta: dict, out: Path) -> None:
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = [f"Model `{meta['model']}` on {meta['machine']}; {meta['max_tokens']} tokens per stream, temperature 0.", "",
+             "| target | concurrency | aggregate tok/s | per-stream tok/s | TTFT mean s | ITL p50 ms | ITL p99 ms |",
+             "|---|---|---|---|---|---|---|"]
+    f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in results:
+        for run in r["runs"]:
+            lines.append(f"| {r['target']} | {run['concurrency']} | {f(run['aggregate_tps'])} | {f(run['per_stream_decode_tps'])} | "
+                         f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} |")
+    lines += ["", "| target | TTFT short s | TTFT long s | peak memory per rank (MiB) |", "|---|---|---|---|"]
+    for r in results:
+        mem = "; ".join(f"r{m['rank']}: " + ", ".join(f"{k.removesuffix('_mib')} {v:.0f}" for k, v in m.items() if k != "rank")
+                        for m in r["memory"])
+        lines.append(f"| {r['target']} | {f(r['ttft_short_s'], 3)} | {f(r.get('ttft_long_s'), 2)} | {mem} |")
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        ax.plot([x["concurrency"] for x in r["runs"]], [x["aggregate_tps"] for x in r["runs"]], marker="o", label=r["target"])
+    ax.set(xlabel="concurrent streams", ylabel="aggregate tokens/s", title=f"{meta['model']} on {meta['machine']}")
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+    print((out / "bench.md").read_text())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="MLX model folder (default: the default model, prepared)")
+    p.add_argument("--ranks", default="1,2", help="ring sizes to run, e.g. 1,2,3")
+    p.add_argument("--concurrency", default="1,4,8")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--long-prompt", type=int, default=4096, help="tokens in the long TTFT prompt (0: skip)")
+    p.add_argument("--peers", default="mlx_lm", help="mlx_lm, mlx_lm_tp, mlx_lm_pp (comma-separated; '' for none)")
+    p.add_argument("--gpu", action="store_true", help="one GPU per rank (CUDA)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    p.add_argument("--server-arg", dest="server_args", action="append", default=[], help="extra server.py flag, repeatable")
+    a = p.parse_args()
+    a.ranks = [int(x) for x in a.ranks.split(",")]
+    a.concurrency = [int(x) for x in a.concurrency.split(",")]
+    a.peers = [x for x in a.peers.split(",") if x]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench-results").mkdir(exist_ok=True)
+    if a.model is None:
+        from model_source import resolve_model
+
+        a.model = str(resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto"))
+    model_dir = Path(a.model)
+    results = []
+    for t in targets(a, model_dir):
+        print(f"{t.name}: starting", flush=True)
+        with t:
+            results.append(bench_target(t, a, model_dir))
+    device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0] if a.gpu else ""
+    meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores",
+            "max_tokens": a.max_tokens, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
+    report(results, meta, a.out)
+
+
+if __name__ == "__main__":
+    main()
