@@ -24,7 +24,7 @@ SHAPES = {
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
                    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": True},
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = "bfloat16") -> Path:
