@@ -87,6 +87,13 @@ class Target:
 
 
 async def stream_one(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> dict:
+    try:
+        return await _stream(client, model, prompt, max_tokens)
+    except Exception as e:  # a server that drops connections under load: counted, not fatal
+        return {"ttft": None, "tokens": 0, "itl": [], "decode_tps": None, "end": time.perf_counter(), "error": repr(e)}
+
+
+async def _stream(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     times = []
     stream = await client.chat.completions.create(
@@ -119,7 +126,8 @@ async def run_concurrency(url: str, model: str, c: int, max_tokens: int, round_:
     return {"concurrency": c, "completion_tokens": sum(r["tokens"] for r in results), "wall_s": wall,
             "aggregate_tps": sum(r["tokens"] for r in results) / wall,
             "per_stream_decode_tps": statistics.mean(tps) if tps else None,
-            "ttft_s_mean": statistics.mean(r["ttft"] for r in results if r["ttft"] is not None),
+            "ttft_s_mean": statistics.mean([r["ttft"] for r in results if r["ttft"] is not None] or [float("nan")]),
+            "errors": sum("error" in r for r in results),
             "itl_p50_ms": pct(0.5), "itl_p99_ms": pct(0.99)}
 
 
@@ -140,7 +148,9 @@ def long_prompt(tokenizer_dir: Path, n_tokens: int, salt: str) -> str:
 def bench_target(t: Target, a, model_dir: Path) -> dict:
     model = "default" if t.ours else str(model_dir)
     url = t.url
-    asyncio.run(run_concurrency(url, model, 1, 8, round_=-1))  # warm up: first calls compile and allocate
+    # Warm up: the first call of each shape compiles kernels (seconds on CUDA); the largest
+    # concurrency passes through every batch size as its sequences join.
+    asyncio.run(run_concurrency(url, model, max(a.concurrency), 16, round_=-1))
     out = {"target": t.name, "ttft_short_s": asyncio.run(ttft(url, model, "Say hello."))}
     if a.long_prompt:
         asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, "warm")))  # its shapes compile once
@@ -187,13 +197,13 @@ def targets(a, model_dir: Path) -> list[Target]:
 def report(results: list[dict], meta: dict, out: Path) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [f"Model `{meta['model']}` on {meta['machine']}; {meta['max_tokens']} tokens per stream, temperature 0.", "",
-             "| target | concurrency | aggregate tok/s | per-stream tok/s | TTFT mean s | ITL p50 ms | ITL p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| target | concurrency | aggregate tok/s | per-stream tok/s | TTFT mean s | ITL p50 ms | ITL p99 ms | failed streams |",
+             "|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in results:
         for run in r["runs"]:
             lines.append(f"| {r['target']} | {run['concurrency']} | {f(run['aggregate_tps'])} | {f(run['per_stream_decode_tps'])} | "
-                         f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} |")
+                         f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} | {run['errors']} |")
     lines += ["", "| target | TTFT short s | TTFT long s | peak memory per rank (MiB) |", "|---|---|---|---|"]
     for r in results:
         mem = "; ".join(f"r{m['rank']}: " + ", ".join(f"{k.removesuffix('_mib')} {v:.0f}" for k, v in m.items() if k != "rank")

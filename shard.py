@@ -126,7 +126,9 @@ class Ring:
         if header.shape:
             mx.eval(mx.distributed.send(payload, self.next, group=self.group))
 
-    def recv(self) -> tuple[Header, mx.array | None]:
+    def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
+        """The next step from the previous rank. `lazy`: the payload's recv is left in the graph, for
+        a caller that evaluates it (with what it computes from it) before the next recv."""
         # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
         # rank; wait for data (or a closed peer) in the kernel first, at no cost.
         if _RING_FDS:
@@ -136,7 +138,8 @@ class Ring:
         if not header.shape:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
-        mx.eval(payload)
+        if not lazy:
+            mx.eval(payload)
         return header, payload
 
 
@@ -294,7 +297,9 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
 def serve_worker(shard: Shard, ring: Ring) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by."""
     while True:
-        header, payload = ring.recv()  # the next step, from the previous rank
+        # The next step, from the previous rank; its payload arrives within the graph that computes on
+        # it and sends the result on (one sync per step instead of two; every payload is consumed).
+        header, payload = ring.recv(lazy=True)
         t0 = time.perf_counter()
         out = shard.apply(header, payload)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
