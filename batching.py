@@ -15,7 +15,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from generate import Pipeline, SamplingParams, SequenceSampler, Token, sample_rows
+from generate import Pipeline, SamplingParams, SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
 from shard import Header, Kind
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,18 @@ class Scheduler:
             return self._submit(Header(Kind.JOIN, seq.id, group=g.id), None, _Step(Kind.JOIN))
         if not g.rows:
             return True
+        return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
+
+    def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
+        # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
+        return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
+                and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
+
+    def _submit_decode_of(self, g: Group, tokens: mx.array) -> bool:
+        self.turn += 1
         g.last_turn = self.turn
         g.busy = True
-        h = self.pipe.shard.embed(mx.array([[s.last] for s in g.rows]))  # (B, 1, H)
+        h = self.pipe.shard.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
         self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)))
         b = _bucket(len(g.rows))
         self.stage_s[b] = 0.8 * self.stage_s.get(b, self.pipe.stage_s) + 0.2 * self.pipe.stage_s
@@ -206,9 +215,19 @@ class Scheduler:
             min(self.groups[: self._groups_in_use()], key=Group.load).joining.append(seq)
             return [(seq, token)]
         if step.kind == Kind.DECODE:
-            step.group.busy = False
+            g = step.group
+            g.busy = False
+            samplers = [s.sampler for s in step.rows]
             logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
-            tokens = sample_rows([s.sampler for s in step.rows], logits)
+            lazy = sample_lazy(samplers, logits) if self._may_chain(g, step.rows) else None
+            if lazy is not None:
+                # Build and start the group's next step on the ids before reading them (as mlx-lm's
+                # generate loop does): rank 0 then handles these tokens while that step computes.
+                # Rows that finish now compute one token more, which is dropped.
+                self._submit_decode_of(g, mx.expand_dims(lazy[0], 1))
+                tokens = read_tokens(samplers, *lazy)
+            else:
+                tokens = sample_rows(samplers, logits)
             results = []
             for seq, token in zip(step.rows, tokens):
                 seq.last = token.id

@@ -45,7 +45,9 @@ class Pipeline:
         assert self.can_submit()
         t0 = time.perf_counter()
         out = self.shard.apply(header, payload)
-        if out is not None:
+        if out is not None and self.ring.size == 1:
+            mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
+        elif out is not None:
             mx.eval(out)  # rank 0's stage runs now, while the previous step is on the other ranks
         self.stage_s = time.perf_counter() - t0
         self.ready.append((header, out))
@@ -161,27 +163,42 @@ class SequenceSampler:
         self.step += 1
 
 
-def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token]:
-    """One token per row of `logits (B, V)`; rows sharing plain parameters sample in one batched call."""
+def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, mx.array] | None:
+    """Rows that all share plain parameters sample in one batched call, left unevaluated, so the
+    next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`.
+    None when some row needs its own processors or seed."""
     first = samplers[0].params
-    if first.plain() and all(s.params == first for s in samplers):
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        ids = samplers[0].sample(logprobs)
-        chosen = mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
-        mx.eval(ids, chosen)
-        tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
-    else:
-        rows = [s.logprobs(logits[e : e + 1]) for e, s in enumerate(samplers)]
-        ids = [s.sample(lp) for s, lp in zip(samplers, rows)]
-        mx.eval(ids, rows)
-        tokens = []
-        for s, lp, i in zip(samplers, rows, ids):
-            tid = i.item()
-            top = []
-            if s.params.top_logprobs:
-                best = mx.argsort(-lp[0])[: s.params.top_logprobs]
-                top = list(zip(best.tolist(), lp[0][best].tolist()))
-            tokens.append(Token(tid, lp[0, tid].item(), top))
+    if not (first.plain() and all(s.params == first for s in samplers)):
+        return None
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ids = samplers[0].sample(logprobs)
+    return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
+
+
+def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array) -> list[Token]:
+    """Materialise what `sample_lazy` built."""
+    tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
+    for s, t in zip(samplers, tokens):
+        s.accept(t.id)
+    return tokens
+
+
+def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token]:
+    """One token per row of `logits (B, V)`."""
+    lazy = sample_lazy(samplers, logits)
+    if lazy is not None:
+        return read_tokens(samplers, *lazy)
+    rows = [s.logprobs(logits[e : e + 1]) for e, s in enumerate(samplers)]
+    ids = [s.sample(lp) for s, lp in zip(samplers, rows)]
+    mx.eval(ids, rows)
+    tokens = []
+    for s, lp, i in zip(samplers, rows, ids):
+        tid = i.item()
+        top = []
+        if s.params.top_logprobs:
+            best = mx.argsort(-lp[0])[: s.params.top_logprobs]
+            top = list(zip(best.tolist(), lp[0][best].tolist()))
+        tokens.append(Token(tid, lp[0, tid].item(), top))
     for s, t in zip(samplers, tokens):
         s.accept(t.id)
     return tokens

@@ -44,16 +44,23 @@ def main():
     if rank != 0:
         return serve_worker(shard, ring)
 
-    # Record the logits each sequence's token was sampled from.
+    # Record the logits each sequence's token was sampled from, on both of the scheduler's paths.
     owner, rows = {}, {}
-    real = batching.sample_rows
 
-    def recording(samplers, logits):
+    def record(samplers, logits):
         for s, row in zip(samplers, np.array(logits.astype(mx.float32))):
             rows.setdefault(owner[id(s)], []).append(row)
-        return real(samplers, logits)
 
-    batching.sample_rows = recording
+    def recording(real, only_if_sampled=False):
+        def wrapped(samplers, logits):
+            out = real(samplers, logits)
+            if out is not None or not only_if_sampled:
+                record(samplers, logits)
+            return out
+        return wrapped
+
+    batching.sample_rows = recording(batching.sample_rows)
+    batching.sample_lazy = recording(batching.sample_lazy, only_if_sampled=True)
 
     spec = json.loads(a.spec)
     pipe = Pipeline(shard, ring)
@@ -76,8 +83,8 @@ def main():
     sched.call(Header.for_payload(Kind.STATUS, status_table(size)), status_table(size), lambda t: status.extend(parse_status(t)))
     while not status:
         sched.step()
-    for i, r in rows.items():
-        np.save(out / f"logits{i}.npy", np.stack(r))
+    for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped
+        np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status}))
     pipe.shutdown()
 
