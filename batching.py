@@ -103,7 +103,8 @@ class Scheduler:
         if not self.steps:
             return []
         header, out = self.pipe.collect()
-        return self._complete(self.steps.popleft(), out)
+        with self.pipe.watching():  # a DECODE step's payload is still arriving while it is used
+            return self._complete(self.steps.popleft(), out)
 
     # -- choosing work --------------------------------------------------------------------------
     def _submit_next(self) -> bool:

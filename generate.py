@@ -8,6 +8,7 @@ sequence's logits into a token with mlx-lm's samplers and logits processors.
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -41,32 +42,47 @@ class Pipeline:
         return len(self.inflight) + len(self.ready)
 
     def submit(self, header: Header, payload: mx.array | None) -> None:
-        """Apply `header` on rank 0 now; it goes on round the ring as soon as the ring has room."""
+        """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room."""
         assert self.can_submit()
         t0 = time.perf_counter()
         out = self.shard.apply(header, payload)
-        if out is not None and self.ring.size == 1:
-            mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
-        elif out is not None:
-            mx.eval(out)  # rank 0's stage runs now, while the previous step is on the other ranks
-        self.stage_s = time.perf_counter() - t0
+        if self.ring.size == 1:
+            if out is not None:
+                mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
+        elif self.ready or len(self.inflight) >= self.limit:
+            if out is not None:
+                mx.eval(out)  # no room on the ring: compute rank 0's stage now, while the others work
+        # else the send below computes it: its header leaves first, so the next rank builds its own
+        # graph while this stage still computes.
         self.ready.append((header, out))
         self._send_ready()
+        self.stage_s = time.perf_counter() - t0
+
+    @contextmanager
+    def watching(self):
+        """Mark a call that may block on the ring, for the watchdog (nests)."""
+        outer = self.busy_since
+        self.busy_since = outer or time.monotonic()
+        try:
+            yield
+        finally:
+            self.busy_since = outer
 
     def collect(self) -> tuple[Header, mx.array | None]:
-        """The oldest outstanding step, back from the last rank."""
+        """The oldest outstanding step, back from the last rank. A DECODE step's payload comes back
+        unevaluated: the caller builds on it (head, sampling, the next step) and evaluates it before
+        it collects again."""
         if self.ring.size == 1:
             return self.ready.popleft()
         if not self.inflight:
             self._send_ready()
         expected = self.inflight.popleft()
-        self.busy_since = time.monotonic()
         try:
-            back, out = self.ring.recv()  # the ring closes: rank N-1 hands the step back to rank 0
+            with self.watching():
+                # the ring closes: rank N-1 hands the step back to rank 0
+                back, out = self.ring.recv(lazy=expected.kind == Kind.DECODE)
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(expected.kind).name} failed: {e}") from e
-        finally:
-            self.busy_since = None
         if back != expected:
             raise RingError(f"ring returned {back}, sent {expected}: the ranks are out of step")
         self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
@@ -75,13 +91,11 @@ class Pipeline:
     def _send_ready(self) -> None:
         while self.ring.size > 1 and self.ready and len(self.inflight) < self.limit:
             header, out = self.ready.popleft()
-            self.busy_since = time.monotonic()
             try:
-                self.ring.send(header, out)  # hand the step to rank 1
+                with self.watching():
+                    self.ring.send(header, out)  # hand the step to rank 1
             except RuntimeError as e:
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
-            finally:
-                self.busy_since = None
             self.inflight.append(header)
 
     def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
