@@ -153,7 +153,8 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
     asyncio.run(run_concurrency(url, model, max(a.concurrency), 16, round_=-1))
     out = {"target": t.name, "ttft_short_s": asyncio.run(ttft(url, model, "Say hello."))}
     if a.long_prompt:
-        asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, "warm")))  # its shapes compile once
+        if a.gpu:  # its shapes compile once on CUDA; a CPU has nothing to compile
+            asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, "warm")))
         out["ttft_long_s"] = asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, t.name)))
         out["long_prompt_tokens"] = a.long_prompt
     out["runs"] = []
