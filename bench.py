@@ -30,6 +30,15 @@ TOPICS = ["the sea", "a lighthouse", "an old clock", "a mountain village", "a ro
           "a lost letter", "the first train", "a quiet library", "a desert well", "a fox in the snow", "a kite"]
 
 
+# mlx.launch busy-loops on a stdin that is empty or at its end (a core per rank): feed it an open
+# pipe with a byte now and then, as launch.sh does.
+STDIN_FEED = "exec 2>/dev/null; while sleep 1; do echo; done"
+
+
+def under_feed(cmd: list[str]) -> list[str]:
+    return ["bash", "-c", f'exec "$@" < <({STDIN_FEED})', "feed", *cmd]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,7 +55,7 @@ class Target:
     def __enter__(self):
         self.log = open(ROOT / "bench-results" / f"{self.name}.log", "w")
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env={**os.environ, **self.env}, stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -178,7 +187,7 @@ def targets(a, model_dir: Path) -> list[Target]:
                str(free_port()), "--", py, str(ROOT / "server.py"), "--model", str(model_dir), "--port", str(port),
                "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
                "--log-dir", str(ROOT / "bench-results" / f"logs-{n}"), *a.server_args]
-        ts.append(Target(f"ring-{n}", cmd, gpu_env, port, ours=True))
+        ts.append(Target(f"ring-{n}", under_feed(cmd), gpu_env, port, ours=True))
     for peer in a.peers:
         port = free_port()
         serve = [str(BIN / "mlx_lm.server"), "--model", str(model_dir), "--port", str(port),
@@ -191,7 +200,7 @@ def targets(a, model_dir: Path) -> list[Target]:
             cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
                    str(free_port()), "--", py, str(ROOT / "bench_peer.py"), *serve[1:],
                    *(["--pipeline"] if peer == "mlx_lm_pp" else [])]
-            ts.append(Target(peer, cmd, gpu_env, port, ours=False))
+            ts.append(Target(peer, under_feed(cmd), gpu_env, port, ours=False))
     return ts
 
 
