@@ -307,9 +307,9 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
                         responses["503"] = {"description": "The ring does not answer"}
             # Limits known only at run time: completion length, and token ids of this vocabulary.
             schemas = schema["components"]["schemas"]
-            for name, field in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+            for name, prop in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
                                 ("CompletionRequest", "max_tokens")):
-                for branch in schemas[name]["properties"][field].get("anyOf", [schemas[name]["properties"][field]]):
+                for branch in schemas[name]["properties"][prop].get("anyOf", [schemas[name]["properties"][prop]]):
                     if branch.get("type") == "integer":
                         branch["maximum"] = served.max_tokens_limit or served.context_length
             for branch in schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]["anyOf"]:

@@ -8,7 +8,6 @@ groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes i
 or of the next prompt chunk. The caller calls `step()` in a loop and decides when sequences stop.
 """
 
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,7 +17,6 @@ import mlx.core as mx
 from generate import Pipeline, SamplingParams, SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
 from shard import Header, Kind
 
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)

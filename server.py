@@ -125,7 +125,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 def main() -> None:
     cfg, prepare_only = parse_config()
     group = init_group()
-    rank, size = group.rank(), group.size()
+    rank = group.rank()
     setup_logging(cfg, rank)
     model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     if prepare_only:
