@@ -58,19 +58,14 @@ class _Step:
     done: Callable[[mx.array | None], None] | None = None
 
 
-def _bucket(rows: int) -> int:
-    return 1 << max(0, rows - 1).bit_length()  # 1, 2, 4, 8, ...
-
-
 class Scheduler:
-    """`groups`: decode micro-batches; 0 picks, per new sequence, one group or one per rank from
-    measured stage times."""
+    """`groups`: decode micro-batches; new sequences join the smallest. One group suits decoding on
+    a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
+    a stage's time grows with its rows (large batches on a CPU)."""
 
-    def __init__(self, pipe: Pipeline, groups: int = 0, chunk: int = 512):
+    def __init__(self, pipe: Pipeline, groups: int = 1, chunk: int = 512):
         self.pipe, self.chunk = pipe, chunk
-        self.auto = groups == 0
-        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
-        self.stage_s: dict[int, float] = {}  # batch bucket -> rank 0's decode stage time (moving average)
+        self.groups = [Group(g) for g in range(groups)]
         self.prefilling: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.to_free: list[Sequence] = []
         self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
@@ -175,25 +170,12 @@ class Scheduler:
         g.last_turn = self.turn
         g.busy = True
         h = self.pipe.shard.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
-        self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)))
-        b = _bucket(len(g.rows))
-        self.stage_s[b] = 0.8 * self.stage_s.get(b, self.pipe.stage_s) + 0.2 * self.pipe.stage_s
-        return True
+        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)))
 
     def _submit(self, header: Header, payload: mx.array | None, step: _Step) -> bool:
         self.pipe.submit(header, payload)
         self.steps.append(step)
         return True
-
-    def _groups_in_use(self) -> int:
-        if not self.auto or len(self.groups) == 1:
-            return len(self.groups)
-        rows = sum(g.load() for g in self.groups) + 1
-        whole = self.stage_s.get(_bucket(rows))
-        part = self.stage_s.get(_bucket(-(-rows // len(self.groups))))
-        # Splitting a batch pays only where a stage's time grows with its rows; a bandwidth-bound
-        # decode step costs about as much for 1 row as for 64, and then one group is best.
-        return len(self.groups) if whole and part and whole > 1.5 * part else 1
 
     # -- results --------------------------------------------------------------------------------
     def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token]]:
@@ -211,7 +193,7 @@ class Scheduler:
             logits = self.pipe.shard.head(out[:, -1:, :])[:, -1, :]  # (1, V) at the prompt's last token
             token = sample_rows([seq.sampler], logits)[0]
             seq.last = token.id
-            min(self.groups[: self._groups_in_use()], key=Group.load).joining.append(seq)
+            min(self.groups, key=Group.load).joining.append(seq)
             return [(seq, token)]
         if step.kind == Kind.DECODE:
             g = step.group

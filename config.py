@@ -26,7 +26,7 @@ class Config:
     step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
-    groups: int = 0  # decode micro-batches in flight; 0: as many as ranks when stage times say it pays
+    groups: int = 1  # decode micro-batches in flight
     prefill_chunk: int = 512  # prompt tokens per prefill step
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
@@ -60,8 +60,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
                    help="seconds one trip round the ring may take before the ring counts as broken")
     p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
-    p.add_argument("--groups", type=int, default=int(_env("GROUPS", "0")),
-                   help="decode micro-batches kept in flight (0: auto, from measured stage times)")
+    p.add_argument("--groups", type=int, default=int(_env("GROUPS", "1")),
+                   help="decode micro-batches kept in flight; more than 1 pays only where a stage's time grows with its batch")
     p.add_argument("--prefill-chunk", type=int, default=int(_env("PREFILL_CHUNK", "512")),
                    help="prompt tokens per prefill step; chunks of one prompt overlap across ranks")
     p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
@@ -79,8 +79,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
     if a.max_queue < 1 or a.max_active < 1:
         raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
-    if a.groups < 0 or a.prefill_chunk < 1:
-        raise ValueError("GROUPS must be >= 0 (0: auto) and PREFILL_CHUNK >= 1")
+    if a.groups < 1 or a.prefill_chunk < 1:
+        raise ValueError("GROUPS and PREFILL_CHUNK must be at least 1")
     if a.kv_tokens < 0:
         raise ValueError(f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)")
     if a.step_timeout <= 0 or a.drain_timeout < 0:

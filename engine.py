@@ -77,7 +77,7 @@ class _Active:
 
 class Engine:
     def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64, max_active: int = 16,
-                 step_timeout: float = 60.0, drain_timeout: float = 30.0, groups: int = 0, prefill_chunk: int = 512):
+                 step_timeout: float = 60.0, drain_timeout: float = 30.0, groups: int = 1, prefill_chunk: int = 512):
         self.pipe, self.tokenizer = pipe, tokenizer
         self.sched = Scheduler(pipe, groups, prefill_chunk)
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)

@@ -33,7 +33,6 @@ class Pipeline:
         self.inflight: deque[Header] = deque()  # sent, not yet back
         self.ready: deque[tuple[Header, mx.array | None]] = deque()  # done here, not yet sent (or, alone, done)
         self.busy_since: float | None = None  # when the blocking call now running started; read by the watchdog
-        self.stage_s = 0.0  # how long rank 0's own stage of the last submitted step took
 
     def can_submit(self) -> bool:
         return not self.ready if self.ring.size > 1 else True
@@ -44,7 +43,6 @@ class Pipeline:
     def submit(self, header: Header, payload: mx.array | None) -> None:
         """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room."""
         assert self.can_submit()
-        t0 = time.perf_counter()
         out = self.shard.apply(header, payload)
         if self.ring.size == 1:
             if out is not None:
@@ -56,7 +54,6 @@ class Pipeline:
         # graph while this stage still computes.
         self.ready.append((header, out))
         self._send_ready()
-        self.stage_s = time.perf_counter() - t0
 
     @contextmanager
     def watching(self):
