@@ -312,7 +312,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
                 for branch in schemas[name]["properties"][prop].get("anyOf", [schemas[name]["properties"][prop]]):
                     if branch.get("type") == "integer":
                         branch["maximum"] = served.max_tokens_limit or served.context_length
-            for branch in schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
+            for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
                 if branch.get("type") == "array":
                     branch["items"]["maximum"] = len(served.tokenizer.get_vocab()) - 1
             app.openapi_schema = schema

@@ -18,13 +18,12 @@ from generate import Pipeline, SamplingParams, SequenceSampler, Token, read_toke
 from shard import Header, Kind
 
 
-
 @dataclass(eq=False)
 class Sequence:
     id: int
     prompt: list[int]
     params: SamplingParams
-    sampler: SequenceSampler = None
+    sampler: SequenceSampler = field(init=False)
     sent: int = 0  # prompt tokens already submitted
     chunks_out: int = 0  # prefill chunks on the ring
     last: int | None = None  # the last sampled token: the next decode step's input

@@ -2,8 +2,9 @@
 
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step, the kept row indices `(k,)` for a
-filter step, a `(size, STATUS_COLS)` table for a status step. The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all
-ranks go through the same operations in the same order.
+filter step, a `(size, STATUS_COLS)` table for a status step. The same `Shard.apply` runs a step on
+every rank, rank 0 included, so the KV caches of all ranks go through the same operations in the
+same order.
 """
 
 import ctypes
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
-STATUS_COLS = 7  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, mean forward us
+STATUS_COLS = 7  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us
 
 
 class Kind(IntEnum):
@@ -180,7 +181,9 @@ class Shard:
         self.start, self.end = plan.ranges[rank]
         self.prefills: dict[int, list] = {}  # seq -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
-        self.forward_us = 0.0  # moving average of this rank's time per forward step (set by its loop)
+        # Moving average, on workers, of the time from a forward step's header to passing it on: this
+        # rank's stage plus any wait for the payload (which arrives inside the stage's graph).
+        self.forward_us = 0.0
         self.host = socket.gethostname()
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
@@ -204,11 +207,9 @@ class Shard:
             h = layer(h, masks[window], c)
         return h
 
-    def rows(self, group: int) -> int:
-        return self.rows_of(self.groups.get(group))
-
     @staticmethod
-    def rows_of(caches: list | None) -> int:
+    def rows(caches: list | None) -> int:
+        """Rows of a decode group's batched caches."""
         return caches[0].offset.shape[0] if caches else 0
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
@@ -225,7 +226,7 @@ class Shard:
             )
             return self.forward(payload, caches)
         if kind == Kind.DECODE:
-            rows = self.rows(header.group)
+            rows = self.rows(self.groups.get(header.group))
             assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
             return self.forward(payload, self.groups[header.group])
         if kind == Kind.JOIN:
@@ -260,7 +261,7 @@ class Shard:
         tokens = sum(c[0].offset for c in self.prefills.values())
         rows = 0
         for caches in self.groups.values():
-            rows += self.rows_of(caches)
+            rows += self.rows(caches)
             tokens += int(mx.maximum(caches[0].offset, 0).sum().item())
         return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(),
                 len(self.prefills) + rows, tokens, int(self.forward_us)]

@@ -10,6 +10,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from bench import under_feed
+
 ROOT = Path(__file__).resolve().parent.parent
 MLX_LAUNCH = Path(sys.executable).parent / "mlx.launch"
 
@@ -39,16 +41,11 @@ def write_hostfile(path: Path, n: int) -> Path:
     return path
 
 
-# mlx.launch busy-loops on an empty or finished stdin; feed it an open pipe with a byte now and then,
-# as launch.sh does (the ranks close their end, see shard.init_group).
-STDIN_FEED = "exec 2>/dev/null; while sleep 1; do echo; done"
-
-
 def launch_cmd(n: int, tmp: Path, argv: list[str]) -> list[str]:
     hostfile = write_hostfile(tmp / f"hosts{n}.json", n)
     cmd = [str(MLX_LAUNCH), "--backend", "ring", "--hostfile", str(hostfile),
            "--starting-port", str(free_port(n + 1)), "--", sys.executable, *argv]
-    return ["bash", "-c", f'exec "$@" < <({STDIN_FEED})', "feed", *cmd]
+    return under_feed(cmd)  # mlx.launch busy-loops on an idle stdin, see bench.py
 
 
 def launch(n: int, tmp: Path, argv: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
