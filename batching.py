@@ -1,8 +1,9 @@
 """Continuous batching on rank 0: which step goes round the ring next.
 
-A sequence's prompt goes through in chunks of its own (its cache is exactly what one process would
-build), then it joins a decode group: a micro-batch whose rows decode together in one step per
-token. Sequences join and leave a group between its steps, without waiting for each other. Each
+Waiting prompts are prefilled together: several short ones in one step (right-padded to the longest,
+as mlx-lm's batch generator does), a long one alone in chunks (its cache exactly what one process
+would build). Then the batch joins a decode group: a micro-batch whose rows decode together in one
+step per token. Sequences join and leave a group between its steps, without waiting for each other. Each
 group has at most one decode step outstanding (its next tokens depend on the last), but different
 groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes its stage of group B
 or of the next prompt chunk. The caller calls `step()` in a loop and decides when sequences stop.
@@ -24,8 +25,6 @@ class Sequence:
     prompt: list[int]
     params: SamplingParams
     sampler: SequenceSampler = field(init=False)
-    sent: int = 0  # prompt tokens already submitted
-    chunks_out: int = 0  # prefill chunks on the ring
     last: int | None = None  # the last sampled token: the next decode step's input
     removed: bool = False
 
@@ -34,15 +33,32 @@ class Sequence:
 
 
 @dataclass(eq=False)
+class Prefill:
+    """Prompts prefilled in the same steps, under one id: their cache on every rank is one batch."""
+
+    id: int
+    rows: list[Sequence]
+    tokens: list[list[int]]  # per row, right-padded to one length
+    sent: int = 0  # tokens of each row already submitted
+    chunks_out: int = 0  # chunks on the ring
+
+    def padding(self) -> list[int]:
+        return [len(self.tokens[0]) - len(s.prompt) for s in self.rows]
+
+    def removed(self) -> bool:
+        return all(s.removed for s in self.rows)
+
+
+@dataclass(eq=False)
 class Group:
     id: int
     rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
-    joining: list[Sequence] = field(default_factory=list)  # prefilled, to be appended before the next step
+    joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
     busy: bool = False  # a decode step of this group is on the ring
     last_turn: int = -1
 
     def load(self) -> int:
-        return len(self.rows) + len(self.joining)
+        return len(self.rows) + sum(len(b.rows) for b in self.joining)
 
 
 @dataclass
@@ -50,7 +66,8 @@ class _Step:
     """What rank 0 must do when a step comes home."""
 
     kind: Kind
-    seq: Sequence | None = None
+    prefill: Prefill | None = None
+    offset: int = 0  # PREFILL: where the chunk starts in its rows
     group: Group | None = None
     rows: list[Sequence] = field(default_factory=list)
     last_chunk: bool = False
@@ -65,8 +82,9 @@ class Scheduler:
     def __init__(self, pipe: Pipeline, groups: int = 1, chunk: int = 512):
         self.pipe, self.chunk = pipe, chunk
         self.groups = [Group(g) for g in range(groups)]
-        self.prefilling: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
-        self.to_free: list[Sequence] = []
+        self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
+        self.filling: Prefill | None = None  # the batch whose chunks are going out
+        self.to_free: list[Prefill] = []
         self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
         self.steps: deque[_Step] = deque()  # outstanding, in ring order
         self.turn = 0
@@ -74,7 +92,7 @@ class Scheduler:
 
     # -- what the caller does -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        self.prefilling.append(seq)
+        self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
         """Stop `seq`: its rows and caches go at the next chance, on every rank."""
@@ -85,7 +103,7 @@ class Scheduler:
         self.calls.append((header, payload, done))
 
     def idle(self) -> bool:
-        return not (self.steps or self.prefilling or self.calls or self.to_free
+        return not (self.steps or self.waiting or self.filling or self.calls or self.to_free
                     or any(g.load() for g in self.groups))
 
     def step(self) -> list[tuple[Sequence, Token]]:
@@ -104,8 +122,8 @@ class Scheduler:
             header, payload, done = self.calls.popleft()
             return self._submit(header, payload, _Step(header.kind, done=done))
         if self.to_free:
-            seq = self.to_free.pop()
-            return self._submit(Header(Kind.FREE, seq.id), None, _Step(Kind.FREE))
+            batch = self.to_free.pop()
+            return self._submit(Header(Kind.FREE, batch.id), None, _Step(Kind.FREE))
         # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
         # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
         ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
@@ -117,27 +135,43 @@ class Scheduler:
         _, lane = min(ready, key=lambda x: x[0])
         if lane is None:
             self.prefill_turn = self.turn
-            return self._submit_chunk(self.prefilling[0])
+            return self._submit_chunk(self.filling or self._next_batch())
         return self._submit_decode(lane)
 
     def _prefill_ready(self) -> bool:
-        while self.prefilling and self.prefilling[0].removed and not self.prefilling[0].chunks_out:
-            self.to_free.append(self.prefilling.popleft())  # its cache may exist on the ranks
-        if not self.prefilling:
-            return False
-        head = self.prefilling[0]
-        return not head.removed and head.sent < len(head.prompt)
+        if self.filling is not None and self.filling.removed():  # every client left: stop its chunks
+            if not self.filling.chunks_out:
+                self.to_free.append(self.filling)  # else freed when its last chunk on the ring is back
+            self.filling = None
+        while self.waiting and self.waiting[0].removed:
+            self.waiting.popleft()  # nothing of it exists on any rank yet
+        return bool(self.filling or self.waiting)
 
-    def _submit_chunk(self, seq: Sequence) -> bool:
-        tokens = seq.prompt[seq.sent : seq.sent + self.chunk]
-        h = self.pipe.shard.embed(mx.array([tokens]))  # (1, L, H)
-        last = seq.sent + len(tokens) == len(seq.prompt)
-        header = Header.for_payload(Kind.PREFILL, h, seq=seq.id, offset=seq.sent)
-        seq.sent += len(tokens)
-        seq.chunks_out += 1
+    def _next_batch(self) -> Prefill:
+        # As many waiting prompts as fit one chunk once padded to the longest; a longer one goes alone.
+        rows = [self.waiting.popleft()]
+        longest = len(rows[0].prompt)
+        while self.waiting and not self.waiting[0].removed:
+            n = max(longest, len(self.waiting[0].prompt))
+            if n * (len(rows) + 1) > self.chunk:
+                break
+            rows.append(self.waiting.popleft())
+            longest = n
+        tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
+        self.filling = Prefill(rows[0].id, rows, tokens)
+        return self.filling
+
+    def _submit_chunk(self, b: Prefill) -> bool:
+        offset = b.sent
+        tokens = [t[offset : offset + self.chunk] for t in b.tokens]
+        h = self.pipe.shard.embed(mx.array(tokens))  # (B, L, H)
+        b.sent += len(tokens[0])
+        b.chunks_out += 1
+        last = b.sent == len(b.tokens[0])
         if last:
-            self.prefilling.popleft()  # its chunks are all out; the next prompt may start behind them
-        return self._submit(header, h, _Step(Kind.PREFILL, seq=seq, last_chunk=last))
+            self.filling = None  # its chunks are all out; the next batch may start behind them
+        header = Header.for_payload(Kind.PREFILL, h, seq=b.id, offset=offset)
+        return self._submit(header, h, _Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
@@ -149,12 +183,13 @@ class Scheduler:
             header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
             return self._submit(header, rows, _Step(Kind.FILTER))
         while g.joining:
-            seq = g.joining.pop(0)
-            if seq.removed:
-                self.to_free.append(seq)
+            b = g.joining.pop(0)
+            if b.removed():
+                self.to_free.append(b)
                 continue
-            g.rows.append(seq)
-            return self._submit(Header(Kind.JOIN, seq.id, group=g.id), None, _Step(Kind.JOIN))
+            g.rows += b.rows  # rows whose client left meanwhile go with the next FILTER
+            padding = mx.array(b.padding(), dtype=mx.int32)
+            return self._submit(Header.for_payload(Kind.JOIN, padding, seq=b.id, group=g.id), padding, _Step(Kind.JOIN))
         if not g.rows:
             return True
         return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
@@ -182,18 +217,19 @@ class Scheduler:
             step.done(out)
             return []
         if step.kind == Kind.PREFILL:
-            seq = step.seq
-            seq.chunks_out -= 1
-            if not step.last_chunk:
+            b = step.prefill
+            b.chunks_out -= 1
+            if b.removed() or not step.last_chunk:
+                if b.removed() and not b.chunks_out and b is not self.filling:
+                    self.to_free.append(b)
                 return []
-            if seq.removed:
-                self.to_free.append(seq)
-                return []
-            logits = self.pipe.shard.head(out[:, -1:, :])[:, -1, :]  # (1, V) at the prompt's last token
-            token = sample_rows([seq.sampler], logits)[0]
-            seq.last = token.id
-            min(self.groups, key=Group.load).joining.append(seq)
-            return [(seq, token)]
+            last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])  # each row's last prompt token
+            logits = self.pipe.shard.head(mx.take_along_axis(out, last, axis=1))[:, -1, :]  # (B, V)
+            tokens = sample_rows([s.sampler for s in b.rows], logits)
+            for s, t in zip(b.rows, tokens):
+                s.last = t.id
+            min(self.groups, key=Group.load).joining.append(b)
+            return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE:
             g = step.group
             g.busy = False
@@ -204,6 +240,7 @@ class Scheduler:
                 # Build and start the group's next step on the ids before reading them (as mlx-lm's
                 # generate loop does): rank 0 then handles these tokens while that step computes.
                 # Rows that finish now compute one token more, which is dropped.
+                self.pipe.prefetch(*lazy)
                 self._submit_decode_of(g, mx.expand_dims(lazy[0], 1))
                 tokens = read_tokens(samplers, *lazy)
             else:

@@ -55,6 +55,13 @@ class Pipeline:
         self.ready.append((header, out))
         self._send_ready()
 
+    def prefetch(self, *arrays: mx.array) -> None:
+        """Start computing `arrays`, which the caller reads after submitting a step built on them.
+        On a ring, that step's send computes them; alone, they would sit in the step's own graph and
+        be read only when the whole step is done (the GPU idle while rank 0 handles their tokens)."""
+        if self.ring.size == 1:
+            mx.async_eval(*arrays)
+
     @contextmanager
     def watching(self):
         """Mark a call that may block on the ring, for the watchdog (nests)."""
@@ -113,7 +120,7 @@ def status_table(size: int) -> mx.array:
 
 def parse_status(table: mx.array) -> list[dict]:
     keys = ("rank", "mlx_active_memory_kib", "mlx_peak_memory_kib", "rss_kib", "open_sequences",
-            "cached_tokens", "forward_us")
+            "cached_tokens", "forward_us", "kv_cache_kib", "kv_cache_peak_kib")
     return [dict(zip(keys, row)) for row in table.tolist()]
 
 

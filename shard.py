@@ -1,8 +1,9 @@
 """A rank's slice of the model, and the step protocol that carries work around the ring.
 
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
-array: hidden states `(B, L, H)` for a prefill or decode step, the kept row indices `(k,)` for a
-filter step, a `(size, STATUS_COLS)` table for a status step. The same `Shard.apply` runs a step on
+array: hidden states `(B, L, H)` for a prefill or decode step, the rows' right padding `(B,)` for a
+join step, the kept row indices `(k,)` for a filter step, a `(size, STATUS_COLS)` table for a status
+step. The same `Shard.apply` runs a step on
 every rank, rank 0 included, so the KV caches of all ranks go through the same operations in the
 same order.
 """
@@ -24,7 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.generate import _merge_caches
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from plan import LayerPlan
@@ -33,15 +35,19 @@ log = logging.getLogger(__name__)
 
 HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
-STATUS_COLS = 7  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us
+STATUS_COLS = 9  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us,
+# KV-cache KiB now, KV-cache KiB at most so far
+# A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
+# left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
+GROUP_SPARE_TOKENS = 256
 
 
 class Kind(IntEnum):
-    PREFILL = 1  # run local layers on one sequence's chunk `(1, L, H)`, with that sequence's own cache
-    JOIN = 2  # move the prefilled cache of `seq` into the batch of decode group `group`, as its last row
+    PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `seq`, with that batch's own cache
+    JOIN = 2  # move the cache of prefill batch `seq` (its rows' right padding in the payload) into decode group `group`, as its last rows
     DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
     FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
-    FREE = 5  # drop the cache of `seq` (a prefill that will not join)
+    FREE = 5  # drop the cache of prefill batch `seq` (it will not join)
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
@@ -51,7 +57,7 @@ class Kind(IntEnum):
 class Header:
     kind: int
     seq: int = 0
-    offset: int = 0  # PREFILL: tokens already in the cache of `seq`; 0 starts a fresh cache
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `seq`; 0 starts a fresh cache
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
@@ -170,20 +176,22 @@ def parameter_bytes(module: nn.Module) -> int:
 class Shard:
     """The layers `[start, end)` of one rank and their KV caches, and (rank 0) embedding and head.
 
-    Caches live in two places: one per sequence while its prompt is prefilled (exactly as a single
-    process would hold it), then, once it joins a decode group, as a row of that group's batched,
-    left-padded cache (mlx-lm's `BatchKVCache`), so the whole group decodes in one forward step.
+    Caches live in two places: one per prefill batch while its prompts are prefilled (a lone prompt's
+    exactly as a single process would hold it, several prompts' as one right-padded batch), then, once
+    it joins a decode group, as rows of that group's batched, left-padded cache (mlx-lm's
+    `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
     def __init__(self, model: nn.Module, plan: LayerPlan, rank: int):
         self.model, self.plan, self.rank = model, plan, rank
         self.inner = model.model
         self.start, self.end = plan.ranges[rank]
-        self.prefills: dict[int, list] = {}  # seq -> per-layer caches
+        self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
         # Moving average, on workers, of the time from a forward step's header to passing it on: this
         # rank's stage plus any wait for the payload (which arrives inside the stage's graph).
         self.forward_us = 0.0
+        self.kv_peak = 0  # most bytes the KV caches held at once
         self.host = socket.gethostname()
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
@@ -197,53 +205,80 @@ class Shard:
         return self.inner.embed_tokens.as_linear(h)
 
     # -- every rank ---------------------------------------------------------------------------------
-    def forward(self, h: mx.array, caches: list) -> mx.array:
-        """Run the local layers on hidden states `(B, L, H)`."""
+    def forward(self, h: mx.array, caches: list, causal: bool = False) -> mx.array:
+        """Run the local layers on hidden states `(B, L, H)`. `causal`: a fresh batch of right-padded
+        prompts, where padding only follows a row's tokens, so the plain causal mask is exact."""
         masks = {}
         for layer, c in zip(self.inner.layers, caches):
             window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
             if window not in masks:
-                masks[window] = create_attention_mask(h, c, window_size=window)
+                # The batch cache's own mask is an array: on CUDA a masked attention kernel is built
+                # for each new batch shape (seconds of stalls under load); "causal" needs none.
+                masks[window] = "causal" if causal and window is None else create_attention_mask(h, c, window_size=window)
             h = layer(h, masks[window], c)
         return h
 
     @staticmethod
     def rows(caches: list | None) -> int:
-        """Rows of a decode group's batched caches."""
-        return caches[0].offset.shape[0] if caches else 0
+        """Rows of a batch's caches (a lone prompt's cache has one)."""
+        if not caches:
+            return 0
+        return caches[0].offset.shape[0] if isinstance(caches[0].offset, mx.array) else 1
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
         """Apply one step to this rank's layers and caches; returns the payload to pass on."""
         kind = header.kind
         if kind == Kind.PREFILL:
+            B, L = payload.shape[:2]
             if header.offset == 0:
-                self.prefills[header.seq] = make_prompt_cache(self.model)
+                caches = make_prompt_cache(self.model)
+                if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
+                    caches = _merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
+                for c in caches:
+                    c.step = L  # sized to the chunk: no spare room, no regrowth copy
+                self.prefills[header.seq] = caches
             caches = self.prefills.get(header.seq)
-            assert caches is not None, f"rank {self.rank}: no cache for sequence {header.seq}"
-            assert caches[0].offset == header.offset, (
-                f"rank {self.rank}: cache of sequence {header.seq} holds {caches[0].offset} tokens, "
+            assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
+            assert caches[0].size() == header.offset, (
+                f"rank {self.rank}: cache of prefill batch {header.seq} holds {caches[0].size()} tokens, "
                 f"rank 0 expects {header.offset}"
             )
-            return self.forward(payload, caches)
+            assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
+            out = self.forward(payload, caches, causal=B > 1)
+            self.kv_bytes()  # the caches grew while the graph was built
+            return out
         if kind == Kind.DECODE:
             rows = self.rows(self.groups.get(header.group))
             assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
-            return self.forward(payload, self.groups[header.group])
+            out = self.forward(payload, self.groups[header.group])
+            self.kv_bytes()
+            return out
         if kind == Kind.JOIN:
-            single = self.prefills.pop(header.seq)
-            batched = [c.merge([c]) for c in single]  # a batch of one, then appended as the group's last row
-            group = self.groups.setdefault(header.group, [])
-            if not group:
-                group.extend(batched)
+            joining = self.prefills.pop(header.seq)
+            padding = payload.tolist()
+            if len(padding) == 1:
+                joining = [c.merge([c]) for c in joining]  # a lone prompt's cache becomes a batch of one
             else:
-                for g, b in zip(group, batched):
+                for c in joining:  # right padding moves to the left, where decoding expects it
+                    c.prepare(right_padding=padding)
+                    c.finalize()
+            group = self.groups.get(header.group)
+            if group is None:
+                self.groups[header.group] = group = joining
+            else:
+                for g, b in zip(group, joining):
+                    if isinstance(g, BatchKVCache):  # drop its spare room: extend pads every row to the larger capacity
+                        keys, values, offset, left, used = g.state
+                        g.state = keys[..., :used, :], values[..., :used, :], offset, left, used
                     g.extend(b)
-            return None
+            self._size_growth(group)
+            return payload  # the next rank needs the same padding
         if kind == Kind.FILTER:
             keep = payload.tolist() if payload is not None else []
             if keep:
                 for c in self.groups[header.group]:
                     c.filter(keep)
+                self._size_growth(self.groups[header.group])
             else:
                 del self.groups[header.group]
                 mx.clear_cache()  # hand freed cache memory back, so memory stays flat between bursts
@@ -257,14 +292,25 @@ class Shard:
             return mx.concatenate([payload[: self.rank], row, payload[self.rank + 1 :]])
         return payload
 
+    @staticmethod
+    def _size_growth(caches: list) -> None:
+        # Few rows grow in mlx-lm's steps of 256 tokens (fewer copies); many rows in smaller ones.
+        step = max(16, GROUP_SPARE_TOKENS // Shard.rows(caches))
+        for c in caches:
+            c.step = step
+
+    def kv_bytes(self) -> int:
+        """Bytes the KV caches hold now (allocated, spare room included); updates the peak."""
+        now = sum(c.nbytes for caches in (*self.prefills.values(), *self.groups.values()) for c in caches)
+        self.kv_peak = max(self.kv_peak, now)
+        return now
+
     def status_row(self) -> list[int]:
-        tokens = sum(c[0].offset for c in self.prefills.values())
-        rows = 0
-        for caches in self.groups.values():
+        rows = tokens = 0
+        for caches in (*self.prefills.values(), *self.groups.values()):
             rows += self.rows(caches)
-            tokens += int(mx.maximum(caches[0].offset, 0).sum().item())
-        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(),
-                len(self.prefills) + rows, tokens, int(self.forward_us)]
+            tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
+        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens, int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10]
 
     def info(self) -> dict:
         return {

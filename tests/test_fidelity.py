@@ -103,13 +103,14 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("n,groups", [(2, 1), (2, 2), (3, 3)])
-def test_batched_sequences_match_each_run_alone(tmp_path, n, groups):
-    """Continuous batching, chunked prefill (chunks of 4) and micro-batch groups: every sequence's
-    logits agree with single-process mlx-lm running it alone within float rounding of the batch
-    shapes (atol 1e-4 on logits of order 1), and its tokens are identical."""
+@pytest.mark.parametrize("n,groups,chunk", [(2, 1, 4), (2, 2, 16), (3, 3, 4)])
+def test_batched_sequences_match_each_run_alone(tmp_path, n, groups, chunk):
+    """Continuous batching, prefill (chunks of 4: a long prompt in several chunks; of 16: waiting
+    prompts right-padded into one batch) and micro-batch groups: every sequence's logits agree with
+    single-process mlx-lm running it alone within float rounding of the batch shapes (atol 1e-4 on
+    logits of order 1), and its tokens are identical."""
     model = make_tiny_model(tmp_path / "model", "qwen3")
-    tokens, logits, status, _ = run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=4)
+    tokens, logits, status, _ = run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=chunk)
     for i, s in enumerate(MIXED):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
         np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
