@@ -81,7 +81,10 @@ class Target:
         if self.ours:
             ranks = httpx.get(self.url + "/cluster/status", timeout=30).json()["ranks"]
             return [{"rank": r["rank"], "mlx_peak_mib": r["mlx_peak_memory_kib"] / 1024, "rss_mib": r["rss_kib"] / 1024,
-                     "weights_mib": r["parameter_bytes_kib"] / 1024} for r in ranks]
+                     "weights_mib": r["parameter_bytes_kib"] / 1024, "kv_peak_mib": r["kv_cache_peak_kib"] / 1024,
+                     # what the peak holds beyond 1.1 x (weights + KV cache): the runtime's fixed overhead
+                     "beyond_1.1x_mib": (r["mlx_peak_memory_kib"] - 1.1 * (r["parameter_bytes_kib"] + r["kv_cache_peak_kib"])) / 1024}
+                    for r in ranks]
         out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "python"], capture_output=True, text=True).stdout
         rows = []
         for i, pid in enumerate(out.split()):
@@ -157,9 +160,10 @@ def long_prompt(tokenizer_dir: Path, n_tokens: int, salt: str) -> str:
 def bench_target(t: Target, a, model_dir: Path) -> dict:
     model = "default" if t.ours else str(model_dir)
     url = t.url
-    # Warm up: the first call of each shape compiles kernels (seconds on CUDA); the largest
-    # concurrency passes through every batch size as its sequences join.
-    asyncio.run(run_concurrency(url, model, max(a.concurrency), 16, round_=-1))
+    # Warm up: the first call of each shape compiles kernels (seconds on CUDA); one short pass at
+    # each concurrency meets the batch shapes the timed pass will.
+    for c in a.concurrency:
+        asyncio.run(run_concurrency(url, model, c, 16, round_=-c))
     out = {"target": t.name, "ttft_short_s": asyncio.run(ttft(url, model, "Say hello."))}
     if a.long_prompt:
         if a.gpu:  # its shapes compile once on CUDA; a CPU has nothing to compile
@@ -259,15 +263,15 @@ def main():
 
         a.model = str(resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto"))
     model_dir = Path(a.model)
+    device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0] if a.gpu else ""
+    meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores",
+            "max_tokens": a.max_tokens, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
     results = []
     for t in targets(a, model_dir):
         print(f"{t.name}: starting", flush=True)
         with t:
             results.append(bench_target(t, a, model_dir))
-    device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0] if a.gpu else ""
-    meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores",
-            "max_tokens": a.max_tokens, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
-    report(results, meta, a.out)
+        report(results, meta, a.out)  # after each target, so a cut-short run keeps what it measured
 
 
 if __name__ == "__main__":
