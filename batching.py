@@ -170,7 +170,7 @@ class Scheduler:
         last = b.sent == len(b.tokens[0])
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
-        header = Header.for_payload(Kind.PREFILL, h, seq=b.id, offset=offset, length=len(b.tokens[0]))
+        header = Header.for_payload(Kind.PREFILL, h, seq=b.id, offset=offset)
         return self._submit(header, h, _Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
 
     def _submit_decode(self, g: Group) -> bool:

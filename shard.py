@@ -33,7 +33,7 @@ from plan import LayerPlan
 
 log = logging.getLogger(__name__)
 
-HEADER_LEN = 10
+HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 STATUS_COLS = 9  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us,
 # KV-cache KiB now, KV-cache KiB at most so far
@@ -61,21 +61,19 @@ class Header:
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
-    length: int = 0  # PREFILL: the batch's whole (padded) prompt length, so its cache is allocated once
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, self.length, len(self.shape), *dims],
-                        dtype=mx.int32)
+        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        kind, seq, offset, dtype, group, length, ndim, *dims = a.tolist()
-        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group, length)
+        kind, seq, offset, dtype, group, ndim, *dims = a.tolist()
+        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group)
 
     @staticmethod
-    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0, length: int = 0) -> "Header":
-        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group, length)
+    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
+        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
 
 
 def init_group() -> mx.distributed.Group:
@@ -231,13 +229,13 @@ class Shard:
         """Apply one step to this rank's layers and caches; returns the payload to pass on."""
         kind = header.kind
         if kind == Kind.PREFILL:
-            B = payload.shape[0]
+            B, L = payload.shape[:2]
             if header.offset == 0:
                 caches = make_prompt_cache(self.model)
                 if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
                     caches = _merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
                 for c in caches:
-                    c.step = header.length  # room for the whole prompt at once: no spare, no regrowth copies
+                    c.step = L  # sized to the chunk: no spare room, no regrowth copy
                 self.prefills[header.seq] = caches
             caches = self.prefills.get(header.seq)
             assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
