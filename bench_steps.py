@@ -1,0 +1,83 @@
+"""Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how long, it
+takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the server:
+
+    mlx.launch --backend ring --hostfile hosts.json -- python bench_steps.py --model DIR --streams 1,16,64
+    (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile)
+"""
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("CUDA_PER_RANK") == "1":  # must be set before MLX starts
+    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+
+from batching import Scheduler, Sequence  # noqa: E402
+from generate import Pipeline, SamplingParams  # noqa: E402
+from model_size import spec_from_folder  # noqa: E402
+from plan import uniform_plan  # noqa: E402
+from shard import Kind, Ring, init_group, load_shard, serve_worker  # noqa: E402
+
+
+def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
+    """n sequences arriving together; returns one line of counts and times."""
+    kinds: dict[str, int] = {}
+    submit = sched._submit
+
+    def counted(header, payload, step):
+        kinds[Kind(header.kind).name] = kinds.get(Kind(header.kind).name, 0) + 1
+        return submit(header, payload, step)
+
+    sched._submit = counted
+    seqs = [Sequence(i, [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
+            for i in range(n)]
+    count = dict.fromkeys(range(n), 0)
+    t0, first = time.perf_counter(), None
+    for s in seqs:
+        sched.add(s)
+    while not sched.idle():
+        for s, _ in sched.step():
+            first = first or time.perf_counter()
+            count[s.id] += 1
+            if count[s.id] >= max_tokens:
+                sched.remove(s)
+    sched._submit = submit
+    dt = time.perf_counter() - t0
+    return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.0f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="MLX model folder")
+    p.add_argument("--streams", default="1,16,64")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=25)
+    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args()
+    group = init_group()
+    rank = group.rank()
+    shard = load_shard(a.model, uniform_plan(spec_from_folder(a.model).n_layers, group.size()), rank)
+    ring = Ring(group)
+    if rank:
+        return serve_worker(shard, ring)
+    pipe = Pipeline(shard, ring)
+    sched = Scheduler(pipe, chunk=a.chunk)
+    streams = [int(x) for x in a.streams.split(",")]
+    for n in streams:  # warm-up: kernels compile for each new shape on CUDA
+        run(sched, n, 4, a.prompt_len)
+    for n in streams:
+        print(f"{group.size()} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
+    pipe.shutdown()
+
+
+if __name__ == "__main__":
+    main()
