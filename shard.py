@@ -3,9 +3,8 @@
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step, the rows' right padding `(B,)` for a
 join step, the kept row indices `(k,)` for a filter step, a `(size, STATUS_COLS)` table for a status
-step. The same `Shard.apply` runs a step on
-every rank, rank 0 included, so the KV caches of all ranks go through the same operations in the
-same order.
+step. The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all
+ranks go through the same operations in the same order.
 """
 
 import ctypes
@@ -35,8 +34,9 @@ log = logging.getLogger(__name__)
 
 HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
-STATUS_COLS = 9  # rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us,
-# KV-cache KiB now, KV-cache KiB at most so far
+# Status row: rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us,
+# KV-cache KiB now, KV-cache KiB at most so far.
+STATUS_COLS = 9
 # A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
 # left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
 GROUP_SPARE_TOKENS = 256
@@ -44,7 +44,7 @@ GROUP_SPARE_TOKENS = 256
 
 class Kind(IntEnum):
     PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `seq`, with that batch's own cache
-    JOIN = 2  # move the cache of prefill batch `seq` (its rows' right padding in the payload) into decode group `group`, as its last rows
+    JOIN = 2  # move prefill batch `seq`'s cache (payload: its rows' right padding) into group `group`, as its last rows
     DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
     FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
     FREE = 5  # drop the cache of prefill batch `seq` (it will not join)
@@ -235,7 +235,7 @@ class Shard:
                 if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
                     caches = _merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
                 for c in caches:
-                    c.step = L  # sized to the chunk: no spare room, no regrowth copy
+                    c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
                 self.prefills[header.seq] = caches
             caches = self.prefills.get(header.seq)
             assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
@@ -267,7 +267,7 @@ class Shard:
                 self.groups[header.group] = group = joining
             else:
                 for g, b in zip(group, joining):
-                    if isinstance(g, BatchKVCache):  # drop its spare room: extend pads every row to the larger capacity
+                    if isinstance(g, BatchKVCache):  # drop its spare room: extend pads all rows to the larger one
                         keys, values, offset, left, used = g.state
                         g.state = keys[..., :used, :], values[..., :used, :], offset, left, used
                     g.extend(b)
@@ -310,7 +310,8 @@ class Shard:
         for caches in (*self.prefills.values(), *self.groups.values()):
             rows += self.rows(caches)
             tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
-        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens, int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10]
+        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
+                int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10]
 
     def info(self) -> dict:
         return {
