@@ -4,7 +4,7 @@ real scheduler, sequences arriving and leaving mid-flight.
 `--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
 before scheduler step k. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
-all sequences left) and `logits{i}.npy` (one row of logits per generated token of sequence i).
+all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
 """
 
 import argparse
@@ -64,6 +64,15 @@ def main():
 
     spec = json.loads(a.spec)
     pipe = Pipeline(shard, ring)
+    prefill_rows = []  # rows of each prefill step, to show which prompts went together
+    submit = pipe.submit
+
+    def recording_submit(header, payload):
+        if header.kind == Kind.PREFILL:
+            prefill_rows.append(header.shape[0])
+        submit(header, payload)
+
+    pipe.submit = recording_submit
     sched = Scheduler(pipe, groups=a.groups, chunk=a.chunk)
     waiting = sorted(range(len(spec)), key=lambda i: spec[i]["at"])
     tokens = {i: [] for i in range(len(spec))}
@@ -85,7 +94,8 @@ def main():
         sched.step()
     for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped
         np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
-    (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status}))
+    (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
+                                                 "prefill_rows": prefill_rows}))
     pipe.shutdown()
 
 
