@@ -27,7 +27,7 @@ class Config:
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
     groups: int = 1  # decode micro-batches in flight
-    prefill_chunk: int = 512  # prompt tokens per prefill step
+    prefill_chunk: int = 0  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
     hostfile: Path = HERE / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
@@ -62,8 +62,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
     p.add_argument("--groups", type=int, default=int(_env("GROUPS", "1")),
                    help="decode micro-batches kept in flight; more than 1 pays only where a stage's time grows with its batch")
-    p.add_argument("--prefill-chunk", type=int, default=int(_env("PREFILL_CHUNK", "512")),
-                   help="prompt tokens per prefill step; chunks of one prompt overlap across ranks")
+    p.add_argument("--prefill-chunk", default=_env("PREFILL_CHUNK", "auto"),
+                   help="prompt tokens per prefill step (auto: 512 on a GPU, 128 on a CPU); chunks of one prompt overlap across ranks")
     p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
                    help="how layers are split: balanced (default: fastest plan that fits), uniform, memory, compute, custom (hosts.json)")
     p.add_argument("--kv-tokens", type=int, default=int(_env("KV_TOKENS", "8192")),
@@ -79,15 +79,18 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
     if a.max_queue < 1 or a.max_active < 1:
         raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
-    if a.groups < 1 or a.prefill_chunk < 1:
-        raise ValueError("GROUPS and PREFILL_CHUNK must be at least 1")
+    if a.groups < 1:
+        raise ValueError(f"GROUPS={a.groups} must be at least 1")
+    if a.prefill_chunk != "auto" and not (a.prefill_chunk.isdigit() and int(a.prefill_chunk) > 0):
+        raise ValueError(f"PREFILL_CHUNK={a.prefill_chunk!r} must be auto or a number of tokens (at least 1)")
+    chunk = 0 if a.prefill_chunk == "auto" else int(a.prefill_chunk)
     if a.kv_tokens < 0:
         raise ValueError(f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)")
     if a.step_timeout <= 0 or a.drain_timeout < 0:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
                  layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
-                 _env("API_KEY"), groups=a.groups, prefill_chunk=a.prefill_chunk,
+                 _env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
                  max_tokens_limit=a.max_tokens_limit)
     cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser())
     return cfg, a.prepare

@@ -78,6 +78,12 @@ def gather_cluster(shard: Shard, group: mx.distributed.Group, predicted: dict | 
     return out
 
 
+def prefill_chunk(cfg: Config) -> int:
+    """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
+    steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a GPU)."""
+    return cfg.prefill_chunk or (128 if mx.default_device() == mx.cpu else 512)
+
+
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
@@ -96,7 +102,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         cluster=cluster,
     )
     engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue, cfg.max_active, cfg.step_timeout, cfg.drain_timeout,
-                    cfg.groups, cfg.prefill_chunk)
+                    cfg.groups, prefill_chunk(cfg))
     app = make_app(engine, served, cfg.api_key)
     http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5))
     web = threading.Thread(target=http.run, name="http", daemon=True)
