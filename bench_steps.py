@@ -26,13 +26,14 @@ from shard import Kind, Ring, init_group, load_shard, serve_worker  # noqa: E402
 def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
     """n sequences arriving together; returns one line of counts and times."""
     kinds: dict[str, int] = {}
-    submit = sched._submit
+    pipe = sched.pipe
+    submit = pipe.submit
 
-    def counted(header, payload, step):
+    def counted(header, payload):
         kinds[Kind(header.kind).name] = kinds.get(Kind(header.kind).name, 0) + 1
-        return submit(header, payload, step)
+        submit(header, payload)
 
-    sched._submit = counted
+    pipe.submit = counted
     seqs = [Sequence(i, [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
             for i in range(n)]
     count = dict.fromkeys(range(n), 0)
@@ -45,7 +46,7 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
             count[s.id] += 1
             if count[s.id] >= max_tokens:
                 sched.remove(s)
-    sched._submit = submit
+    pipe.submit = submit
     dt = time.perf_counter() - t0
     return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.0f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
 
