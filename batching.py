@@ -223,8 +223,10 @@ class Scheduler:
                 if b.removed() and not b.chunks_out and b is not self.filling:
                     self.to_free.append(b)
                 return []
-            last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])  # each row's last prompt token
-            logits = self.pipe.shard.head(mx.take_along_axis(out, last, axis=1))[:, -1, :]  # (B, V)
+            if out.shape[1] > 1:  # a batch of padded prompts comes back whole: take each row's last token
+                last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])
+                out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
+            logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
             tokens = sample_rows([s.sampler for s in b.rows], logits)
             for s, t in zip(b.rows, tokens):
                 s.last = t.id

@@ -87,7 +87,7 @@ class Pipeline:
                 back, out = self.ring.recv(lazy=expected.kind == Kind.DECODE)
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(expected.kind).name} failed: {e}") from e
-        if back != expected:
+        if not back.same_step(expected):
             raise RingError(f"ring returned {back}, sent {expected}: the ranks are out of step")
         self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
         return back, out

@@ -75,6 +75,10 @@ class Header:
     def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
         return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
 
+    def same_step(self, other: "Header") -> bool:
+        """The same step, whatever payload it carries now."""
+        return (self.kind, self.seq, self.offset, self.group) == (other.kind, other.seq, other.offset, other.group)
+
 
 def init_group() -> mx.distributed.Group:
     """The ring group mlx.launch describes; a group of one when started alone."""
@@ -128,6 +132,8 @@ class Ring:
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
 
     def send(self, header: Header, payload: mx.array | None) -> None:
+        if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
+            header = Header.for_payload(header.kind, payload, header.seq, header.offset, header.group)
         # Header first, evaluated on its own: two independent sends in one graph have no order.
         mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
         if header.shape:
@@ -186,6 +192,7 @@ class Shard:
         self.model, self.plan, self.rank = model, plan, rank
         self.inner = model.model
         self.start, self.end = plan.ranges[rank]
+        self.last = rank == len(plan.ranges) - 1  # hands steps back to rank 0
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
         # Moving average, on workers, of the time from a forward step's header to passing it on: this
@@ -246,6 +253,8 @@ class Shard:
             assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
             out = self.forward(payload, caches, causal=B > 1)
             self.kv_bytes()  # the caches grew while the graph was built
+            if self.last and B == 1:
+                out = out[:, -1:, :]  # rank 0 needs only a lone prompt's last position (it has no padding)
             return out
         if kind == Kind.DECODE:
             rows = self.rows(self.groups.get(header.group))
