@@ -168,10 +168,14 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
     # do not, so every target and run meets the same shapes. On CUDA a new shape compiles kernels:
     # warm up with number 0, then take the median of three; a CPU has nothing to compile.
     numbers = range(0 if a.gpu else 1, 4 if a.gpu else 2)
-    short = [asyncio.run(ttft(url, model, f"Say hello {i}.")) for i in numbers][-3:]
+
+    def timed(prompt) -> list[float]:  # TTFT of each numbered prompt, the warm-up's dropped
+        return [asyncio.run(ttft(url, model, prompt(i))) for i in numbers][-3:]
+
+    short = timed(lambda i: f"Say hello {i}.")
     out = {"target": t.name, "ttft_short_s": statistics.median(short), "ttft_short_samples_s": short}
     if a.long_prompt:
-        long = [asyncio.run(ttft(url, model, long_prompt(model_dir, a.long_prompt, f"Note {i}"))) for i in numbers][-3:]
+        long = timed(lambda i: long_prompt(model_dir, a.long_prompt, f"Note {i}"))
         out |= {"ttft_long_s": statistics.median(long), "ttft_long_samples_s": long, "long_prompt_tokens": a.long_prompt}
     out["runs"] = []
     for c in a.concurrency:

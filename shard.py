@@ -2,7 +2,8 @@
 
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
-back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join step, the kept row indices `(k,)` for a filter step, a `(size, STATUS_COLS)` table for a status
+back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
+step, the kept row indices `(k,)` for a filter step, a `(size, STATUS_COLS)` table for a status
 step. The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all
 ranks go through the same operations in the same order.
 """
