@@ -8,6 +8,7 @@ import math
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
-from openai_schema import ChatCompletionRequest, CompletionRequest
+from openai_schema import ChatCompletionRequest, CompletionRequest, ids_below
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class ServedModel:
     tokenizer: object  # mlx_lm TokenizerWrapper; tokenizing needs no MLX
     context_length: int
     default_max_tokens: int
+    vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
     cluster: dict = field(default_factory=dict)  # static per-rank facts gathered at startup
 
@@ -105,6 +107,26 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
+    # Tokenizing a long prompt takes a while (100k tokens: ~0.2 s here), so it runs off the event
+    # loop, which keeps streaming meanwhile. One thread: a Hugging Face tokenizer is not safe to
+    # reconfigure from several threads at once, and the chat template path may.
+    tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, fn, *args)
+
+    def check_ids(field: str, ids) -> None:
+        """Every token id a request names must index the model's vocabulary: MLX does not check
+        bounds when it gathers or scatters, and an id past the end crashes the process."""
+        bad = next((t for t in ids if not 0 <= t < served.vocab_size), None)
+        if bad is not None:
+            raise ApiError(400, f"{field}: token id {bad} is outside this model's vocabulary; use ids in [0, {served.vocab_size})", param=field)
+
+    def check_sampling(body) -> None:
+        check_ids("logit_bias", [int(k) for k in body.logit_bias or {}])
+        if body.top_k >= served.vocab_size:
+            raise ApiError(400, f"top_k: {body.top_k} keeps the whole vocabulary of {served.vocab_size} tokens or more; use 0 (off) or fewer", param="top_k")
+
     def check_model(name: str | None) -> None:
         if name not in (None, "", served.id, "default"):
             raise ApiError(404, f"The model '{name}' does not exist; this server serves '{served.id}'", "invalid_request_error", "model", "model_not_found")
@@ -165,6 +187,12 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
             return served.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         except Exception as e:
             raise ApiError(400, f"messages: cannot apply the chat template: {e}", param="messages") from None
+
+    def encode(text: str) -> list[int]:
+        try:
+            return served.tokenizer.encode(text)
+        except Exception as e:  # e.g. a lone surrogate escaped in the JSON
+            raise ApiError(400, f"prompt: cannot be tokenized: {e}", param="prompt") from None
 
     def token_text(tid: int) -> str:
         return served.tokenizer.decode([tid])
@@ -247,15 +275,19 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
         check_model(body.model)
-        return await respond(body, chat_prompt(body), http, chat=True)
+        check_sampling(body)
+        prompt = await off_loop(chat_prompt, body)
+        check_ids("messages", prompt)  # a tokenizer may know ids (added tokens) the model has no row for
+        return await respond(body, prompt, http, chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest):
         check_model(body.model)
-        prompt = body.prompt if isinstance(body.prompt, list) else served.tokenizer.encode(body.prompt)
-        vocab = len(served.tokenizer.get_vocab())
-        if not prompt or not all(0 <= t < vocab for t in prompt):
-            raise ApiError(400, f"prompt: must be non-empty text or token ids in [0, {vocab})", param="prompt")
+        check_sampling(body)
+        prompt = body.prompt if isinstance(body.prompt, list) else await off_loop(encode, body.prompt)
+        if not prompt:
+            raise ApiError(400, "prompt: must be non-empty text or token ids", param="prompt")
+        check_ids("prompt", prompt)
         return await respond(body, prompt, http, chat=False)
 
     @app.get("/v1/models")
@@ -314,7 +346,13 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
                         branch["maximum"] = served.max_tokens_limit or served.context_length
             for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
                 if branch.get("type") == "array":
-                    branch["items"]["maximum"] = len(served.tokenizer.get_vocab()) - 1
+                    branch["items"]["maximum"] = served.vocab_size - 1
+            for name in ("ChatCompletionRequest", "CompletionRequest"):
+                props = schemas[name]["properties"]
+                props["top_k"]["maximum"] = served.vocab_size - 1
+                for branch in props["logit_bias"].get("anyOf", [props["logit_bias"]]):
+                    if branch.get("type") == "object":  # keys: token ids below the vocabulary's size
+                        branch["patternProperties"] = {ids_below(served.vocab_size): branch["patternProperties"].popitem()[1]}
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -106,15 +106,15 @@ class Scheduler:
         return not (self.steps or self.waiting or self.filling or self.calls or self.to_free
                     or any(g.load() for g in self.groups))
 
-    def step(self) -> list[tuple[Sequence, Token]]:
-        """Fill the ring with ready work, then take the oldest step home; returns the tokens it gave."""
+    def step(self) -> list[tuple[Sequence, Token | Exception]]:
+        """Fill the ring with ready work, then take the oldest step home; returns the tokens it gave
+        (or, for a row whose sampling failed, the error: the caller removes that sequence)."""
         while self.pipe.can_submit() and self._submit_next():
             pass
         if not self.steps:
             return []
         header, out = self.pipe.collect()
-        with self.pipe.watching():  # a DECODE step's payload is still arriving while it is used
-            return self._complete(self.steps.popleft(), out)
+        return self._complete(self.steps.popleft(), out)
 
     # -- choosing work --------------------------------------------------------------------------
     def _submit_next(self) -> bool:
@@ -212,7 +212,7 @@ class Scheduler:
         return True
 
     # -- results --------------------------------------------------------------------------------
-    def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token]]:
+    def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
         if step.done is not None:
             step.done(out)
             return []
@@ -229,7 +229,7 @@ class Scheduler:
             logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
             tokens = sample_rows([s.sampler for s in b.rows], logits)
             for s, t in zip(b.rows, tokens):
-                s.last = t.id
+                s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
             min(self.groups, key=Group.load).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE:
@@ -246,10 +246,11 @@ class Scheduler:
                 self._submit_decode_of(g, mx.expand_dims(lazy[0], 1))
                 tokens = read_tokens(samplers, *lazy)
             else:
+                self.pipe.settle()  # the payload, off the socket before it is read
                 tokens = sample_rows(samplers, logits)
             results = []
             for seq, token in zip(step.rows, tokens):
-                seq.last = token.id
+                seq.last = token.id if isinstance(token, Token) else 0  # a failed row leaves before the next step
                 if not seq.removed:
                     results.append((seq, token))
             return results

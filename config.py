@@ -32,6 +32,7 @@ class Config:
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
     hostfile: Path = HERE / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
     max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
+    ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -69,6 +70,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--kv-tokens", type=int, default=int(_env("KV_TOKENS", "8192")),
                    help="tokens of KV cache every rank keeps room for when the layer plan is made")
     p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
+    p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
+                   help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
     a = p.parse_args(argv)
     try:
@@ -92,5 +95,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
                  layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
                  _env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
                  max_tokens_limit=a.max_tokens_limit)
-    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser())
+    if a.ring_socket_buffer < 0:
+        raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
+    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser(),
+                  ring_socket_buffer=a.ring_socket_buffer)
     return cfg, a.prepare

@@ -20,6 +20,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from batching import Scheduler, Sequence
 from generate import Pipeline, RingError, SamplingParams, Token, parse_status, status_table
 from shard import Header, Kind
+from textstream import Piece, TextStream
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,13 @@ class Unavailable(Exception):
 
 
 class _Active:
-    """Bookkeeping of one running request: its generator, detokenizer and not-yet-sent text."""
+    """Bookkeeping of one running request: its sequence and the text it has produced."""
 
     def __init__(self, req: Request, seq: Sequence, tokenizer: TokenizerWrapper):
         self.req, self.seq = req, seq
         self.t0 = time.perf_counter()
-        self.detok = tokenizer.detokenizer
-        self.detok.reset()
+        self.text = TextStream(tokenizer.detokenizer, req.stop)
         self.count = 0
-        self.held = ""  # text that could still be the start of a stop string
-        self.held_tokens: list[Token] = []
 
 
 class Engine:
@@ -88,15 +86,21 @@ class Engine:
         self.stopping = threading.Event()
         self.step_timeout, self.drain_timeout = step_timeout, drain_timeout
         self.broken: str | None = None  # why the ring is unusable; the process exits soon after
+        # Closing and submitting take this lock, so a request is either queued before the engine
+        # closes (and then answered by `_close`) or refused; none slips in between and waits forever.
+        self._gate = threading.Lock()
+        self.closed: str | None = None  # why no request is taken any more
+        self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
 
     # -- called from the HTTP thread ----------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        if self.broken or self.stopping.is_set():
-            raise Unavailable(self.broken or "the server is shutting down")
-        try:
-            self.requests.put_nowait(req)
-        except queue.Full:
-            raise QueueFull(f"{self.requests.maxsize} requests are already waiting") from None
+        with self._gate:
+            if self.closed or self.stopping.is_set():
+                raise Unavailable(self.closed or "the server is shutting down")
+            try:
+                self.requests.put_nowait(req)
+            except queue.Full:
+                raise QueueFull(f"{self.requests.maxsize} requests are already waiting") from None
 
     def ping(self) -> Future:
         """A round trip through every rank, between generation steps; resolves to None."""
@@ -108,7 +112,10 @@ class Engine:
 
     def _call(self, kind: Kind) -> Future:
         fut: Future = Future()
-        self.calls.put((kind, fut))
+        if self.broken:
+            fut.set_exception(RingError(self.broken))
+        else:
+            self.calls.put((kind, fut))
         return fut
 
     # -- the engine thread --------------------------------------------------------------------------
@@ -120,7 +127,7 @@ class Engine:
             while not self.stopping.is_set():
                 self._serve_round()
             deadline = time.monotonic() + self.drain_timeout
-            self._reject_waiting()
+            self._close("the server is shutting down", Failed("the server is shutting down", 503, "service_unavailable"))
             while self.active and time.monotonic() < deadline:
                 self._serve_round()
             for a in list(self.active.values()):
@@ -143,22 +150,26 @@ class Engine:
         for a in list(self.active.values()):
             if a.req.cancelled.is_set():
                 self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
-        for seq, token in self.sched.step():
+        for seq, token in self.sched.step():  # a token, or the error that sampling it raised
             self._advance(self.active[seq.id], token)
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
         self.stopping.set()
 
-    def _reject_waiting(self) -> None:
+    def _close(self, reason: str, answer: Failed) -> None:
+        """Take no more requests, and give every waiting one `answer`."""
+        with self._gate:
+            self.closed = reason
         while True:
             try:
-                self.requests.get_nowait().emit(Failed("the server is shutting down", 503, "service_unavailable"))
+                self.requests.get_nowait().emit(answer)
             except queue.Empty:
                 return
 
     def _watchdog(self) -> None:
-        # MLX's ring has no timeout: a stopped or silent peer blocks recv forever, so time steps here.
+        # MLX's ring has no timeout: a stopped or silent peer blocks recv forever, so time the waits
+        # on it here (only the waits: rank 0's own compute is not the other ranks' fault).
         while True:
             time.sleep(0.2)
             started = self.pipe.busy_since
@@ -167,19 +178,23 @@ class Engine:
 
     def _die(self, reason: str) -> None:
         """The ring cannot be trusted any more: fail every request with a clear error, then exit so
-        that mlx.launch stops the other ranks and the launcher restarts the ring."""
-        if self.broken:
-            return
-        self.broken = reason
-        log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(self.active) + self.requests.qsize())
-        for a in list(self.active.values()):
-            a.req.emit(Failed(f"ring failure: {reason}", 503, "service_unavailable"))
-        self._reject_waiting()
+        that mlx.launch stops the other ranks and the launcher restarts the ring. The engine thread
+        and the watchdog may both call it; the first one does it."""
+        failed = Failed(f"ring failure: {reason}", 503, "service_unavailable")
+        with self._gate:
+            if self.broken:
+                return
+            self.broken = reason
+            self.closed = failed.message
+            active = list(self.active.values())  # admissions check `closed` under the gate
+        log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(active) + self.requests.qsize())
+        for a in active:
+            a.req.emit(failed)
+        self._close(failed.message, failed)
         for _, fut in list(self.calls.queue):
             if not fut.done():
                 fut.set_exception(RingError(reason))
-        time.sleep(1.0)  # let the HTTP thread send those errors
-        os._exit(75)
+        self.exit(75)
 
     def _take_calls(self) -> None:
         while True:
@@ -210,53 +225,41 @@ class Engine:
             except Exception as e:  # e.g. a sampler that cannot be built from these parameters
                 req.emit(Failed(f"cannot start generation: {e}", 400, "invalid_request_error"))
                 continue
-            self.active[seq.id] = _Active(req, seq, self.tokenizer)
+            with self._gate:  # a ring failure fails what is active, or this sees it closed
+                if self.closed:
+                    req.emit(Failed(self.closed, 503, "service_unavailable"))
+                    continue
+                self.active[seq.id] = _Active(req, seq, self.tokenizer)
             self.sched.add(seq)
 
-    def _advance(self, a: _Active, token: Token) -> None:
+    def _advance(self, a: _Active, token: Token | Exception) -> None:
+        if isinstance(token, Exception):  # this request's sampling failed; the others go on
+            return self._finish(a, Failed(f"sampling failed for this request: {token}", 500, "server_error"))
         a.count += 1
         if a.count == 1:
             log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
         if token.id in self.tokenizer.eos_token_ids:
-            self._flush(a, final=True)
+            self._send(a, a.text.end())
             return self._finish(a, Done("stop", len(a.req.prompt), a.count))
-        a.detok.add_token(token.id)
-        a.held += a.detok.last_segment
-        a.held_tokens.append(token)
-        if self._cut_at_stop(a):
+        self._send(a, a.text.add(token.id, token))
+        if not a.text.closed and a.count >= a.req.max_tokens:
+            self._send(a, a.text.end())
+            if not a.text.stop_hit:
+                return self._finish(a, Done("length", len(a.req.prompt), a.count))
+        if a.text.closed:
             return self._finish(a, Done("stop", len(a.req.prompt), a.count))
-        if a.count >= a.req.max_tokens:
-            a.detok.finalize()
-            a.held += a.detok.last_segment
-            if self._cut_at_stop(a):
-                return self._finish(a, Done("stop", len(a.req.prompt), a.count))
-            self._flush(a, final=True)
-            return self._finish(a, Done("length", len(a.req.prompt), a.count))
-        self._flush(a, final=False)
 
-    def _cut_at_stop(self, a: _Active) -> bool:
-        hits = [i for i in (a.held.find(s) for s in a.req.stop) if i >= 0]
-        if not hits:
-            return False
-        a.held = a.held[: min(hits)]
-        self._flush(a, final=True)
-        return True
-
-    def _flush(self, a: _Active, final: bool) -> None:
-        keep = 0
-        if not final:
-            # Hold back the longest tail that could still grow into a stop string.
-            for s in a.req.stop:
-                for n in range(min(len(s) - 1, len(a.held)), keep, -1):
-                    if a.held.endswith(s[:n]):
-                        keep = n
-                        break
-        text = a.held[: len(a.held) - keep]
-        if text or (final and a.held_tokens):
-            a.req.emit(Delta(text, a.held_tokens))
-            a.held, a.held_tokens = a.held[len(text) :], []
+    @staticmethod
+    def _send(a: _Active, piece: Piece | None) -> None:
+        if piece is not None:
+            a.req.emit(Delta(piece.text, piece.tokens))
 
     def _finish(self, a: _Active, outcome: Done | Failed) -> None:
         del self.active[a.seq.id]
         a.req.emit(outcome)
         self.sched.remove(a.seq)  # its cache rows go on every rank before its group's next step
+
+
+def exit_after_grace(code: int) -> None:
+    time.sleep(1.0)  # let the HTTP thread send the errors
+    os._exit(code)  # at once: mlx.launch then stops the other ranks, and the launcher restarts the ring

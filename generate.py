@@ -6,6 +6,7 @@ decides so that the ring can never deadlock (see `Pipeline.limit`). `SequenceSam
 sequence's logits into a token with mlx-lm's samplers and logits processors.
 """
 
+import secrets
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -32,7 +33,11 @@ class Pipeline:
         self.limit = max(1, ring.size - 1)
         self.inflight: deque[Header] = deque()  # sent, not yet back
         self.ready: deque[tuple[Header, mx.array | None]] = deque()  # done here, not yet sent (or, alone, done)
-        self.busy_since: float | None = None  # when the blocking call now running started; read by the watchdog
+        self.busy_since: float | None = None  # when the wait on the ring now running started; read by the watchdog
+        # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
+        # nothing before reading it: the last rank may be blocked sending it (when it does not fit
+        # the sockets' buffers) while rank 0 blocks sending to rank 1, and the ring would deadlock.
+        self.unread: mx.array | None = None
 
     def can_submit(self) -> bool:
         return not self.ready if self.ring.size > 1 else True
@@ -49,6 +54,7 @@ class Pipeline:
                 mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
         elif self.ready or len(self.inflight) >= self.limit:
             if out is not None:
+                self.settle()  # the stage may be built on the last payload: read it, timed, first
                 mx.eval(out)  # no room on the ring: compute rank 0's stage now, while the others work
         # else the send below computes it: its header leaves first, so the next rank builds its own
         # graph while this stage still computes.
@@ -62,9 +68,21 @@ class Pipeline:
         if self.ring.size == 1:
             mx.async_eval(*arrays)
 
+    def settle(self) -> None:
+        """Read the last DECODE payload off the socket, if that is still to do."""
+        if self.unread is not None:
+            try:
+                with self.watching():  # waits on the last rank, so the watchdog times it
+                    self.ring.wait_payload()
+                    mx.eval(self.unread)
+            except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
+                raise RingError(f"ring step DECODE failed: {e}") from e
+            self.unread = None
+
     @contextmanager
     def watching(self):
-        """Mark a call that may block on the ring, for the watchdog (nests)."""
+        """Mark a wait on the other ranks, for the watchdog (nests). Rank 0's own compute stays
+        outside: a slow local stage is not a hung peer."""
         outer = self.busy_since
         self.busy_since = outer or time.monotonic()
         try:
@@ -74,22 +92,27 @@ class Pipeline:
 
     def collect(self) -> tuple[Header, mx.array | None]:
         """The oldest outstanding step, back from the last rank. A DECODE step's payload comes back
-        unevaluated: the caller builds on it (head, sampling, the next step) and evaluates it before
-        it collects again."""
+        unevaluated: the caller builds on it (head, sampling, the next step) while it arrives, and
+        calls `settle()` before it reads anything built on it; sending and collecting settle it."""
         if self.ring.size == 1:
             return self.ready.popleft()
+        self.settle()
         if not self.inflight:
             self._send_ready()
         expected = self.inflight.popleft()
+        lazy = expected.kind == Kind.DECODE
         try:
             with self.watching():
                 # the ring closes: rank N-1 hands the step back to rank 0
-                back, out = self.ring.recv(lazy=expected.kind == Kind.DECODE)
+                back, out = self.ring.recv(lazy=lazy)
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(expected.kind).name} failed: {e}") from e
         if not back.same_step(expected):
             raise RingError(f"ring returned {back}, sent {expected}: the ranks are out of step")
-        self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
+        if lazy:
+            self.unread = out
+        else:
+            self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
         return back, out
 
     def _send_ready(self) -> None:
@@ -97,7 +120,15 @@ class Pipeline:
             header, out = self.ready.popleft()
             try:
                 with self.watching():
-                    self.ring.send(header, out)  # hand the step to rank 1
+                    # the header first, so rank 1 builds its graph while rank 0 computes its stage
+                    self.ring.send_header(header, out)
+                self.settle()  # before rank 0's stage: it may be built on that payload
+                if out is not None:
+                    mx.eval(out)  # rank 0's own stage: not a wait on the others, so not watched
+                with self.watching():
+                    self.ring.send_payload(out)  # hand the step's payload to rank 1
+            except RingError:
+                raise
             except RuntimeError as e:
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
             self.inflight.append(header)
@@ -164,6 +195,10 @@ class SequenceSampler:
 
     def logprobs(self, logits: mx.array) -> mx.array:
         """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
+        bias = self.params.logit_bias or {}
+        if bias and not 0 <= min(bias) <= max(bias) < logits.shape[-1]:
+            # MLX's scatter does not check bounds: such an id would crash the process, not fail.
+            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})")
         if self.processors:
             context = mx.array(self.history)
             for p in self.processors:
@@ -171,6 +206,8 @@ class SequenceSampler:
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
     def sample(self, logprobs: mx.array) -> mx.array:
+        if self.params.top_k >= logprobs.shape[-1]:  # mlx-lm's check raises inside a compiled function
+            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {logprobs.shape[-1]} tokens")
         if self.params.seed is not None:
             # Per-request stream of randomness, independent of other requests sharing the ring.
             mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
@@ -184,12 +221,17 @@ class SequenceSampler:
 def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, mx.array] | None:
     """Rows that all share plain parameters sample in one batched call, left unevaluated, so the
     next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`.
-    None when some row needs its own processors or seed."""
+    None when some row needs its own processors or seed (or the batched call cannot be built:
+    `sample_rows` then finds the row at fault)."""
     first = samplers[0].params
     if not (first.plain() and all(s.params == first for s in samplers)):
         return None
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    ids = samplers[0].sample(logprobs)
+    try:
+        ids = samplers[0].sample(logprobs)
+    except Exception as e:
+        _heal(e)
+        return None
     return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
@@ -201,22 +243,50 @@ def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array
     return tokens
 
 
-def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token]:
-    """One token per row of `logits (B, V)`."""
+def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token | Exception]:
+    """One token per row of `logits (B, V)`, or the error that sampling that row raised: one
+    request's settings that fail fail that request alone."""
     lazy = sample_lazy(samplers, logits)
     if lazy is not None:
         return read_tokens(samplers, *lazy)
-    rows = [s.logprobs(logits[e : e + 1]) for e, s in enumerate(samplers)]
-    ids = [s.sample(lp) for s, lp in zip(samplers, rows)]
-    mx.eval(ids, rows)
-    tokens = []
-    for s, lp, i in zip(samplers, rows, ids):
-        tid = i.item()
-        top = []
-        if s.params.top_logprobs:
-            best = mx.argsort(-lp[0])[: s.params.top_logprobs]
-            top = list(zip(best.tolist(), lp[0][best].tolist()))
-        tokens.append(Token(tid, lp[0, tid].item(), top))
-    for s, t in zip(samplers, tokens):
-        s.accept(t.id)
-    return tokens
+    rows = [_try(_build_row, s, logits[e : e + 1]) for e, s in enumerate(samplers)]
+    try:
+        mx.eval([r for r in rows if not isinstance(r, Exception)])
+    except Exception:  # find the row at fault: each alone
+        rows = [r if isinstance(r, Exception) else _try(_eval, r) for r in rows]
+    return [r if isinstance(r, Exception) else _try(_read_row, s, *r) for s, r in zip(samplers, rows)]
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:
+        return _heal(e)
+
+
+def _heal(e: Exception) -> Exception:
+    # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises while
+    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends it.
+    mx.random.seed(secrets.randbits(63))
+    return e
+
+
+def _build_row(s: SequenceSampler, logits: mx.array) -> tuple[mx.array, mx.array]:
+    lp = s.logprobs(logits)
+    return lp, s.sample(lp)
+
+
+def _eval(row: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
+    mx.eval(row)
+    return row
+
+
+def _read_row(s: SequenceSampler, lp: mx.array, i: mx.array) -> Token:
+    tid = i.item()
+    top = []
+    if s.params.top_logprobs:
+        best = mx.argsort(-lp[0])[: s.params.top_logprobs]
+        top = list(zip(best.tolist(), lp[0][best].tolist()))
+    token = Token(tid, lp[0, tid].item(), top)
+    s.accept(token.id)
+    return token

@@ -63,6 +63,21 @@ LogitBias = Annotated[
 ]
 
 
+def ids_below(n: int) -> str:
+    """A regular expression for decimal token ids in [0, n) (leading zeros allowed, as int() reads
+    them), for the JSON Schema of `logit_bias` keys once the vocabulary is known."""
+    top = str(n - 1)
+    same_length = [top]  # numbers of top's length that are at most top: a smaller digit at place i
+    for i, d in enumerate(top):
+        low, high = 1 if i == 0 else 0, int(d) - 1
+        if high >= low:
+            digit = str(low) if high == low else f"[{low}-{high}]"
+            rest = len(top) - i - 1
+            same_length.append(top[:i] + digit + (f"[0-9]{{{rest}}}" if rest else ""))
+    shorter = [f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else []
+    return f"^0*(?:{'|'.join(['0', *shorter, *same_length])})$"
+
+
 def _only_with(field: str, needs: str, when: dict) -> dict:
     """JSON Schema for "`field` (matching `when`) only with `needs: true`", so clients can see the rule."""
     return {"if": {"required": [field], "properties": {field: when}},

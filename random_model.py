@@ -27,10 +27,11 @@ SHAPES = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = "bfloat16") -> Path:
-    """Write a random `shape` model to `out` with the tokenizer of `tokenizer_from`."""
+def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = "bfloat16", **overrides) -> Path:
+    """Write a random `shape` model to `out` with the tokenizer of `tokenizer_from`; `overrides`
+    change config keys (fewer layers, say)."""
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
-    config = dict(SHAPES[shape], vocab_size=vocab, torch_dtype=dtype)
+    config = dict(SHAPES[shape], vocab_size=vocab, torch_dtype=dtype, **overrides)
     model_cls, args_cls = _get_classes(config)
     n_layers = config["num_hidden_layers"]
     out.mkdir(parents=True, exist_ok=True)

@@ -93,11 +93,13 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
+    logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     served = ServedModel(
         id=cfg.model or DEFAULT_MODEL,
         tokenizer=tokenizer,
         context_length=model_config.get("max_position_embeddings") or 4096,
         default_max_tokens=cfg.default_max_tokens,
+        vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
         cluster=cluster,
     )
@@ -130,7 +132,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 
 def main() -> None:
     cfg, prepare_only = parse_config()
-    group = init_group()
+    group = init_group(cfg.ring_socket_buffer)
     rank = group.rank()
     setup_logging(cfg, rank)
     model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)

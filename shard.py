@@ -9,6 +9,7 @@ ranks go through the same operations in the same order.
 """
 
 import ctypes
+import json
 import logging
 import os
 import resource
@@ -81,8 +82,10 @@ class Header:
         return (self.kind, self.seq, self.offset, self.group) == (other.kind, other.seq, other.offset, other.group)
 
 
-def init_group() -> mx.distributed.Group:
-    """The ring group mlx.launch describes; a group of one when started alone."""
+def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
+    """The ring group mlx.launch describes; a group of one when started alone. `socket_buffer`:
+    if set, the kernel send and receive buffers of the ring's sockets, in bytes (small ones model
+    a real link's, for tests)."""
     # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
     # a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -92,9 +95,38 @@ def init_group() -> mx.distributed.Group:
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
     group = mx.distributed.init(backend="ring")
-    _RING_FDS[:] = sorted(_socket_fds() - before)
+    rank, size = group.rank(), group.size()
+    # The sockets to the previous rank: those it connected to this rank's own ring ports and, in a
+    # ring of two, where it is the next rank too, those this rank connected to it (MLX's ring
+    # backend may use either direction's sockets between the same two ranks).
+    mine = _ring_ports(rank) if size > 1 else set()
+    theirs = _ring_ports((rank + 1) % size) if size == 2 else set()
+    _PREV_FDS[:] = [fd for fd, local, peer in _ring_sockets(_socket_fds() - before, socket_buffer)
+                    if local in mine or peer in theirs]
     _share_cores(group)
     return group
+
+
+def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
+    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if `buffer`."""
+    out = []
+    for fd in sorted(fds):
+        with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves `fd` open
+            try:
+                peer = s.getpeername()[1]
+            except OSError:
+                continue  # the listening socket
+            if buffer:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+            out.append((fd, s.getsockname()[1], peer))
+    return out
+
+
+def _ring_ports(rank: int) -> set[int]:
+    # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
+    with open(os.environ["MLX_HOSTFILE"]) as f:
+        return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
 
 
 def _share_cores(group: mx.distributed.Group) -> None:
@@ -108,8 +140,8 @@ def _share_cores(group: mx.distributed.Group) -> None:
         set_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-# The sockets the ring backend opened (see Ring.recv). Filled once by init_group.
-_RING_FDS: list[int] = []
+# The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_group.
+_PREV_FDS: list[int] = []
 
 
 def _socket_fds() -> set[int]:
@@ -131,30 +163,55 @@ class Ring:
         self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
 
     def send(self, header: Header, payload: mx.array | None) -> None:
+        """Pass a step on: its header, then its payload (computed within the send's graph)."""
+        self.send_header(header, payload)
+        self.send_payload(payload)
+
+    def send_header(self, header: Header, payload: mx.array | None) -> None:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = Header.for_payload(header.kind, payload, header.seq, header.offset, header.group)
-        # Header first, evaluated on its own: two independent sends in one graph have no order.
+        # Evaluated on its own, before the payload: two independent sends in one graph have no order.
         mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
-        if header.shape:
+
+    def send_payload(self, payload: mx.array | None) -> None:
+        if payload is not None and payload.ndim:
+            self.wait_payload()  # this payload may be computed from one still to arrive
             mx.eval(mx.distributed.send(payload, self.next, group=self.group))
 
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
-        """The next step from the previous rank. `lazy`: the payload's recv is left in the graph, for
-        a caller that evaluates it (with what it computes from it) before the next recv."""
-        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
-        # rank; wait for data (or a closed peer) in the kernel first, at no cost.
-        if _RING_FDS:
-            select.select(_RING_FDS, [], [])
+        """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
+        states) is left in the graph, for a caller that calls `wait_payload()` and then evaluates
+        it (with what it computes from it) before the next recv; `send_payload` does both. Other
+        steps' payloads are read on the host when applied, so they always arrive here. (Building
+        a forward step's graph must not read its input: the wait would then find no data coming.)"""
+        self._wait_for_data()
         # The header tells the payload's shape and dtype, so it must arrive first.
         header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.group))
         if not header.shape:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
-        if not lazy:
+        self.unread = True
+        if not (lazy and header.kind in (Kind.PREFILL, Kind.DECODE)):
+            self.wait_payload()
             mx.eval(payload)
         return header, payload
+
+    def wait_payload(self) -> None:
+        """Block until the payload of the last lazy `recv` starts to arrive (at once if it has)."""
+        if self.unread:
+            self._wait_for_data()
+            self.unread = False
+
+    def _wait_for_data(self) -> None:
+        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
+        # rank (for a whole stage of the previous rank, when a header came and its payload is still
+        # being computed); wait for data, or a closed peer, in the kernel first, at no cost. Only the
+        # previous rank's sockets: the next rank's, once that rank is gone, would wake this at once.
+        if _PREV_FDS:
+            select.select(_PREV_FDS, [], [])
 
 
 def rss_kib() -> int:

@@ -1,0 +1,207 @@
+"""No request can take the ring down: generated bodies for every field against the running 2-rank
+server, a huge prompt while another client streams, a slow stage on rank 0, and a ring whose
+sockets hold less than one decode step's payload. After each, the same rank processes still serve.
+
+FUZZ_EXAMPLES (default 300) sets how many generated requests the fuzz test sends."""
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from random_model import make_random_model
+from serverutil import running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as asked
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory, default_model):
+    # 29 layers on rank 0 and 1 on rank 1, with a short step timeout: rank 0's own stage takes
+    # seconds for a long prompt, rank 1's a fraction of that; only rank 1's counts as a wait.
+    tmp = tmp_path_factory.mktemp("ring")
+    args = ["--layers", "29,1", "--step-timeout", "2", "--prefill-chunk", "4096", "--max-tokens", "2", "--max-tokens-limit", "64"]
+    with running_server(tmp, n_ranks=2, extra_args=args) as (url, proc):
+        yield Ring(url, proc, tmp / "logs")
+
+
+class Ring:
+    def __init__(self, url, proc, logs):
+        self.url, self.proc, self.logs = url, proc, logs
+        self.pids = self.rank_pids()
+
+    def rank_pids(self) -> list[int]:
+        return [int((self.logs / f"rank{r}.pid").read_text()) for r in range(2)]
+
+    def assert_unharmed(self, case=None):
+        """Still the same rank processes, all alive, and the ring answers a round trip."""
+        assert self.proc.poll() is None, f"the ring exited after {case!r}"
+        assert self.rank_pids() == self.pids, f"the ring restarted after {case!r}"
+        for pid in self.pids:
+            os.kill(pid, 0)
+        r = httpx.get(f"{self.url}/health", timeout=30)
+        assert r.status_code == 200, (case, r.text)
+
+
+# -- generated request bodies ------------------------------------------------------------------------
+junk = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20), st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**64), 2**64),
+                    st.sampled_from([0, -1, 1, 0.5, 1.5, 2, 2.0000001, 100, 1e308, -1e308]))
+token_ids = st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0, 1, 2, 49151, 49152, 99_999_999, -5, 2**31, 2**63]))
+odd_text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", "\x00", "\ufffd", "\ud800", "🦜", "\u202e", "a\nb", "</s>", "<|im_end|>"])
+bias_keys = st.one_of(token_ids.map(str), st.sampled_from(["-5", "", " 1", "1.0", "1e3", "٣", "0x10", "00042"]), odd_text)
+FIELDS = {
+    "temperature": numbers, "top_p": numbers, "top_k": token_ids, "min_p": numbers, "seed": token_ids | numbers,
+    "max_tokens": token_ids, "max_completion_tokens": token_ids, "presence_penalty": numbers,
+    "frequency_penalty": numbers, "repetition_penalty": numbers,
+    "logit_bias": st.dictionaries(bias_keys, numbers, max_size=3),
+    "stop": odd_text | st.lists(odd_text, max_size=6), "n": token_ids, "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | junk}),
+    "logprobs": st.booleans() | token_ids, "top_logprobs": token_ids, "user": odd_text, "model": odd_text | st.just(MODEL),
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "wizard"]),
+                                                "content": odd_text | st.none() | junk}), max_size=3),
+    "prompt": odd_text | st.lists(token_ids, max_size=4), "echo": st.booleans(), "suffix": odd_text,
+}
+VALID = {"temperature": 0.0, "max_tokens": 2}
+
+
+@st.composite
+def bodies(draw):
+    chat = draw(st.booleans())
+    body = dict(VALID, **({"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hi"}))
+    for name in draw(st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=3, unique=True)):
+        body[name] = draw(FIELDS[name] | junk) if draw(st.integers(0, 9)) == 0 else draw(FIELDS[name])
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def send(url: str, path: str, body: dict) -> httpx.Response:
+    content = json.dumps(body)  # NaN and Infinity go out as Python's json writes them, as some clients do
+    with httpx.stream("POST", url + path, content=content, timeout=120) as r:
+        r.read()
+    return r
+
+
+def test_generated_requests_never_harm_the_ring(ring):
+    counts = {}
+
+    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None, database=None,
+              derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(bodies())
+    def case(path_body):
+        path, body = path_body
+        r = send(ring.url, path, body)
+        counts[r.status_code] = counts.get(r.status_code, 0) + 1
+        assert r.status_code in (200, 400, 404), (path, body, r.status_code, r.text[:500])
+        if r.status_code != 200:
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"], r.text
+        elif body.get("stream") is True:
+            assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text, (body, r.text[-500:])
+        ring.assert_unharmed((path, body))
+
+    case()
+    print("status counts:", counts)
+    assert counts.get(200) and counts.get(400)  # both kinds were exercised
+
+
+def test_the_event_loop_streams_while_huge_prompts_are_tokenized(ring):
+    client = openai.OpenAI(base_url=f"{ring.url}/v1", api_key="none", max_retries=0, timeout=120)
+    arrivals = []
+
+    def consume():
+        for c in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to fifty."}],
+                                                max_tokens=60, logit_bias=EOS_OFF, stream=True):
+            if c.choices and c.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+
+    streaming = threading.Thread(target=consume)
+    streaming.start()
+    while len(arrivals) < 3:
+        assert streaming.is_alive(), "the stream ended before the huge prompts went out"
+        time.sleep(0.02)
+    huge = {"messages": [{"role": "user", "content": "hello world, this is a test of many tokens. " * 10000}]}  # ~110k tokens
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: httpx.post(f"{ring.url}/v1/chat/completions", json=huge, timeout=120), range(12)))
+    t1 = time.monotonic()
+    streaming.join(120)
+    assert all(a.status_code == 400 and a.json()["error"]["code"] == "context_length_exceeded" for a in answers)
+    # Tokens kept arriving while the 12 prompts were tokenized: no gap in the stream came near the
+    # time they took (tokenizing on the event loop froze every stream for all of it).
+    during = [t0] + [t for t in arrivals if t0 < t < t1] + [t1]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert max(gaps) < (t1 - t0) / 2, f"largest gap {max(gaps):.2f} s in {t1 - t0:.2f} s of tokenizing"
+    ring.assert_unharmed("huge prompts")
+
+
+def test_a_slow_stage_on_rank_0_is_not_taken_for_a_hung_rank(ring):
+    # ~1000 prompt tokens in one chunk: rank 0's 29 layers take seconds on a CPU, more than the 2 s
+    # step timeout; rank 1's single layer takes a fraction of that.
+    t0 = time.monotonic()
+    r = httpx.post(f"{ring.url}/v1/completions", json={"prompt": "word " * 1000, "max_tokens": 1}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] >= 1000
+    print(f"a 1000-token prompt took {time.monotonic() - t0:.1f} s")
+    ring.assert_unharmed("long prompt")
+
+
+def test_small_socket_buffers_do_not_deadlock_64_streams(tmp_path, default_model):
+    # Hidden size 2048, float32: a decode step of 64 rows carries 512 KiB, and the ring's sockets
+    # hold 16 KiB. A sender blocks until its peer reads, as over a real link with small buffers.
+    # (With 4 KiB, TCP's delayed acknowledgements make every transfer take seconds.)
+    model = make_random_model("qwen3-1.7b", tmp_path / "wide", default_model, "float32",
+                              num_hidden_layers=2, intermediate_size=256)
+    args = ["--model", str(model), "--max-active", "64", "--max-tokens-limit", "8", "--step-timeout", "30"]
+    with running_server(tmp_path, n_ranks=2, extra_args=args, env={"RING_SOCKET_BUFFER": "16384"}) as (url, proc):
+        wide = Ring(url, proc, tmp_path / "logs")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+
+        def one(i):
+            r = client.chat.completions.create(model=str(model), messages=[{"role": "user", "content": f"Story number {i}" + " go" * (i % 7)}],
+                                               max_tokens=6, logit_bias=EOS_OFF, temperature=0)
+            return r.usage.completion_tokens
+
+        with ThreadPoolExecutor(64) as pool:
+            assert list(pool.map(one, range(64))) == [6] * 64
+        wide.assert_unharmed("64 streams")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # user + system
+
+
+def test_rank_0_waits_idle_on_a_stopped_rank_then_reports_it(tmp_path, default_model):
+    # Rank 1 holds most layers, so a stop most likely lands while rank 0 waits for a step's
+    # hidden states whose header has come: MLX's own receive then polls a core until the timeout.
+    args = ["--layers", "2,28", "--step-timeout", "6"]
+    with running_server(tmp_path, n_ranks=2, extra_args=args) as (url, proc):
+        rank0, rank1 = [int((tmp_path / "logs" / f"rank{r}.pid").read_text()) for r in range(2)]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to a thousand."}],
+                                                max_tokens=400, logit_bias=EOS_OFF, stream=True)
+        for _ in range(4):
+            next(stream)  # generating
+        try:
+            os.kill(rank1, signal.SIGSTOP)
+            cpu0, t0 = cpu_seconds(rank0), time.monotonic()
+            with pytest.raises(openai.APIError, match="no answer within 6 s"):
+                for _ in stream:
+                    pass
+            cpu1, t1 = cpu_seconds(rank0), time.monotonic()  # rank 0 lingers a second to send errors
+        finally:
+            os.kill(rank1, signal.SIGKILL)
+        assert t1 - t0 < 10
+        assert cpu1 - cpu0 < 0.25 * (t1 - t0), f"rank 0 used {cpu1 - cpu0:.1f} s of CPU in {t1 - t0:.1f} s of waiting"

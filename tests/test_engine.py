@@ -1,0 +1,134 @@
+"""The engine in process, on one rank of the default model (a ring of one: no mlx.launch needed):
+one request's bad settings fail that request alone, and no request goes unanswered when the ring
+fails."""
+
+import sys
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from generate import Pipeline, SamplingParams
+from plan import uniform_plan
+from shard import Ring, load_shard
+
+
+@pytest.fixture(scope="module")
+def parts(default_model):
+    group = mx.distributed.init()  # a group of one: started without mlx.launch
+    shard = load_shard(default_model, uniform_plan(30, 1), 0)
+    return shard, Ring(group), load_tokenizer(default_model)
+
+
+def make_engine(parts, **kw) -> Engine:
+    shard, ring, tokenizer = parts
+    engine = Engine(Pipeline(shard, ring), tokenizer, **kw)
+    engine.exits = []
+    engine.exit = engine.exits.append  # a broken ring would end the process: record it instead
+    return engine
+
+
+class Outcome:
+    """A request's events, and the moment its last one came."""
+
+    def __init__(self, prompt, max_tokens=4, **params):
+        self.events = []
+        self.done = threading.Event()
+        self.request = Request(prompt, max_tokens, SamplingParams(**params), emit=self.emit)
+
+    def emit(self, ev):
+        self.events.append(ev)
+        if isinstance(ev, (Done, Failed)):
+            self.done.set()
+
+    def last(self):
+        assert self.done.wait(120), f"no answer; events so far: {self.events}"
+        return self.events[-1]
+
+
+def serving(engine):
+    t = threading.Thread(target=engine.run, daemon=True)
+    t.start()
+    return t
+
+
+def stop(engine, thread):
+    engine.stop()
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+def test_a_request_whose_sampling_fails_fails_alone(parts):
+    engine = make_engine(parts, step_timeout=60)
+    good = Outcome([1, 2, 3, 4], max_tokens=6, temperature=0.0)
+    # Past the vocabulary: the API refuses this at the edge; here it reaches sampling, which must
+    # fail this request only (MLX's scatter would crash the process on it).
+    bad = Outcome([1, 2, 3, 5], max_tokens=6, temperature=0.0, logit_bias={99_999_999: 5.0})
+    also_good = Outcome([7, 8, 9], max_tokens=3, temperature=0.0, logit_bias={42: 1.0})
+    # mlx-lm checks min_p inside a compiled function that has MLX's random state as an output: its
+    # error left that state broken for every later request, until the engine re-seeds it.
+    bad_min_p = Outcome([4, 5, 6], max_tokens=6, temperature=1.0, min_p=1.5)
+    for o in (good, bad, also_good, bad_min_p):
+        engine.submit(o.request)
+    t = serving(engine)
+    assert isinstance(good.last(), Done) and good.last().completion_tokens == 6
+    assert isinstance(also_good.last(), Done)
+    failed = bad.last()
+    assert isinstance(failed, Failed) and "outside the vocabulary" in failed.message and failed.status == 500
+    assert isinstance(bad_min_p.last(), Failed) and "min_p" in bad_min_p.last().message
+    after = Outcome([1, 2], max_tokens=4, temperature=1.0, top_p=0.9)  # random sampling works again
+    engine.submit(after.request)
+    assert isinstance(after.last(), Done) and after.last().completion_tokens == 4
+    assert engine.broken is None and engine.exits == []
+    stop(engine, t)
+
+
+def test_no_request_is_lost_when_the_ring_fails(parts):
+    # Clients keep submitting while the watchdog declares the ring broken: each request is either
+    # refused at submit or answered, never queued after the engine stopped answering.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads as finely as the interpreter allows
+    try:
+        for round in range(20):
+            engine = make_engine(parts, max_queue=10**6)
+            accepted, refused, go = [], [], threading.Event()
+
+            def client():
+                go.wait()
+                while True:
+                    o = Outcome([1, 2, 3])
+                    try:
+                        engine.submit(o.request)
+                    except (Unavailable, QueueFull):
+                        refused.append(o)
+                        return
+                    accepted.append(o)
+
+            clients = [threading.Thread(target=client) for _ in range(4)]
+            for c in clients:
+                c.start()
+            go.set()
+            while len(accepted) < 50 * (round % 5 + 1):
+                pass
+            engine._die("test: a peer went silent")  # as the watchdog thread calls it
+            for c in clients:
+                c.join(30)
+            assert refused and engine.exits == [75]
+            unanswered = [o for o in accepted if not o.done.is_set()]
+            assert not unanswered, f"round {round}: {len(unanswered)} of {len(accepted)} accepted requests never answered"
+            assert all(isinstance(o.events[-1], Failed) and "ring failure" in o.events[-1].message for o in accepted)
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_streamed_deltas_carry_every_token(parts):
+    engine = make_engine(parts)
+    o = Outcome([1, 504, 3145, 282], max_tokens=12, temperature=0.0)
+    engine.submit(o.request)
+    t = serving(engine)
+    done = o.last()
+    deltas = [e for e in o.events if isinstance(e, Delta)]
+    assert isinstance(done, Done) and sum(len(d.tokens) for d in deltas) == done.completion_tokens - (done.finish_reason == "stop")
+    stop(engine, t)

@@ -1,0 +1,72 @@
+"""One request's tokens turned into text as a client sees it: streaming detokenization, stop strings,
+and the end of a sequence. Pure Python over mlx-lm's detokenizers; no MLX, no ring."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Piece:
+    """Text ready to send, and the tokens it came from (for logprobs)."""
+
+    text: str
+    tokens: list = field(default_factory=list)
+
+
+class TextStream:
+    """Feed tokens with `add`; each call returns what may be sent now. `end()` closes the text at the
+    end of a sequence (end token, length limit): the detokenizer hands over what it still holds."""
+
+    def __init__(self, detokenizer, stop: list[str]):
+        self.detok = detokenizer
+        self.detok.reset()
+        self.stop = stop
+        self.held = ""  # text that could still be the start of a stop string
+        self.held_tokens: list = []
+        self.stop_hit = False  # a stop string ended the text
+        self.closed = False  # nothing more is sent
+
+    def add(self, token_id: int, token=None) -> Piece | None:
+        """Add one generated token; `token` (any object) rides along with the text it produced.
+        After the call, `stop_hit` tells whether a stop string ended the text."""
+        assert not self.closed, "a closed stream takes no more tokens"
+        self.detok.add_token(token_id)
+        self.held += self.detok.last_segment
+        self.held_tokens.append(token if token is not None else token_id)
+        return self._close() if self._cut_at_stop() else self._flush(final=False)
+
+    def end(self) -> Piece | None:
+        """The sequence is over (end token or length limit): flush what the detokenizer still holds
+        back (a partial multi-byte character, a trailing space, an SPM tokenizer's last word)."""
+        if self.closed:
+            return None
+        self.detok.finalize()
+        self.held += self.detok.last_segment
+        self._cut_at_stop()
+        return self._close()
+
+    def _close(self) -> Piece | None:
+        self.closed = True
+        return self._flush(final=True)
+
+    def _cut_at_stop(self) -> bool:
+        hits = [i for i in (self.held.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.held = self.held[: min(hits)]
+            self.stop_hit = True
+        return bool(hits)
+
+    def _flush(self, final: bool) -> Piece | None:
+        keep = 0
+        if not final:
+            # Hold back the longest tail that could still grow into a stop string.
+            for s in self.stop:
+                for n in range(min(len(s) - 1, len(self.held)), keep, -1):
+                    if self.held.endswith(s[:n]):
+                        keep = n
+                        break
+        text = self.held[: len(self.held) - keep]
+        if not (text or (final and self.held_tokens)):
+            return None
+        piece = Piece(text, self.held_tokens)
+        self.held, self.held_tokens = self.held[len(text) :], []
+        return piece
