@@ -199,15 +199,15 @@ class Scheduler:
         return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
                 and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
 
-    def _submit_decode_of(self, g: Group, tokens: mx.array) -> bool:
+    def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False) -> bool:
         self.turn += 1
         g.last_turn = self.turn
         g.busy = True
         h = self.pipe.shard.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
-        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)))
+        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)), chained)
 
-    def _submit(self, header: Header, payload: mx.array | None, step: _Step) -> bool:
-        self.pipe.submit(header, payload)
+    def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
+        self.pipe.submit(header, payload, chained)
         self.steps.append(step)
         return True
 
@@ -243,7 +243,7 @@ class Scheduler:
                 # generate loop does): rank 0 then handles these tokens while that step computes.
                 # Rows that finish now compute one token more, which is dropped.
                 self.pipe.prefetch(*lazy)
-                self._submit_decode_of(g, mx.expand_dims(lazy[0], 1))
+                self._submit_decode_of(g, mx.expand_dims(lazy[0], 1), chained=True)
                 tokens = read_tokens(samplers, *lazy)
             else:
                 self.pipe.settle()  # the payload, off the socket before it is read

@@ -29,9 +29,9 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
     pipe = sched.pipe
     submit = pipe.submit
 
-    def counted(header, payload):
+    def counted(header, payload, chained=False):
         kinds[Kind(header.kind).name] = kinds.get(Kind(header.kind).name, 0) + 1
-        submit(header, payload)
+        submit(header, payload, chained)
 
     pipe.submit = counted
     seqs = [Sequence(i, [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))

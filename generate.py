@@ -32,7 +32,7 @@ class Pipeline:
         # ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends can form.
         self.limit = max(1, ring.size - 1)
         self.inflight: deque[Header] = deque()  # sent, not yet back
-        self.ready: deque[tuple[Header, mx.array | None]] = deque()  # done here, not yet sent (or, alone, done)
+        self.ready: deque[tuple[Header, mx.array | None, bool]] = deque()  # applied here, not yet sent (alone: done)
         self.busy_since: float | None = None  # when the wait on the ring now running started; read by the watchdog
         # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
         # nothing before reading it: the last rank may be blocked sending it (when it does not fit
@@ -45,8 +45,10 @@ class Pipeline:
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.ready)
 
-    def submit(self, header: Header, payload: mx.array | None) -> None:
-        """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room."""
+    def submit(self, header: Header, payload: mx.array | None, chained: bool = False) -> None:
+        """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room.
+        `chained`: the step is built on the last DECODE payload, still unread (a group's next step
+        built on the tokens just sampled from it)."""
         assert self.can_submit()
         out = self.shard.apply(header, payload)
         if self.ring.size == 1:
@@ -58,7 +60,7 @@ class Pipeline:
                 mx.eval(out)  # no room on the ring: compute rank 0's stage now, while the others work
         # else the send below computes it: its header leaves first, so the next rank builds its own
         # graph while this stage still computes.
-        self.ready.append((header, out))
+        self.ready.append((header, out, chained))
         self._send_ready()
 
     def prefetch(self, *arrays: mx.array) -> None:
@@ -95,7 +97,7 @@ class Pipeline:
         unevaluated: the caller builds on it (head, sampling, the next step) while it arrives, and
         calls `settle()` before it reads anything built on it; sending and collecting settle it."""
         if self.ring.size == 1:
-            return self.ready.popleft()
+            return self.ready.popleft()[:2]
         self.settle()
         if not self.inflight:
             self._send_ready()
@@ -117,16 +119,24 @@ class Pipeline:
 
     def _send_ready(self) -> None:
         while self.ring.size > 1 and self.ready and len(self.inflight) < self.limit:
-            header, out = self.ready.popleft()
+            header, out, chained = self.ready.popleft()
             try:
                 with self.watching():
                     # the header first, so rank 1 builds its graph while rank 0 computes its stage
                     self.ring.send_header(header, out)
-                self.settle()  # before rank 0's stage: it may be built on that payload
-                if out is not None:
-                    mx.eval(out)  # rank 0's own stage: not a wait on the others, so not watched
-                with self.watching():
-                    self.ring.send_payload(out)  # hand the step's payload to rank 1
+                if chained and self.unread is not None:
+                    # One graph reads the last payload, computes rank 0's stage on it and sends it
+                    # (each sync costs a GPU decode step time); a decode stage takes milliseconds,
+                    # so the watchdog may count it with the wait.
+                    with self.watching():
+                        self.ring.send_payload(out)
+                    self.unread = None
+                else:
+                    self.settle()  # nothing else goes out before that payload is read
+                    if out is not None:
+                        mx.eval(out)  # rank 0's own stage: not a wait on the others, so not watched
+                    with self.watching():
+                        self.ring.send_payload(out)  # hand the step's payload to rank 1
             except RingError:
                 raise
             except RuntimeError as e:

@@ -67,10 +67,10 @@ def main():
     prefill_rows = []  # rows of each prefill step, to show which prompts went together
     submit = pipe.submit
 
-    def recording_submit(header, payload):
+    def recording_submit(header, payload, chained=False):
         if header.kind == Kind.PREFILL:
             prefill_rows.append(header.shape[0])
-        submit(header, payload)
+        submit(header, payload, chained)
 
     pipe.submit = recording_submit
     sched = Scheduler(pipe, groups=a.groups, chunk=a.chunk)
