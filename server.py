@@ -19,12 +19,13 @@ if os.environ.get("CUDA_PER_RANK") == "1":
 import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_config, load_tokenizer
 
-from config import Config, parse_config
-from model_source import DEFAULT_MODEL, resolve_model
-from model_size import spec_from_folder
-from plan import LayerPlan, format_summary
-from planner import plan_ring
-from shard import Ring, Shard, init_group, load_shard, serve_worker
+from mlx_ring.config import Config, parse_config
+from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
+from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.planning.plan import LayerPlan, format_summary
+from mlx_ring.planning.planner import plan_ring
+from mlx_ring.ring.transport import Ring, init_group
+from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
 HOST_BYTES = 64
@@ -87,9 +88,10 @@ def prefill_chunk(cfg: Config) -> int:
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
-    from api import ServedModel, make_app
-    from engine import Engine
-    from generate import Pipeline
+    from mlx_ring.api.routes import ServedModel, make_app
+    from mlx_ring.serving.engine import Engine
+    from mlx_ring.ring.pipeline import Pipeline
+    from mlx_ring.serving.scheduler import Scheduler
 
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
@@ -103,8 +105,9 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         max_tokens_limit=cfg.max_tokens_limit,
         cluster=cluster,
     )
-    engine = Engine(Pipeline(shard, ring), tokenizer, cfg.max_queue, cfg.max_active, cfg.step_timeout, cfg.drain_timeout,
-                    cfg.groups, prefill_chunk(cfg))
+    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg))
+    engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
+                    step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout)
     app = make_app(engine, served, cfg.api_key)
     http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5))
     web = threading.Thread(target=http.run, name="http", daemon=True)

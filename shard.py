@@ -1,222 +1,33 @@
-"""A rank's slice of the model, and the step protocol that carries work around the ring.
+"""A rank's slice of the model: its layers and KV caches, the steps of the protocol applied to
+them (`mlx_ring.ring.protocol`), and the loop of the ranks after rank 0.
 
-Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
-array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
-back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
-step, the kept row indices `(k,)` for a filter step, a `(size, STATUS_COLS)` table for a status
-step. The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all
-ranks go through the same operations in the same order.
+The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all ranks go
+through the same operations in the same order.
 """
 
-import ctypes
-import json
 import logging
-import os
 import resource
-import select
 import socket
-import stat
 import time
-import zlib
-from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.generate import _merge_caches
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from plan import LayerPlan
+from mlx_ring.models.compat import drop_spare_room, merge_caches
+from mlx_ring.planning.plan import LayerPlan
+from mlx_ring.ring.protocol import Header, Kind, StatusRow
+from mlx_ring.ring.transport import Ring
 
 log = logging.getLogger(__name__)
 
-HEADER_LEN = 9
-DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
-# Status row: rank, MLX active KiB, MLX peak KiB, RSS KiB, open sequences, cached tokens, step us,
-# KV-cache KiB now, KV-cache KiB at most so far.
-STATUS_COLS = 9
 # A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
 # left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
 GROUP_SPARE_TOKENS = 256
-
-
-class Kind(IntEnum):
-    PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `seq`, with that batch's own cache
-    JOIN = 2  # move prefill batch `seq`'s cache (payload: its rows' right padding) into group `group`, as its last rows
-    DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
-    FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
-    FREE = 5  # drop the cache of prefill batch `seq` (it will not join)
-    STATUS = 6  # each rank fills its row of the payload table
-    PING = 7  # no-op round trip: proves every rank is alive and in step
-    SHUTDOWN = 8  # pass it on, then exit
-
-
-@dataclass(frozen=True)
-class Header:
-    kind: int
-    seq: int = 0
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `seq`; 0 starts a fresh cache
-    shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
-    dtype: int = 0  # index into DTYPES
-    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
-
-    def encode(self) -> mx.array:
-        dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
-
-    @staticmethod
-    def decode(a: mx.array) -> "Header":
-        kind, seq, offset, dtype, group, ndim, *dims = a.tolist()
-        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group)
-
-    @staticmethod
-    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
-        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
-
-    def same_step(self, other: "Header") -> bool:
-        """The same step, whatever payload it carries now."""
-        return (self.kind, self.seq, self.offset, self.group) == (other.kind, other.seq, other.offset, other.group)
-
-
-def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
-    """The ring group mlx.launch describes; a group of one when started alone. `socket_buffer`:
-    if set, the kernel send and receive buffers of the ring's sockets, in bytes (small ones model
-    a real link's, for tests)."""
-    # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
-    # a small machine); with our end closed, its next write fails and it stops watching the pipe.
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    before = _socket_fds()
-    hostfile = os.environ.get("MLX_HOSTFILE")
-    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
-        # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
-        del os.environ["MLX_HOSTFILE"]
-    group = mx.distributed.init(backend="ring")
-    rank, size = group.rank(), group.size()
-    # The sockets to the previous rank: those it connected to this rank's own ring ports and, in a
-    # ring of two, where it is the next rank too, those this rank connected to it (MLX's ring
-    # backend may use either direction's sockets between the same two ranks).
-    mine = _ring_ports(rank) if size > 1 else set()
-    theirs = _ring_ports((rank + 1) % size) if size == 2 else set()
-    _PREV_FDS[:] = [fd for fd, local, peer in _ring_sockets(_socket_fds() - before, socket_buffer)
-                    if local in mine or peer in theirs]
-    _share_cores(group)
-    return group
-
-
-def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
-    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if `buffer`."""
-    out = []
-    for fd in sorted(fds):
-        with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves `fd` open
-            try:
-                peer = s.getpeername()[1]
-            except OSError:
-                continue  # the listening socket
-            if buffer:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
-            out.append((fd, s.getsockname()[1], peer))
-    return out
-
-
-def _ring_ports(rank: int) -> set[int]:
-    # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
-    with open(os.environ["MLX_HOSTFILE"]) as f:
-        return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
-
-
-def _share_cores(group: mx.distributed.Group) -> None:
-    """Ranks on one host split its cores between their BLAS thread pools: oversubscribed pools spin
-    against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
-    me = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
-    hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=group).tolist()
-    local = hosts.count(me)
-    set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
-    if local > 1 and set_threads is not None:
-        set_threads(max(1, (os.cpu_count() or 1) // local))
-
-
-# The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_group.
-_PREV_FDS: list[int] = []
-
-
-def _socket_fds() -> set[int]:
-    fds = set()
-    for name in os.listdir("/dev/fd"):
-        try:
-            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
-                fds.add(int(name))
-        except OSError:
-            pass
-    return fds
-
-
-
-class Ring:
-    """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size)."""
-
-    def __init__(self, group: mx.distributed.Group):
-        self.group = group
-        self.rank, self.size = group.rank(), group.size()
-        self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
-        self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
-        # Wait for a payload in the kernel only on a CPU device, where MLX's polling thread takes a
-        # core from the stage itself. On a GPU, evaluating at once queues the stage's kernels while
-        # the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the price of a
-        # polling core while a peer computes, or when it stopped mid-step.
-        self.wait_in_kernel = mx.default_device() == mx.cpu
-
-    def send(self, header: Header, payload: mx.array | None) -> None:
-        """Pass a step on: its header, then its payload (computed within the send's graph)."""
-        self.send_header(header, payload)
-        self.send_payload(payload)
-
-    def send_header(self, header: Header, payload: mx.array | None) -> None:
-        if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
-            header = Header.for_payload(header.kind, payload, header.seq, header.offset, header.group)
-        # Evaluated on its own, before the payload: two independent sends in one graph have no order.
-        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
-
-    def send_payload(self, payload: mx.array | None) -> None:
-        if payload is not None and payload.ndim:
-            self.wait_payload()  # this payload may be computed from one still to arrive
-            mx.eval(mx.distributed.send(payload, self.next, group=self.group))
-
-    def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
-        """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
-        states) is left in the graph, for a caller that calls `wait_payload()` and then evaluates
-        it (with what it computes from it) before the next recv; `send_payload` does both. Other
-        steps' payloads are read on the host when applied, so they always arrive here. (Building
-        a forward step's graph must not read its input: the wait would then find no data coming.)"""
-        self._wait_for_data()
-        # The header tells the payload's shape and dtype, so it must arrive first.
-        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.group))
-        if not header.shape:
-            return header, None
-        payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
-        self.unread = True
-        if not (lazy and header.kind in (Kind.PREFILL, Kind.DECODE)):
-            self.wait_payload()
-            mx.eval(payload)
-        return header, payload
-
-    def wait_payload(self) -> None:
-        """Block until the payload of the last lazy `recv` starts to arrive (at once if it has)."""
-        if self.unread and self.wait_in_kernel:
-            self._wait_for_data()
-        self.unread = False
-
-    def _wait_for_data(self) -> None:
-        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
-        # rank (for a whole stage of the previous rank, when a header came and its payload is still
-        # being computed); wait for data, or a closed peer, in the kernel first, at no cost. Only the
-        # previous rank's sockets: the next rank's, once that rank is gone, would wake this at once.
-        if _PREV_FDS:
-            select.select(_PREV_FDS, [], [])
 
 
 def rss_kib() -> int:
@@ -263,6 +74,8 @@ class Shard:
         self.forward_us = 0.0
         self.kv_peak = 0  # most bytes the KV caches held at once
         self.host = socket.gethostname()
+        self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
+                       Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status}
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -297,75 +110,77 @@ class Shard:
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
         """Apply one step to this rank's layers and caches; returns the payload to pass on."""
-        kind = header.kind
-        if kind == Kind.PREFILL:
-            B, L = payload.shape[:2]
-            if header.offset == 0:
-                caches = make_prompt_cache(self.model)
-                if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
-                    caches = _merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
-                for c in caches:
-                    c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
-                self.prefills[header.seq] = caches
-            caches = self.prefills.get(header.seq)
-            assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
-            assert caches[0].size() == header.offset, (
-                f"rank {self.rank}: cache of prefill batch {header.seq} holds {caches[0].size()} tokens, "
-                f"rank 0 expects {header.offset}"
-            )
-            assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
-            out = self.forward(payload, caches, causal=B > 1)
-            self.kv_bytes()  # the caches grew while the graph was built
-            if self.last and B == 1:
-                out = out[:, -1:, :]  # rank 0 needs only a lone prompt's last position (it has no padding)
-            return out
-        if kind == Kind.DECODE:
-            rows = self.rows(self.groups.get(header.group))
-            assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
-            caches = self.groups[header.group]
-            size = caches[0].nbytes
-            out = self.forward(payload, caches)
-            if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
-                self.kv_bytes()
-            return out
-        if kind == Kind.JOIN:
-            joining = self.prefills.pop(header.seq)
-            padding = payload.tolist()
-            if len(padding) == 1:
-                joining = [c.merge([c]) for c in joining]  # a lone prompt's cache becomes a batch of one
-            else:
-                for c in joining:  # right padding moves to the left, where decoding expects it
-                    c.prepare(right_padding=padding)
-                    c.finalize()
-            group = self.groups.get(header.group)
-            if group is None:
-                self.groups[header.group] = group = joining
-            else:
-                for g, b in zip(group, joining):
-                    if isinstance(g, BatchKVCache):  # drop its spare room: extend pads all rows to the larger one
-                        keys, values, offset, left, used = g.state
-                        g.state = keys[..., :used, :], values[..., :used, :], offset, left, used
-                    g.extend(b)
-            self._size_growth(group)
-            return payload  # the next rank needs the same padding
-        if kind == Kind.FILTER:
-            keep = payload.tolist() if payload is not None else []
-            if keep:
-                for c in self.groups[header.group]:
-                    c.filter(keep)
-                self._size_growth(self.groups[header.group])
-            else:
-                del self.groups[header.group]
-                mx.clear_cache()  # hand freed cache memory back, so memory stays flat between bursts
-            return payload  # the next rank needs the same row list
-        if kind == Kind.FREE:
-            self.prefills.pop(header.seq, None)
-            mx.clear_cache()
-            return None
-        if kind == Kind.STATUS:
-            row = mx.array([self.status_row()], dtype=mx.int32)
-            return mx.concatenate([payload[: self.rank], row, payload[self.rank + 1 :]])
-        return payload
+        step = self._steps.get(header.kind)
+        return step(header, payload) if step is not None else payload  # PING, SHUTDOWN: passed on
+
+    def _prefill(self, header: Header, payload: mx.array) -> mx.array:
+        B, L = payload.shape[:2]
+        if header.offset == 0:
+            caches = make_prompt_cache(self.model)
+            if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
+                caches = merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
+            for c in caches:
+                c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
+            self.prefills[header.seq] = caches
+        caches = self.prefills.get(header.seq)
+        assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
+        assert caches[0].size() == header.offset, (
+            f"rank {self.rank}: cache of prefill batch {header.seq} holds {caches[0].size()} tokens, "
+            f"rank 0 expects {header.offset}"
+        )
+        assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
+        out = self.forward(payload, caches, causal=B > 1)
+        self.kv_bytes()  # the caches grew while the graph was built
+        if self.last and B == 1:
+            out = out[:, -1:, :]  # rank 0 needs only a lone prompt's last position (it has no padding)
+        return out
+
+    def _decode(self, header: Header, payload: mx.array) -> mx.array:
+        rows = self.rows(self.groups.get(header.group))
+        assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
+        caches = self.groups[header.group]
+        size = caches[0].nbytes
+        out = self.forward(payload, caches)
+        if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
+            self.kv_bytes()
+        return out
+
+    def _join(self, header: Header, payload: mx.array) -> mx.array:
+        joining = self.prefills.pop(header.seq)
+        padding = payload.tolist()
+        if len(padding) == 1:
+            joining = [c.merge([c]) for c in joining]  # a lone prompt's cache becomes a batch of one
+        else:
+            for c in joining:  # right padding moves to the left, where decoding expects it
+                c.prepare(right_padding=padding)
+                c.finalize()
+        group = self.groups.get(header.group)
+        if group is None:
+            self.groups[header.group] = group = joining
+        else:
+            for g, b in zip(group, joining):
+                drop_spare_room(g)
+                g.extend(b)
+        self._size_growth(group)
+        return payload  # the next rank needs the same padding
+
+    def _filter(self, header: Header, payload: mx.array | None) -> mx.array | None:
+        keep = payload.tolist() if payload is not None else []
+        if keep:
+            for c in self.groups[header.group]:
+                c.filter(keep)
+            self._size_growth(self.groups[header.group])
+        else:
+            del self.groups[header.group]
+            mx.clear_cache()  # hand freed cache memory back, so memory stays flat between bursts
+        return payload  # the next rank needs the same row list
+
+    def _free(self, header: Header, payload: None) -> None:
+        self.prefills.pop(header.seq, None)
+        mx.clear_cache()
+
+    def _status(self, header: Header, table: mx.array) -> mx.array:
+        return mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])
 
     @staticmethod
     def _size_growth(caches: list) -> None:
@@ -380,13 +195,13 @@ class Shard:
         self.kv_peak = max(self.kv_peak, now)
         return now
 
-    def status_row(self) -> list[int]:
+    def status_row(self) -> StatusRow:
         rows = tokens = 0
         for caches in (*self.prefills.values(), *self.groups.values()):
             rows += self.rows(caches)
             tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
-        return [self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
-                int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10]
+        return StatusRow(self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
+                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10)
 
     def info(self) -> dict:
         return {

@@ -1,22 +1,19 @@
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The same cache launch.sh uses, so the default model is converted once per machine."""
-    from config import parse_config
+    from mlx_ring.config import parse_config
 
     return parse_config([])[0].cache_dir
 
 
 @pytest.fixture(scope="session")
 def default_model(cache_dir) -> Path:
-    from model_source import resolve_model
+    from mlx_ring.models.source import resolve_model
 
     return resolve_model(None, cache_dir, "auto")

@@ -9,13 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ring_probe  # noqa: E402
-from config import parse_config  # noqa: E402
+from mlx_ring.config import parse_config  # noqa: E402
 from server import make_plan  # noqa: E402
-from shard import init_group  # noqa: E402
+from mlx_ring.ring.transport import init_group  # noqa: E402
 
 
 def main():

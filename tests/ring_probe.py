@@ -9,19 +9,20 @@ all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row 
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-import batching  # noqa: E402
-from batching import Scheduler, Sequence  # noqa: E402
-from generate import Pipeline, SamplingParams, parse_status, status_table  # noqa: E402
-from plan import plan_from_sizes, uniform_plan  # noqa: E402
-from shard import Header, Kind, Ring, init_group, load_shard, rss_kib, serve_worker  # noqa: E402
+import mlx_ring.serving.scheduler as batching  # noqa: E402
+from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
+from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
+from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
+from mlx_ring.ring.protocol import Kind  # noqa: E402
+from mlx_ring.ring.transport import Ring, init_group  # noqa: E402
+from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 
 def main():
@@ -73,7 +74,7 @@ def main():
         submit(header, payload, chained)
 
     pipe.submit = recording_submit
-    sched = Scheduler(pipe, groups=a.groups, chunk=a.chunk)
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk)
     waiting = sorted(range(len(spec)), key=lambda i: spec[i]["at"])
     tokens = {i: [] for i in range(len(spec))}
     step = 0
@@ -89,7 +90,7 @@ def main():
                 sched.remove(seq)
         step += 1
     status = []
-    sched.call(Header.for_payload(Kind.STATUS, status_table(size)), status_table(size), lambda t: status.extend(parse_status(t)))
+    sched.status(status.extend)
     while not status:
         sched.step()
     for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped

@@ -2,38 +2,22 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
-from bench import under_feed
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from mlx_ring.models.compat import model_classes
+from mlx_ring.ring.launch import free_port, under_feed
 
 ROOT = Path(__file__).resolve().parent.parent
 MLX_LAUNCH = Path(sys.executable).parent / "mlx.launch"
-
-
-def free_port(span: int = 1) -> int:
-    """A port p such that p .. p+span-1 were all free a moment ago."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p + span < 65000 and all(_is_free(p + i) for i in range(1, span)):
-            return p
-    raise RuntimeError("no free port range")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def write_hostfile(path: Path, n: int) -> Path:
@@ -45,7 +29,7 @@ def launch_cmd(n: int, tmp: Path, argv: list[str]) -> list[str]:
     hostfile = write_hostfile(tmp / f"hosts{n}.json", n)
     cmd = [str(MLX_LAUNCH), "--backend", "ring", "--hostfile", str(hostfile),
            "--starting-port", str(free_port(n + 1)), "--", sys.executable, *argv]
-    return under_feed(cmd)  # mlx.launch busy-loops on an idle stdin, see bench.py
+    return under_feed(cmd)  # mlx.launch busy-loops on an idle stdin
 
 
 def launch(n: int, tmp: Path, argv: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -71,10 +55,8 @@ TINY = {
 
 def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0) -> Path:
     """A random-weight MLX model folder of a real mlx_lm architecture (no tokenizer: tests feed ids)."""
-    from mlx_lm.utils import _get_classes
-
     config = dict(TINY[kind], num_hidden_layers=n_layers)
-    model_cls, args_cls = _get_classes(config)
+    model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     # Random init leaves norms at 1 and biases at 0; perturb everything so every weight matters.
@@ -83,3 +65,16 @@ def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0) -
     mx.save_safetensors(str(folder / "model.safetensors"), params)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def reference_logits(model_path, prompt, steps):
+    """Single-process mlx_lm: the whole model, its own cache, greedy steps."""
+    model, _ = load_model(model_path)
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    rows, tokens = [], []
+    for _ in range(steps):
+        rows.append(np.array(logits.astype(mx.float32)))
+        tokens.append(int(mx.argmax(logits).item()))
+        logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
+    return np.stack(rows), tokens

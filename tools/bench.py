@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,25 +23,12 @@ from pathlib import Path
 import httpx
 from openai import AsyncOpenAI
 
-ROOT = Path(__file__).resolve().parent
+from mlx_ring.ring.launch import free_port, under_feed
+
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TOPICS = ["the sea", "a lighthouse", "an old clock", "a mountain village", "a robot gardener", "winter stars",
           "a lost letter", "the first train", "a quiet library", "a desert well", "a fox in the snow", "a kite"]
-
-
-# mlx.launch busy-loops on a stdin that is empty or at its end (a core per rank): feed it an open
-# pipe with a byte now and then, as launch.sh does.
-STDIN_FEED = "exec 2>/dev/null; while sleep 1; do echo; done"
-
-
-def under_feed(cmd: list[str]) -> list[str]:
-    return ["bash", "-c", f'exec "$@" < <({STDIN_FEED})', "feed", *cmd]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Target:
@@ -209,7 +195,7 @@ def targets(a, model_dir: Path) -> list[Target]:
             hostfile = ROOT / "bench-results" / "hosts-peer.json"
             hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * max(a.ranks)))
             cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
-                   str(free_port()), "--", py, str(ROOT / "bench_peer.py"), *serve[1:],
+                   str(free_port()), "--", py, str(ROOT / "tools" / "bench_peer.py"), *serve[1:],
                    *(["--pipeline"] if peer == "mlx_lm_pp" else [])]
             ts.append(Target(peer, under_feed(cmd), gpu_env, port, ours=False))
     return ts
@@ -266,7 +252,7 @@ def main():
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     if a.model is None:
-        from model_source import resolve_model
+        from mlx_ring.models.source import resolve_model
 
         a.model = str(resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto"))
     model_dir = Path(a.model)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from plan import GIB, Capabilities, default_usable_gb
+from mlx_ring.planning.plan import GIB, Capabilities, default_usable_gb
 
 log = logging.getLogger(__name__)
 

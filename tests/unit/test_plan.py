@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plan import LayerPlan, plan_from_sizes, uniform_plan
+from mlx_ring.planning.plan import LayerPlan, plan_from_sizes, uniform_plan
 
 
 @given(st.integers(1, 200), st.integers(1, 16))
@@ -54,7 +54,7 @@ from itertools import product  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
-from plan import (GIB, STRATEGIES, Capabilities, ModelSpec, bottleneck, colocate, max_layers, memory_need,  # noqa: E402
+from mlx_ring.planning.plan import (GIB, STRATEGIES, Capabilities, ModelSpec, bottleneck, colocate, max_layers, memory_need,  # noqa: E402
                   plan_layers, proportional_sizes, summary, with_host_keys)
 
 SMALL = settings(max_examples=200, deadline=None)
@@ -194,7 +194,7 @@ def test_summary_predicts_stage_times_and_tokens_per_second():
 
 def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
     """`./launch.sh plan`: sizes from config.json alone, capabilities from hosts.json, text and --json."""
-    from planner import main
+    from mlx_ring.planning.planner import main
 
     model = tmp_path / "llama-8b"
     model.mkdir()

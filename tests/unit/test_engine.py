@@ -9,10 +9,13 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
-from generate import Pipeline, SamplingParams
-from plan import uniform_plan
-from shard import Ring, load_shard
+from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.serving.scheduler import Scheduler
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.planning.plan import uniform_plan
+from mlx_ring.ring.transport import Ring
+from shard import load_shard
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,7 @@ def parts(default_model):
 
 def make_engine(parts, **kw) -> Engine:
     shard, ring, tokenizer = parts
-    engine = Engine(Pipeline(shard, ring), tokenizer, **kw)
+    engine = Engine(Scheduler(Pipeline(shard, ring), shard), tokenizer, **kw)
     engine.exits = []
     engine.exit = engine.exits.append  # a broken ring would end the process: record it instead
     return engine

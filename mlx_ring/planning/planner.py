@@ -11,9 +11,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from config import Config, parse_config
-from model_size import spec_from_folder
-from plan import (GIB, HOST_KEYS, STRATEGIES, Capabilities, LayerPlan, ModelSpec, colocate, declared,
+from mlx_ring.config import Config, parse_config
+from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.planning.plan import (GIB, HOST_KEYS, STRATEGIES, Capabilities, LayerPlan, ModelSpec, colocate, declared,
                   format_summary, plan_layers, summary, with_host_keys)
 
 log = logging.getLogger("planner")
@@ -39,7 +39,7 @@ def dtype_of(spec: ModelSpec) -> str:
 def plan_ring(cfg: Config, spec: ModelSpec, group) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself; rank 0 adds the settings and hosts.json's keys; one exchange later
     every rank holds the same inputs and so computes the same plan (rank 0's settings win)."""
-    from probe import exchange, local_capabilities
+    from mlx_ring.planning.probe import exchange, local_capabilities
 
     rank, size = group.rank(), group.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}
@@ -70,7 +70,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
     hosts.json keys, else this machine's probe. Returns notes for the reader too."""
     model = Path(cfg.model).expanduser() if cfg.model else None
     if model is None or not model.is_dir():
-        from model_source import resolve_model  # the default model, a .gguf or a repo id
+        from mlx_ring.models.source import resolve_model  # the default model, a .gguf or a repo id
 
         model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     spec = spec_from_folder(model)
@@ -81,7 +81,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
         cap = declared(name, e)
         if cap is None:
             if here is None:
-                from probe import local_capabilities
+                from mlx_ring.planning.probe import local_capabilities
 
                 here = local_capabilities(cfg.cache_dir, dtype_of(spec), i)
             cap = with_host_keys(Capabilities(name, here.memory_gb, here.usable_gb, here.tflops, here.bandwidth_gbs,

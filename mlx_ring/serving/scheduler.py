@@ -11,12 +11,24 @@ or of the next prompt chunk. The caller calls `step()` in a loop and decides whe
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import mlx.core as mx
 
-from generate import Pipeline, SamplingParams, SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
-from shard import Header, Kind
+from mlx_ring.ring.pipeline import Pipeline
+
+from mlx_ring.serving.params import SamplingParams
+
+from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
+from mlx_ring.ring.protocol import Header, Kind, StatusRow
+
+
+class Ends(Protocol):
+    """The ends of the model, which only rank 0 holds (`shard.Shard`)."""
+
+    def embed(self, tokens: mx.array) -> mx.array: ...  # (B, L) -> (B, L, H)
+
+    def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
 
 
 @dataclass(eq=False)
@@ -79,8 +91,8 @@ class Scheduler:
     a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
     a stage's time grows with its rows (large batches on a CPU)."""
 
-    def __init__(self, pipe: Pipeline, groups: int = 1, chunk: int = 512):
-        self.pipe, self.chunk = pipe, chunk
+    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512):
+        self.pipe, self.ends, self.chunk = pipe, ends, chunk
         self.groups = [Group(g) for g in range(groups)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
@@ -98,9 +110,14 @@ class Scheduler:
         """Stop `seq`: its rows and caches go at the next chance, on every rank."""
         seq.removed = True
 
-    def call(self, header: Header, payload: mx.array | None, done: Callable[[mx.array | None], None]) -> None:
-        """Send a control step (ping, status) between the others; `done` gets what comes home."""
-        self.calls.append((header, payload, done))
+    def ping(self, done: Callable[[None], None]) -> None:
+        """A step through every rank between the others; `done(None)` when it is back."""
+        self.calls.append((Header(Kind.PING), None, lambda _: done(None)))
+
+    def status(self, done: Callable[[list[dict]], None]) -> None:
+        """Every rank's `StatusRow`, filled in as a step goes round; `done` gets them as dicts."""
+        table = StatusRow.table(self.pipe.ring.size)
+        self.calls.append((Header.for_payload(Kind.STATUS, table), table, lambda t: done(StatusRow.parse(t))))
 
     def idle(self) -> bool:
         return not (self.steps or self.waiting or self.filling or self.calls or self.to_free
@@ -164,7 +181,7 @@ class Scheduler:
     def _submit_chunk(self, b: Prefill) -> bool:
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
-        h = self.pipe.shard.embed(mx.array(tokens))  # (B, L, H)
+        h = self.ends.embed(mx.array(tokens))  # (B, L, H)
         b.sent += len(tokens[0])
         b.chunks_out += 1
         last = b.sent == len(b.tokens[0])
@@ -203,7 +220,7 @@ class Scheduler:
         self.turn += 1
         g.last_turn = self.turn
         g.busy = True
-        h = self.pipe.shard.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
+        h = self.ends.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
         return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)), chained)
 
     def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
@@ -226,7 +243,7 @@ class Scheduler:
             if out.shape[1] > 1:  # a batch of padded prompts comes back whole: take each row's last token
                 last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])
                 out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
-            logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
+            logits = self.ends.head(out)[:, -1, :]  # (B, V)
             tokens = sample_rows([s.sampler for s in b.rows], logits)
             for s, t in zip(b.rows, tokens):
                 s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
@@ -236,7 +253,7 @@ class Scheduler:
             g = step.group
             g.busy = False
             samplers = [s.sampler for s in step.rows]
-            logits = self.pipe.shard.head(out)[:, -1, :]  # (B, V)
+            logits = self.ends.head(out)[:, -1, :]  # (B, V)
             lazy = sample_lazy(samplers, logits) if self._may_chain(g, step.rows) else None
             if lazy is not None:
                 # Build and start the group's next step on the ids before reading them (as mlx-lm's

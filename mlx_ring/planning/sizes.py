@@ -11,7 +11,7 @@ import struct
 from collections import Counter
 from pathlib import Path
 
-from plan import ModelSpec
+from mlx_ring.planning.plan import ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F32": 4, "F16": 2, "BF16": 2}
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

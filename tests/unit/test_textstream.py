@@ -4,7 +4,7 @@ joined together is what the tokenizer decodes, the end of a sequence included.""
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from textstream import TextStream
+from mlx_ring.serving.textstream import TextStream
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from random_model import make_random_model
+from tools.random_model import make_random_model
 from serverutil import running_server
 
 MODEL = "SmolLM2-135M-Instruct"

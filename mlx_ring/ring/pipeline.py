@@ -1,33 +1,37 @@
-"""Rank 0's handle on the ring and the sampling of tokens from logits.
+"""Rank 0's handle on the ring.
 
 `Pipeline` is the only code that starts work on the ring. It keeps several steps in flight so that
 rank 0 computes its stage of the next step while the other ranks compute theirs; how many, it
-decides so that the ring can never deadlock (see `Pipeline.limit`). `SequenceSampler` turns one
-sequence's logits into a token with mlx-lm's samplers and logits processors.
+decides so that the ring can never deadlock (see `Pipeline.limit`).
 """
 
-import secrets
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from typing import Protocol
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from shard import STATUS_COLS, Header, Kind, Ring, Shard
+from mlx_ring.ring.protocol import Header, Kind
+from mlx_ring.ring.transport import Ring
 
 
 class RingError(RuntimeError):
     """The ring is broken (a peer died or answered out of step); only a restart mends it."""
 
 
+class Stage(Protocol):
+    """Rank 0's slice of the model, as the pipeline sees it (`shard.Shard`)."""
+
+    def apply(self, header: Header, payload: mx.array | None) -> mx.array | None: ...
+
+
 class Pipeline:
     """Submit steps (rank 0 applies its own stage at once), collect them as they come home, in order."""
 
-    def __init__(self, shard: Shard, ring: Ring):
+    def __init__(self, stage: Stage, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
-        self.shard, self.ring = shard, ring
+        self.stage, self.ring = stage, ring
         # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on the
         # ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends can form.
         self.limit = max(1, ring.size - 1)
@@ -50,7 +54,7 @@ class Pipeline:
         `chained`: the step is built on the last DECODE payload, still unread (a group's next step
         built on the tokens just sampled from it)."""
         assert self.can_submit()
-        out = self.shard.apply(header, payload)
+        out = self.stage.apply(header, payload)
         if self.ring.size == 1:
             if out is not None:
                 mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
@@ -153,150 +157,3 @@ class Pipeline:
         while self.outstanding():
             self.collect()
         self.round_trip(Header(Kind.SHUTDOWN))
-
-
-def status_table(size: int) -> mx.array:
-    return mx.zeros((size, STATUS_COLS), dtype=mx.int32)
-
-
-def parse_status(table: mx.array) -> list[dict]:
-    keys = ("rank", "mlx_active_memory_kib", "mlx_peak_memory_kib", "rss_kib", "open_sequences",
-            "cached_tokens", "forward_us", "kv_cache_kib", "kv_cache_peak_kib")
-    return [dict(zip(keys, row)) for row in table.tolist()]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    top_logprobs: int = 0  # how many alternatives to report per token (0: none)
-
-    def plain(self) -> bool:
-        """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
-        return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
-                    or self.logit_bias or self.seed is not None or self.top_logprobs)
-
-
-@dataclass
-class Token:
-    id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-class SequenceSampler:
-    """One sequence's sampler, logits processors and token history."""
-
-    def __init__(self, params: SamplingParams, prompt: list[int]):
-        self.params = params
-        self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
-        self.processors = make_logits_processors(
-            params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
-        )
-        self.history = list(prompt)
-        self.step = 0
-
-    def logprobs(self, logits: mx.array) -> mx.array:
-        """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
-        bias = self.params.logit_bias or {}
-        if bias and not 0 <= min(bias) <= max(bias) < logits.shape[-1]:
-            # MLX's scatter does not check bounds: such an id would crash the process, not fail.
-            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})")
-        if self.processors:
-            context = mx.array(self.history)
-            for p in self.processors:
-                logits = p(context, logits)
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-
-    def sample(self, logprobs: mx.array) -> mx.array:
-        if self.params.top_k >= logprobs.shape[-1]:  # mlx-lm's check raises inside a compiled function
-            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {logprobs.shape[-1]} tokens")
-        if self.params.seed is not None:
-            # Per-request stream of randomness, independent of other requests sharing the ring.
-            mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
-        return self.sampler(logprobs)
-
-    def accept(self, token: int) -> None:
-        self.history.append(token)
-        self.step += 1
-
-
-def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, mx.array] | None:
-    """Rows that all share plain parameters sample in one batched call, left unevaluated, so the
-    next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`.
-    None when some row needs its own processors or seed (or the batched call cannot be built:
-    `sample_rows` then finds the row at fault)."""
-    first = samplers[0].params
-    if not (first.plain() and all(s.params == first for s in samplers)):
-        return None
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    try:
-        ids = samplers[0].sample(logprobs)
-    except Exception as e:
-        _heal(e)
-        return None
-    return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
-
-
-def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array) -> list[Token]:
-    """Materialise what `sample_lazy` built."""
-    tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
-    for s, t in zip(samplers, tokens):
-        s.accept(t.id)
-    return tokens
-
-
-def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token | Exception]:
-    """One token per row of `logits (B, V)`, or the error that sampling that row raised: one
-    request's settings that fail fail that request alone."""
-    lazy = sample_lazy(samplers, logits)
-    if lazy is not None:
-        return read_tokens(samplers, *lazy)
-    rows = [_try(_build_row, s, logits[e : e + 1]) for e, s in enumerate(samplers)]
-    try:
-        mx.eval([r for r in rows if not isinstance(r, Exception)])
-    except Exception:  # find the row at fault: each alone
-        rows = [r if isinstance(r, Exception) else _try(_eval, r) for r in rows]
-    return [r if isinstance(r, Exception) else _try(_read_row, s, *r) for s, r in zip(samplers, rows)]
-
-
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception as e:
-        return _heal(e)
-
-
-def _heal(e: Exception) -> Exception:
-    # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises while
-    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends it.
-    mx.random.seed(secrets.randbits(63))
-    return e
-
-
-def _build_row(s: SequenceSampler, logits: mx.array) -> tuple[mx.array, mx.array]:
-    lp = s.logprobs(logits)
-    return lp, s.sample(lp)
-
-
-def _eval(row: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
-    mx.eval(row)
-    return row
-
-
-def _read_row(s: SequenceSampler, lp: mx.array, i: mx.array) -> Token:
-    tid = i.item()
-    top = []
-    if s.params.top_logprobs:
-        best = mx.argsort(-lp[0])[: s.params.top_logprobs]
-        top = list(zip(best.tolist(), lp[0][best].tolist()))
-    token = Token(tid, lp[0, tid].item(), top)
-    s.accept(token.id)
-    return token

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Config:
     prefill_chunk: int = 0  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
-    hostfile: Path = HERE / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
+    hostfile: Path = ROOT / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
     max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
     ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
 
@@ -42,7 +42,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     """(config, prepare_only). Flags win over environment variables, which win over `.env`."""
-    load_dotenv(HERE / ".env", override=False)
+    load_dotenv(ROOT / ".env", override=False)
     p = argparse.ArgumentParser(description="Serve one model split across the ranks of an MLX ring.")
     p.add_argument("--model", default=_env("MODEL"), help="MLX folder, .gguf file or HF repo id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--weights", default=_env("WEIGHTS", "auto"), choices=["auto", "float32", "keep"],
@@ -50,7 +50,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="HTTP bind address (rank 0)")
     p.add_argument("--port", type=int, default=int(_env("PORT", "8100")))
     p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(Path.home() / ".cache" / "mlx-ring")))
-    p.add_argument("--log-dir", default=_env("LOG_DIR", str(HERE / "logs")))
+    p.add_argument("--log-dir", default=_env("LOG_DIR", str(ROOT / "logs")))
     p.add_argument("--layers", default=_env("LAYERS"), help="per-rank layer counts, e.g. 3,2,2 (default: even split)")
     p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")), help="requests waiting beyond MAX_ACTIVE; more get 503")
     p.add_argument("--max-active", type=int, default=int(_env("MAX_ACTIVE", "16")), help="sequences generating at once")
@@ -97,6 +97,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
                  max_tokens_limit=a.max_tokens_limit)
     if a.ring_socket_buffer < 0:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
-    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=HERE / Path(a.hostfile).expanduser(),
+    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
                   ring_socket_buffer=a.ring_socket_buffer)
     return cfg, a.prepare

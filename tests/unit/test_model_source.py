@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 
-import model_source as ms
+import mlx_ring.models.source as ms
 from ringutil import make_tiny_model
 
 

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model, load_tokenizer
 
-from ringutil import ROOT, launch, make_tiny_model
+from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
 PROBE = str(ROOT / "tests" / "ring_probe.py")
 
@@ -24,19 +23,6 @@ def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeou
     out = json.loads((tmp_path / "result.json").read_text())
     logits = [np.load(tmp_path / f"logits{i}.npy") for i in range(len(spec))]
     return out["tokens"], logits, out["status"], ranks
-
-
-def reference_logits(model_path, prompt, steps):
-    """Single-process mlx_lm: the whole model, its own cache, greedy steps."""
-    model, _ = load_model(model_path)
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
-    rows, tokens = [], []
-    for _ in range(steps):
-        rows.append(np.array(logits.astype(mx.float32)))
-        tokens.append(int(mx.argmax(logits).item()))
-        logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
-    return np.stack(rows), tokens
 
 
 @pytest.mark.parametrize("kind,n,layers", [
@@ -72,7 +58,7 @@ def alone(model_path, prompt, n):
 
 
 def _uniform(n_layers, n):
-    from plan import uniform_plan
+    from mlx_ring.planning.plan import uniform_plan
 
     return uniform_plan(n_layers, n).ranges
 

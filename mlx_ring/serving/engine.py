@@ -17,10 +17,11 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from batching import Scheduler, Sequence
-from generate import Pipeline, RingError, SamplingParams, Token, parse_status, status_table
-from shard import Header, Kind
-from textstream import Piece, TextStream
+from mlx_ring.serving.scheduler import Scheduler, Sequence
+from mlx_ring.ring.pipeline import RingError
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.sampling import Token
+from mlx_ring.serving.textstream import Piece, TextStream
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,11 @@ class _Active:
 
 
 class Engine:
-    def __init__(self, pipe: Pipeline, tokenizer: TokenizerWrapper, max_queue: int = 64, max_active: int = 16,
-                 step_timeout: float = 60.0, drain_timeout: float = 30.0, groups: int = 1, prefill_chunk: int = 512):
-        self.pipe, self.tokenizer = pipe, tokenizer
-        self.sched = Scheduler(pipe, groups, prefill_chunk)
+    def __init__(self, sched: Scheduler, tokenizer: TokenizerWrapper, *, max_queue: int = 64, max_active: int = 16,
+                 step_timeout: float = 60.0, drain_timeout: float = 30.0):
+        self.sched, self.pipe, self.tokenizer = sched, sched.pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
-        self.calls: queue.Queue[tuple[Kind, Future]] = queue.Queue()
+        self.calls: queue.Queue[tuple[str, Future]] = queue.Queue()
         self.active: dict[int, _Active] = {}
         self.max_active = max_active
         self.seq_ids = itertools.count(1)
@@ -104,18 +104,18 @@ class Engine:
 
     def ping(self) -> Future:
         """A round trip through every rank, between generation steps; resolves to None."""
-        return self._call(Kind.PING)
+        return self._call("ping")
 
     def status(self) -> Future:
         """Resolves to one dict per rank: memory, open sequences, cached tokens, stage time."""
-        return self._call(Kind.STATUS)
+        return self._call("status")
 
-    def _call(self, kind: Kind) -> Future:
+    def _call(self, what: str) -> Future:
         fut: Future = Future()
         if self.broken:
             fut.set_exception(RingError(self.broken))
         else:
-            self.calls.put((kind, fut))
+            self.calls.put((what, fut))
         return fut
 
     # -- the engine thread --------------------------------------------------------------------------
@@ -199,16 +199,11 @@ class Engine:
     def _take_calls(self) -> None:
         while True:
             try:
-                kind, fut = self.calls.get_nowait()
+                what, fut = self.calls.get_nowait()
             except queue.Empty:
                 return
-            if not fut.set_running_or_notify_cancel():
-                continue
-            if kind == Kind.STATUS:
-                table = status_table(self.pipe.ring.size)
-                self.sched.call(Header.for_payload(kind, table), table, lambda t, fut=fut: fut.set_result(parse_status(t)))
-            else:
-                self.sched.call(Header(kind), None, lambda _, fut=fut: fut.set_result(None))
+            if fut.set_running_or_notify_cancel():
+                getattr(self.sched, what)(fut.set_result)  # ping or status, between the other steps
 
     def _admit(self, block: bool) -> None:
         while len(self.active) < self.max_active:

@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
-from openai_schema import ChatCompletionRequest, CompletionRequest, ids_below
+from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest, ids_below
 
 log = logging.getLogger(__name__)
 

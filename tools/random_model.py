@@ -14,7 +14,8 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes
+
+from mlx_ring.models.compat import model_classes
 
 SHAPES = {
     "llama3-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -32,7 +33,7 @@ def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = 
     change config keys (fewer layers, say)."""
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = dict(SHAPES[shape], vocab_size=vocab, torch_dtype=dtype, **overrides)
-    model_cls, args_cls = _get_classes(config)
+    model_cls, args_cls = model_classes(config)
     n_layers = config["num_hidden_layers"]
     out.mkdir(parents=True, exist_ok=True)
     one = model_cls(args_cls.from_dict(dict(config, num_hidden_layers=1)))  # shapes of the ends and one layer
@@ -67,7 +68,7 @@ def main():
     p.add_argument("--tokenizer-from", type=Path, default=None, help="an MLX model folder (default: the default model)")
     a = p.parse_args()
     if a.tokenizer_from is None:
-        from model_source import resolve_model
+        from mlx_ring.models.source import resolve_model
 
         a.tokenizer_from = resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto")
     print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype))

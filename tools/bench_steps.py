@@ -16,11 +16,14 @@ from pathlib import Path
 if os.environ.get("CUDA_PER_RANK") == "1":  # must be set before MLX starts
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
 
-from batching import Scheduler, Sequence  # noqa: E402
-from generate import Pipeline, SamplingParams  # noqa: E402
-from model_size import spec_from_folder  # noqa: E402
-from plan import uniform_plan  # noqa: E402
-from shard import Kind, Ring, init_group, load_shard, serve_worker  # noqa: E402
+from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
+from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
+from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
+from mlx_ring.planning.plan import uniform_plan  # noqa: E402
+from mlx_ring.ring.protocol import Kind  # noqa: E402
+from mlx_ring.ring.transport import Ring, init_group  # noqa: E402
+from shard import load_shard, serve_worker  # noqa: E402
 
 
 def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
@@ -67,7 +70,7 @@ def main():
     if rank:
         return serve_worker(shard, ring)
     pipe = Pipeline(shard, ring)
-    sched = Scheduler(pipe, chunk=a.chunk)
+    sched = Scheduler(pipe, shard, chunk=a.chunk)
     streams = [int(x) for x in a.streams.split(",")]
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_len)

@@ -4,7 +4,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from generate import SamplingParams
+from mlx_ring.serving.params import SamplingParams
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20

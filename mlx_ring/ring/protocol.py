@@ -1,0 +1,81 @@
+"""The step protocol: what travels round the ring, and the status row every rank fills.
+
+Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
+array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
+back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
+step, the kept row indices `(k,)` for a filter step, a `(size, len(StatusRow))` table for a
+status step. No Python objects cross the wire.
+"""
+
+from dataclasses import astuple, dataclass, fields
+from enum import IntEnum
+
+import mlx.core as mx
+
+HEADER_LEN = 9
+DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
+
+
+class Kind(IntEnum):
+    PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `seq`, with that batch's own cache
+    JOIN = 2  # move prefill batch `seq`'s cache (payload: its rows' right padding) into group `group`, as its last rows
+    DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
+    FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
+    FREE = 5  # drop the cache of prefill batch `seq` (it will not join)
+    STATUS = 6  # each rank fills its row of the payload table
+    PING = 7  # no-op round trip: proves every rank is alive and in step
+    SHUTDOWN = 8  # pass it on, then exit
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    seq: int = 0
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `seq`; 0 starts a fresh cache
+    shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
+    dtype: int = 0  # index into DTYPES
+    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
+
+    def encode(self) -> mx.array:
+        dims = list(self.shape) + [0] * (3 - len(self.shape))
+        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
+
+    @staticmethod
+    def decode(a: mx.array) -> "Header":
+        kind, seq, offset, dtype, group, ndim, *dims = a.tolist()
+        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group)
+
+    @staticmethod
+    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
+        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
+
+    def same_step(self, other: "Header") -> bool:
+        """The same step, whatever payload it carries now."""
+        return (self.kind, self.seq, self.offset, self.group) == (other.kind, other.seq, other.offset, other.group)
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One rank's live figures, as an int32 row of the STATUS step's table (KiB keep bytes in int32)."""
+
+    rank: int
+    mlx_active_memory_kib: int
+    mlx_peak_memory_kib: int
+    rss_kib: int
+    open_sequences: int
+    cached_tokens: int
+    forward_us: int  # workers: moving average of a forward step's time on this rank
+    kv_cache_kib: int
+    kv_cache_peak_kib: int
+
+    @staticmethod
+    def table(size: int) -> mx.array:
+        """The empty table a STATUS step carries round the ring: one row per rank."""
+        return mx.zeros((size, len(fields(StatusRow))), dtype=mx.int32)
+
+    @staticmethod
+    def parse(table: mx.array) -> list[dict]:
+        return [StatusRow(*row).__dict__ for row in table.tolist()]
+
+    def array(self) -> mx.array:
+        return mx.array([astuple(self)], dtype=mx.int32)

@@ -1,0 +1,153 @@
+"""The ring's transport: MLX's ring group, and point-to-point links to the ring neighbours that
+carry the step protocol, with the socket care MLX's ring backend needs (it busy-polls a pending
+receive, and a stopped peer blocks it forever)."""
+
+import ctypes
+import json
+import os
+import select
+import socket
+import stat
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+
+from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
+
+
+def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
+    """The ring group mlx.launch describes; a group of one when started alone. `socket_buffer`:
+    if set, the kernel send and receive buffers of the ring's sockets, in bytes (small ones model
+    a real link's, for tests)."""
+    # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
+    # a small machine); with our end closed, its next write fails and it stops watching the pipe.
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    before = _socket_fds()
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
+        # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
+        del os.environ["MLX_HOSTFILE"]
+    group = mx.distributed.init(backend="ring")
+    rank, size = group.rank(), group.size()
+    # The sockets to the previous rank: those it connected to this rank's own ring ports and, in a
+    # ring of two, where it is the next rank too, those this rank connected to it (MLX's ring
+    # backend may use either direction's sockets between the same two ranks).
+    mine = _ring_ports(rank) if size > 1 else set()
+    theirs = _ring_ports((rank + 1) % size) if size == 2 else set()
+    _PREV_FDS[:] = [fd for fd, local, peer in _ring_sockets(_socket_fds() - before, socket_buffer)
+                    if local in mine or peer in theirs]
+    _share_cores(group)
+    return group
+
+
+def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
+    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if `buffer`."""
+    out = []
+    for fd in sorted(fds):
+        with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves `fd` open
+            try:
+                peer = s.getpeername()[1]
+            except OSError:
+                continue  # the listening socket
+            if buffer:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+            out.append((fd, s.getsockname()[1], peer))
+    return out
+
+
+def _ring_ports(rank: int) -> set[int]:
+    # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
+    with open(os.environ["MLX_HOSTFILE"]) as f:
+        return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
+
+
+def _share_cores(group: mx.distributed.Group) -> None:
+    """Ranks on one host split its cores between their BLAS thread pools: oversubscribed pools spin
+    against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
+    me = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+    hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=group).tolist()
+    local = hosts.count(me)
+    set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
+    if local > 1 and set_threads is not None:
+        set_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+# The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_group.
+_PREV_FDS: list[int] = []
+
+
+def _socket_fds() -> set[int]:
+    fds = set()
+    for name in os.listdir("/dev/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                fds.add(int(name))
+        except OSError:
+            pass
+    return fds
+
+
+
+class Ring:
+    """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size)."""
+
+    def __init__(self, group: mx.distributed.Group):
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+        self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
+        # Wait for a payload in the kernel only on a CPU device, where MLX's polling thread takes a
+        # core from the stage itself. On a GPU, evaluating at once queues the stage's kernels while
+        # the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the price of a
+        # polling core while a peer computes, or when it stopped mid-step.
+        self.wait_in_kernel = mx.default_device() == mx.cpu
+
+    def send(self, header: Header, payload: mx.array | None) -> None:
+        """Pass a step on: its header, then its payload (computed within the send's graph)."""
+        self.send_header(header, payload)
+        self.send_payload(payload)
+
+    def send_header(self, header: Header, payload: mx.array | None) -> None:
+        if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
+            header = Header.for_payload(header.kind, payload, header.seq, header.offset, header.group)
+        # Evaluated on its own, before the payload: two independent sends in one graph have no order.
+        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
+
+    def send_payload(self, payload: mx.array | None) -> None:
+        if payload is not None and payload.ndim:
+            self.wait_payload()  # this payload may be computed from one still to arrive
+            mx.eval(mx.distributed.send(payload, self.next, group=self.group))
+
+    def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
+        """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
+        states) is left in the graph, for a caller that calls `wait_payload()` and then evaluates
+        it (with what it computes from it) before the next recv; `send_payload` does both. Other
+        steps' payloads are read on the host when applied, so they always arrive here. (Building
+        a forward step's graph must not read its input: the wait would then find no data coming.)"""
+        self._wait_for_data()
+        # The header tells the payload's shape and dtype, so it must arrive first.
+        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.group))
+        if not header.shape:
+            return header, None
+        payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
+        self.unread = True
+        if not (lazy and header.kind in (Kind.PREFILL, Kind.DECODE)):
+            self.wait_payload()
+            mx.eval(payload)
+        return header, payload
+
+    def wait_payload(self) -> None:
+        """Block until the payload of the last lazy `recv` starts to arrive (at once if it has)."""
+        if self.unread and self.wait_in_kernel:
+            self._wait_for_data()
+        self.unread = False
+
+    def _wait_for_data(self) -> None:
+        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
+        # rank (for a whole stage of the previous rank, when a header came and its payload is still
+        # being computed); wait for data, or a closed peer, in the kernel first, at no cost. Only the
+        # previous rank's sockets: the next rank's, once that rank is gone, would wake this at once.
+        if _PREV_FDS:
+            select.select(_PREV_FDS, [], [])

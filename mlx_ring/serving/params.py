@@ -1,0 +1,23 @@
+"""A request's sampling settings as the engine takes them: plain data, no MLX (the HTTP schema
+builds them)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    top_logprobs: int = 0  # how many alternatives to report per token (0: none)
+
+    def plain(self) -> bool:
+        """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
+        return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias or self.seed is not None or self.top_logprobs)

@@ -1,0 +1,128 @@
+"""One sequence's logits turned into a token with mlx-lm's samplers and logits processors; rows
+that share plain settings sample in one batched call."""
+
+import secrets
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from mlx_ring.serving.params import SamplingParams
+
+
+@dataclass
+class Token:
+    id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class SequenceSampler:
+    """One sequence's sampler, logits processors and token history."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int]):
+        self.params = params
+        self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
+        self.processors = make_logits_processors(
+            params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
+        )
+        self.history = list(prompt)
+        self.step = 0
+
+    def logprobs(self, logits: mx.array) -> mx.array:
+        """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
+        bias = self.params.logit_bias or {}
+        if bias and not 0 <= min(bias) <= max(bias) < logits.shape[-1]:
+            # MLX's scatter does not check bounds: such an id would crash the process, not fail.
+            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})")
+        if self.processors:
+            context = mx.array(self.history)
+            for p in self.processors:
+                logits = p(context, logits)
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def sample(self, logprobs: mx.array) -> mx.array:
+        if self.params.top_k >= logprobs.shape[-1]:  # mlx-lm's check raises inside a compiled function
+            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {logprobs.shape[-1]} tokens")
+        if self.params.seed is not None:
+            # Per-request stream of randomness, independent of other requests sharing the ring.
+            mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
+        return self.sampler(logprobs)
+
+    def accept(self, token: int) -> None:
+        self.history.append(token)
+        self.step += 1
+
+
+def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, mx.array] | None:
+    """Rows that all share plain parameters sample in one batched call, left unevaluated, so the
+    next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`.
+    None when some row needs its own processors or seed (or the batched call cannot be built:
+    `sample_rows` then finds the row at fault)."""
+    first = samplers[0].params
+    if not (first.plain() and all(s.params == first for s in samplers)):
+        return None
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    try:
+        ids = samplers[0].sample(logprobs)
+    except Exception as e:
+        _heal(e)
+        return None
+    return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
+
+
+def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array) -> list[Token]:
+    """Materialise what `sample_lazy` built."""
+    tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
+    for s, t in zip(samplers, tokens):
+        s.accept(t.id)
+    return tokens
+
+
+def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token | Exception]:
+    """One token per row of `logits (B, V)`, or the error that sampling that row raised: one
+    request's settings that fail fail that request alone."""
+    lazy = sample_lazy(samplers, logits)
+    if lazy is not None:
+        return read_tokens(samplers, *lazy)
+    rows = [_try(_build_row, s, logits[e : e + 1]) for e, s in enumerate(samplers)]
+    try:
+        mx.eval([r for r in rows if not isinstance(r, Exception)])
+    except Exception:  # find the row at fault: each alone
+        rows = [r if isinstance(r, Exception) else _try(_eval, r) for r in rows]
+    return [r if isinstance(r, Exception) else _try(_read_row, s, *r) for s, r in zip(samplers, rows)]
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:
+        return _heal(e)
+
+
+def _heal(e: Exception) -> Exception:
+    # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises while
+    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends it.
+    mx.random.seed(secrets.randbits(63))
+    return e
+
+
+def _build_row(s: SequenceSampler, logits: mx.array) -> tuple[mx.array, mx.array]:
+    lp = s.logprobs(logits)
+    return lp, s.sample(lp)
+
+
+def _eval(row: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
+    mx.eval(row)
+    return row
+
+
+def _read_row(s: SequenceSampler, lp: mx.array, i: mx.array) -> Token:
+    tid = i.item()
+    top = []
+    if s.params.top_logprobs:
+        best = mx.argsort(-lp[0])[: s.params.top_logprobs]
+        top = list(zip(best.tolist(), lp[0][best].tolist()))
+    token = Token(tid, lp[0, tid].item(), top)
+    s.accept(token.id)
+    return token
