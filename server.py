@@ -24,7 +24,7 @@ from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
-from mlx_ring.ring.transport import Ring, init_group
+from mlx_ring.ring.transport import Ring, init_world
 from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
@@ -49,21 +49,21 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, model_path, group: mx.distributed.Group) -> tuple[LayerPlan, dict]:
+def make_plan(cfg: Config, model_path, world: mx.distributed.Group) -> tuple[LayerPlan, dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
     computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts."""
-    plan, _, predicted = plan_ring(cfg, spec_from_folder(model_path), group)
+    plan, _, predicted = plan_ring(cfg, spec_from_folder(model_path), world)
     return plan, predicted
 
 
-def gather_cluster(shard: Shard, group: mx.distributed.Group, predicted: dict | None = None) -> dict:
+def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
     """Every rank's static facts (host, range, bytes held), gathered with one collective, plus the
     planner's view of each rank (capabilities, memory needed, predicted stage time)."""
     info = shard.info()
     host = info["host"].encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
     # KiB units keep the byte counts inside int32.
     row = [info["rank"], *info["layers"], info["parameter_bytes"] >> 10, info["holds_embedding"], info["holds_head"], *host]
-    rows = mx.distributed.all_gather(mx.array([row], dtype=mx.int32), group=group).tolist()
+    rows = mx.distributed.all_gather(mx.array([row], dtype=mx.int32), group=world).tolist()
     ranks = []
     for r in rows:
         ranks.append({
@@ -88,7 +88,8 @@ def prefill_chunk(cfg: Config) -> int:
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
-    from mlx_ring.api.routes import ServedModel, make_app
+    from mlx_ring.api.routes import make_app
+    from mlx_ring.api.served import ServedModel
     from mlx_ring.serving.engine import Engine
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.scheduler import Scheduler
@@ -135,22 +136,22 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 
 def main() -> None:
     cfg, prepare_only = parse_config()
-    group = init_group(cfg.ring_socket_buffer)
-    rank = group.rank()
+    world = init_world(cfg.ring_socket_buffer)
+    rank = world.rank()
     setup_logging(cfg, rank)
     model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     if prepare_only:
         print(model_path)
         return
-    plan, predicted = make_plan(cfg, model_path, group)
+    plan, predicted = make_plan(cfg, model_path, world)
     if rank == 0:
         log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
-    cluster = gather_cluster(shard, group, predicted)
+    cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
-    ring = Ring(group)
+    ring = Ring(world)
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, cluster)
     else:

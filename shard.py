@@ -121,11 +121,11 @@ class Shard:
                 caches = merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
             for c in caches:
                 c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
-            self.prefills[header.seq] = caches
-        caches = self.prefills.get(header.seq)
-        assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.seq}"
+            self.prefills[header.batch] = caches
+        caches = self.prefills.get(header.batch)
+        assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.batch}"
         assert caches[0].size() == header.offset, (
-            f"rank {self.rank}: cache of prefill batch {header.seq} holds {caches[0].size()} tokens, "
+            f"rank {self.rank}: cache of prefill batch {header.batch} holds {caches[0].size()} tokens, "
             f"rank 0 expects {header.offset}"
         )
         assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
@@ -146,7 +146,7 @@ class Shard:
         return out
 
     def _join(self, header: Header, payload: mx.array) -> mx.array:
-        joining = self.prefills.pop(header.seq)
+        joining = self.prefills.pop(header.batch)
         padding = payload.tolist()
         if len(padding) == 1:
             joining = [c.merge([c]) for c in joining]  # a lone prompt's cache becomes a batch of one
@@ -176,7 +176,7 @@ class Shard:
         return payload  # the next rank needs the same row list
 
     def _free(self, header: Header, payload: None) -> None:
-        self.prefills.pop(header.seq, None)
+        self.prefills.pop(header.batch, None)
         mx.clear_cache()
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
@@ -210,7 +210,8 @@ class Shard:
             "layers": [self.start, self.end],
             "parameter_bytes": parameter_bytes(self.model),
             "holds_embedding": "embed_tokens" in self.inner,
-            "holds_head": "norm" in self.inner,
+            # the final norm and an output projection: its own, or the embedding used as one (tied)
+            "holds_head": "norm" in self.inner and ("lm_head" in self.model or "embed_tokens" in self.inner),
         }
 
 

@@ -2,7 +2,7 @@
 
 import argparse
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from dotenv import load_dotenv
@@ -10,7 +10,7 @@ from dotenv import load_dotenv
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
     model: str | None  # None: the default model
     weights: str  # auto | float32 | keep
@@ -91,12 +91,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)")
     if a.step_timeout <= 0 or a.drain_timeout < 0:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
-    cfg = Config(a.model, a.weights, a.host, a.port, Path(a.cache_dir).expanduser(), Path(a.log_dir),
-                 layers, a.max_queue, a.max_active, a.max_tokens, a.log_level.upper(), a.step_timeout, a.drain_timeout,
-                 _env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
-                 max_tokens_limit=a.max_tokens_limit)
     if a.ring_socket_buffer < 0:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
-    cfg = replace(cfg, strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
-                  ring_socket_buffer=a.ring_socket_buffer)
+    cfg = Config(
+        model=a.model, weights=a.weights, host=a.host, port=a.port, cache_dir=Path(a.cache_dir).expanduser(),
+        log_dir=Path(a.log_dir), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
+        default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
+        drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
+        strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
+        max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer,
+    )
     return cfg, a.prepare

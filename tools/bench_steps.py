@@ -22,7 +22,7 @@ from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.planning.plan import uniform_plan  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
-from mlx_ring.ring.transport import Ring, init_group  # noqa: E402
+from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
@@ -32,9 +32,9 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
     pipe = sched.pipe
     submit = pipe.submit
 
-    def counted(header, payload, chained=False):
+    def counted(header, payload, tag=None, chained=False):
         kinds[Kind(header.kind).name] = kinds.get(Kind(header.kind).name, 0) + 1
-        submit(header, payload, chained)
+        submit(header, payload, tag, chained)
 
     pipe.submit = counted
     seqs = [Sequence(i, [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
@@ -63,10 +63,10 @@ def main():
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
-    group = init_group()
-    rank = group.rank()
-    shard = load_shard(a.model, uniform_plan(spec_from_folder(a.model).n_layers, group.size()), rank)
-    ring = Ring(group)
+    world = init_world()
+    rank = world.rank()
+    shard = load_shard(a.model, uniform_plan(spec_from_folder(a.model).n_layers, world.size()), rank)
+    ring = Ring(world)
     if rank:
         return serve_worker(shard, ring)
     pipe = Pipeline(shard, ring)
@@ -75,7 +75,7 @@ def main():
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_len)
     for n in streams:
-        print(f"{group.size()} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
+        print(f"{world.size()} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)

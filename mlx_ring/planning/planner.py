@@ -36,12 +36,12 @@ def dtype_of(spec: ModelSpec) -> str:
     return spec.dtype.split()[0] if spec.dtype.split()[0] in ("float32", "float16", "bfloat16") else "float16"
 
 
-def plan_ring(cfg: Config, spec: ModelSpec, group) -> tuple[LayerPlan, list[Capabilities], dict]:
+def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself; rank 0 adds the settings and hosts.json's keys; one exchange later
     every rank holds the same inputs and so computes the same plan (rank 0's settings win)."""
     from mlx_ring.planning.probe import exchange, local_capabilities
 
-    rank, size = group.rank(), group.size()
+    rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}
     if rank == 0:
         hosts = []
@@ -53,7 +53,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, group) -> tuple[LayerPlan, list[Capa
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
                  "kv_tokens": cfg.kv_tokens, "hosts": hosts}
-    rows = exchange(mine, group)
+    rows = exchange(mine, world)
     lead = rows[0]
     caps = [Capabilities(**r["caps"]) for r in rows]
     if lead["hosts"]:

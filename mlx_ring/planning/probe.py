@@ -149,11 +149,11 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
                         source="MLX_RING_CAPS" if over else "probed")
 
 
-def exchange(mine: dict, group: mx.distributed.Group) -> list[dict]:
+def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
     """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte rows."""
     data = json.dumps(mine, sort_keys=True).encode()
     if len(data) > EXCHANGE_BYTES:
         raise ValueError(f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json")
     row = mx.array([list(data.ljust(EXCHANGE_BYTES, b"\0"))], dtype=mx.int32)
-    rows = mx.distributed.all_gather(row, group=group).tolist() if group.size() > 1 else row.tolist()
+    rows = mx.distributed.all_gather(row, group=world).tolist() if world.size() > 1 else row.tolist()
     return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]

@@ -35,8 +35,8 @@ class Pipeline:
         # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on the
         # ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends can form.
         self.limit = max(1, ring.size - 1)
-        self.inflight: deque[Header] = deque()  # sent, not yet back
-        self.ready: deque[tuple[Header, mx.array | None, bool]] = deque()  # applied here, not yet sent (alone: done)
+        self.inflight: deque[tuple[Header, object]] = deque()  # sent, not yet back (with their tags)
+        self.ready: deque[tuple[Header, mx.array | None, bool, object]] = deque()  # applied here, not yet sent (alone: done)
         self.busy_since: float | None = None  # when the wait on the ring now running started; read by the watchdog
         # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
         # nothing before reading it: the last rank may be blocked sending it (when it does not fit
@@ -49,10 +49,10 @@ class Pipeline:
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.ready)
 
-    def submit(self, header: Header, payload: mx.array | None, chained: bool = False) -> None:
-        """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room.
-        `chained`: the step is built on the last DECODE payload, still unread (a group's next step
-        built on the tokens just sampled from it)."""
+    def submit(self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False) -> None:
+        """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room, and
+        `collect` hands `tag` back with it. `chained`: the step is built on the last DECODE payload,
+        still unread (a group's next step built on the tokens just sampled from it)."""
         assert self.can_submit()
         out = self.stage.apply(header, payload)
         if self.ring.size == 1:
@@ -64,7 +64,7 @@ class Pipeline:
                 mx.eval(out)  # no room on the ring: compute rank 0's stage now, while the others work
         # else the send below computes it: its header leaves first, so the next rank builds its own
         # graph while this stage still computes.
-        self.ready.append((header, out, chained))
+        self.ready.append((header, out, chained, tag))
         self._send_ready()
 
     def prefetch(self, *arrays: mx.array) -> None:
@@ -96,16 +96,17 @@ class Pipeline:
         finally:
             self.busy_since = outer
 
-    def collect(self) -> tuple[Header, mx.array | None]:
-        """The oldest outstanding step, back from the last rank. A DECODE step's payload comes back
+    def collect(self) -> tuple[object, mx.array | None]:
+        """The oldest outstanding step's tag and payload, back from the last rank. A DECODE step's payload comes back
         unevaluated: the caller builds on it (head, sampling, the next step) while it arrives, and
         calls `settle()` before it reads anything built on it; sending and collecting settle it."""
         if self.ring.size == 1:
-            return self.ready.popleft()[:2]
+            _, out, _, tag = self.ready.popleft()
+            return tag, out
         self.settle()
         if not self.inflight:
             self._send_ready()
-        expected = self.inflight.popleft()
+        expected, tag = self.inflight.popleft()
         lazy = expected.kind == Kind.DECODE
         try:
             with self.watching():
@@ -119,11 +120,11 @@ class Pipeline:
             self.unread = out
         else:
             self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
-        return back, out
+        return tag, out
 
     def _send_ready(self) -> None:
         while self.ring.size > 1 and self.ready and len(self.inflight) < self.limit:
-            header, out, chained = self.ready.popleft()
+            header, out, chained, tag = self.ready.popleft()
             try:
                 with self.watching():
                     # the header first, so rank 1 builds its graph while rank 0 computes its stage
@@ -145,7 +146,7 @@ class Pipeline:
                 raise
             except RuntimeError as e:
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
-            self.inflight.append(header)
+            self.inflight.append((header, tag))
 
     def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
         """One step through every rank with nothing else outstanding (tests, shutdown)."""

@@ -17,11 +17,11 @@ DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 
 
 class Kind(IntEnum):
-    PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `seq`, with that batch's own cache
-    JOIN = 2  # move prefill batch `seq`'s cache (payload: its rows' right padding) into group `group`, as its last rows
+    PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `batch`, with that batch's own cache
+    JOIN = 2  # move prefill batch `batch`'s cache (payload: its rows' right padding) into group `group`, as its last rows
     DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
     FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
-    FREE = 5  # drop the cache of prefill batch `seq` (it will not join)
+    FREE = 5  # drop the cache of prefill batch `batch` (it will not join)
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
@@ -30,28 +30,28 @@ class Kind(IntEnum):
 @dataclass(frozen=True)
 class Header:
     kind: int
-    seq: int = 0
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `seq`; 0 starts a fresh cache
+    batch: int = 0  # PREFILL, JOIN, FREE: the prefill batch the step acts on
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch`; 0 starts a fresh cache
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.seq, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
+        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        kind, seq, offset, dtype, group, ndim, *dims = a.tolist()
-        return Header(Kind(kind), seq, offset, tuple(dims[:ndim]), dtype, group)
+        kind, batch, offset, dtype, group, ndim, *dims = a.tolist()
+        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group)
 
     @staticmethod
-    def for_payload(kind: int, payload: mx.array, seq: int = 0, offset: int = 0, group: int = 0) -> "Header":
-        return Header(kind, seq, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
+    def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0) -> "Header":
+        return Header(kind, batch, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
 
     def same_step(self, other: "Header") -> bool:
         """The same step, whatever payload it carries now."""
-        return (self.kind, self.seq, self.offset, self.group) == (other.kind, other.seq, other.offset, other.group)
+        return (self.kind, self.batch, self.offset, self.group) == (other.kind, other.batch, other.offset, other.group)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
-"""The ring's transport: MLX's ring group, and point-to-point links to the ring neighbours that
-carry the step protocol, with the socket care MLX's ring backend needs (it busy-polls a pending
-receive, and a stopped peer blocks it forever)."""
+"""The ring's transport: the world of ranks MLX's ring backend joins, and the links to the ring
+neighbours that carry the step protocol, with the socket care MLX's ring backend needs (it
+busy-polls a pending receive, and a stopped peer blocks it forever).
+
+"World" is MLX's distributed group of all ranks; "group" in this project is a decode micro-batch.
+"""
 
 import ctypes
 import json
@@ -16,10 +19,10 @@ import mlx.core as mx
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
-def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
-    """The ring group mlx.launch describes; a group of one when started alone. `socket_buffer`:
-    if set, the kernel send and receive buffers of the ring's sockets, in bytes (small ones model
-    a real link's, for tests)."""
+def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
+    """The ranks mlx.launch started; a world of one when started alone. `socket_buffer`: if set,
+    the kernel send and receive buffers of the ring's sockets, in bytes (small ones model a real
+    link's, for tests)."""
     # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
     # a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -28,8 +31,8 @@ def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
-    group = mx.distributed.init(backend="ring")
-    rank, size = group.rank(), group.size()
+    world = mx.distributed.init(backend="ring")
+    rank, size = world.rank(), world.size()
     # The sockets to the previous rank: those it connected to this rank's own ring ports and, in a
     # ring of two, where it is the next rank too, those this rank connected to it (MLX's ring
     # backend may use either direction's sockets between the same two ranks).
@@ -37,8 +40,8 @@ def init_group(socket_buffer: int = 0) -> mx.distributed.Group:
     theirs = _ring_ports((rank + 1) % size) if size == 2 else set()
     _PREV_FDS[:] = [fd for fd, local, peer in _ring_sockets(_socket_fds() - before, socket_buffer)
                     if local in mine or peer in theirs]
-    _share_cores(group)
-    return group
+    _share_cores(world)
+    return world
 
 
 def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
@@ -63,18 +66,18 @@ def _ring_ports(rank: int) -> set[int]:
         return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
 
 
-def _share_cores(group: mx.distributed.Group) -> None:
+def _share_cores(world: mx.distributed.Group) -> None:
     """Ranks on one host split its cores between their BLAS thread pools: oversubscribed pools spin
     against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
     me = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
-    hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=group).tolist()
+    hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=world).tolist()
     local = hosts.count(me)
     set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
     if local > 1 and set_threads is not None:
         set_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-# The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_group.
+# The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.
 _PREV_FDS: list[int] = []
 
 
@@ -93,9 +96,9 @@ def _socket_fds() -> set[int]:
 class Ring:
     """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size)."""
 
-    def __init__(self, group: mx.distributed.Group):
-        self.group = group
-        self.rank, self.size = group.rank(), group.size()
+    def __init__(self, world: mx.distributed.Group):
+        self.world = world
+        self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
         # Wait for a payload in the kernel only on a CPU device, where MLX's polling thread takes a
@@ -111,14 +114,14 @@ class Ring:
 
     def send_header(self, header: Header, payload: mx.array | None) -> None:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
-            header = Header.for_payload(header.kind, payload, header.seq, header.offset, header.group)
+            header = Header.for_payload(header.kind, payload, header.batch, header.offset, header.group)
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
-        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.group))
+        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
     def send_payload(self, payload: mx.array | None) -> None:
         if payload is not None and payload.ndim:
             self.wait_payload()  # this payload may be computed from one still to arrive
-            mx.eval(mx.distributed.send(payload, self.next, group=self.group))
+            mx.eval(mx.distributed.send(payload, self.next, group=self.world))
 
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
         """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
@@ -128,10 +131,10 @@ class Ring:
         a forward step's graph must not read its input: the wait would then find no data coming.)"""
         self._wait_for_data()
         # The header tells the payload's shape and dtype, so it must arrive first.
-        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.group))
+        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
         if not header.shape:
             return header, None
-        payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.group)
+        payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True
         if not (lazy and header.kind in (Kind.PREFILL, Kind.DECODE)):
             self.wait_payload()

@@ -98,7 +98,6 @@ class Scheduler:
         self.filling: Prefill | None = None  # the batch whose chunks are going out
         self.to_free: list[Prefill] = []
         self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
-        self.steps: deque[_Step] = deque()  # outstanding, in ring order
         self.turn = 0
         self.prefill_turn = -1
 
@@ -120,7 +119,7 @@ class Scheduler:
         self.calls.append((Header.for_payload(Kind.STATUS, table), table, lambda t: done(StatusRow.parse(t))))
 
     def idle(self) -> bool:
-        return not (self.steps or self.waiting or self.filling or self.calls or self.to_free
+        return not (self.pipe.outstanding() or self.waiting or self.filling or self.calls or self.to_free
                     or any(g.load() for g in self.groups))
 
     def step(self) -> list[tuple[Sequence, Token | Exception]]:
@@ -128,10 +127,10 @@ class Scheduler:
         (or, for a row whose sampling failed, the error: the caller removes that sequence)."""
         while self.pipe.can_submit() and self._submit_next():
             pass
-        if not self.steps:
+        if not self.pipe.outstanding():
             return []
-        header, out = self.pipe.collect()
-        return self._complete(self.steps.popleft(), out)
+        step, out = self.pipe.collect()  # the oldest step, tagged with what to do with it
+        return self._complete(step, out)
 
     # -- choosing work --------------------------------------------------------------------------
     def _submit_next(self) -> bool:
@@ -140,7 +139,7 @@ class Scheduler:
             return self._submit(header, payload, _Step(header.kind, done=done))
         if self.to_free:
             batch = self.to_free.pop()
-            return self._submit(Header(Kind.FREE, batch.id), None, _Step(Kind.FREE))
+            return self._submit(Header(Kind.FREE, batch=batch.id), None, _Step(Kind.FREE))
         # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
         # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
         ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
@@ -187,7 +186,7 @@ class Scheduler:
         last = b.sent == len(b.tokens[0])
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
-        header = Header.for_payload(Kind.PREFILL, h, seq=b.id, offset=offset)
+        header = Header.for_payload(Kind.PREFILL, h, batch=b.id, offset=offset)
         return self._submit(header, h, _Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
 
     def _submit_decode(self, g: Group) -> bool:
@@ -206,7 +205,7 @@ class Scheduler:
                 continue
             g.rows += b.rows  # rows whose client left meanwhile go with the next FILTER
             padding = mx.array(b.padding(), dtype=mx.int32)
-            return self._submit(Header.for_payload(Kind.JOIN, padding, seq=b.id, group=g.id), padding, _Step(Kind.JOIN))
+            return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, _Step(Kind.JOIN))
         if not g.rows:
             return True
         return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
@@ -224,8 +223,7 @@ class Scheduler:
         return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)), chained)
 
     def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
-        self.pipe.submit(header, payload, chained)
-        self.steps.append(step)
+        self.pipe.submit(header, payload, step, chained)
         return True
 
     # -- results --------------------------------------------------------------------------------

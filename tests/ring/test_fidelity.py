@@ -11,12 +11,12 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
-PROBE = str(ROOT / "tests" / "ring_probe.py")
+DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
 def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
-    argv = [PROBE, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
+    argv = [DRIVER, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
             "--chunk", str(chunk), "--out", str(tmp_path)]
     launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]

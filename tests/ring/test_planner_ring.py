@@ -10,7 +10,7 @@ from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.planning.plan import GIB, RUNTIME_GIB, Capabilities, per_layer_bytes, plan_layers, with_host_keys
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
-PROBE = str(ROOT / "tests" / "planner_probe.py")
+DRIVER = str(ROOT / "tests" / "planner_driver.py")
 KV_TOKENS = 1_000_000  # makes each tiny layer's KV reserve ~0.24 GB, so memory budgets bite
 # A fast "studio" and two slower "minis" (distinct hosts, so the planner treats them as machines).
 CAPS = [{"host": "studio", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 100.0},
@@ -32,7 +32,7 @@ def test_balanced_uneven_split_runs_token_exact(tmp_path):
 
     prompt = [5, 17, 42, 99, 3, 250, 7]
     spec_arg = json.dumps([{"prompt": prompt, "max_tokens": 6, "at": 0}])
-    argv = [PROBE, "--model", str(model), "--out", str(tmp_path), "--",
+    argv = [DRIVER, "--model", str(model), "--out", str(tmp_path), "--",
             "--model", str(model), "--spec", spec_arg, "--out", str(tmp_path)]
     env = {"MLX_RING_CAPS": json.dumps(CAPS), "HOSTFILE": str(hostfile), "KV_TOKENS": str(KV_TOKENS),
            "STRATEGY": "balanced", "LAYERS": ""}

@@ -120,7 +120,9 @@ def test_sigterm_drains_in_flight_then_every_rank_exits(launcher):
 
     t = threading.Thread(target=consume)
     t.start()
-    while not text:
+    deadline = time.monotonic() + 60
+    while not text:  # the stream is generating (an error or a silent server fails here, not hangs)
+        assert t.is_alive() and not errors and time.monotonic() < deadline, errors
         time.sleep(0.05)
     os.kill(ln.pid("launcher"), signal.SIGTERM)
     time.sleep(1.0)
@@ -202,3 +204,8 @@ def test_many_timed_out_clients_leave_the_server_responsive(launcher):
     t0 = time.monotonic()
     r = ln.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert r.choices and time.monotonic() - t0 < 5
+    # Every request the clients gave up on was freed on every rank.
+    deadline = time.monotonic() + 10
+    while [r["open_sequences"] for r in httpx.get(f"{ln.url}/cluster/status", timeout=10).json()["ranks"]] != [0, 0]:
+        assert time.monotonic() < deadline, "sequences of timed-out clients still open"
+        time.sleep(0.2)

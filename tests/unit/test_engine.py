@@ -20,9 +20,9 @@ from shard import load_shard
 
 @pytest.fixture(scope="module")
 def parts(default_model):
-    group = mx.distributed.init()  # a group of one: started without mlx.launch
+    world = mx.distributed.init()  # a world of one: started without mlx.launch
     shard = load_shard(default_model, uniform_plan(30, 1), 0)
-    return shard, Ring(group), load_tokenizer(default_model)
+    return shard, Ring(world), load_tokenizer(default_model)
 
 
 def make_engine(parts, **kw) -> Engine:

@@ -20,7 +20,6 @@ def test_uniform_plan_is_contiguous_disjoint_and_covers_every_layer(n_layers, n_
     assert covered == list(range(n_layers))
     sizes = [e - s for s, e in plan.ranges]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-    assert uniform_plan(n_layers, n_ranks) == plan  # deterministic
 
 
 def test_uniform_plan_gives_extra_layers_to_low_ranks():

@@ -21,7 +21,7 @@ from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
-from mlx_ring.ring.transport import Ring, init_group  # noqa: E402
+from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 
@@ -34,14 +34,14 @@ def main():
     p.add_argument("--layers", default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    group = init_group()
-    rank, size = group.rank(), group.size()
+    world = init_world()
+    rank, size = world.rank(), world.size()
     n_layers = json.loads((Path(a.model) / "config.json").read_text())["num_hidden_layers"]
     plan = plan_from_sizes(n_layers, [int(x) for x in a.layers.split(",")]) if a.layers else uniform_plan(n_layers, size)
     shard = load_shard(Path(a.model), plan, rank)
     out = Path(a.out)
     (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
-    ring = Ring(group)
+    ring = Ring(world)
     if rank != 0:
         return serve_worker(shard, ring)
 
@@ -68,10 +68,10 @@ def main():
     prefill_rows = []  # rows of each prefill step, to show which prompts went together
     submit = pipe.submit
 
-    def recording_submit(header, payload, chained=False):
+    def recording_submit(header, payload, tag=None, chained=False):
         if header.kind == Kind.PREFILL:
             prefill_rows.append(header.shape[0])
-        submit(header, payload, chained)
+        submit(header, payload, tag, chained)
 
     pipe.submit = recording_submit
     sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk)

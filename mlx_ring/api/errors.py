@@ -1,0 +1,40 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, 400 (never 422) for
+a bad request, with the field named."""
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param=None, code=None, headers=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+
+def error_body(message: str, type: str, param=None, code=None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error(exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    msg = first.get("msg", "invalid request").removeprefix("Value error, ")
+    param = loc[0] if loc else None
+    if param is None and ": " in msg:  # model-level checks name their field as "field: why"
+        param = msg.split(": ", 1)[0]
+    if first.get("type") == "json_invalid":
+        msg, param, loc = "the request body is not valid JSON", None, []
+    elif first.get("type") in ("model_attributes_type", "dict_type") and not loc:
+        msg = "the request body must be a JSON object"
+    text = f"{'.'.join(loc)}: {msg}" if loc else msg
+    return JSONResponse(error_body(text, "invalid_request_error", param), status_code=400)
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}

@@ -1,0 +1,46 @@
+"""The OpenAPI document of the API, as it really answers (schemathesis checks it)."""
+
+from fastapi.openapi.utils import get_openapi
+
+from mlx_ring.api.errors import ERROR_SCHEMA
+from mlx_ring.api.schema import ids_below
+from mlx_ring.api.served import ServedModel
+
+
+def document(app, served: ServedModel) -> dict:
+    """The app's OpenAPI schema with what only this server knows: 400 in OpenAI's shape, SSE, run-time limits."""
+    # FastAPI documents validation failures as 422; this server answers 400 in OpenAI's shape.
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
+        error = {"description": "Bad request, in OpenAI's error shape", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+        for ops in schema["paths"].values():
+            for op in ops.values():
+                responses = op.setdefault("responses", {})
+                responses.pop("422", None)
+                if "requestBody" in op:
+                    ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
+                    # with "stream": true: server-sent events whose data is a JSON chunk or [DONE]
+                    ok["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}}
+                    responses["400"] = error
+                    responses["404"] = error | {"description": "Unknown model"}
+                    responses["503"] = error | {"description": "Busy, draining or the ring is down"}
+                if op.get("operationId", "").startswith(("health", "cluster")):
+                    responses["503"] = {"description": "The ring does not answer"}
+        # Limits known only at run time: completion length, and token ids of this vocabulary.
+        schemas = schema["components"]["schemas"]
+        for name, prop in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+                            ("CompletionRequest", "max_tokens")):
+            for branch in schemas[name]["properties"][prop].get("anyOf", [schemas[name]["properties"][prop]]):
+                if branch.get("type") == "integer":
+                    branch["maximum"] = served.max_tokens_limit or served.context_length
+        for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
+            if branch.get("type") == "array":
+                branch["items"]["maximum"] = served.vocab_size - 1
+        for name in ("ChatCompletionRequest", "CompletionRequest"):
+            props = schemas[name]["properties"]
+            props["top_k"]["maximum"] = served.vocab_size - 1
+            for branch in props["logit_bias"].get("anyOf", [props["logit_bias"]]):
+                if branch.get("type") == "object":  # keys: token ids below the vocabulary's size
+                    branch["patternProperties"] = {ids_below(served.vocab_size): branch["patternProperties"].popitem()[1]}
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,52 @@
+"""The model rank 0 serves, as the HTTP side sees it (no MLX), and every check of a request against
+it: model name, token ids within the vocabulary, lengths within the context."""
+
+from dataclasses import dataclass, field
+
+from mlx_ring.api.errors import ApiError
+
+
+@dataclass
+class ServedModel:
+    id: str
+    tokenizer: object  # mlx_lm TokenizerWrapper; tokenizing needs no MLX
+    context_length: int
+    default_max_tokens: int
+    vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
+    max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
+    cluster: dict = field(default_factory=dict)  # static per-rank facts gathered at startup
+
+
+def check_ids(served: ServedModel, field: str, ids) -> None:
+    """Every token id a request names must index the model's vocabulary: MLX does not check
+    bounds when it gathers or scatters, and an id past the end crashes the process."""
+    bad = next((t for t in ids if not 0 <= t < served.vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"{field}: token id {bad} is outside this model's vocabulary; use ids in [0, {served.vocab_size})", param=field)
+
+
+def check_sampling(served: ServedModel, body) -> None:
+    check_ids(served, "logit_bias", [int(k) for k in body.logit_bias or {}])
+    if body.top_k >= served.vocab_size:
+        raise ApiError(400, f"top_k: {body.top_k} keeps the whole vocabulary of {served.vocab_size} tokens or more; use 0 (off) or fewer", param="top_k")
+
+
+def check_model(served: ServedModel, name: str | None) -> None:
+    if name not in (None, "", served.id, "default"):
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{served.id}'", "invalid_request_error", "model", "model_not_found")
+
+
+def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
+    """The completion limit for `prompt`, or a 400 when it does not fit the context or the server's limit."""
+    room = served.context_length - len(prompt)
+    if room <= 0:
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens but the model's context is {served.context_length}; shorten it", param="messages", code="context_length_exceeded")
+    cap = served.max_tokens_limit or served.context_length
+    for name in ("max_tokens", "max_completion_tokens"):
+        asked = getattr(body, name, None)
+        if asked is not None and asked > cap:
+            raise ApiError(400, f"{name}={asked} is over this server's limit of {cap} (MAX_TOKENS_LIMIT); ask for fewer", param=name)
+    asked = body.token_limit()
+    if asked is not None and asked > room:
+        raise ApiError(400, f"max_tokens={asked} plus the prompt's {len(prompt)} tokens exceeds the context of {served.context_length}; ask for at most {room}", param="max_tokens", code="context_length_exceeded")
+    return asked if asked is not None else min(room, cap, body.default_tokens or served.default_max_tokens)

@@ -1,0 +1,46 @@
+"""Requests checked against the served model, without a ring: the edge every request crosses
+before anything reaches MLX."""
+
+import pytest
+
+from mlx_ring.api.errors import ApiError
+from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
+from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens
+
+SERVED = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, max_tokens_limit=32)
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def rejected(fn, *args) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        fn(*args)
+    return e.value
+
+
+def test_token_ids_must_index_the_vocabulary():
+    check_sampling(SERVED, chat(logit_bias={"0": 1, "319": -100}, top_k=319))
+    e = rejected(check_sampling, SERVED, chat(logit_bias={"320": 5}))
+    assert (e.status, e.param) == (400, "logit_bias") and "[0, 320)" in e.message
+    assert rejected(check_sampling, SERVED, chat(top_k=320)).param == "top_k"
+    assert rejected(check_ids, SERVED, "prompt", [1, 2, 99_999_999]).param == "prompt"
+    assert rejected(check_ids, SERVED, "prompt", [-1]).param == "prompt"
+
+
+def test_lengths_fit_the_context_and_the_servers_limit():
+    prompt = list(range(60))
+    assert limit_tokens(SERVED, prompt, chat()) == 4  # the room left, below the default of 16
+    assert limit_tokens(SERVED, prompt[:10], chat()) == 16
+    assert limit_tokens(SERVED, prompt[:10], CompletionRequest.model_validate({"prompt": "x"})) == 16  # OpenAI's default
+    assert rejected(limit_tokens, SERVED, prompt, chat(max_tokens=5)).code == "context_length_exceeded"
+    assert rejected(limit_tokens, SERVED, prompt[:10], chat(max_completion_tokens=33)).param == "max_completion_tokens"
+    assert rejected(limit_tokens, SERVED, list(range(64)), chat()).code == "context_length_exceeded"
+
+
+def test_only_the_served_model_is_known():
+    for name in (None, "", "tiny", "default"):
+        check_model(SERVED, name)
+    e = rejected(check_model, SERVED, "gpt-17")
+    assert (e.status, e.code) == (404, "model_not_found")
