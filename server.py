@@ -12,9 +12,9 @@ import socket
 import sys
 import threading
 
-# One GPU per rank on a multi-GPU host (CUDA_PER_RANK=1): chosen before MLX starts.
-if os.environ.get("CUDA_PER_RANK") == "1":
-    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+from mlx_ring.gpu import one_gpu_per_rank
+
+one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_config, load_tokenizer
@@ -24,11 +24,10 @@ from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
-from mlx_ring.ring.transport import Ring, init_world
+from mlx_ring.ring.transport import Ring, exchange, init_world
 from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
-HOST_BYTES = 64
 
 
 def setup_logging(cfg: Config, rank: int) -> None:
@@ -59,17 +58,10 @@ def make_plan(cfg: Config, model_path, world: mx.distributed.Group) -> tuple[Lay
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
     """Every rank's static facts (host, range, bytes held), gathered with one collective, plus the
     planner's view of each rank (capabilities, memory needed, predicted stage time)."""
-    info = shard.info()
-    host = info["host"].encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
-    # KiB units keep the byte counts inside int32.
-    row = [info["rank"], *info["layers"], info["parameter_bytes"] >> 10, info["holds_embedding"], info["holds_head"], *host]
-    rows = mx.distributed.all_gather(mx.array([row], dtype=mx.int32), group=world).tolist()
     ranks = []
-    for r in rows:
-        ranks.append({
-            "rank": r[0], "host": bytes(r[6:]).rstrip(b"\0").decode(errors="replace"), "layers": r[1:3],
-            "parameter_bytes_kib": r[3], "holds_embedding": bool(r[4]), "holds_head": bool(r[5]),
-        })
+    for info in exchange(shard.info(), world):
+        kib = info.pop("parameter_bytes") >> 10
+        ranks.append(info | {"parameter_bytes_kib": kib})
     plan = shard.plan
     out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
     if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts

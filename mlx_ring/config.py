@@ -8,6 +8,7 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
+CACHE_DIR = Path.home() / ".cache" / "mlx-ring"  # converted models, probe results
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
                    help="auto: float32 on a CPU device (MLX's CPU quantized kernels are slow), as stored elsewhere")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="HTTP bind address (rank 0)")
     p.add_argument("--port", type=int, default=int(_env("PORT", "8100")))
-    p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(Path.home() / ".cache" / "mlx-ring")))
+    p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(CACHE_DIR)))
     p.add_argument("--log-dir", default=_env("LOG_DIR", str(ROOT / "logs")))
     p.add_argument("--layers", default=_env("LAYERS"), help="per-rank layer counts, e.g. 3,2,2 (default: even split)")
     p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")), help="requests waiting beyond MAX_ACTIVE; more get 503")

@@ -252,9 +252,10 @@ def main():
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     if a.model is None:
+        from mlx_ring.config import CACHE_DIR
         from mlx_ring.models.source import resolve_model
 
-        a.model = str(resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto"))
+        a.model = str(resolve_model(None, CACHE_DIR, "auto"))
     model_dir = Path(a.model)
     device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0] if a.gpu else ""
     meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores",

@@ -1,10 +1,10 @@
 """mlx-lm's own server as a benchmark peer under mlx.launch, one GPU per rank (used by bench.py)."""
 
-import os
 import sys
 
-if os.environ.get("CUDA_PER_RANK") == "1":  # must be set before MLX starts
-    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
+
+one_gpu_per_rank()  # before MLX starts
 
 from mlx_lm.server import main  # noqa: E402
 

@@ -1,20 +1,20 @@
 """Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how long, it
 takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the server:
 
-    mlx.launch --backend ring --hostfile hosts.json -- python bench_steps.py --model DIR --streams 1,16,64
+    mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
     (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile)
 """
 
 import argparse
 import cProfile
-import os
 import pstats
 import sys
 import time
 from pathlib import Path
 
-if os.environ.get("CUDA_PER_RANK") == "1":  # must be set before MLX starts
-    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
+
+one_gpu_per_rank()  # before MLX starts
 
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402

@@ -68,9 +68,10 @@ def main():
     p.add_argument("--tokenizer-from", type=Path, default=None, help="an MLX model folder (default: the default model)")
     a = p.parse_args()
     if a.tokenizer_from is None:
+        from mlx_ring.config import CACHE_DIR
         from mlx_ring.models.source import resolve_model
 
-        a.tokenizer_from = resolve_model(None, Path.home() / ".cache" / "mlx-ring", "auto")
+        a.tokenizer_from = resolve_model(None, CACHE_DIR, "auto")
     print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype))
 
 

@@ -39,7 +39,8 @@ def dtype_of(spec: ModelSpec) -> str:
 def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself; rank 0 adds the settings and hosts.json's keys; one exchange later
     every rank holds the same inputs and so computes the same plan (rank 0's settings win)."""
-    from mlx_ring.planning.probe import exchange, local_capabilities
+    from mlx_ring.planning.probe import local_capabilities
+    from mlx_ring.ring.transport import exchange
 
     rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}

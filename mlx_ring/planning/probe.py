@@ -23,7 +23,6 @@ from mlx_ring.planning.plan import GIB, Capabilities, default_usable_gb
 log = logging.getLogger(__name__)
 
 CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs")
-EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a hostfile's overrides
 PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
 
 
@@ -147,13 +146,3 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
         tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
     return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
                         source="MLX_RING_CAPS" if over else "probed")
-
-
-def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
-    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte rows."""
-    data = json.dumps(mine, sort_keys=True).encode()
-    if len(data) > EXCHANGE_BYTES:
-        raise ValueError(f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json")
-    row = mx.array([list(data.ljust(EXCHANGE_BYTES, b"\0"))], dtype=mx.int32)
-    rows = mx.distributed.all_gather(row, group=world).tolist() if world.size() > 1 else row.tolist()
-    return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]

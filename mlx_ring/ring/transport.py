@@ -66,6 +66,19 @@ def _ring_ports(rank: int) -> set[int]:
         return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
 
 
+EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a hostfile's overrides
+
+
+def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
+    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte rows."""
+    data = json.dumps(mine, sort_keys=True).encode()
+    if len(data) > EXCHANGE_BYTES:
+        raise ValueError(f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json")
+    row = mx.array([list(data.ljust(EXCHANGE_BYTES, b"\0"))], dtype=mx.int32)
+    rows = mx.distributed.all_gather(row, group=world).tolist() if world.size() > 1 else row.tolist()
+    return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]
+
+
 def _share_cores(world: mx.distributed.Group) -> None:
     """Ranks on one host split its cores between their BLAS thread pools: oversubscribed pools spin
     against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
