@@ -97,9 +97,10 @@ class Pipeline:
             self.busy_since = outer
 
     def collect(self) -> tuple[object, mx.array | None]:
-        """The oldest outstanding step's tag and payload, back from the last rank. A DECODE step's payload comes back
-        unevaluated: the caller builds on it (head, sampling, the next step) while it arrives, and
-        calls `settle()` before it reads anything built on it; sending and collecting settle it."""
+        """The oldest outstanding step's tag and payload, back from the last rank. A DECODE step's
+        payload comes back unevaluated: the caller builds on it (head, sampling, the next step) while
+        it arrives, and calls `settle()` before it reads anything built on it; sending and collecting
+        settle it."""
         if self.ring.size == 1:
             _, out, _, tag = self.ready.popleft()
             return tag, out
@@ -131,8 +132,8 @@ class Pipeline:
                     self.ring.send_header(header, out)
                 if chained and self.unread is not None:
                     # One graph reads the last payload, computes rank 0's stage on it and sends it
-                    # (each sync costs a GPU decode step time); a decode stage takes milliseconds,
-                    # so the watchdog may count it with the wait.
+                    # (one sync a token, not three); a decode stage takes milliseconds, so the
+                    # watchdog may count it with the wait.
                     with self.watching():
                         self.ring.send_payload(out)
                     self.unread = None
