@@ -21,9 +21,9 @@ from mlx_lm.utils import load_config, load_tokenizer
 
 from mlx_ring.config import Config, parse_config
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
-from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
+from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from shard import Shard, load_shard, serve_worker
 
@@ -82,8 +82,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
 
     from mlx_ring.api.routes import make_app
     from mlx_ring.api.served import ServedModel
-    from mlx_ring.serving.engine import Engine
     from mlx_ring.ring.pipeline import Pipeline
+    from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.scheduler import Scheduler
 
     model_config = load_config(model_path)

@@ -3,7 +3,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The same cache launch.sh uses, so the default model is converted once per machine."""

@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-
 import ring_driver  # noqa: E402
+
 from mlx_ring.config import parse_config  # noqa: E402
-from server import make_plan  # noqa: E402
 from mlx_ring.ring.transport import init_world  # noqa: E402
+from server import make_plan  # noqa: E402
 
 
 def main():

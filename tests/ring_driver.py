@@ -11,17 +11,16 @@ import argparse
 import json
 from pathlib import Path
 
-
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mlx_ring.serving.scheduler as batching  # noqa: E402
-from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
-from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
-from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
+from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
+from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 

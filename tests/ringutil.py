@@ -9,7 +9,6 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-
 from ringutil import ROOT, free_port, launch_cmd
 
 

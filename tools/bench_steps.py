@@ -16,13 +16,13 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 
 one_gpu_per_rank()  # before MLX starts
 
-from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
-from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
-from mlx_ring.serving.params import SamplingParams  # noqa: E402
-from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.planning.plan import uniform_plan  # noqa: E402
+from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
+from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
+from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 

@@ -8,7 +8,8 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,8 +19,22 @@ from mlx_ring.api.middleware import BearerAuth, JsonBodies
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens
-from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from mlx_ring.api.served import (
+    ServedModel,
+    check_ids,
+    check_model,
+    check_sampling,
+    limit_tokens,
+)
+from mlx_ring.serving.engine import (
+    Delta,
+    Done,
+    Engine,
+    Failed,
+    QueueFull,
+    Request,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,21 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
+from mlx_ring.planning.plan import (
+    GIB,
+    HOST_KEYS,
+    STRATEGIES,
+    Capabilities,
+    LayerPlan,
+    ModelSpec,
+    colocate,
+    declared,
+    format_summary,
+    plan_layers,
+    summary,
+    with_host_keys,
+)
 from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.planning.plan import (GIB, HOST_KEYS, STRATEGIES, Capabilities, LayerPlan, ModelSpec, colocate, declared,
-                  format_summary, plan_layers, summary, with_host_keys)
 
 log = logging.getLogger("planner")
 
@@ -71,7 +83,9 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
     hosts.json keys, else this machine's probe. Returns notes for the reader too."""
     model = Path(cfg.model).expanduser() if cfg.model else None
     if model is None or not model.is_dir():
-        from mlx_ring.models.source import resolve_model  # the default model, a .gguf or a repo id
+        from mlx_ring.models.source import (
+            resolve_model,  # the default model, a .gguf or a repo id
+        )
 
         model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     spec = spec_from_folder(model)

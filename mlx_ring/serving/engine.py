@@ -17,10 +17,10 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_ring.serving.scheduler import Scheduler, Sequence
 from mlx_ring.ring.pipeline import RingError
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import Token
+from mlx_ring.serving.scheduler import Scheduler, Sequence
 from mlx_ring.serving.textstream import Piece, TextStream
 
 log = logging.getLogger(__name__)

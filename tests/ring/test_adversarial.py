@@ -16,9 +16,9 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serverutil import running_server
 
 from tools.random_model import make_random_model
-from serverutil import running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as asked

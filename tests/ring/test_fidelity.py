@@ -8,7 +8,6 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
 DRIVER = str(ROOT / "tests" / "ring_driver.py")

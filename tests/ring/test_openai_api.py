@@ -6,7 +6,6 @@ import openai
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-
 from serverutil import running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

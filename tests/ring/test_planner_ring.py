@@ -5,10 +5,17 @@ computes exactly what single-process mlx-lm computes."""
 import json
 
 import numpy as np
-
-from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.planning.plan import GIB, RUNTIME_GIB, Capabilities, per_layer_bytes, plan_layers, with_host_keys
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
+
+from mlx_ring.planning.plan import (
+    GIB,
+    RUNTIME_GIB,
+    Capabilities,
+    per_layer_bytes,
+    plan_layers,
+    with_host_keys,
+)
+from mlx_ring.planning.sizes import spec_from_folder
 
 DRIVER = str(ROOT / "tests" / "planner_driver.py")
 KV_TOKENS = 1_000_000  # makes each tiny layer's KV reserve ~0.24 GB, so memory budgets bite

@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from ringutil import ROOT, free_port, write_hostfile
 
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as we ask

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
+from ringutil import make_tiny_model
 
 import mlx_ring.models.source as ms
-from ringutil import make_tiny_model
 
 
 def test_default_model_is_converted_once_with_config_and_chat_template(default_model, cache_dir):

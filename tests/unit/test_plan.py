@@ -53,8 +53,20 @@ from itertools import product  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
-from mlx_ring.planning.plan import (GIB, STRATEGIES, Capabilities, ModelSpec, bottleneck, colocate, max_layers, memory_need,  # noqa: E402
-                  plan_layers, proportional_sizes, summary, with_host_keys)
+from mlx_ring.planning.plan import (  # noqa: E402
+    GIB,
+    STRATEGIES,
+    Capabilities,
+    ModelSpec,
+    bottleneck,
+    colocate,
+    max_layers,
+    memory_need,
+    plan_layers,
+    proportional_sizes,
+    summary,
+    with_host_keys,
+)
 
 SMALL = settings(max_examples=200, deadline=None)
 

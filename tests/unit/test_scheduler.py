@@ -3,13 +3,13 @@ mid-flight, share prefill and decode steps, and still decode exactly what single
 decodes for each of them alone."""
 
 import mlx.core as mx
+from ringutil import make_tiny_model, reference_logits
 
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.transport import Ring
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.scheduler import Scheduler, Sequence
-from ringutil import make_tiny_model, reference_logits
 from shard import load_shard
 
 
