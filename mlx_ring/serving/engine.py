@@ -1,8 +1,8 @@
-"""Rank 0's scheduler: the one thread that owns MLX, fed by the HTTP side through queues.
+"""Rank 0's engine: the one thread that owns MLX, fed by the HTTP side through queues.
 
 Requests arrive on a bounded queue and become sequences of the continuous-batching `Scheduler`,
-which shares forward steps among them; this module turns their tokens into text (stop strings,
-limits) and results and errors travel back as values through `Request.emit`.
+which shares forward steps among them; this module ends them (end token, length, stop strings via
+`TextStream`), and results and errors travel back as values through `Request.emit`.
 """
 
 import itertools

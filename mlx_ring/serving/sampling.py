@@ -28,11 +28,12 @@ class SequenceSampler:
         )
         self.history = list(prompt)
         self.step = 0
+        bias = params.logit_bias or {}
+        self.bias_ids = (min(bias), max(bias)) if bias else None  # checked against the logits each step
 
     def logprobs(self, logits: mx.array) -> mx.array:
         """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
-        bias = self.params.logit_bias or {}
-        if bias and not 0 <= min(bias) <= max(bias) < logits.shape[-1]:
+        if self.bias_ids and not 0 <= self.bias_ids[0] <= self.bias_ids[1] < logits.shape[-1]:
             # MLX's scatter does not check bounds: such an id would crash the process, not fail.
             raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})")
         if self.processors:
