@@ -19,22 +19,8 @@ from mlx_ring.api.middleware import BearerAuth, JsonBodies
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import (
-    ServedModel,
-    check_ids,
-    check_model,
-    check_sampling,
-    limit_tokens,
-)
-from mlx_ring.serving.engine import (
-    Delta,
-    Done,
-    Engine,
-    Failed,
-    QueueFull,
-    Request,
-    Unavailable,
-)
+from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens
+from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
 
 log = logging.getLogger(__name__)
 

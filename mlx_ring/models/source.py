@@ -183,10 +183,7 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
 def save_gguf_tokenizer(meta: dict, out: Path) -> None:
     """Write tokenizer.json and tokenizer_config.json (with the chat template) built from GGUF metadata."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     # As transformers' get_gguf_tokenizer, but from the metadata mx.load already read (its reader needs torch).
     def group(renames):

@@ -18,13 +18,7 @@ import mlx.core as mx
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.sampling import (
-    SequenceSampler,
-    Token,
-    read_tokens,
-    sample_lazy,
-    sample_rows,
-)
+from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
 
 
 class Ends(Protocol):

@@ -5,13 +5,7 @@ import pytest
 
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import (
-    ServedModel,
-    check_ids,
-    check_model,
-    check_sampling,
-    limit_tokens,
-)
+from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens
 
 SERVED = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, max_tokens_limit=32)
 
