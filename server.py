@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 from mlx_ring.gpu import one_gpu_per_rank
 
@@ -20,6 +21,8 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_config, load_tokenizer
 
 from mlx_ring.config import Config, parse_config
+from mlx_ring.hosts.identity import disagreement, identity
+from mlx_ring.hosts.weights import manifest
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
@@ -126,15 +129,33 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
     web.join(5)
 
 
+def local_model(cfg: Config) -> Path:
+    """The slice the launcher sent this host (RING_MODEL_ID), else the model resolved here."""
+    hosted = cfg.cache_dir / "hosted" / (cfg.model_id or "-")
+    return hosted if cfg.model_id and hosted.is_dir() else resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+
+
+def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) -> None:
+    """Every rank serves the same model with the same code and versions, or none starts."""
+    model_id = manifest(model_path, cfg.cache_dir)["id"]
+    if cfg.model_id and model_id != cfg.model_id:
+        raise ValueError(f"this host's model {model_path} (id {model_id}) is not the one the launcher sent "
+                         f"(id {cfg.model_id}); start the ring with ./launch.sh")
+    problem = disagreement(exchange(identity(model_id), world))
+    if problem:
+        raise ValueError(problem)
+
+
 def main() -> None:
     cfg, prepare_only = parse_config()
     world = init_world(cfg.ring_socket_buffer)
     rank = world.rank()
     setup_logging(cfg, rank)
-    model_path = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+    model_path = local_model(cfg)
     if prepare_only:
         print(model_path)
         return
+    check_agreement(cfg, model_path, world)
     plan, predicted = make_plan(cfg, model_path, world)
     if rank == 0:
         log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
@@ -157,6 +178,6 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:  # configuration errors: one clear line, no traceback
-        logging.getLogger("server").error("%s", e)
+    except ValueError as e:  # configuration errors: one clear line, no traceback; launch.sh does not retry
+        logging.getLogger("server").error("cannot start: %s", e)
         sys.exit(2)

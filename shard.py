@@ -18,6 +18,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import drop_spare_room, merge_caches
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
@@ -217,12 +218,18 @@ class Shard:
 
 def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and head),
-    then materialise what is left: tensors of other ranks are never read from disk."""
-    model, _ = load_model(Path(model_path), lazy=True)
+    then materialise what is left: tensors of other ranks are never read from disk. A folder the
+    launcher sent holds only this host's pieces; it must hold all of this rank's."""
+    start, end = plan.ranges[rank]
+    lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0))
+    if lacking:
+        raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
+                         "start the ring with ./launch.sh, which sends every host the pieces of its slice")
+    hosted = (Path(model_path) / MANIFEST).is_file()
+    model, _ = load_model(Path(model_path), lazy=True, strict=not hosted)
     inner = _check_architecture(model)
     if len(inner.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(inner.layers)}")
-    start, end = plan.ranges[rank]
     inner.layers = inner.layers[start:end]
     if rank != 0:
         for name in ("embed_tokens", "norm"):

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dotenv import load_dotenv
+from dotenv import dotenv_values, load_dotenv
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 CACHE_DIR = Path.home() / ".cache" / "mlx-ring"  # converted models, probe results
@@ -34,6 +34,21 @@ class Config:
     hostfile: Path = ROOT / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
     max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
     ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
+    model_id: str | None = None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
+    plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
+
+
+# Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
+SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
+            "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
+            "STRATEGY", "KV_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK")
+
+
+def settings_to_forward() -> dict[str, str]:
+    """SETTINGS as this machine has them: its environment first, then its `.env`."""
+    dotenv = dotenv_values(ROOT / ".env") if (ROOT / ".env").is_file() else {}
+    out = {k: os.environ.get(k) or dotenv.get(k) for k in SETTINGS}
+    return {k: v for k, v in out.items() if v}
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -94,12 +109,17 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     if a.ring_socket_buffer < 0:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
+    plan = None
+    if _env("RING_PLAN"):
+        strategy, _, sizes = _env("RING_PLAN").partition(":")
+        plan = (strategy, tuple(int(x) for x in sizes.split(",")))
     cfg = Config(
         model=a.model, weights=a.weights, host=a.host, port=a.port, cache_dir=Path(a.cache_dir).expanduser(),
         log_dir=Path(a.log_dir), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
         default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
         drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
         strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
-        max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer,
+        max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
+        plan=plan,
     )
     return cfg, a.prepare

@@ -8,10 +8,11 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
+from mlx_ring.hosts.hostfile import load_entries
 from mlx_ring.planning.plan import (
     GIB,
     HOST_KEYS,
@@ -31,26 +32,15 @@ from mlx_ring.planning.sizes import spec_from_folder
 log = logging.getLogger("planner")
 
 
-def load_hostfile(path: Path) -> list[dict]:
-    """The hostfile's entries (one per rank, ring order), checked for shape."""
-    try:
-        entries = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read the hostfile {path} ({e}); HOSTFILE must name a JSON list of hosts") from None
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise ValueError(f"{path} must be a JSON list of objects, one per rank, e.g. "
-                         '[{"ssh": "mac-studio.local", "ips": ["192.168.1.10"], "memory_gb": 48}]')
-    return entries
-
-
 def dtype_of(spec: ModelSpec) -> str:
     """The dtype the probe measures matmuls in: the model's activations (quantized: its scales')."""
     return spec.dtype.split()[0] if spec.dtype.split()[0] in ("float32", "float16", "bfloat16") else "float16"
 
 
 def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capabilities], dict]:
-    """Every rank measures itself; rank 0 adds the settings and hosts.json's keys; one exchange later
-    every rank holds the same inputs and so computes the same plan (rank 0's settings win)."""
+    """Every rank measures itself; rank 0 adds the settings, hosts.json's keys and the model's sizes;
+    one exchange later every rank holds the same inputs and so computes the same plan (rank 0's win).
+    A plan the launcher provisioned (RING_PLAN) is kept as it is: each host holds only its slice."""
     from mlx_ring.planning.probe import local_capabilities
     from mlx_ring.ring.transport import exchange
 
@@ -59,20 +49,26 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
     if rank == 0:
         hosts = []
         if cfg.hostfile.is_file():
-            entries = load_hostfile(cfg.hostfile)
+            entries = load_entries(cfg.hostfile)
             if len(entries) == size:
                 hosts = [{k: e[k] for k in HOST_KEYS if k in e} for e in entries]
             else:
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
-                 "kv_tokens": cfg.kv_tokens, "hosts": hosts}
+                 "kv_tokens": cfg.kv_tokens, "hosts": hosts, "spec": asdict(spec),
+                 "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None}
     rows = exchange(mine, world)
     lead = rows[0]
+    spec = ModelSpec(**lead["spec"])
     caps = [Capabilities(**r["caps"]) for r in rows]
     if lead["hosts"]:
         caps = [with_host_keys(c, e) for c, e in zip(caps, lead["hosts"])]
     caps = colocate(caps)
-    plan = plan_layers(spec, caps, lead["strategy"], lead["kv_tokens"], lead["layers"])
+    if lead["provisioned"]:
+        strategy, sizes = lead["provisioned"]
+        plan = replace(plan_layers(spec, caps, "custom", lead["kv_tokens"], sizes), strategy=strategy)
+    else:
+        plan = plan_layers(spec, caps, lead["strategy"], lead["kv_tokens"], lead["layers"])
     return plan, caps, summary(spec, caps, plan, lead["kv_tokens"])
 
 
@@ -89,7 +85,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
 
         model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     spec = spec_from_folder(model)
-    entries = load_hostfile(cfg.hostfile)
+    entries = load_entries(cfg.hostfile)
     caps, probed, here = [], [], None
     for i, e in enumerate(entries):
         name = str(e.get("ssh") or f"rank{i}")

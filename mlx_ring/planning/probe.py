@@ -81,10 +81,19 @@ def measure_speed(dtype: str) -> tuple[float, float]:
     return tflops, big.nbytes * n / t / 1e9
 
 
+def blas() -> str:
+    """The BLAS MLX's CPU backend runs on: a figure measured under MLX's slow reference BLAS (a rank
+    started without launch.sh's OpenBLAS preload) must never stand for the same host set up right."""
+    if mx.default_device() != mx.cpu or platform.system() != "Linux":
+        return ""
+    maps = Path("/proc/self/maps").read_text()
+    return "|openblas" if "openblas" in maps else "|reference-blas"
+
+
 def _cached_speed(cache_dir: Path, device: str, dtype: str) -> tuple[float, float]:
-    """The measured speed for this host, device and dtype; measured on first use, then read back."""
+    """The measured speed for this host, device, dtype and BLAS; measured on first use, then read back."""
     path = Path(cache_dir) / "probe.json"
-    key = f"{socket.gethostname()}|{device}|{dtype}"
+    key = f"{socket.gethostname()}|{device}|{dtype}{blas()}"
     try:
         cache = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -146,3 +155,20 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
         tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
     return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
                         source="MLX_RING_CAPS" if over else "probed")
+
+
+def main() -> None:
+    """`./launch.sh probe DTYPE RANK` on a host: its capabilities as JSON (the launcher plans with them)."""
+    import sys
+    from dataclasses import asdict
+
+    from mlx_ring.config import parse_config
+
+    logging.basicConfig(level=logging.WARNING)
+    cfg, _ = parse_config([])
+    dtype, rank = sys.argv[1], int(sys.argv[2])
+    print(json.dumps(asdict(local_capabilities(cfg.cache_dir, dtype, rank))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""hosts.json: one entry per rank, in ring order, checked for shape before anything starts.
+
+An entry names the machine to ssh into (`ssh`) and the address its ring sockets use (`ips`, the
+first one is used), plus optional planning keys (`memory_gb`, `max_memory_gb`, `layers`, ...).
+Names in `ips` (`mac-b.local`) are resolved here, once, and the address is what mlx.launch gets:
+ring sockets given an mDNS name fail in ways that are hard to read.
+"""
+
+import ipaddress
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx_ring.planning.plan import HOST_KEYS
+
+LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts these ranks itself, without ssh
+KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)
+EXAMPLE = '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.local", "ips": ["192.168.1.11"]}]'
+
+
+@dataclass(frozen=True)
+class Host:
+    rank: int
+    ssh: str  # the name ssh is given ("127.0.0.1": started locally)
+    address: str  # the ring address, resolved
+    named: str  # the address as hosts.json spells it
+    port: int  # this rank's ring port (mlx.launch: the starting port plus one per rank)
+    keys: dict  # the entry's planning keys
+
+    @property
+    def local(self) -> bool:
+        return self.ssh in LOCAL
+
+
+def load_entries(path: Path) -> list[dict]:
+    """The hostfile's entries (one per rank, ring order), checked for shape."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the hostfile {path} ({e}); HOSTFILE must name a JSON list of hosts, e.g. {EXAMPLE}") from None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{path} must be a non-empty JSON list of objects, one per rank, e.g. {EXAMPLE}")
+    for i, e in enumerate(entries):
+        where = f"{path}: entry {i}"
+        unknown = sorted(set(e) - set(KNOWN_KEYS))
+        if unknown:
+            raise ValueError(f"{where} has unknown key(s) {', '.join(unknown)}; the keys are {', '.join(KNOWN_KEYS)}")
+        if not isinstance(e.get("ssh"), str) or not e["ssh"].strip():
+            raise ValueError(f"{where} lacks \"ssh\", the name to ssh into (\"127.0.0.1\" for this machine), e.g. {EXAMPLE}")
+        ips = e.get("ips")
+        if not isinstance(ips, list) or not ips or not all(isinstance(a, str) and a.strip() for a in ips):
+            raise ValueError(f"{where} ({e['ssh']}) lacks \"ips\", a list with the address its ring sockets use "
+                             f"(on Macs, the Thunderbolt bridge address), e.g. {EXAMPLE}")
+    return entries
+
+
+def resolve(name: str) -> str:
+    """An IPv4 address for `name` (itself if it is an address)."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(f"cannot resolve {name!r} ({e.strerror or e}); put its IP address in hosts.json "
+                         "(on macOS: System Settings > Network > the interface > Details)") from None
+    return infos[0][4][0]
+
+
+def load_hosts(path: Path, starting_port: int, resolver=resolve) -> list[Host]:
+    """Every rank's host, its resolved ring address and port; ValueError naming the entry if wrong."""
+    entries = load_entries(path)
+    hosts, port, owner = [], starting_port, {}
+    for i, e in enumerate(entries):
+        named = e["ips"][0].strip()
+        try:
+            address = resolver(named)
+        except ValueError as err:
+            raise ValueError(f"{path}: entry {i} ({e['ssh']}): {err}") from None
+        ssh = "127.0.0.1" if e["ssh"].strip() in LOCAL else e["ssh"].strip()
+        # Two machines cannot own one address: the second one's ring sockets could not bind it.
+        if owner.setdefault(address, ssh) != ssh:
+            raise ValueError(f"{path}: entries name ring address {address} for two hosts ({owner[address]} and "
+                             f"{ssh}); give entry {i} its own machine's address")
+        hosts.append(Host(i, ssh, address, named, port, {k: e[k] for k in HOST_KEYS if k in e}))
+        port += 1  # mlx.launch is given one address per rank (mlx_hostfile)
+    local = [h for h in hosts if h.local]
+    if local and len(local) != len(hosts) and any(h.address.startswith("127.") for h in local):
+        raise ValueError(f"{path}: rank {local[0].rank} uses ring address {local[0].address}, which other machines "
+                         "cannot reach; give it this machine's address on the network the others are on")
+    return hosts
+
+
+def mlx_hostfile(hosts: list[Host]) -> list[dict]:
+    """What mlx.launch reads: ssh names and resolved addresses, nothing else."""
+    return [{"ssh": h.ssh, "ips": [h.address]} for h in hosts]

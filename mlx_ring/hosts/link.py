@@ -1,0 +1,96 @@
+"""The link between each pair of ring neighbours, measured the way the ring uses it: rank i+1
+listens on its own ring address and port (so the port is free there and reachable), rank i
+connects from its host, times small round trips, then streams a block of bytes."""
+
+import json
+import threading
+import time
+
+from mlx_ring.hosts.facts import run_here_or_there
+
+BLOCK_MB = 64
+
+# python3 -c LINK serve ADDR PORT | python3 -c LINK measure ADDR PORT MB  (stdlib only: it runs
+# before a host has the project's environment)
+LINK = r'''
+import json, socket, sys, time
+mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "serve":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((addr, port))
+    except OSError as e:
+        print(json.dumps({"error": f"cannot listen on {addr}:{port} ({e.strerror})"})); sys.exit(0)
+    s.listen(1); s.settimeout(20); print(json.dumps({"listening": True}), flush=True)
+    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(20):
+        c.sendall(c.recv(1))
+    want, got = int.from_bytes(c.recv(8), "big"), 0
+    while got < want:
+        got += len(c.recv(1 << 20))
+    c.sendall(b"k")
+else:
+    mb = int(sys.argv[4])
+    deadline = time.time() + 10
+    while True:
+        try:
+            c = socket.create_connection((addr, port), timeout=5); break
+        except OSError as e:
+            if time.time() > deadline:
+                print(json.dumps({"error": f"cannot connect to {addr}:{port} ({e.strerror or e})"})); sys.exit(0)
+            time.sleep(0.2)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(20):
+        t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
+    block = bytes(1 << 20)
+    c.sendall((mb << 20).to_bytes(8, "big"))
+    t = time.perf_counter()
+    for _ in range(mb):
+        c.sendall(block)
+    c.recv(1)
+    dt = time.perf_counter() - t
+    print(json.dumps({"rtt_ms": sorted(rtts)[len(rtts) // 2] * 1e3, "gbit_s": mb * 8 * 1.048576e6 / dt / 1e9}))
+'''
+
+
+def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB) -> dict:
+    """{rtt_ms, gbit_s} from `sender`'s host to `receiver`'s ring address, or {error}."""
+    result = {}
+
+    def serve():
+        p = run_here_or_there(conf, receiver.ssh, receiver.local, "exec python3 -c \"$1\" serve \"$2\" \"$3\"",
+                              (LINK, receiver.address, receiver.port), timeout=40)
+        lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        result["serve"] = next((x for x in lines if "error" in x), None)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    time.sleep(0.5)  # the listener's ssh session starts first; the client retries meanwhile anyway
+    p = run_here_or_there(conf, sender.ssh, sender.local, "exec python3 -c \"$1\" measure \"$2\" \"$3\" \"$4\"",
+                          (LINK, receiver.address, receiver.port, mb), timeout=60)
+    t.join(30)
+    if result.get("serve"):
+        return result["serve"]
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    return lines[-1] if lines else {"error": (p.stderr.strip() or "no answer")[-200:]}
+
+
+def measure_links(ring) -> str:
+    """One line per neighbour pair: round trip and bandwidth, or what is wrong and what to do."""
+    hosts, lines = ring.hosts, []
+    if len(hosts) < 2:
+        return "links: one rank, no links"
+    for i, a in enumerate(hosts):
+        b = hosts[(i + 1) % len(hosts)]
+        if len(hosts) == 2 and i == 1:
+            break  # a ring of two has one link
+        r = measure_pair(ring.conf, a, b)
+        if "error" in r:
+            ring.problems.append(f"rank {a.rank} ({a.ssh}) cannot reach rank {b.rank} ({b.ssh}) at its ring address: "
+                                 f"{r['error']}; check the address in hosts.json and that no firewall blocks the port")
+            lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): FAILED, {r['error']}")
+        else:
+            lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): round trip "
+                         f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s")
+    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""Bringing a host up to date from rank 0's machine, over ssh: the project's tracked files (only those
+that differ), uv and the locked environment, and the weight pieces of its slice (only those it lacks,
+checked against their hashes on arrival). Every step is a no-op when the host is already current."""
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from mlx_ring.hosts import ssh
+from mlx_ring.hosts.facts import Facts, run_here_or_there
+from mlx_ring.hosts.weights import MANIFEST, piece_bytes, small_files
+
+log = logging.getLogger("provision")
+
+UV_INSTALLER = "curl -LsSf https://astral.sh/uv/install.sh | sh"
+
+# $1 cache folder (empty: the host's default), $2 model id; stdin: a tar of blobs/ and hosted/<id>/.
+RECEIVE = r'''
+set -e
+cache=${1:-$HOME/.cache/mlx-ring}; id=$2
+mkdir -p "$cache/blobs" "$cache/hosted"
+tmp=$(mktemp -d "$cache/incoming.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+tar -xf - -C "$tmp"
+for f in "$tmp"/blobs/*; do
+  [ -e "$f" ] || continue
+  sum=$( (sha256sum "$f" 2>/dev/null || shasum -a 256 "$f") | cut -d' ' -f1)
+  [ "$sum.safetensors" = "${f##*/}" ] || { echo "weight piece ${f##*/} arrived damaged (sha256 $sum)" >&2; exit 3; }
+  mv "$f" "$cache/blobs/"
+done
+rm -rf "$cache/hosted/$id"
+mv "$tmp/hosted/$id" "$cache/hosted/$id"
+'''
+
+
+def tracked_files(root: Path) -> list[str]:
+    """The checkout's files git tracks or would (not ignored), as they are in the working tree."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise ValueError(f"{root} is not a git checkout; provisioning copies the tracked files of one "
+                         "(clone the project, or set PROVISION=0 and copy it to every host yourself)") from None
+    return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+
+
+def file_sums(root: Path, files: list[str]) -> dict[str, str]:
+    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}
+
+
+class Counted(io.RawIOBase):
+    """A write-only pipe that counts what went through it."""
+
+    def __init__(self, raw):
+        self.raw, self.bytes = raw, 0
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.raw.write(b)
+        self.bytes += len(b)
+        return len(b)
+
+
+class Chunks(io.RawIOBase):
+    """A stream of byte strings as a readable file, for tarfile."""
+
+    def __init__(self, chunks):
+        self.chunks, self.left = iter(chunks), b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        while not self.left:
+            self.left = next(self.chunks, None)
+            if self.left is None:
+                self.left = b""
+                return 0
+        n = min(len(buf), len(self.left))
+        buf[:n], self.left = self.left[:n], self.left[n:]
+        return n
+
+
+def _send_tar(conf: Path, host: str, script: str, args: tuple, add) -> int:
+    """Stream a tar that `add(tar)` fills into `script` on `host`; the bytes sent."""
+    p = subprocess.Popen(ssh.argv(conf, host, script, args), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    out = Counted(p.stdin)
+    try:
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            add(tar)
+        p.stdin.close()
+    except BrokenPipeError:
+        pass
+    err = p.stderr.read().decode(errors="replace")
+    if p.wait() == 255:
+        raise ssh.SshError(ssh.explain(host, err))
+    if p.returncode:
+        raise ValueError(f"{host}: receiving files failed ({err.strip().splitlines()[-1] if err.strip() else p.returncode}); "
+                         "is its disk full?")
+    return out.bytes
+
+
+def send_code(conf: Path, facts: Facts, root: Path, sums: dict[str, str]) -> int:
+    """The tracked files whose contents differ on the host; the bytes sent."""
+    stale = [f for f, digest in sums.items() if facts.sums.get(f) != digest]
+    if not stale:
+        return 0
+    return _send_tar(conf, facts.host, 'mkdir -p "$1" && tar -xf - -C "$1"', (root,),
+                     lambda tar: [tar.add(root / f, arcname=f) for f in stale])
+
+
+def ensure_uv(conf: Path, facts: Facts, here_system: str) -> None:
+    """uv on the host: this machine's binary where the OS and CPU match, else astral's installer."""
+    if facts.uv:
+        return
+    mine = shutil.which("uv") or str(Path.home() / ".local/bin/uv")
+    if facts.system == here_system and Path(mine).is_file():
+        with open(mine, "rb") as f:
+            ssh.run(conf, facts.host, 'mkdir -p "$HOME/.local/bin" && cat > "$HOME/.local/bin/uv.part" && '
+                    'chmod +x "$HOME/.local/bin/uv.part" && mv "$HOME/.local/bin/uv.part" "$HOME/.local/bin/uv"', stdin=f)
+    else:
+        p = ssh.run(conf, facts.host, UV_INSTALLER, timeout=300)
+        if p.returncode:
+            raise ValueError(f"{facts.host}: installing uv failed ({p.stderr.strip()[-200:]}); install it there by hand: {UV_INSTALLER}")
+
+
+def sync_env(conf: Path, facts: Facts, root: Path) -> None:
+    """The locked environment (and, on Linux, OpenBLAS) through the host's own `./launch.sh setup`."""
+    p = ssh.run(conf, facts.host, 'cd "$1" && ./launch.sh setup', (root,), timeout=900)
+    if p.returncode:
+        tail = " ".join(p.stderr.strip().splitlines()[-2:])[-300:]
+        raise ValueError(f"{facts.host}: setting up the environment failed ({tail}); run `./launch.sh setup` in "
+                         f"{root} there to see why")
+
+
+def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: list[str], cache: str) -> int:
+    """The weight pieces in `needed` the host lacks, and a folder there that mlx-lm loads, linking
+    exactly `needed`; the bytes sent."""
+    mid, pieces = manifest["id"], manifest["pieces"]
+    send = [g for g in needed if f"{pieces[g]['sha']}.safetensors" not in facts.blobs]
+    hosted = f"hosted/{mid}"
+    meta = json.dumps({k: manifest[k] for k in ("id", "files", "tensors")} |
+                      {"pieces": {g: {k: p[k] for k in ("sha", "size")} for g, p in pieces.items()}, "present": needed}).encode()
+    if not send and facts.hosted.get(mid) == hashlib.sha256(meta).hexdigest():
+        return 0  # this slice, as it is, is there already
+
+    def add(tar: tarfile.TarFile):
+        for g in send:
+            info = tarfile.TarInfo(f"blobs/{pieces[g]['sha']}.safetensors")
+            info.size = pieces[g]["size"]
+            tar.addfile(info, io.BufferedReader(Chunks(piece_bytes(folder, pieces[g])), 1 << 20))
+        for p in small_files(folder):
+            tar.add(p, arcname=f"{hosted}/{p.name}")
+        for g in needed:
+            link = tarfile.TarInfo(f"{hosted}/model-{g}.safetensors")
+            link.type, link.linkname = tarfile.SYMTYPE, f"../../blobs/{pieces[g]['sha']}.safetensors"
+            tar.addfile(link)
+        info = tarfile.TarInfo(f"{hosted}/{MANIFEST}")
+        info.size = len(meta)
+        tar.addfile(info, io.BytesIO(meta))
+
+    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add)
+
+
+def probe(conf: Path, host: str, local: bool, root: Path, dtype: str, rank: int, caps_env: str) -> dict:
+    """The host's capabilities, measured there (and cached there) under its rank's setup."""
+    script = 'cd "$1" && MLX_RING_CAPS="$4" ./launch.sh probe "$2" "$3"'
+    p = run_here_or_there(conf, host, local, script, (root, dtype, rank, caps_env), timeout=300)
+    if p.returncode:
+        raise ValueError(f"{host}: measuring it failed ({p.stderr.strip()[-300:]})")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def timed(fn, *args) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0

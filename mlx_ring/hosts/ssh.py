@@ -1,0 +1,71 @@
+"""ssh as the ring uses it: never asks for a password, gives up on a dead host within seconds, and
+turns its failures into one sentence that names the host and what to do.
+
+The options live in one generated ssh config file, read by our own calls and, through the `ssh` on
+the launcher's PATH (bin/ssh), by mlx.launch's. The user's own ssh config is included first, so
+their settings win; `RING_SSH_CONFIG` names another file to include (the tests' hosts).
+"""
+
+import shlex
+import subprocess
+from pathlib import Path
+
+CONNECT_TIMEOUT = 5  # seconds; a host that never answers costs this, not ssh's ~2 minutes
+BIN = Path(__file__).resolve().parent / "bin"  # put first on mlx.launch's PATH
+
+
+def write_config(path: Path, user_config: str | None = None) -> Path:
+    """The ring's ssh config at `path`: the user's (or `user_config`), then the ring's defaults."""
+    include = Path(user_config).expanduser().resolve() if user_config else Path.home() / ".ssh" / "config"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"Include {include}\n\nHost *\n"
+                    "  BatchMode yes\n"  # a password prompt would hang the launcher
+                    f"  ConnectTimeout {CONNECT_TIMEOUT}\n"
+                    "  ServerAliveInterval 5\n"  # a host that dies mid-run ends its rank's ssh in ~15 s
+                    "  ServerAliveCountMax 3\n"
+                    "  LogLevel ERROR\n")
+    return path
+
+
+def argv(config: Path, host: str, command: str, args: tuple = ()) -> list[str]:
+    """ssh argv running `command` (with `args` as $1...) in POSIX sh on `host` (macOS' login shell is zsh)."""
+    return ["ssh", "-F", str(config), host, shlex.join(["sh", "-c", command, "sh", *map(str, args)])]
+
+
+def explain(host: str, stderr: str) -> str:
+    """ssh's failure as a sentence naming the host and what to do."""
+    err = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
+    low = err.lower()
+    if "connection refused" in low:
+        todo = "is sshd running there? (on a Mac: System Settings > General > Sharing > Remote Login)"
+    elif "timed out" in low or "no route" in low or "unreachable" in low:
+        todo = "is it on, and on this network? check the name or address"
+    elif "permission denied" in low:
+        todo = f"let this machine's key in: ssh-copy-id {host}"
+    elif "resolve" in low or "not known" in low:
+        todo = "check the name, or use its IP address in hosts.json"
+    elif "host key verification" in low:
+        todo = f"connect once by hand (ssh {host}) to accept its host key"
+    else:
+        todo = f"try `ssh {host}` by hand"
+    return f"cannot reach {host} over ssh ({err}); {todo}"
+
+
+class SshError(ValueError):
+    pass
+
+
+def run(config: Path, host: str, command: str, args: tuple = (), *, input: str = "", stdin=None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `command` on `host` (`input`, or the open file `stdin`, as its stdin); SshError with a
+    sentence if ssh itself failed (exit 255)."""
+    feed = {"stdin": stdin} if stdin is not None else {"input": input.encode()}
+    try:
+        p = subprocess.run(argv(config, host, command, args), capture_output=True, timeout=timeout, **feed)
+    except subprocess.TimeoutExpired:
+        raise SshError(f"{host} did not finish `{command[:60]}` within {timeout:.0f} s; is it overloaded or "
+                       "its network very slow?") from None
+    p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    if p.returncode == 255:
+        raise SshError(explain(host, p.stderr))
+    return p

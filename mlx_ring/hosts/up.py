@@ -1,0 +1,241 @@
+"""Before the ring starts, from rank 0's machine: `./launch.sh check` (a preflight table) and the
+first half of `./launch.sh start` (check, provision every host, plan, write mlx.launch's inputs).
+
+Every problem found is one sentence naming the host and what to do; nothing is started until every
+host is reachable, holds the same code and environment, owns its ring address, and fits its slice.
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
+from mlx_ring.hosts import provision, ssh
+from mlx_ring.hosts.facts import Facts, read_facts
+from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile
+from mlx_ring.hosts.identity import versions
+from mlx_ring.hosts.weights import manifest, pieces_for
+from mlx_ring.planning.plan import Capabilities, LayerPlan, colocate, plan_layers, summary, with_host_keys
+from mlx_ring.planning.planner import dtype_of
+from mlx_ring.planning.sizes import spec_from_folder
+
+log = logging.getLogger("up")
+
+
+@dataclass
+class Ring:
+    """What the launcher learnt: hosts, their facts, the plan, and every problem found."""
+    cfg: Config
+    hosts: list[Host]
+    conf: Path
+    facts: dict  # ssh name -> Facts
+    problems: list[str]
+    plan: LayerPlan | None = None
+    caps: list[Capabilities] | None = None
+    model: Path | None = None
+    manifest: dict | None = None
+
+
+def each_host(ring: Ring, fn, hosts=None) -> dict:
+    """fn(host) for every distinct remote host at once; exceptions become that host's problem."""
+    names = sorted({h.ssh for h in (hosts or ring.hosts) if not h.local})
+    out = {}
+    with ThreadPoolExecutor(max(1, len(names))) as pool:
+        for name, fut in [(n, pool.submit(fn, n)) for n in names]:
+            try:
+                out[name] = fut.result()
+            except ValueError as e:  # ssh.SshError included
+                ring.problems.append(str(e))
+    return out
+
+
+def gather(cfg: Config, ring_port: int, files: list[str]) -> Ring:
+    hosts = load_hosts(cfg.hostfile, ring_port)
+    conf = ssh.write_config(cfg.log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
+    ring = Ring(cfg, hosts, conf, {}, [])
+    cache = os.environ.get("CACHE_DIR", "")
+    ring.facts = each_host(ring, lambda n: read_facts(conf, n, False, ROOT, cache, files))
+    if any(h.local for h in hosts):
+        ring.facts["127.0.0.1"] = read_facts(conf, "127.0.0.1", True, ROOT, str(cfg.cache_dir), [])
+    for h in hosts:
+        f = ring.facts.get(h.ssh)
+        if f and f.addresses and h.address not in f.addresses:
+            named = f" ({h.named} resolves to it)" if h.named != h.address else ""
+            ring.problems.append(f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its addresses are "
+                                 f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (on Macs joined by "
+                                 "Thunderbolt, the bridge0 address: System Settings > Network > Thunderbolt Bridge)")
+    return ring
+
+
+def compare(ring: Ring, sums: dict[str, str]) -> None:
+    """Problems where a remote host's code or environment differs from this machine's."""
+    mine = " ".join(versions().values())
+    for name, f in ring.facts.items():
+        if name == "127.0.0.1":
+            continue
+        if not f.checkout:
+            ring.problems.append(f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
+                                 "(unless PROVISION=0), or clone it there at the same path")
+        elif not f.versions:
+            ring.problems.append(f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
+                                 "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
+        elif f.versions != mine:
+            ring.problems.append(f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
+                                 "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+        else:
+            differ = sorted(k for k, v in sums.items() if f.sums.get(k) != v)
+            if differ:
+                ring.problems.append(f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
+                                     f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
+                                     "or update it there")
+
+
+def plan(ring: Ring) -> None:
+    """The layer plan from every host's measured capabilities and hosts.json's keys."""
+    cfg = ring.cfg
+    spec = spec_from_folder(ring.model)
+    caps_env = os.environ.get("MLX_RING_CAPS", "")
+    measured = {}
+
+    def measure(h: Host) -> dict:
+        return provision.probe(ring.conf, h.ssh, h.local, ROOT, dtype_of(spec), h.rank, caps_env)
+
+    with ThreadPoolExecutor(len(ring.hosts)) as pool:
+        for h, fut in [(h, pool.submit(measure, h)) for h in ring.hosts]:
+            try:
+                measured[h.rank] = fut.result()
+            except ValueError as e:
+                ring.problems.append(str(e))
+    if ring.problems:
+        return
+    caps = [with_host_keys(replace(Capabilities(**measured[h.rank]), host=h.ssh), h.keys) for h in ring.hosts]
+    ring.caps = colocate(caps)
+    strategy = "custom" if cfg.layers else cfg.strategy
+    try:
+        ring.plan = plan_layers(spec, ring.caps, strategy, cfg.kv_tokens, list(cfg.layers) if cfg.layers else None)
+    except ValueError as e:
+        ring.problems.append(f"{e} (free memory as measured on each host now)")
+
+
+def bring_up(ring: Ring, sums: dict[str, str], here: str) -> None:
+    """Provision code and environment on every remote host, then the weights of each one's slice."""
+    def code_and_env(name: str) -> str:
+        f = ring.facts[name]
+        sent, t = provision.timed(provision.send_code, ring.conf, f, ROOT, sums)
+        provision.ensure_uv(ring.conf, f, here)
+        _, t_env = provision.timed(provision.sync_env, ring.conf, f, ROOT)
+        return f"{name}: code {sent / 1e6:.1f} MB in {t:.1f} s, environment ready in {t_env:.1f} s"
+
+    for line in each_host(ring, code_and_env).values():
+        log.info("%s", line)
+
+
+def send_weights(ring: Ring) -> dict:
+    cache = os.environ.get("CACHE_DIR", "")
+    needed: dict[str, list[str]] = {}
+    for h in ring.hosts:
+        s, e = ring.plan.ranges[h.rank]
+        needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
+    sent = {}
+
+    def ship(name: str) -> str:
+        want = sorted(set(needed[name]))
+        n, t = provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest, want, cache)
+        held = sum(ring.manifest["pieces"][g]["size"] for g in want)
+        sent[name] = {"bytes_sent": n, "slice_bytes": held, "seconds": round(t, 2)}
+        return (f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s "
+                f"(its slice: {len(want)} pieces, {held / 1e6:.1f} MB{'; the rest was there' if n < held else ''})")
+
+    for line in each_host(ring, ship).values():
+        log.info("%s", line)
+    return sent
+
+
+def launch_args(ring: Ring, out: Path) -> None:
+    """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
+    env = settings_to_forward() | {"RING_MODEL_ID": ring.manifest["id"],
+                                   "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
+    (out / "env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+    rank0 = ring.hosts[0]
+    (out / "rank0").write_text(rank0.ssh + "\n")
+    host = ring.cfg.host if rank0.local or ring.cfg.host not in ("0.0.0.0", "") else rank0.address
+    (out / "url").write_text(f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
+
+
+def check_table(ring: Ring) -> str:
+    rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs")]
+    for h in ring.hosts:
+        f: Facts | None = ring.facts.get(h.ssh)
+        need = "-"
+        if ring.plan:
+            s, e = ring.plan.ranges[h.rank]
+            need = f"{summary_needs(ring, h.rank):.2f} GB ({e - s} layers{' + ends' if h.rank == 0 else ''})"
+        addr = h.address if h.named == h.address else f"{h.named} -> {h.address}"
+        rows.append((str(h.rank), h.ssh, f"{addr}:{h.port}", f.system if f else "unreachable",
+                     ("yes" if f.checkout else "missing") if f else "-", (f.versions or "no environment") if f else "-",
+                     f"{f.free_gb:.1f} of {f.memory_gb:.1f} GB" if f else "-", need))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def summary_needs(ring: Ring, rank: int) -> float:
+    s = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens)
+    return s["ranks"][rank]["needs_gb"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="./launch.sh check")
+    p.add_argument("command", choices=["check", "up"])
+    p.add_argument("--ring-port", type=int, required=True)
+    p.add_argument("--out", type=Path, help="up: where to write mlx.launch's inputs")
+    a, rest = p.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        cfg, _ = parse_config(rest)
+        files = provision.tracked_files(ROOT)
+        sums = provision.file_sums(ROOT, files)
+        ring = gather(cfg, a.ring_port, files)
+        here = f"{platform.system()} {platform.machine()}"
+        if a.command == "up" and not ring.problems and os.environ.get("PROVISION", "1") != "0":
+            bring_up(ring, sums, here)
+            ring.facts |= each_host(ring, lambda n: read_facts(ring.conf, n, False, ROOT, os.environ.get("CACHE_DIR", ""), files))
+        if not ring.problems:
+            compare(ring, sums)
+        if not ring.problems:
+            from mlx_ring.models.source import resolve_model
+
+            ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+            ring.manifest = manifest(ring.model, cfg.cache_dir)
+            plan(ring)
+        if a.command == "check":
+            from mlx_ring.hosts.link import measure_links
+
+            print(check_table(ring))
+            if not ring.problems:
+                print(measure_links(ring))
+        elif not ring.problems:
+            sent = send_weights(ring)
+            launch_args(ring, a.out)
+            (a.out / "sent.json").write_text(json.dumps(sent, indent=1))
+    except ValueError as e:
+        ring = None
+        print(f"cannot start: {e}", file=sys.stderr)
+        return 2
+    for problem in ring.problems:
+        print(f"cannot start: {problem}", file=sys.stderr)
+    if a.command == "check":
+        print("all hosts ready" if not ring.problems else f"{len(ring.problems)} problem(s)", file=sys.stderr)
+    return 2 if ring.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
