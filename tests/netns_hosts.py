@@ -45,7 +45,7 @@ def sh(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @dataclass
-class TestHost:
+class NetnsHost:
     name: str  # its ssh name and its hostname
     address: str
     netns: str
@@ -58,7 +58,7 @@ class TestHost:
         return {"ssh": self.name, "ips": [self.address], **keys}
 
 
-class TestHosts:
+class NetnsHosts:
     """`n` hosts on a bridge; `close()` removes everything, whatever state the tests left."""
 
     def __init__(self, n: int, tmp: Path):
@@ -66,7 +66,7 @@ class TestHosts:
         self.tmp, self.bridge = Path(tmp), f"mrb{tag}"
         self.net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
         self.gateway = f"{self.net}.1"
-        self.hosts: list[TestHost] = []
+        self.hosts: list[NetnsHost] = []
         self.ssh_config = self.tmp / "ssh_config"
         self.key = self.tmp / "client_key"
         self.uv_cache = Path(sh("uv cache dir 2>/dev/null || echo $HOME/.cache/uv").stdout.strip())
@@ -82,7 +82,7 @@ class TestHosts:
         Path("/run/sshd").mkdir(exist_ok=True)
         config = []
         for i in range(n):
-            h = TestHost(f"ringhost-{chr(97 + i)}", f"{self.net}.{11 + i}", f"mr{tag}h{i}", f"mrv{tag}h{i}", self.tmp / f"host{i}")
+            h = NetnsHost(f"ringhost-{chr(97 + i)}", f"{self.net}.{11 + i}", f"mr{tag}h{i}", f"mrv{tag}h{i}", self.tmp / f"host{i}")
             self.hosts.append(h)
             sh(f"ip netns add {h.netns} && ip link add {h.veth} type veth peer name eth0 netns {h.netns} && "
                f"ip link set {h.veth} master {self.bridge} up && ip -n {h.netns} addr add {h.address}/24 dev eth0 && "
@@ -90,11 +90,13 @@ class TestHosts:
             config.append(f"Host {h.name}\n  HostName {h.address}\n  User root\n  IdentityFile {self.key}\n"
                           "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
             self.wipe(h)
+        # A name for a machine that is off: its address answers nothing, not even a refusal.
+        config.append(f"Host ringhost-off\n  HostName {self.net}.99\n  User root\n  IdentityFile {self.key}\n")
         self.ssh_config.write_text("\n".join(config))
         for h in self.hosts:
             self.start_sshd(h)
 
-    def wipe(self, h: TestHost) -> None:
+    def wipe(self, h: NetnsHost) -> None:
         """The host as a new machine: an empty home and no project."""
         self.stop_sshd(h)
         if h.folder.exists():
@@ -102,7 +104,7 @@ class TestHosts:
         (h.folder / "home" / ".cache" / "uv").mkdir(parents=True)
         (h.folder / "project").mkdir()
 
-    def start_sshd(self, h: TestHost) -> None:
+    def start_sshd(self, h: NetnsHost) -> None:
         cfg = h.folder / "sshd_config"
         cfg.write_text(f"ListenAddress {h.address}\nHostKey {self.tmp}/host_key\nAuthorizedKeysFile {self.key}.pub\n"
                        "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nUseDNS no\nMaxStartups 100\n"
@@ -119,7 +121,7 @@ class TestHosts:
             time.sleep(0.1)
         raise RuntimeError(f"sshd on {h.name} did not come up: {(h.folder / 'sshd.log').read_text()[-500:]}")
 
-    def stop_sshd(self, h: TestHost) -> None:
+    def stop_sshd(self, h: NetnsHost) -> None:
         """Stop its sshd and everything running on the host (sshd down: 'connection refused')."""
         if h.sshd is not None:
             h.sshd.kill()
@@ -127,20 +129,20 @@ class TestHosts:
             h.sshd = None
         self.kill_all(h)
 
-    def kill_all(self, h: TestHost) -> None:
+    def kill_all(self, h: NetnsHost) -> None:
         for pid in self.pids(h):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
-    def pids(self, h: TestHost, but_sshd: bool = False) -> list[int]:
+    def pids(self, h: NetnsHost, but_sshd: bool = False) -> list[int]:
         """Processes running in the host's network namespace (its sshd's own left out if asked)."""
         out = sh(f"ip netns pids {h.netns}", check=False).stdout.split()
         keep = {h.sshd.pid} if but_sshd and h.sshd else set()
         return [int(p) for p in out if int(p) not in keep]  # ip netns exec, unshare and sh exec into sshd: one pid
 
-    def ssh(self, h: TestHost, cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    def ssh(self, h: NetnsHost, cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         p = subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
                             "-o", "LogLevel=ERROR", h.name, cmd], capture_output=True, text=True, timeout=120)
         if check and p.returncode:

@@ -213,8 +213,8 @@ def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
         "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}))
     hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps([{"ssh": "studio", "memory_gb": 48, "tflops": 17, "bandwidth_gbs": 480},
-                                 {"ssh": "mini", "memory_gb": 16, "tflops": 3.5, "bandwidth_gbs": 100}]))
+    hosts.write_text(json.dumps([{"ssh": "studio", "ips": ["10.0.0.1"], "memory_gb": 48, "tflops": 17, "bandwidth_gbs": 480},
+                                 {"ssh": "mini", "ips": ["10.0.0.2"], "memory_gb": 16, "tflops": 3.5, "bandwidth_gbs": 100}]))
     args = ["--hostfile", str(hosts), "--model", str(model), "--strategy", "balanced", "--layers", "", "--kv-tokens", "8192"]
     assert main(args) == 0
     text = capsys.readouterr().out

@@ -1,0 +1,112 @@
+"""The hosts package's pure parts: hosts.json checks, ssh's failures as sentences, the facts a host
+reports, weight pieces that rebuild the model exactly, and the ranks' agreement check."""
+
+import json
+
+import mlx.core as mx
+import pytest
+from ringutil import make_tiny_model
+
+from mlx_ring.hosts import ssh
+from mlx_ring.hosts.facts import parse
+from mlx_ring.hosts.hostfile import load_hosts, mlx_hostfile, resolve
+from mlx_ring.hosts.identity import disagreement
+from mlx_ring.hosts.weights import build_manifest, manifest, missing_pieces, piece_bytes, pieces_for
+
+
+def hosts_from(tmp_path, entries, resolver=lambda n: {"mac-b.local": "192.168.1.11"}.get(n, n)):
+    path = tmp_path / "hosts.json"
+    path.write_text(entries if isinstance(entries, str) else json.dumps(entries))
+    return load_hosts(path, 5000, resolver)
+
+
+def test_hostfile_names_resolved_and_ports_assigned(tmp_path):
+    hosts = hosts_from(tmp_path, [{"ssh": "mac-a", "ips": ["192.168.1.10"], "memory_gb": 16},
+                                  {"ssh": "mac-b", "ips": ["mac-b.local"]}])
+    assert [(h.ssh, h.address, h.port, h.local) for h in hosts] == [("mac-a", "192.168.1.10", 5000, False),
+                                                                    ("mac-b", "192.168.1.11", 5001, False)]
+    assert hosts[0].keys == {"memory_gb": 16} and hosts[1].named == "mac-b.local"
+    assert mlx_hostfile(hosts) == [{"ssh": "mac-a", "ips": ["192.168.1.10"]}, {"ssh": "mac-b", "ips": ["192.168.1.11"]}]
+    local = hosts_from(tmp_path, [{"ssh": "localhost", "ips": ["127.0.0.1"]}] * 2)
+    assert all(h.local and h.ssh == "127.0.0.1" for h in local)
+
+
+@pytest.mark.parametrize("entries, says", [
+    ('{"ssh": "mac-a"}', "must be a non-empty JSON list"),
+    ("[]", "must be a non-empty JSON list"),
+    ("[{]", "cannot read the hostfile"),
+    ([{"ips": ["10.0.0.1"]}], 'entry 0 lacks "ssh"'),
+    ([{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-b"}], 'entry 1 (mac-b) lacks "ips"'),
+    ([{"ssh": "mac-a", "ip": "10.0.0.1"}], "unknown key(s) ip"),
+    ([{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-b", "ips": ["10.0.0.1"]}], "for two hosts (mac-a and mac-b)"),
+    ([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "mac-b", "ips": ["10.0.0.2"]}], "which other machines cannot reach"),
+])
+def test_malformed_hostfiles_are_refused_with_the_entry_named(tmp_path, entries, says):
+    with pytest.raises(ValueError) as e:
+        hosts_from(tmp_path, entries)
+    assert says in str(e.value)
+
+
+def test_unresolvable_name_is_refused(tmp_path):
+    entries = [{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-c", "ips": ["mac-c.invalid"]}]  # .invalid never resolves
+    with pytest.raises(ValueError, match=r"entry 1 \(mac-c\): cannot resolve 'mac-c.invalid' \(.*\); put its IP address"):
+        hosts_from(tmp_path, entries, resolve)
+
+
+@pytest.mark.parametrize("stderr, says", [
+    ("ssh: connect to host 10.0.0.9 port 22: Connection refused", "Remote Login"),
+    ("ssh: connect to host 10.0.0.9 port 22: Connection timed out", "is it on, and on this network"),
+    ("root@10.0.0.9: Permission denied (publickey).", "ssh-copy-id mac-b"),
+    ("ssh: Could not resolve hostname mac-b: Name or service not known", "use its IP address"),
+])
+def test_ssh_failures_become_one_sentence_naming_the_host(stderr, says):
+    text = ssh.explain("mac-b", stderr)
+    assert text.startswith("cannot reach mac-b over ssh (") and says in text and "\n" not in text
+
+
+def test_facts_parse():
+    out = ("hostname=mac-b\nsystem=Darwin arm64\nmemory_kib=16777216 8388608\naddresses=10.0.0.2 127.0.0.1 \n"
+           "uv=/Users/me/.local/bin/uv\ncheckout=yes\nversions=0.32.4 0.32.2\nsums<<\nabc  server.py\ndef  mlx_ring/a b.py\n>>\n"
+           "blobs=aa.safetensors bb.safetensors\nhosted=m1 ff\n")
+    f = parse("mac-b", out)
+    assert (f.hostname, f.system, f.memory_gb, f.free_gb, f.addresses) == ("mac-b", "Darwin arm64", 16.0, 8.0, ("10.0.0.2", "127.0.0.1"))
+    assert f.checkout and f.versions == "0.32.4 0.32.2" and f.sums == {"server.py": "abc", "mlx_ring/a b.py": "def"}
+    assert f.blobs == {"aa.safetensors", "bb.safetensors"} and f.hosted == {"m1": "ff"} and not f.openblas
+
+
+def test_weight_pieces_rebuild_every_tensor_exactly(tmp_path):
+    folder = make_tiny_model(tmp_path / "m", "llama", n_layers=3)
+    weights = mx.load(str(folder / "model.safetensors"))
+    w, scales, biases = mx.quantize(weights["model.layers.1.mlp.up_proj.weight"], group_size=32, bits=4)
+    weights |= {"model.layers.1.mlp.up_proj.weight": w, "model.layers.1.mlp.up_proj.scales": scales.astype(mx.bfloat16),
+                "model.layers.1.mlp.up_proj.biases": biases.astype(mx.float16)}  # uint32, bfloat16, float16 beside float32
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    m = build_manifest(folder)
+    assert sorted(m["pieces"]) == ["ends", "layer-00000", "layer-00001", "layer-00002"]
+    original = mx.load(str(next(folder.glob("model*.safetensors"))))
+    rebuilt = {}
+    for name, piece in m["pieces"].items():
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(b"".join(piece_bytes(folder, piece)))
+        assert path.stat().st_size == piece["size"]
+        rebuilt |= mx.load(str(path))
+    assert rebuilt.keys() == original.keys()
+    assert all(rebuilt[k].dtype == original[k].dtype and mx.array_equal(rebuilt[k], original[k]).item() for k in original)
+    assert sum(p["size"] for p in m["pieces"].values()) == pytest.approx(sum(v.nbytes for v in original.values()), rel=0.01)
+    assert manifest(folder, tmp_path / "cache") == m  # cached, and the same
+    assert pieces_for(range(1, 3), ends=False) == ["layer-00001", "layer-00002"]
+    assert missing_pieces(folder, ["ends"]) == []  # an ordinary folder holds every piece
+
+
+def test_a_different_model_gets_a_different_id(tmp_path):
+    a = build_manifest(make_tiny_model(tmp_path / "a", "llama", n_layers=2, seed=1))
+    b = build_manifest(make_tiny_model(tmp_path / "b", "llama", n_layers=2, seed=2))
+    assert a["id"] != b["id"] and a["pieces"]["ends"]["size"] == b["pieces"]["ends"]["size"]
+
+
+def test_disagreement_names_the_host_that_differs():
+    row = {"host": "mac-a", "model": "m1", "code": "c1", "mlx": "0.32.4", "mlx-lm": "0.32.2"}
+    assert disagreement([row, dict(row, host="mac-b")]) is None
+    text = disagreement([row, dict(row, host="mac-b"), dict(row, host="mac-c", model="m2")])
+    assert text.startswith("rank 2 on host mac-c has model m2 but rank 0 on mac-a has m1;") and "set MODEL once" in text
+    assert "rank 1 on host mac-b has mlx 0.31.0" in disagreement([row, dict(row, host="mac-b", mlx="0.31.0")])
