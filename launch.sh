@@ -85,6 +85,10 @@ supervise() {
   trap 'stopping=1; drain_rank0' TERM INT
   while :; do
     rm -f "$LOG_DIR/rank0.pid"
+    # Before a restart, the hosts again: one that went away is named in a sentence, not retried.
+    if [ "$tries" -gt 0 ] && ! .venv/bin/python -m mlx_ring.hosts.up up --ring-port "$RING_PORT" --out "$PLANNED" "$@"; then
+      say "not restarting: a host is not ready (above)"; exit 3
+    fi
     t0=$(date +%s)
     local envs=() line
     while IFS= read -r line; do envs+=(--env "$line"); done < "$PLANNED/env"

@@ -2,7 +2,6 @@
 POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses, memory,
 whether the checkout and its environment exist, their versions, and which weight pieces it holds."""
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,17 +82,7 @@ def parse(host: str, out: str) -> Facts:
     return f
 
 
-def run_here_or_there(conf: Path, host: str, local: bool, script: str, args: tuple = (), input: str = "",
-                      timeout: float = 120) -> subprocess.CompletedProcess:
-    """`script` in sh with `args`, on this machine for a local rank, else over ssh."""
-    if local:
-        p = subprocess.run(["sh", "-c", script, "sh", *map(str, args)], input=input, capture_output=True, text=True,
-                           timeout=timeout)
-        return p
-    return ssh.run(conf, host, script, args, input=input, timeout=timeout)
-
-
 def read_facts(conf: Path, host: str, local: bool, root: Path, cache_dir: str, files: list[str]) -> Facts:
     """The facts of `host` (this machine when `local`); ssh.SshError if it cannot be reached."""
-    p = run_here_or_there(conf, host, local, SCRIPT, (root, cache_dir), input="\n".join(files) + "\n", timeout=60)
+    p = ssh.run_on(conf, host, local, SCRIPT, (root, cache_dir), input="\n".join(files) + "\n", timeout=60)
     return parse(host, p.stdout)

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 
-from mlx_ring.hosts.facts import run_here_or_there
+from mlx_ring.hosts import ssh
 
 BLOCK_MB = 64
 
@@ -17,10 +17,14 @@ import json, socket, sys, time
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "serve":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((addr, port))
-    except OSError as e:
-        print(json.dumps({"error": f"cannot listen on {addr}:{port} ({e.strerror})"})); sys.exit(0)
+    for wait in range(50):  # a rank of a ring just stopped may hold the port a moment longer
+        try:
+            s.bind((addr, port)); break
+        except OSError as e:
+            if wait == 49 or e.errno != 98:
+                hint = " (is the ring running? ./launch.sh stop)" if e.errno == 98 else ""
+                print(json.dumps({"error": f"cannot listen on {addr}:{port} ({e.strerror}){hint}"})); sys.exit(0)
+            time.sleep(0.1)
     s.listen(1); s.settimeout(20); print(json.dumps({"listening": True}), flush=True)
     c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for _ in range(20):
@@ -59,7 +63,7 @@ def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB) -> dict:
     result = {}
 
     def serve():
-        p = run_here_or_there(conf, receiver.ssh, receiver.local, "exec python3 -c \"$1\" serve \"$2\" \"$3\"",
+        p = ssh.run_on(conf, receiver.ssh, receiver.local, "exec python3 -c \"$1\" serve \"$2\" \"$3\"",
                               (LINK, receiver.address, receiver.port), timeout=40)
         lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
         result["serve"] = next((x for x in lines if "error" in x), None)
@@ -67,7 +71,7 @@ def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB) -> dict:
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     time.sleep(0.5)  # the listener's ssh session starts first; the client retries meanwhile anyway
-    p = run_here_or_there(conf, sender.ssh, sender.local, "exec python3 -c \"$1\" measure \"$2\" \"$3\" \"$4\"",
+    p = ssh.run_on(conf, sender.ssh, sender.local, "exec python3 -c \"$1\" measure \"$2\" \"$3\" \"$4\"",
                           (LINK, receiver.address, receiver.port, mb), timeout=60)
     t.join(30)
     if result.get("serve"):
@@ -76,11 +80,12 @@ def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB) -> dict:
     return lines[-1] if lines else {"error": (p.stderr.strip() or "no answer")[-200:]}
 
 
-def measure_links(ring) -> str:
-    """One line per neighbour pair: round trip and bandwidth, or what is wrong and what to do."""
-    hosts, lines = ring.hosts, []
+def measure_links(ring) -> tuple[str, list[tuple[float, float]]]:
+    """One line per neighbour pair (round trip and bandwidth, or what is wrong and what to do), and
+    every hop of a trip round the ring as (rtt ms, Gbit/s): a ring of two crosses its link twice."""
+    hosts, lines, hops = ring.hosts, [], []
     if len(hosts) < 2:
-        return "links: one rank, no links"
+        return "links: one rank, no links", []
     for i, a in enumerate(hosts):
         b = hosts[(i + 1) % len(hosts)]
         if len(hosts) == 2 and i == 1:
@@ -93,4 +98,5 @@ def measure_links(ring) -> str:
         else:
             lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): round trip "
                          f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s")
-    return "\n".join(lines)
+            hops += [(r["rtt_ms"], r["gbit_s"])] * (2 if len(hosts) == 2 else 1)
+    return "\n".join(lines), hops

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from mlx_ring.hosts import ssh
-from mlx_ring.hosts.facts import Facts, run_here_or_there
+from mlx_ring.hosts.facts import Facts
 from mlx_ring.hosts.weights import MANIFEST, piece_bytes, small_files
 
 log = logging.getLogger("provision")
@@ -173,7 +173,7 @@ def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: 
 def probe(conf: Path, host: str, local: bool, root: Path, dtype: str, rank: int, caps_env: str) -> dict:
     """The host's capabilities, measured there (and cached there) under its rank's setup."""
     script = 'cd "$1" && MLX_RING_CAPS="$4" ./launch.sh probe "$2" "$3"'
-    p = run_here_or_there(conf, host, local, script, (root, dtype, rank, caps_env), timeout=300)
+    p = ssh.run_on(conf, host, local, script, (root, dtype, rank, caps_env), timeout=300)
     if p.returncode:
         raise ValueError(f"{host}: measuring it failed ({p.stderr.strip()[-300:]})")
     return json.loads(p.stdout.strip().splitlines()[-1])

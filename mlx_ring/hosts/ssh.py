@@ -63,9 +63,18 @@ def run(config: Path, host: str, command: str, args: tuple = (), *, input: str =
     try:
         p = subprocess.run(argv(config, host, command, args), capture_output=True, timeout=timeout, **feed)
     except subprocess.TimeoutExpired:
-        raise SshError(f"{host} did not finish `{command[:60]}` within {timeout:.0f} s; is it overloaded or "
+        raise SshError(f"{host} did not finish a command within {timeout:.0f} s over ssh; is it overloaded, or "
                        "its network very slow?") from None
     p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
     if p.returncode == 255:
         raise SshError(explain(host, p.stderr))
     return p
+
+
+def run_on(conf: Path, host: str, local: bool, script: str, args: tuple = (), input: str = "",
+           timeout: float = 120) -> subprocess.CompletedProcess:
+    """`script` in sh with `args`, on this machine for a local rank, else over ssh."""
+    if local:
+        return subprocess.run(["sh", "-c", script, "sh", *map(str, args)], input=input, capture_output=True, text=True,
+                              timeout=timeout)
+    return run(conf, host, script, args, input=input, timeout=timeout)

@@ -21,17 +21,37 @@ from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile
 from mlx_ring.hosts.identity import versions
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.planning.plan import Capabilities, LayerPlan, colocate, plan_layers, summary, with_host_keys
+from mlx_ring.planning.plan import (
+    Capabilities,
+    LayerPlan,
+    colocate,
+    format_summary,
+    plan_layers,
+    summary,
+    with_host_keys,
+)
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.sizes import spec_from_folder
 
 log = logging.getLogger("up")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The launcher's own settings, read once in `main()`."""
+    ring_port: int
+    remote_cache: str  # CACHE_DIR as every host reads it ("": each host's default, under its home)
+    ssh_config: str | None  # RING_SSH_CONFIG: the ssh config the ring's own one includes
+    provision: bool  # PROVISION: bring hosts up to date, else only check them
+    caps_env: str  # MLX_RING_CAPS, for the probes (tests, or to pretend)
+    settings: dict  # rank 0's settings, which every rank gets (config.SETTINGS)
+
+
 @dataclass
 class Ring:
     """What the launcher learnt: hosts, their facts, the plan, and every problem found."""
     cfg: Config
+    opts: Launch
     hosts: list[Host]
     conf: Path
     facts: dict  # ssh name -> Facts
@@ -42,9 +62,9 @@ class Ring:
     manifest: dict | None = None
 
 
-def each_host(ring: Ring, fn, hosts=None) -> dict:
+def each_host(ring: Ring, fn) -> dict:
     """fn(host) for every distinct remote host at once; exceptions become that host's problem."""
-    names = sorted({h.ssh for h in (hosts or ring.hosts) if not h.local})
+    names = sorted({h.ssh for h in ring.hosts if not h.local})
     out = {}
     with ThreadPoolExecutor(max(1, len(names))) as pool:
         for name, fut in [(n, pool.submit(fn, n)) for n in names]:
@@ -55,12 +75,15 @@ def each_host(ring: Ring, fn, hosts=None) -> dict:
     return out
 
 
-def gather(cfg: Config, ring_port: int, files: list[str]) -> Ring:
-    hosts = load_hosts(cfg.hostfile, ring_port)
-    conf = ssh.write_config(cfg.log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
-    ring = Ring(cfg, hosts, conf, {}, [])
-    cache = os.environ.get("CACHE_DIR", "")
-    ring.facts = each_host(ring, lambda n: read_facts(conf, n, False, ROOT, cache, files))
+def read_all(ring: Ring, files: list[str]) -> dict:
+    return each_host(ring, lambda n: read_facts(ring.conf, n, False, ROOT, ring.opts.remote_cache, files))
+
+
+def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
+    hosts = load_hosts(cfg.hostfile, opts.ring_port)
+    conf = ssh.write_config(cfg.log_dir / "ssh_config", opts.ssh_config)
+    ring = Ring(cfg, opts, hosts, conf, {}, [])
+    ring.facts = read_all(ring, files)
     if any(h.local for h in hosts):
         ring.facts["127.0.0.1"] = read_facts(conf, "127.0.0.1", True, ROOT, str(cfg.cache_dir), [])
     for h in hosts:
@@ -100,11 +123,10 @@ def plan(ring: Ring) -> None:
     """The layer plan from every host's measured capabilities and hosts.json's keys."""
     cfg = ring.cfg
     spec = spec_from_folder(ring.model)
-    caps_env = os.environ.get("MLX_RING_CAPS", "")
     measured = {}
 
     def measure(h: Host) -> dict:
-        return provision.probe(ring.conf, h.ssh, h.local, ROOT, dtype_of(spec), h.rank, caps_env)
+        return provision.probe(ring.conf, h.ssh, h.local, ROOT, dtype_of(spec), h.rank, ring.opts.caps_env)
 
     with ThreadPoolExecutor(len(ring.hosts)) as pool:
         for h, fut in [(h, pool.submit(measure, h)) for h in ring.hosts]:
@@ -137,7 +159,8 @@ def bring_up(ring: Ring, sums: dict[str, str], here: str) -> None:
 
 
 def send_weights(ring: Ring) -> dict:
-    cache = os.environ.get("CACHE_DIR", "")
+    """Each remote host's slice; what was sent, per host."""
+    cache = ring.opts.remote_cache
     needed: dict[str, list[str]] = {}
     for h in ring.hosts:
         s, e = ring.plan.ranges[h.rank]
@@ -161,7 +184,7 @@ def launch_args(ring: Ring, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
-    env = settings_to_forward() | {"RING_MODEL_ID": ring.manifest["id"],
+    env = ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
                                    "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
     (out / "env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
     rank0 = ring.hosts[0]
@@ -172,12 +195,13 @@ def launch_args(ring: Ring, out: Path) -> None:
 
 def check_table(ring: Ring) -> str:
     rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs")]
+    needs = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
     for h in ring.hosts:
         f: Facts | None = ring.facts.get(h.ssh)
         need = "-"
-        if ring.plan:
+        if needs:
             s, e = ring.plan.ranges[h.rank]
-            need = f"{summary_needs(ring, h.rank):.2f} GB ({e - s} layers{' + ends' if h.rank == 0 else ''})"
+            need = f"{needs[h.rank]['needs_gb']:.2f} GB ({e - s} layers{' + ends' if h.rank == 0 else ''})"
         addr = h.address if h.named == h.address else f"{h.named} -> {h.address}"
         rows.append((str(h.rank), h.ssh, f"{addr}:{h.port}", f.system if f else "unreachable",
                      ("yes" if f.checkout else "missing") if f else "-", (f.versions or "no environment") if f else "-",
@@ -186,9 +210,44 @@ def check_table(ring: Ring) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def summary_needs(ring: Ring, rank: int) -> float:
-    s = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens)
-    return s["ranks"][rank]["needs_gb"]
+def check(ring: Ring, as_json: bool) -> None:
+    """The table, each neighbour link measured, and the plan's prediction with those hops."""
+    from mlx_ring.hosts.link import measure_links
+
+    table = check_table(ring)
+    text, hops, predicted = "", [], None
+    if not ring.problems:
+        text, hops = measure_links(ring)
+        if ring.plan:
+            predicted = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
+    if as_json:
+        print(json.dumps({"problems": ring.problems, "links": hops, "plan": predicted}))
+    else:
+        print("\n".join(x for x in (table, text, predicted and format_summary(predicted)) if x))
+
+
+def run(a, cfg: Config, opts: Launch) -> Ring:
+    files = provision.tracked_files(ROOT)
+    sums = provision.file_sums(ROOT, files)
+    ring = gather(cfg, opts, files)
+    if a.command == "up" and opts.provision and not ring.problems:
+        bring_up(ring, sums, f"{platform.system()} {platform.machine()}")
+        ring.facts |= read_all(ring, files)
+    if not ring.problems:
+        compare(ring, sums)
+    if not ring.problems:
+        from mlx_ring.models.source import resolve_model
+
+        ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+        ring.manifest = manifest(ring.model, cfg.cache_dir)
+        plan(ring)
+    if a.command == "check":
+        check(ring, a.json)
+    elif not ring.problems:
+        sent = send_weights(ring)
+        launch_args(ring, a.out)
+        (a.out / "sent.json").write_text(json.dumps(sent, indent=1))
+    return ring
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,37 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["check", "up"])
     p.add_argument("--ring-port", type=int, required=True)
     p.add_argument("--out", type=Path, help="up: where to write mlx.launch's inputs")
+    p.add_argument("--json", action="store_true", help="check: machine-readable")
     a, rest = p.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    env = os.environ
+    opts = Launch(a.ring_port, env.get("CACHE_DIR", ""), env.get("RING_SSH_CONFIG") or None, env.get("PROVISION", "1") != "0",
+                  env.get("MLX_RING_CAPS", ""), settings_to_forward())
     try:
-        cfg, _ = parse_config(rest)
-        files = provision.tracked_files(ROOT)
-        sums = provision.file_sums(ROOT, files)
-        ring = gather(cfg, a.ring_port, files)
-        here = f"{platform.system()} {platform.machine()}"
-        if a.command == "up" and not ring.problems and os.environ.get("PROVISION", "1") != "0":
-            bring_up(ring, sums, here)
-            ring.facts |= each_host(ring, lambda n: read_facts(ring.conf, n, False, ROOT, os.environ.get("CACHE_DIR", ""), files))
-        if not ring.problems:
-            compare(ring, sums)
-        if not ring.problems:
-            from mlx_ring.models.source import resolve_model
-
-            ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
-            ring.manifest = manifest(ring.model, cfg.cache_dir)
-            plan(ring)
-        if a.command == "check":
-            from mlx_ring.hosts.link import measure_links
-
-            print(check_table(ring))
-            if not ring.problems:
-                print(measure_links(ring))
-        elif not ring.problems:
-            sent = send_weights(ring)
-            launch_args(ring, a.out)
-            (a.out / "sent.json").write_text(json.dumps(sent, indent=1))
+        ring = run(a, parse_config(rest)[0], opts)
     except ValueError as e:
-        ring = None
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
     for problem in ring.problems:
@@ -238,4 +275,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -61,6 +61,7 @@ class ModelSpec:
     head_flops: float = 0.0
     dtype: str = "float16"
     name: str = ""
+    hidden_bytes: float = 0.0  # one token's hidden state as it crosses a hop between ranks
 
     @property
     def total_bytes(self) -> float:
@@ -347,8 +348,16 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
                 f"of {c.memory_gb:.0f} GB (set usable_gb in hosts.json if it may use more)")
 
 
-def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> dict:
-    """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status)."""
+def hop_seconds(model: ModelSpec, links: list[tuple[float, float]], tokens: int = 1) -> float:
+    """Time one step of `tokens` tokens spends between ranks: on each hop (rtt ms, Gbit/s), the hidden
+    states' bytes over the link's bandwidth plus half its round trip."""
+    return sum(tokens * model.hidden_bytes * 8 / (gbit * 1e9) + rtt_ms / 2e3 for rtt_ms, gbit in links)
+
+
+def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
+            links: list[tuple[float, float]] | None = None) -> dict:
+    """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
+    `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0."""
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
@@ -359,10 +368,12 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
             "weights_gb": round(((e - s) * model.layer_bytes + (model.ends_bytes if r == 0 else 0)) / GIB, 3),
             "needs_gb": round(memory_need(model, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
         })
-    one_stream = sum(stages)
+    hops = hop_seconds(model, links or [])
+    one_stream = sum(stages) + hops
     return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens, "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
-            "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3)}
+            "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
+            "hops_ms": round(hops * 1e3, 3) if links else None}
 
 
 def format_summary(s: dict) -> str:
@@ -378,5 +389,7 @@ def format_summary(s: dict) -> str:
                      f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
                      f"{r['weights_gb']:>6.1f} GB{r['needs_gb']:>6.1f} GB{r['predicted_stage_ms']:>7.1f} ms")
     lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
-                 f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); network hops not counted")
+                 f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); "
+                 + ("network hops not counted (`./launch.sh check` measures them)" if s.get("hops_ms") is None
+                    else f"network hops {s['hops_ms']:.3f} ms per token, as measured"))
     return "\n".join(lines)

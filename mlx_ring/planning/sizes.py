@@ -62,7 +62,7 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     head_read = n["vocab_hidden"] * per_weight
     label = f"{q['bits']}-bit" if q else dtype
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
-                     label, name)
+                     label, name, c["hidden_size"] * act)
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
@@ -114,4 +114,5 @@ def spec_from_folder(folder: Path) -> ModelSpec:
     quant = any(d == "U32" for d, _ in tensors.values())
     n = _counts(config)
     return ModelSpec(est.n_layers, layer, ends, head or embed, n["kv"] * act, layer * n["active"] / n["layer"],
-                     est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name)
+                     est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name,
+                     config["hidden_size"] * act)

@@ -79,10 +79,17 @@ def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
     return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]
 
 
+def machine() -> str:
+    """What names this machine's cores: Linux's boot id (one per running kernel, so containers and
+    network namespaces that share the cores share it), else the host name."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return boot.read_text().strip() if boot.exists() else socket.gethostname()
+
+
 def _share_cores(world: mx.distributed.Group) -> None:
-    """Ranks on one host split its cores between their BLAS thread pools: oversubscribed pools spin
+    """Ranks on one machine split its cores between their BLAS thread pools: oversubscribed pools spin
     against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
-    me = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+    me = zlib.crc32(machine().encode()) & 0x7FFFFFFF
     hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=world).tolist()
     local = hosts.count(me)
     set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded

@@ -104,6 +104,8 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert ring.answer() == reference
     st = ring.status()
     assert [x["host"] for x in st["ranks"]] == [a.name, b.name]  # each rank on its own machine
+    # Set up there as here: the ssh ranks measured themselves with OpenBLAS preloaded (launch.sh rank).
+    assert "|openblas" in hosts.ssh(b, "cat ~/.cache/mlx-ring/probe.json").stdout
 
     # The same plan again: nothing is sent.
     r = ring.sh("restart")
@@ -130,6 +132,15 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert ring.answer() == reference
     r = ring.sh("stop")
     assert r.returncode == 0
+    nothing_left(hosts)
+
+    # The preflight: a row per host, the link between them measured, the plan's prediction; exit 0.
+    r = ring.sh("check")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rows = [x.split() for x in r.stdout.splitlines() if x.split() and x.split()[0] in ("0", "1")][:2]
+    assert [x[1] for x in rows] == [a.name, c.name] and all("0.32" in " ".join(x) for x in rows), r.stdout
+    assert f"link 0 -> 1 ({a.name} -> {c.address}:" in r.stdout and "Gbit/s" in r.stdout
+    assert "network hops" in r.stdout and "all hosts ready" in r.stderr
     nothing_left(hosts)
 
 

@@ -63,6 +63,7 @@ from mlx_ring.planning.plan import (  # noqa: E402
     max_layers,
     memory_need,
     plan_layers,
+    hop_seconds,
     proportional_sizes,
     summary,
     with_host_keys,
@@ -151,6 +152,18 @@ def test_proportional_sizes_cover_and_stay_near_quota(n_layers, weights):
 
 
 LLAMA_8B = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b")
+
+
+def test_hops_add_bytes_over_bandwidth_and_half_a_round_trip_each():
+    spec = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b", 4096 * 2)
+    hop = 4096 * 2 * 8 / 1e9 + 0.2e-3 / 2  # 8 KiB on 1 Gbit/s, half of a 0.2 ms round trip
+    assert hop_seconds(spec, [(0.2, 1.0)] * 3) == pytest.approx(3 * hop)
+    assert hop_seconds(spec, [(0.2, 1.0)], tokens=4096) == pytest.approx(4096 * 4096 * 2 * 8 / 1e9 + 1e-4)
+    caps = [Capabilities("studio", 48, 36, 30, 546), Capabilities("mini", 16, 16 * 2 / 3, 4, 120)]
+    plan = plan_layers(spec, caps, "uniform", 0)
+    plain, hopped = summary(spec, caps, plan, 0), summary(spec, caps, plan, 0, [(0.2, 1.0)] * 2)
+    assert plain["hops_ms"] is None and hopped["hops_ms"] == pytest.approx(2e3 * hop, abs=1e-3)
+    assert 1 / hopped["predicted_tokens_per_s"] == pytest.approx(1 / plain["predicted_tokens_per_s"] + 2 * hop, rel=1e-3)
 
 
 def test_ranks_on_one_machine_split_evenly_and_share_its_memory():

@@ -64,6 +64,7 @@ class NetnsHosts:
     def __init__(self, n: int, tmp: Path):
         tag = f"{os.getpid() % 10000}"
         self.tmp, self.bridge = Path(tmp), f"mrb{tag}"
+        self.tmp.mkdir(parents=True, exist_ok=True)
         self.net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
         self.gateway = f"{self.net}.1"
         self.hosts: list[NetnsHost] = []
