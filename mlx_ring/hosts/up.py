@@ -258,11 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="check: machine-readable")
     a, rest = p.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    env = os.environ
-    opts = Launch(a.ring_port, env.get("CACHE_DIR", ""), env.get("RING_SSH_CONFIG") or None, env.get("PROVISION", "1") != "0",
-                  env.get("MLX_RING_CAPS", ""), settings_to_forward())
     try:
-        ring = run(a, parse_config(rest)[0], opts)
+        cfg, _ = parse_config(rest)  # which also reads .env into the environment
+        env = os.environ
+        opts = Launch(a.ring_port, env.get("CACHE_DIR", ""), env.get("RING_SSH_CONFIG") or None,
+                      env.get("PROVISION", "1") != "0", env.get("MLX_RING_CAPS", ""), settings_to_forward())
+        ring = run(a, cfg, opts)
     except ValueError as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2

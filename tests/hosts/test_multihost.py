@@ -201,6 +201,10 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     said = failure(hosts, tmp_path / "versions", [a.entry(), c.entry()], PROVISION="0")
     assert f"{c.name} runs mlx, mlx-lm 0.0.1" in said
     hosts.ssh(c, fake.format(version, "0.0.1"))
+    hosts.ssh(c, f"mv {ROOT}/.venv {ROOT}/.venv-away")
+    said = failure(hosts, tmp_path / "no-env", [a.entry(), c.entry()], PROVISION="0")
+    assert f"{c.name} has the project but no environment in {ROOT}/.venv" in said
+    hosts.ssh(c, f"mv {ROOT}/.venv-away {ROOT}/.venv")
 
     # Provisioning mends the edit.
     ring = Ring(tmp_path / "mended", hosts)
