@@ -133,13 +133,15 @@ start() {
   .venv/bin/python -m mlx_ring.hosts.up up --ring-port "$RING_PORT" --out "$PLANNED" "$@" || exit 2
   URL=$(cat "$PLANNED/url")
   say "starting the ring..."
+  local seen; seen=$(wc -c < "$LOG_DIR/launcher.log" 2>/dev/null || echo 0)  # earlier runs' lines are not this one's
   # A session of its own, so `stop` can reach the supervisor, the launcher and local ranks together.
   setsid nohup "$ROOT/launch.sh" supervise "$@" >> "$LOG_DIR/launcher.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   local waited=0
   until curl -sf "$URL/health" >/dev/null 2>&1; do
     if ! running; then
-      if grep -q "cannot start: " "$LOG_DIR/launcher.log"; then say "$(grep -o 'cannot start: .*' "$LOG_DIR/launcher.log" | tail -n 1)"; exit 2; fi
+      local why; why=$(tail -c "+$((seen + 1))" "$LOG_DIR/launcher.log" | grep -o 'cannot start: .*' | tail -n 1 || true)
+      [ -n "$why" ] && { say "$why"; exit 2; }
       say "the ring exited during startup; last lines of $LOG_DIR/launcher.log:"; tail -n 20 "$LOG_DIR/launcher.log" >&2; exit 1
     fi
     [ "$waited" -ge "$STARTUP_TIMEOUT" ] && { say "not healthy after ${STARTUP_TIMEOUT}s; see logs/"; exit 1; }
