@@ -92,6 +92,7 @@ supervise() {
     t0=$(date +%s)
     local envs=() line
     while IFS= read -r line; do envs+=(--env "$line"); done < "$PLANNED/env"
+    envs+=(--env "RING_RESTARTS=$tries")  # /metrics reports it
     # mlx.launch busy-loops on an empty or finished stdin: give it an open pipe with a byte now and
     # then (local ranks close their end at start, ssh ranks get none from bin/ssh; either way the
     # next byte fails to write and it stops watching). Its `ssh` is ours: the ring's ssh options.

@@ -73,6 +73,7 @@ class Shard:
         # Moving average, on workers, of the time from a forward step's header to passing it on: this
         # rank's stage plus any wait for the payload (which arrives inside the stage's graph).
         self.forward_us = 0.0
+        self.busy_s = 0.0  # time spent running steps (workers: from a step's arrival to its send)
         self.kv_peak = 0  # most bytes the KV caches held at once
         self.host = socket.gethostname()
         self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
@@ -202,7 +203,7 @@ class Shard:
             rows += self.rows(caches)
             tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
         return StatusRow(self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
-                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10)
+                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10, int(self.busy_s * 100) % 2**31)
 
     def info(self) -> dict:
         return {
@@ -249,7 +250,9 @@ def serve_worker(shard: Shard, ring: Ring) -> None:
         t0 = time.perf_counter()
         out = shard.apply(header, payload)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
+        took = time.perf_counter() - t0
+        shard.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):
-            shard.forward_us = 0.9 * shard.forward_us + 0.1 * (time.perf_counter() - t0) * 1e6
+            shard.forward_us = 0.9 * shard.forward_us + 0.1 * took * 1e6
         if header.kind == Kind.SHUTDOWN:
             return

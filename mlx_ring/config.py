@@ -36,6 +36,7 @@ class Config:
     ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
     model_id: str | None = None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
     plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
+    restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
 
 
 # Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
@@ -120,6 +121,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
         strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
-        plan=plan,
+        plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
     )
     return cfg, a.prepare

@@ -11,10 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlx_ring.api.errors import ApiError, error_body, validation_error
+from mlx_ring.api.metrics import Clock, CountRequests, RingMetrics
 from mlx_ring.api.middleware import BearerAuth, JsonBodies
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
@@ -25,11 +27,13 @@ from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Requ
 log = logging.getLogger(__name__)
 
 
-def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) -> FastAPI:
+def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, restarts: int = 0) -> FastAPI:
     app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
     app.add_middleware(JsonBodies)
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
+    metrics = RingMetrics(engine, served, restarts)
+    app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_, exc):
@@ -75,9 +79,15 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
             req.cancelled.set()
 
         watcher = asyncio.create_task(watch_disconnect())
+        clock = Clock(metrics)
         try:
             while True:
                 ev = await events.get()
+                if isinstance(ev, Delta):
+                    clock.tokens(len(ev.tokens))
+                elif isinstance(ev, Done):
+                    metrics.prompt_tokens.inc(ev.prompt_tokens)
+                    metrics.completion_tokens.inc(ev.completion_tokens)
                 yield ev
                 if isinstance(ev, (Done, Failed)):
                     return
@@ -192,6 +202,14 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None) ->
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         ranks = [static | dyn for static, dyn in zip(served.cluster["ranks"], live)]
         return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        try:
+            ranks = await on_engine(engine.status(), timeout=10)
+        except Exception:  # the ring is down: rank 0's own figures still answer (and mlx_ring_up says 0)
+            ranks = []
+        return Response(metrics.render(ranks), media_type=CONTENT_TYPE_LATEST)
 
     app.openapi = lambda: document(app, served)
     return app

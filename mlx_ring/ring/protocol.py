@@ -67,6 +67,7 @@ class StatusRow:
     forward_us: int  # workers: moving average of a forward step's time on this rank
     kv_cache_kib: int
     kv_cache_peak_kib: int
+    busy_cs: int  # hundredths of a second this rank spent running steps since it started (wraps after 248 days)
 
     @staticmethod
     def table(size: int) -> mx.array:

@@ -91,6 +91,7 @@ class Engine:
         self._gate = threading.Lock()
         self.closed: str | None = None  # why no request is taken any more
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
+        self.on_step: Callable[[float], None] = lambda seconds: None  # each ring step's time (metrics)
 
     # -- called from the HTTP thread ----------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -150,7 +151,13 @@ class Engine:
         for a in list(self.active.values()):
             if a.req.cancelled.is_set():
                 self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
-        for seq, token in self.sched.step():  # a token, or the error that sampling it raised
+        busy, t0 = not self.sched.idle(), time.perf_counter()
+        results = self.sched.step()
+        if busy:  # rank 0's busy time: its steps, waits on the other ranks included
+            took = time.perf_counter() - t0
+            self.pipe.stage.busy_s += took
+            self.on_step(took)
+        for seq, token in results:  # a token, or the error that sampling it raised
             self._advance(self.active[seq.id], token)
 
     def stop(self) -> None:

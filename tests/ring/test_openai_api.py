@@ -1,11 +1,14 @@
 """The real `openai` client against the real server: 2 ranks under mlx.launch, default model."""
 
+import socket
+
 import httpx
 import mlx.core as mx
 import openai
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
+from prometheus_client.parser import text_string_to_metric_families
 from serverutil import running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -101,3 +104,33 @@ def test_health_and_cluster_status(server):
     assert [r["layers"] for r in s["ranks"]] == [[0, 15], [15, 30]]
     assert [r["open_sequences"] for r in s["ranks"]] == [0, 0]  # every finished request freed its caches
     assert s["ranks"][0]["parameter_bytes_kib"] > s["ranks"][1]["parameter_bytes_kib"]  # rank 0 adds embedding
+
+
+def scrape(url: str) -> dict:
+    """/metrics parsed by prometheus_client's own parser: {(name, labels): value}."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_parse_and_move_with_requests(client, server):
+    before = scrape(server)
+    chat = ("mlx_ring_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "200")))
+    bad = ("mlx_ring_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "400")))
+    stream = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    used = [c.usage for c in stream if c.usage][0]
+    assert httpx.post(f"{server}/v1/chat/completions", json={"messages": []}, timeout=30).status_code == 400
+    after = scrape(server)
+    assert after[chat] == before.get(chat, 0) + 1 and after[bad] == before.get(bad, 0) + 1
+    for name, grew in (("mlx_ring_completion_tokens_total", used.completion_tokens), ("mlx_ring_prompt_tokens_total", used.prompt_tokens),
+                       ("mlx_ring_time_to_first_token_seconds_count", 1)):
+        assert after[(name, ())] == before.get((name, ()), 0) + grew, name
+    itl, steps = ("mlx_ring_inter_token_latency_seconds_count", ()), ("mlx_ring_step_seconds_count", ())
+    assert after[itl] >= before.get(itl, 0) + used.completion_tokens - 2 and after[steps] > before.get(steps, 0)
+    assert after[("mlx_ring_up", ())] == 1 and after[("mlx_ring_queue_depth", ())] == 0
+    for rank in ("0", "1"):  # every rank's live figures, labelled with its rank and host
+        who = (("host", socket.gethostname()), ("rank", rank))
+        assert after[("mlx_ring_rank_memory_bytes", (who[0], ("kind", "peak"), who[1]))] > 0
+        assert after[("mlx_ring_rank_busy_seconds_total", who)] > before.get(("mlx_ring_rank_busy_seconds_total", who), 0)
+        assert ("mlx_ring_rank_kv_cache_bytes", who) in after and ("mlx_ring_rank_stage_seconds", who) in after

@@ -1,0 +1,114 @@
+"""`GET /metrics` in Prometheus' text format (prometheus_client), on rank 0.
+
+Rank 0's own figures are counted as they happen (requests, tokens, time to first token, inter-token
+latency, ring steps). Every rank's live figures (memory, KV cache, stage time, busy time) come from
+one STATUS step round the ring per scrape, taken between generation steps, labelled `rank` and `host`.
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+STEP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class RingMetrics:
+    """The registry /metrics serves; `ranks` is refreshed by the route before each scrape."""
+
+    def __init__(self, engine, served, restarts: int = 0):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mlx_ring_requests", "HTTP requests answered, by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("mlx_ring_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.completion_tokens = Counter("mlx_ring_completion_tokens", "completion tokens generated", registry=r)
+        self.ttft = Histogram("mlx_ring_time_to_first_token_seconds", "from a request's arrival to its first token",
+                              buckets=LATENCY, registry=r)
+        self.itl = Histogram("mlx_ring_inter_token_latency_seconds", "time between a stream's tokens",
+                             buckets=LATENCY, registry=r)
+        self.step = Histogram("mlx_ring_step_seconds", "one ring step on rank 0, waits on the other ranks included",
+                              buckets=STEP, registry=r)
+        Gauge("mlx_ring_queue_depth", "requests waiting for a place", registry=r).set_function(engine.requests.qsize)
+        Gauge("mlx_ring_active_sequences", "sequences generating", registry=r).set_function(lambda: len(engine.active))
+        Gauge("mlx_ring_restarts", "times the launcher restarted the ring before this run", registry=r).set(restarts)
+        Gauge("mlx_ring_up", "1 while the ring serves", registry=r).set_function(lambda: 0 if engine.broken else 1)
+        engine.on_step = self.step.observe
+        self.hosts = {x["rank"]: x["host"] for x in served.cluster.get("ranks", [])}
+        self.ranks: list[dict] = []
+        r.register(_Ranks(self))
+
+    def render(self, ranks: list[dict]) -> bytes:
+        self.ranks = ranks
+        return generate_latest(self.registry)
+
+
+class _Ranks:
+    """Per-rank gauges from the latest STATUS step."""
+
+    def __init__(self, metrics: RingMetrics):
+        self.m = metrics
+
+    def describe(self):
+        return []  # values exist only at scrape time
+
+    def collect(self):
+        labels = ["rank", "host"]
+        fams = {
+            "mem": GaugeMetricFamily("mlx_ring_rank_memory_bytes", "memory per rank: MLX active, MLX peak, process RSS",
+                                     labels=[*labels, "kind"]),
+            "kv": GaugeMetricFamily("mlx_ring_rank_kv_cache_bytes", "bytes the rank's KV caches hold", labels=labels),
+            "stage": GaugeMetricFamily("mlx_ring_rank_stage_seconds", "moving average of a forward step on the rank "
+                                       "(workers)", labels=labels),
+            "seqs": GaugeMetricFamily("mlx_ring_rank_open_sequences", "sequence rows cached on the rank", labels=labels),
+            "busy": CounterMetricFamily("mlx_ring_rank_busy_seconds", "time the rank spent running steps (rate() of it is "
+                                        "the busy fraction; rank 0's includes its waits on the others)", labels=labels),
+        }
+        for row in self.m.ranks:
+            who = [str(row["rank"]), self.m.hosts.get(row["rank"], "")]
+            for kind, key in (("active", "mlx_active_memory_kib"), ("peak", "mlx_peak_memory_kib"), ("rss", "rss_kib")):
+                fams["mem"].add_metric([*who, kind], row[key] * 1024)
+            fams["kv"].add_metric(who, row["kv_cache_kib"] * 1024)
+            fams["stage"].add_metric(who, row["forward_us"] / 1e6)
+            fams["seqs"].add_metric(who, row["open_sequences"])
+            fams["busy"].add_metric(who, row["busy_cs"] / 100)
+        yield from fams.values()
+
+
+class Clock:
+    """A stream's token times: the first against its arrival, the others against the one before."""
+
+    def __init__(self, metrics: RingMetrics):
+        self.m, self.t0, self.last = metrics, time.perf_counter(), None
+
+    def tokens(self, n: int) -> None:
+        now = time.perf_counter()
+        if self.last is None:
+            self.m.ttft.observe(now - self.t0)
+        elif n:
+            for _ in range(n):  # a delta may carry several tokens (held back by a stop string): share the gap
+                self.m.itl.observe((now - self.last) / n)
+        self.last = now
+
+
+class CountRequests:
+    """ASGI middleware: every answered request by endpoint and status code."""
+
+    def __init__(self, app, metrics: RingMetrics):
+        self.app, self.m = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in KNOWN else "other"
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.m.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/cluster/status", "/metrics")
