@@ -139,7 +139,7 @@ start() {
   setsid nohup "$ROOT/launch.sh" supervise "$@" >> "$LOG_DIR/launcher.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   local waited=0
-  until curl -sf "$URL/health" >/dev/null 2>&1; do
+  until curl -sfk "$URL/health" >/dev/null 2>&1; do  # -k: a liveness check, also with a self-signed TLS_CERT
     if ! running; then
       local why; why=$(tail -c "+$((seen + 1))" "$LOG_DIR/launcher.log" | grep -o 'cannot start: .*' | tail -n 1 || true)
       [ -n "$why" ] && { say "$why"; exit 2; }
@@ -165,8 +165,8 @@ stop() {
 status() {
   if ! running; then say "not running"; return 1; fi
   [ -f "$PLANNED/url" ] && URL=$(cat "$PLANNED/url")
-  curl -sf "$URL/health" >/dev/null || { say "launcher pid $(cat "$PIDFILE") is up but $URL/health does not answer"; return 1; }
-  curl -sf "$URL/cluster/status" | python3 -c '
+  curl -sfk "$URL/health" >/dev/null || { say "launcher pid $(cat "$PIDFILE") is up but $URL/health does not answer"; return 1; }
+  curl -sfk "$URL/cluster/status" | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
 print("model %(model)s," % s, "plan %(strategy)s over %(n_layers)d layers" % s["plan"])

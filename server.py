@@ -105,7 +105,11 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout)
     app = make_app(engine, served, cfg.api_key, cfg.restarts)
-    http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5))
+    for f in cfg.tls or ():
+        if not f.is_file():  # checked here: only rank 0's host needs the files
+            raise ValueError(f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; give PEM files there")
+    tls = {"ssl_certfile": str(cfg.tls[0]), "ssl_keyfile": str(cfg.tls[1])} if cfg.tls else {}
+    http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5, **tls))
     web = threading.Thread(target=http.run, name="http", daemon=True)
 
     def on_signal(signum, _frame):
@@ -123,7 +127,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         raise SystemExit(f"the HTTP server could not start on {cfg.host}:{cfg.port} (port in use?); set PORT")
     hosts = [r["host"] for r in cluster["ranks"]]
     log.info("layer plan:\n%s", shard.plan.describe(hosts))
-    log.info("ready: http://%s:%d/v1 serving %s on %d rank(s)", cfg.host, cfg.port, served.id, ring.size)
+    log.info("ready: %s://%s:%d/v1 serving %s on %d rank(s)", "https" if cfg.tls else "http", cfg.host, cfg.port, served.id, ring.size)
     engine.run()
     http.should_exit = True
     web.join(5)

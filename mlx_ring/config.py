@@ -37,12 +37,14 @@ class Config:
     model_id: str | None = None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
     plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
     restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
+    tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
 
 
 # Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
 SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
             "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
-            "STRATEGY", "KV_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK")
+            "STRATEGY", "KV_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
+            "TLS_CERT", "TLS_KEY")
 
 
 def settings_to_forward() -> dict[str, str]:
@@ -110,6 +112,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     if a.ring_socket_buffer < 0:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
+    cert, key = _env("TLS_CERT"), _env("TLS_KEY")
+    if bool(cert) != bool(key):
+        raise ValueError("TLS_CERT and TLS_KEY go together: set both (PEM files) for HTTPS, or neither for HTTP")
     plan = None
     if _env("RING_PLAN"):
         strategy, _, sizes = _env("RING_PLAN").partition(":")
@@ -122,5 +127,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         strategy=a.strategy, kv_tokens=a.kv_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
+        tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
     )
     return cfg, a.prepare

@@ -190,7 +190,8 @@ def launch_args(ring: Ring, out: Path) -> None:
     rank0 = ring.hosts[0]
     (out / "rank0").write_text(rank0.ssh + "\n")
     host = ring.cfg.host if rank0.local or ring.cfg.host not in ("0.0.0.0", "") else rank0.address
-    (out / "url").write_text(f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
+    scheme = "https" if ring.cfg.tls else "http"
+    (out / "url").write_text(f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
 
 
 def check_table(ring: Ring) -> str:

@@ -4,6 +4,7 @@ killed and stopped ranks, SIGTERM drain, disconnects, auth, a full queue and bad
 import json
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -208,3 +209,22 @@ def test_many_timed_out_clients_leave_the_server_responsive(launcher):
     while [r["open_sequences"] for r in httpx.get(f"{ln.url}/cluster/status", timeout=10).json()["ranks"]] != [0, 0]:
         assert time.monotonic() < deadline, "sequences of timed-out clients still open"
         time.sleep(0.2)
+
+
+def test_tls_serves_https_to_the_openai_client(launcher, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    ln = launcher(TLS_CERT=cert, TLS_KEY=key)
+    url = f"https://127.0.0.1:{ln.port}"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60,
+                           http_client=httpx.Client(verify=ssl.create_default_context(cafile=cert)))  # trust it
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].message.content and r.usage.completion_tokens == 4
+    with pytest.raises(httpx.HTTPError):  # plain HTTP is not served on the TLS port
+        httpx.get(f"http://127.0.0.1:{ln.port}/health", timeout=5).raise_for_status()
+    with pytest.raises(httpx.HTTPError):  # nor is the certificate trusted without being given
+        httpx.get(f"{url}/health", timeout=5)
+    st = ln.sh("status")
+    assert st.returncode == 0 and "rank 1" in st.stdout, st.stderr
