@@ -83,6 +83,7 @@ def prefill_chunk(cfg: Config) -> int:
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
+    from mlx_ring.api.keys import load_keys
     from mlx_ring.api.routes import make_app
     from mlx_ring.api.served import ServedModel
     from mlx_ring.ring.pipeline import Pipeline
@@ -104,7 +105,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout)
-    app = make_app(engine, served, cfg.api_key, cfg.restarts)
+    app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files
             raise ValueError(f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; give PEM files there")

@@ -38,13 +38,14 @@ class Config:
     plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
     restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
     tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
+    api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
 
 
 # Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
 SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
             "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
             "STRATEGY", "KV_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
-            "TLS_CERT", "TLS_KEY")
+            "TLS_CERT", "TLS_KEY", "API_KEYS_FILE")
 
 
 def settings_to_forward() -> dict[str, str]:
@@ -128,5 +129,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
+        api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
     )
     return cfg, a.prepare

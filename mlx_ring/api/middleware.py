@@ -1,10 +1,9 @@
-"""ASGI middleware in front of the routes: JSON bodies whatever their Content-Type, and the API key."""
-
-import hmac
+"""ASGI middleware in front of the routes: JSON bodies whatever their Content-Type, and API keys."""
 
 from fastapi.responses import JSONResponse
 
 from mlx_ring.api.errors import error_body
+from mlx_ring.api.keys import Key, RateLimited, count_request, find
 
 
 class JsonBodies:
@@ -21,16 +20,24 @@ class JsonBodies:
         await self.app(scope, receive, send)
 
 
-class BearerAuth:
-    """ASGI middleware: with an API key set, /v1/* needs `Authorization: Bearer <key>`; /health stays open."""
+class KeyAuth:
+    """ASGI middleware: with keys set, /v1/* needs `Authorization: Bearer <key>` (401), within the
+    key's requests per minute (429 with Retry-After); /health and /metrics stay open. The key found
+    rides in the request's state, for its token limit; only its name is ever shown."""
 
-    def __init__(self, app, key: str):
-        self.app, self.key = app, f"Bearer {key}".encode()
+    def __init__(self, app, keys: list[Key]):
+        self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.key):  # constant time: no timing oracle on the key
+            key = find(self.keys, dict(scope["headers"]).get(b"authorization", b""))
+            if key is None:
                 body = error_body("missing or wrong API key; send Authorization: Bearer <key>", "authentication_error", code="invalid_api_key")
                 return await JSONResponse(body, status_code=401)(scope, receive, send)
+            try:
+                count_request(key)
+            except RateLimited as e:
+                return await JSONResponse(error_body(str(e), e.kind, code="rate_limit_exceeded"), status_code=429,
+                                          headers={"Retry-After": str(e.retry_after)})(scope, receive, send)
+            scope.setdefault("state", {})["key"] = key
         await self.app(scope, receive, send)

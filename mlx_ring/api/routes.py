@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlx_ring.api.errors import ApiError, error_body, validation_error
+from mlx_ring.api.keys import Key, RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, CountRequests, RingMetrics
-from mlx_ring.api.middleware import BearerAuth, JsonBodies
+from mlx_ring.api.middleware import JsonBodies, KeyAuth
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
@@ -27,11 +28,11 @@ from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Requ
 log = logging.getLogger(__name__)
 
 
-def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, restarts: int = 0) -> FastAPI:
+def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts: int = 0) -> FastAPI:
     app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
     app.add_middleware(JsonBodies)
-    if api_key:
-        app.add_middleware(BearerAuth, key=api_key)
+    if keys:
+        app.add_middleware(KeyAuth, keys=list(keys))
     metrics = RingMetrics(engine, served, restarts)
     app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
 
@@ -70,7 +71,17 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
             raise ApiError(503, f"the server is not taking requests: {e}", "service_unavailable", headers={"Retry-After": "5"}) from None
         return req, events
 
-    async def run(req: Request, events: asyncio.Queue, http: HttpRequest):
+    def reserve(http: HttpRequest, body, prompt: list[int]) -> list | None:
+        """The request's tokens (prompt + max_tokens) against its key's tokens per minute."""
+        key = getattr(http.state, "key", None)
+        if key is None:
+            return None
+        try:
+            return reserve_tokens(key, len(prompt) + limit_tokens(served, prompt, body))
+        except RateLimited as e:
+            raise ApiError(429, str(e), e.kind, code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}) from None
+
+    async def run(req: Request, events: asyncio.Queue, http: HttpRequest, reservation: list | None = None):
         """Yield the engine's events for `req`; marks it cancelled on exit (a no-op once finished)."""
         async def watch_disconnect():
             # The body is already read, so the next ASGI message is the client hanging up.
@@ -79,7 +90,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
             req.cancelled.set()
 
         watcher = asyncio.create_task(watch_disconnect())
-        clock = Clock(metrics)
+        clock, ev = Clock(metrics), None
         try:
             while True:
                 ev = await events.get()
@@ -88,10 +99,14 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
                 elif isinstance(ev, Done):
                     metrics.prompt_tokens.inc(ev.prompt_tokens)
                     metrics.completion_tokens.inc(ev.completion_tokens)
+                    if reservation:
+                        settle(reservation, ev.prompt_tokens + ev.completion_tokens)
                 yield ev
                 if isinstance(ev, (Done, Failed)):
                     return
         finally:
+            if reservation and not isinstance(ev, Done):  # failed or cancelled: what it used is unknown
+                settle(reservation, len(req.prompt))
             watcher.cancel()
             req.cancelled.set()  # frees the sequence on every rank if the client went away
 
@@ -115,11 +130,13 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created, top = int(time.time()), body.logprob_count()
         obj = "chat.completion" if chat else "text_completion"
+        reservation = reserve(http, body, prompt)  # before any byte is sent: a 429 is a plain answer
         req, events = submit(body, prompt)  # before any byte is sent, so a full queue is a plain 503
         if body.stream:
-            return StreamingResponse(stream(req, events, http, rid, created, top, chat, body), media_type="text/event-stream")
+            return StreamingResponse(stream(req, events, http, rid, created, top, chat, body, reservation),
+                                     media_type="text/event-stream")
         text, tokens = [], []
-        async for ev in run(req, events, http):
+        async for ev in run(req, events, http, reservation):
             if isinstance(ev, Delta):
                 text.append(ev.text)
                 tokens.extend(ev.tokens)
@@ -134,7 +151,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
             choice = {"index": 0, "text": content, "logprobs": completion_logprobs(tokens, top, token_text), "finish_reason": done.finish_reason}
         return {"id": rid, "object": obj, "created": created, "model": served.id, "choices": [choice], "usage": usage(done)}
 
-    async def stream(req, events, http, rid, created, top, chat, body):
+    async def stream(req, events, http, rid, created, top, chat, body, reservation):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta_or_text, finish=None, logprobs=None):
@@ -145,7 +162,7 @@ def make_app(engine: Engine, served: ServedModel, api_key: str | None = None, re
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if chat:
             yield chunk({"role": "assistant", "content": ""})
-        async for ev in run(req, events, http):
+        async for ev in run(req, events, http, reservation):
             if isinstance(ev, Delta):
                 lp = chat_logprobs(ev.tokens, top, token_text) if chat else completion_logprobs(ev.tokens, top, token_text)
                 yield chunk({"content": ev.text} if chat else ev.text, logprobs=lp)

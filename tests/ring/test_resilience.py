@@ -228,3 +228,35 @@ def test_tls_serves_https_to_the_openai_client(launcher, tmp_path):
         httpx.get(f"{url}/health", timeout=5)
     st = ln.sh("status")
     assert st.returncode == 0 and "rank 1" in st.stdout, st.stderr
+
+
+def test_api_keys_with_per_minute_limits(launcher, tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"name": "alice", "key": "sk-alice-secret-1", "rpm": 2},
+                                {"name": "bob", "key": "sk-bob-secret-22", "tpm": 200}]))
+    ln = launcher(API_KEYS_FILE=keys)
+    hi = [{"role": "user", "content": "Hi"}]
+
+    def ask(key, max_tokens=4):
+        c = openai.OpenAI(base_url=f"{ln.url}/v1", api_key=key, max_retries=0, timeout=60)
+        return c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=hi, max_tokens=max_tokens)
+
+    with pytest.raises(openai.AuthenticationError):
+        ask("sk-nobody-000")
+    ask("sk-alice-secret-1")
+    ask("sk-alice-secret-1")
+    with pytest.raises(openai.RateLimitError) as e:  # a third request in the minute
+        ask("sk-alice-secret-1")
+    assert e.value.response.status_code == 429 and int(e.value.response.headers["retry-after"]) >= 1
+    err = e.value.response.json()["error"]
+    assert err["code"] == "rate_limit_exceeded" and err["type"] == "requests" and "'alice'" in err["message"]
+    with pytest.raises(openai.RateLimitError, match="lower max_tokens"):  # 31 prompt tokens + 300 never fit 200
+        ask("sk-bob-secret-22", max_tokens=300)
+    r = ask("sk-bob-secret-22", max_tokens=100)  # reserves 131, settles at what it used
+    used = r.usage.total_tokens
+    if used + 131 > 200:  # a second such reservation does not fit the minute
+        with pytest.raises(openai.RateLimitError, match="200 tokens per minute"):
+            ask("sk-bob-secret-22", max_tokens=100)
+    ask("sk-bob-secret-22", max_tokens=200 - used - 31)  # what is left does
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*.log"))
+    assert "rank 0" in logs and "sk-alice-secret-1" not in logs and "sk-bob-secret-22" not in logs
