@@ -7,11 +7,12 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -219,6 +220,13 @@ def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         ranks = [static | dyn for static, dyn in zip(served.cluster["ranks"], live)]
         return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize()}
+
+    page = (Path(__file__).parent / "page.html").read_text()
+
+    @app.get("/", include_in_schema=False)
+    async def home():
+        """The chat and the live ring, one self-contained page (nothing fetched from elsewhere)."""
+        return HTMLResponse(page)
 
     @app.get("/metrics")
     async def prometheus():
