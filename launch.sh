@@ -135,19 +135,19 @@ start() {
   URL=$(cat "$PLANNED/url")
   say "starting the ring..."
   local seen; seen=$(wc -c < "$LOG_DIR/launcher.log" 2>/dev/null || echo 0)  # earlier runs' lines are not this one's
+  rm -f "$LOG_DIR/attempt.log"
   # A session of its own, so `stop` can reach the supervisor, the launcher and local ranks together.
   setsid nohup "$ROOT/launch.sh" supervise "$@" >> "$LOG_DIR/launcher.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
-  local waited=0
-  until curl -sfk "$URL/health" >/dev/null 2>&1; do  # -k: a liveness check, also with a self-signed TLS_CERT
-    if ! running; then
-      local why; why=$(tail -c "+$((seen + 1))" "$LOG_DIR/launcher.log" | grep -o 'cannot start: .*' | tail -n 1 || true)
-      [ -n "$why" ] && { say "$why"; exit 2; }
-      say "the ring exited during startup; last lines of $LOG_DIR/launcher.log:"; tail -n 20 "$LOG_DIR/launcher.log" >&2; exit 1
-    fi
-    [ "$waited" -ge "$STARTUP_TIMEOUT" ] && { say "not healthy after ${STARTUP_TIMEOUT}s; see logs/"; exit 1; }
-    sleep 1; waited=$((waited + 1))
-  done
+  local rc=0
+  .venv/bin/python -m mlx_ring.hosts.ready --url "$URL" --log "$LOG_DIR/attempt.log" --hosts "$PLANNED/hosts.json" \
+    --pid "$(cat "$PIDFILE")" --timeout "$STARTUP_TIMEOUT" || rc=$?
+  if [ "$rc" = 1 ]; then
+    local why; why=$(tail -c "+$((seen + 1))" "$LOG_DIR/launcher.log" | grep -o 'cannot start: .*' | tail -n 1 || true)
+    [ -n "$why" ] && { say "$why"; exit 2; }
+    say "the ring exited during startup; last lines of $LOG_DIR/launcher.log:"; tail -n 20 "$LOG_DIR/launcher.log" >&2; exit 1
+  fi
+  [ "$rc" = 0 ] || { say "not healthy after ${STARTUP_TIMEOUT}s; see logs/"; exit 1; }
   say "ready: $URL/v1 (OpenAI-compatible)"
   status
 }
@@ -169,13 +169,18 @@ status() {
   curl -sfk "$URL/cluster/status" | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
-print("model %(model)s," % s, "plan %(strategy)s over %(n_layers)d layers" % s["plan"])
+print("model %(model)s, plan %(strategy)s over %(n_layers)d layers" % dict(s["plan"], model=s["model"]))
+rows = [("rank", "host", "layers", "weights", "resident", "KV cache", "sequences")]
 for r in s["ranks"]:
-    r["ends"] = " + embedding and head" if r["holds_embedding"] else ""
-    r["mib"], r["rss"] = r["parameter_bytes_kib"] / 1024, r["rss_kib"] / 1024
-    r["start"], r["end"] = r["layers"]
-    print("  rank %(rank)d (%(host)s): layers [%(start)d, %(end)d)%(ends)s, weights %(mib).1f MiB, resident %(rss).1f MiB, %(open_sequences)d open sequences" % r)'
+    ends = " + ends" if r["holds_embedding"] else ""
+    rows.append((str(r["rank"]), r["host"], "[%d, %d)%s" % (*r["layers"], ends), "%.1f MiB" % (r["parameter_bytes_kib"] / 1024),
+                 "%.1f MiB" % (r["rss_kib"] / 1024), "%.1f MiB" % (r["kv_cache_kib"] / 1024), str(r["open_sequences"])))
+w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+for row in rows:
+    print("  " + "  ".join(c.ljust(n) for c, n in zip(row, w)).rstrip())
+print("  %d request(s) queued" % s["queued_requests"])'
 }
+
 
 cmd=${1:-start}
 [ $# -gt 0 ] && shift

@@ -54,10 +54,10 @@ def file_sums(root: Path, files: list[str]) -> dict[str, str]:
 
 
 class Counted(io.RawIOBase):
-    """A write-only pipe that counts what went through it."""
+    """A write-only pipe that counts what went through it (and tells `progress`)."""
 
-    def __init__(self, raw):
-        self.raw, self.bytes = raw, 0
+    def __init__(self, raw, progress=None):
+        self.raw, self.bytes, self.progress = raw, 0, progress
 
     def writable(self):
         return True
@@ -65,6 +65,8 @@ class Counted(io.RawIOBase):
     def write(self, b):
         self.raw.write(b)
         self.bytes += len(b)
+        if self.progress:
+            self.progress(len(b))
         return len(b)
 
 
@@ -88,11 +90,11 @@ class Chunks(io.RawIOBase):
         return n
 
 
-def _send_tar(conf: Path, host: str, script: str, args: tuple, add) -> int:
+def _send_tar(conf: Path, host: str, script: str, args: tuple, add, progress=None) -> int:
     """Stream a tar that `add(tar)` fills into `script` on `host`; the bytes sent."""
     p = subprocess.Popen(ssh.argv(conf, host, script, args), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
-    out = Counted(p.stdin)
+    out = Counted(p.stdin, progress)
     try:
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             add(tar)
@@ -141,7 +143,8 @@ def sync_env(conf: Path, facts: Facts, root: Path) -> None:
                          f"{root} there to see why")
 
 
-def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: list[str], cache: str) -> int:
+def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: list[str], cache: str,
+                progress=None) -> int:
     """The weight pieces in `needed` the host lacks, and a folder there that mlx-lm loads, linking
     exactly `needed`; the bytes sent."""
     mid, pieces = manifest["id"], manifest["pieces"]
@@ -167,7 +170,7 @@ def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: 
         info.size = len(meta)
         tar.addfile(info, io.BytesIO(meta))
 
-    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add)
+    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add, progress)
 
 
 def probe(conf: Path, host: str, local: bool, root: Path, dtype: str, rank: int, caps_env: str) -> dict:

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
@@ -167,10 +169,16 @@ def send_weights(ring: Ring) -> dict:
         needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
     sent = {}
 
+    names = sorted(needed)
+
     def ship(name: str) -> str:
         want = sorted(set(needed[name]))
-        n, t = provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest, want, cache)
         held = sum(ring.manifest["pieces"][g]["size"] for g in want)
+        # A bar per host on a terminal (nothing otherwise): the most it may send is its whole slice.
+        with tqdm(total=held, desc=f"{name} weights", unit="B", unit_scale=True, position=names.index(name), leave=False,
+                  disable=None, file=sys.stderr) as bar:
+            n, t = provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest, want,
+                                   cache, bar.update)
         sent[name] = {"bytes_sent": n, "slice_bytes": held, "seconds": round(t, 2)}
         return (f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s "
                 f"(its slice: {len(want)} pieces, {held / 1e6:.1f} MB{'; the rest was there' if n < held else ''})")

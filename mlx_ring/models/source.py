@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
+from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,8 @@ def convert_gguf(gguf_path: Path, cache_dir: Path, weights: str, name: str | Non
     tensors, quantization = gguf_weights_to_mlx(raw, config, dequantize=weights == "float32")
     if quantization:
         config["quantization"] = quantization
+    for w in tqdm(tensors.values(), desc=f"converting {gguf_path.name}", unit="tensor", disable=None, leave=False):
+        mx.eval(w)  # one by one, so a terminal shows how far it is
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

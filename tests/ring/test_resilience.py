@@ -3,6 +3,7 @@ killed and stopped ranks, SIGTERM drain, disconnects, auth, a full queue and bad
 
 import json
 import os
+import select
 import signal
 import ssl
 import subprocess
@@ -260,3 +261,34 @@ def test_api_keys_with_per_minute_limits(launcher, tmp_path):
     ask("sk-bob-secret-22", max_tokens=200 - used - 31)  # what is left does
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*.log"))
     assert "rank 0" in logs and "sk-alice-secret-1" not in logs and "sk-bob-secret-22" not in logs
+
+
+def test_start_shows_progress_on_a_terminal_only(launcher, tmp_path):
+    """On a terminal (a pty with a size, as a user's) `./launch.sh start` draws a bar of ranks loaded;
+    piped (as here and in CI) it prints none. `status` prints a table."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    quiet = launcher()
+    r = quiet.sh("restart")
+    assert r.returncode == 0 and "ranks loaded" not in r.stderr and "ready:" in r.stderr, r.stderr
+    assert quiet.sh("stop").returncode == 0
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    p = subprocess.Popen([str(ROOT / "launch.sh"), "start"], cwd=ROOT, env=quiet.env, stdin=sub, stdout=sub, stderr=sub)
+    out = b""
+    while True:  # everything it writes, until it has exited and written its last
+        if select.select([main], [], [], 0.5)[0]:
+            try:
+                out += os.read(main, 65536)
+            except OSError:
+                break
+        elif p.poll() is not None:
+            break
+    os.close(sub)
+    text = out.decode(errors="replace")
+    assert p.returncode == 0 and "ranks loaded" in text and "2/2" in text and "ready:" in text, text[-2000:]
+    table = quiet.sh("status").stdout
+    assert "rank  host" in table and "[0, 15) + ends" in table and "request(s) queued" in table, table
