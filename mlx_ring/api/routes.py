@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -228,7 +228,7 @@ def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts
         """The chat and the live ring, one self-contained page (nothing fetched from elsewhere)."""
         return HTMLResponse(page)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (text format 0.0.4)")
     async def prometheus():
         try:
             ranks = await on_engine(engine.status(), timeout=10)

@@ -228,7 +228,7 @@ def test_tls_serves_https_to_the_openai_client(launcher, tmp_path):
     with pytest.raises(httpx.HTTPError):  # nor is the certificate trusted without being given
         httpx.get(f"{url}/health", timeout=5)
     st = ln.sh("status")
-    assert st.returncode == 0 and "rank 1" in st.stdout, st.stderr
+    assert st.returncode == 0 and "[15, 30)" in st.stdout, st.stderr
 
 
 def test_api_keys_with_per_minute_limits(launcher, tmp_path):
