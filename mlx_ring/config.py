@@ -1,6 +1,7 @@
 """Settings: one frozen dataclass, built once in `main()` from flags, the environment and `.env`."""
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,22 @@ SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS"
             "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
             "STRATEGY", "KV_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
             "TLS_CERT", "TLS_KEY", "API_KEYS_FILE")
+
+
+def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
+    """A settings file that is a non-empty JSON list of objects with only `known` keys (hosts.json,
+    API_KEYS_FILE); ValueError naming the file, the entry and the fix."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {what} {path} ({e}); it must be a JSON list such as {example}") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{what} {path} must be a non-empty JSON list of objects, e.g. {example}")
+    for i, r in enumerate(rows):
+        unknown = sorted(set(r) - set(known))
+        if unknown:
+            raise ValueError(f"{what} {path}: entry {i} has unknown key(s) {', '.join(unknown)}; the keys are {', '.join(known)}")
+    return rows
 
 
 def settings_to_forward() -> dict[str, str]:

@@ -7,11 +7,12 @@ in, and what it really used replaces the reservation when it ends.
 """
 
 import hmac
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mlx_ring.config import json_objects
 
 WINDOW = 60.0
 EXAMPLE = '[{"name": "alice", "key": "sk-alice-...", "rpm": 60, "tpm": 100000}, {"name": "ci", "key": "sk-ci-..."}]'
@@ -32,17 +33,9 @@ def load_keys(api_key: str | None, keys_file: Path | None) -> list[Key]:
     keys = [Key("API_KEY", f"Bearer {api_key}".encode())] if api_key else []
     if keys_file is None:
         return keys
-    try:
-        rows = json.loads(Path(keys_file).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read API_KEYS_FILE {keys_file} ({e}); it must be a JSON list such as {EXAMPLE}") from None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"API_KEYS_FILE {keys_file} must be a non-empty JSON list of objects, e.g. {EXAMPLE}")
+    rows = json_objects(keys_file, "API_KEYS_FILE", EXAMPLE, ("name", "key", "rpm", "tpm"))
     for i, r in enumerate(rows):
         where = f"API_KEYS_FILE entry {i}"
-        unknown = set(r) - {"name", "key", "rpm", "tpm"}
-        if unknown:
-            raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; use name, key, rpm, tpm")
         if not isinstance(r.get("key"), str) or len(r["key"]) < 8:
             raise ValueError(f"{where} needs \"key\", a string of at least 8 characters")
         for limit in ("rpm", "tpm"):

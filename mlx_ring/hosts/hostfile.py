@@ -7,11 +7,11 @@ ring sockets given an mDNS name fail in ways that are hard to read.
 """
 
 import ipaddress
-import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_ring.config import json_objects
 from mlx_ring.planning.plan import HOST_KEYS
 
 LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts these ranks itself, without ssh
@@ -35,17 +35,9 @@ class Host:
 
 def load_entries(path: Path) -> list[dict]:
     """The hostfile's entries (one per rank, ring order), checked for shape."""
-    try:
-        entries = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read the hostfile {path} ({e}); HOSTFILE must name a JSON list of hosts, e.g. {EXAMPLE}") from None
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise ValueError(f"{path} must be a non-empty JSON list of objects, one per rank, e.g. {EXAMPLE}")
+    entries = json_objects(path, "the hostfile", EXAMPLE, KNOWN_KEYS)
     for i, e in enumerate(entries):
         where = f"{path}: entry {i}"
-        unknown = sorted(set(e) - set(KNOWN_KEYS))
-        if unknown:
-            raise ValueError(f"{where} has unknown key(s) {', '.join(unknown)}; the keys are {', '.join(KNOWN_KEYS)}")
         if not isinstance(e.get("ssh"), str) or not e["ssh"].strip():
             raise ValueError(f"{where} lacks \"ssh\", the name to ssh into (\"127.0.0.1\" for this machine), e.g. {EXAMPLE}")
         ips = e.get("ips")
