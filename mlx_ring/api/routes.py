@@ -132,7 +132,12 @@ def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts
         created, top = int(time.time()), body.logprob_count()
         obj = "chat.completion" if chat else "text_completion"
         reservation = reserve(http, body, prompt)  # before any byte is sent: a 429 is a plain answer
-        req, events = submit(body, prompt)  # before any byte is sent, so a full queue is a plain 503
+        try:
+            req, events = submit(body, prompt)  # before any byte is sent, so a full queue is a plain 503
+        except ApiError:
+            if reservation:
+                settle(reservation, 0)  # refused: it used nothing
+            raise
         if body.stream:
             return StreamingResponse(stream(req, events, http, rid, created, top, chat, body, reservation),
                                      media_type="text/event-stream")
