@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dotenv import dotenv_values, load_dotenv
+from dotenv import load_dotenv
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 CACHE_DIR = Path.home() / ".cache" / "mlx-ring"  # converted models, probe results
@@ -66,10 +66,9 @@ def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) ->
 
 
 def settings_to_forward() -> dict[str, str]:
-    """SETTINGS as this machine has them: its environment first, then its `.env`."""
-    dotenv = dotenv_values(ROOT / ".env") if (ROOT / ".env").is_file() else {}
-    out = {k: os.environ.get(k) or dotenv.get(k) for k in SETTINGS}
-    return {k: v for k, v in out.items() if v}
+    """SETTINGS as this machine has them; call after `parse_config`, which loads `.env` into the
+    environment (the environment wins)."""
+    return {k: os.environ[k] for k in SETTINGS if os.environ.get(k)}
 
 
 def _env(name: str, default: str | None = None) -> str | None:

@@ -24,8 +24,8 @@ class Key:
     secret: bytes  # "Bearer <key>", as the header carries it
     rpm: int | None = None
     tpm: int | None = None
-    requests: deque = field(default_factory=deque)  # times of the last minute's requests
-    tokens: deque = field(default_factory=deque)  # [time, tokens] of the last minute's requests
+    requests: deque = field(default_factory=deque)  # [time, 1] for each of the last minute's requests
+    tokens: deque = field(default_factory=deque)  # [time, tokens] for each of the last minute's requests
 
 
 def load_keys(api_key: str | None, keys_file: Path | None) -> list[Key]:
@@ -63,7 +63,7 @@ class RateLimited(Exception):
 
 
 def _trim(window: deque, now: float) -> None:
-    while window and now - (window[0] if isinstance(window[0], float) else window[0][0]) >= WINDOW:
+    while window and now - window[0][0] >= WINDOW:
         window.popleft()
 
 
@@ -73,8 +73,8 @@ def count_request(key: Key, now: float | None = None) -> None:
     _trim(key.requests, now)
     if key.rpm is not None and len(key.requests) >= key.rpm:
         raise RateLimited(f"rate limit reached for key {key.name!r}: {key.rpm} requests per minute; retry later",
-                          "requests", key.requests[0] + WINDOW - now)
-    key.requests.append(now)
+                          "requests", key.requests[0][0] + WINDOW - now)
+    key.requests.append([now, 1])
 
 
 def reserve_tokens(key: Key, tokens: int, now: float | None = None) -> list:

@@ -25,17 +25,17 @@ RECEIVE = r'''
 set -e
 cache=${1:-$HOME/.cache/mlx-ring}; id=$2
 mkdir -p "$cache/blobs" "$cache/hosted"
-tmp=$(mktemp -d "$cache/incoming.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-tar -xf - -C "$tmp"
-for f in "$tmp"/blobs/*; do
+staging=$(mktemp -d "$cache/incoming.XXXXXX")  # pieces land here, are checked, then moved
+trap 'rm -rf "$staging"' EXIT
+tar -xf - -C "$staging"
+for f in "$staging"/blobs/*; do
   [ -e "$f" ] || continue
   sum=$( (sha256sum "$f" 2>/dev/null || shasum -a 256 "$f") | cut -d' ' -f1)
   [ "$sum.safetensors" = "${f##*/}" ] || { echo "weight piece ${f##*/} arrived damaged (sha256 $sum)" >&2; exit 3; }
   mv "$f" "$cache/blobs/"
 done
 rm -rf "$cache/hosted/$id"
-mv "$tmp/hosted/$id" "$cache/hosted/$id"
+mv "$staging/hosted/$id" "$cache/hosted/$id"
 '''
 
 

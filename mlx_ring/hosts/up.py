@@ -26,6 +26,7 @@ from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.plan import (
     Capabilities,
     LayerPlan,
+    ModelSpec,
     colocate,
     format_summary,
     plan_layers,
@@ -61,6 +62,7 @@ class Ring:
     plan: LayerPlan | None = None
     caps: list[Capabilities] | None = None
     model: Path | None = None
+    spec: ModelSpec | None = None  # the model's sizes, from its weight headers
     manifest: dict | None = None
 
 
@@ -123,8 +125,7 @@ def compare(ring: Ring, sums: dict[str, str]) -> None:
 
 def plan(ring: Ring) -> None:
     """The layer plan from every host's measured capabilities and hosts.json's keys."""
-    cfg = ring.cfg
-    spec = spec_from_folder(ring.model)
+    cfg, spec = ring.cfg, ring.spec
     measured = {}
 
     def measure(h: Host) -> dict:
@@ -204,7 +205,7 @@ def launch_args(ring: Ring, out: Path) -> None:
 
 def check_table(ring: Ring) -> str:
     rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs")]
-    needs = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
+    needs = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
     for h in ring.hosts:
         f: Facts | None = ring.facts.get(h.ssh)
         need = "-"
@@ -228,7 +229,7 @@ def check(ring: Ring, as_json: bool) -> None:
     if not ring.problems:
         text, hops = measure_links(ring)
         if ring.plan:
-            predicted = summary(spec_from_folder(ring.model), ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
+            predicted = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
     if as_json:
         print(json.dumps({"problems": ring.problems, "links": hops, "plan": predicted}))
     else:
@@ -248,6 +249,7 @@ def run(a, cfg: Config, opts: Launch) -> Ring:
         from mlx_ring.models.source import resolve_model
 
         ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+        ring.spec = spec_from_folder(ring.model)
         ring.manifest = manifest(ring.model, cfg.cache_dir)
         plan(ring)
     if a.command == "check":
