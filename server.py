@@ -80,6 +80,21 @@ def prefill_chunk(cfg: Config) -> int:
     return cfg.prefill_chunk or (128 if mx.default_device() == mx.cpu else 512)
 
 
+def prompt_cache(cfg: Config, shard: Shard, model_path) -> "PrefixIndex | None":
+    """Rank 0's prompt-cache index, its PROMPT_CACHE_GB counted in tokens on the rank with the most
+    layers (every rank holds an entry's tokens for its own layers); None when off or not reusable."""
+    from mlx_ring.serving.prefix import PrefixIndex
+
+    if not cfg.prompt_cache_gb or not shard.reusable:
+        if cfg.prompt_cache_gb:
+            log.info("prompt cache off: this model's caches cannot be reused by prefix")
+        return None
+    per_token = max(e - s for s, e in shard.plan.ranges) * spec_from_folder(model_path).kv_bytes_per_token
+    budget = int(cfg.prompt_cache_gb * 2**30 / per_token)
+    log.info("prompt cache: %.2f GB per rank, %d tokens", cfg.prompt_cache_gb, budget)
+    return PrefixIndex(budget)
+
+
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
@@ -102,7 +117,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         max_tokens_limit=cfg.max_tokens_limit,
         cluster=cluster,
     )
-    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg))
+    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
+                      prefix=prompt_cache(cfg, shard, model_path))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)

@@ -19,7 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
-from mlx_ring.models.compat import drop_spare_room, merge_caches
+from mlx_ring.models.compat import cache_from_saved, drop_spare_room, merge_caches, prefix_reusable, saved_rows
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.ring.transport import Ring
@@ -63,13 +63,16 @@ class Shard:
     `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
-    def __init__(self, model: nn.Module, plan: LayerPlan, rank: int):
+    def __init__(self, model: nn.Module, plan: LayerPlan, rank: int, reusable: bool = False):
         self.model, self.plan, self.rank = model, plan, rank
+        self.reusable = reusable  # every layer's cache (not only this slice's) can be saved and reused by prefix
         self.inner = model.model
         self.start, self.end = plan.ranges[rank]
         self.last = rank == len(plan.ranges) - 1  # hands steps back to rank 0
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
+        self.saved: dict[int, list] = {}  # prompt-cache entry -> per-layer (keys, values) of its tokens
+        self.prefill_tokens = 0  # token positions run through prefill steps (status)
         # Moving average, on workers, of the time from a forward step's header to passing it on: this
         # rank's stage plus any wait for the payload (which arrives inside the stage's graph).
         self.forward_us = 0.0
@@ -77,7 +80,8 @@ class Shard:
         self.kv_peak = 0  # most bytes the KV caches held at once
         self.host = socket.gethostname()
         self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
-                       Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status}
+                       Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status,
+                       Kind.LOAD: self._load, Kind.SAVE: self._save}
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -132,6 +136,7 @@ class Shard:
         )
         assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
         out = self.forward(payload, caches, causal=B > 1)
+        self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
             out = out[:, -1:, :]  # rank 0 needs only a lone prompt's last position (it has no padding)
@@ -181,6 +186,19 @@ class Shard:
         self.prefills.pop(header.batch, None)
         mx.clear_cache()
 
+    def _load(self, header: Header, payload: None) -> None:
+        saved = self.saved[header.group]
+        self.prefills[header.batch] = [cache_from_saved(s, header.offset) for s in saved]
+
+    def _save(self, header: Header, payload: mx.array) -> mx.array:
+        row, *drop = payload.tolist()
+        for entry in drop:  # rank 0 evicts first, so the budget holds at every moment
+            del self.saved[entry]
+        caches = self.prefills[header.batch]
+        self.saved[header.group] = [saved_rows(c, row, header.offset) for c in caches]
+        mx.eval(self.saved[header.group])  # copied now: the batch's cache may change or go next step
+        return payload  # the next rank saves the same
+
     def _status(self, header: Header, table: mx.array) -> mx.array:
         return mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])
 
@@ -190,6 +208,9 @@ class Shard:
         step = max(16, GROUP_SPARE_TOKENS // Shard.rows(caches))
         for c in caches:
             c.step = step
+
+    def saved_bytes(self) -> int:
+        return sum(a.nbytes for entry in self.saved.values() for kv in entry for a in kv)
 
     def kv_bytes(self) -> int:
         """Bytes the KV caches hold now (allocated, spare room included); updates the peak."""
@@ -203,7 +224,8 @@ class Shard:
             rows += self.rows(caches)
             tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
         return StatusRow(self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
-                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10, int(self.busy_s * 100) % 2**31)
+                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10, int(self.busy_s * 100) % 2**31,
+                         len(self.saved), self.saved_bytes() >> 10, self.prefill_tokens % 2**31)
 
     def info(self) -> dict:
         return {
@@ -231,6 +253,7 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     inner = _check_architecture(model)
     if len(inner.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(inner.layers)}")
+    reusable = prefix_reusable(make_prompt_cache(model))  # every layer's kind, so every rank agrees
     inner.layers = inner.layers[start:end]
     if rank != 0:
         for name in ("embed_tokens", "norm"):
@@ -238,7 +261,7 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
         if "lm_head" in model:
             model.pop("lm_head")
     mx.eval(model.parameters())
-    return Shard(model, plan, rank)
+    return Shard(model, plan, rank, reusable)
 
 
 def serve_worker(shard: Shard, ring: Ring) -> None:

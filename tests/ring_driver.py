@@ -2,7 +2,8 @@
 real scheduler, sequences arriving and leaving mid-flight.
 
 `--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
-before scheduler step k. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
+before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens).
+`--prompt-cache N` gives rank 0 a prompt cache of N tokens. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
 all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
 """
@@ -20,6 +21,7 @@ from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
@@ -31,6 +33,7 @@ def main():
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--layers", default=None)
+    p.add_argument("--prompt-cache", type=int, default=0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     world = init_world()
@@ -73,13 +76,19 @@ def main():
         submit(header, payload, tag, chained)
 
     pipe.submit = recording_submit
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk)
-    waiting = sorted(range(len(spec)), key=lambda i: spec[i]["at"])
+    prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix)
+    waiting = list(range(len(spec)))
     tokens = {i: [] for i in range(len(spec))}
+
+    def due(i):
+        s = spec[i]
+        return len(tokens[s["after"]]) >= spec[s["after"]]["max_tokens"] if "after" in s else s["at"] <= step
+
     step = 0
     while waiting or not sched.idle():
-        while waiting and spec[waiting[0]]["at"] <= step:
-            i = waiting.pop(0)
+        for i in [i for i in waiting if due(i)]:
+            waiting.remove(i)
             seq = Sequence(i, spec[i]["prompt"], SamplingParams(temperature=0.0))
             owner[id(seq.sampler)] = i
             sched.add(seq)
@@ -94,8 +103,9 @@ def main():
         sched.step()
     for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped
         np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
+    cache = {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)} if prefix else None
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
-                                                 "prefill_rows": prefill_rows}))
+                                                 "prefill_rows": prefill_rows, "prompt_cache": cache}))
     pipe.shutdown()
 
 

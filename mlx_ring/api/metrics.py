@@ -34,6 +34,12 @@ class RingMetrics:
         Gauge("mlx_ring_active_sequences", "sequences generating", registry=r).set_function(lambda: len(engine.active))
         Gauge("mlx_ring_restarts", "times the launcher restarted the ring before this run", registry=r).set(restarts)
         Gauge("mlx_ring_up", "1 while the ring serves", registry=r).set_function(lambda: 0 if engine.broken else 1)
+        prefix = engine.sched.prefix
+        if prefix is not None:
+            Gauge("mlx_ring_prompt_cache_hit_tokens", "prompt tokens not prefilled thanks to the prompt cache, since the "
+                  "start", registry=r).set_function(lambda: prefix.hit_tokens)
+            Gauge("mlx_ring_prompt_cache_tokens", "tokens held in the prompt cache (on every rank, for its own layers)",
+                  registry=r).set_function(lambda: prefix.held)
         engine.on_step = self.step.observe
         self.hosts = {x["rank"]: x["host"] for x in served.cluster.get("ranks", [])}
         self.ranks: list[dict] = []
@@ -62,6 +68,10 @@ class _Ranks:
             "stage": GaugeMetricFamily("mlx_ring_rank_stage_seconds", "moving average of a forward step on the rank "
                                        "(workers)", labels=labels),
             "seqs": GaugeMetricFamily("mlx_ring_rank_open_sequences", "sequence rows cached on the rank", labels=labels),
+            "saved": GaugeMetricFamily("mlx_ring_rank_prompt_cache_bytes", "bytes of the prompt cache the rank holds for "
+                                       "its layers", labels=labels),
+            "prefill": CounterMetricFamily("mlx_ring_rank_prefill_tokens", "token positions the rank ran prefill steps "
+                                           "on", labels=labels),
             "busy": CounterMetricFamily("mlx_ring_rank_busy_seconds", "time the rank spent running steps (rate() of it is "
                                         "the busy fraction; rank 0's includes its waits on the others)", labels=labels),
         }
@@ -73,6 +83,8 @@ class _Ranks:
             fams["stage"].add_metric(who, row["forward_us"] / 1e6)
             fams["seqs"].add_metric(who, row["open_sequences"])
             fams["busy"].add_metric(who, row["busy_cs"] / 100)
+            fams["saved"].add_metric(who, row["prompt_cache_kib"] * 1024)
+            fams["prefill"].add_metric(who, row["prefill_tokens"])
         yield from fams.values()
 
 

@@ -224,7 +224,13 @@ def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts
         except Exception as e:
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         ranks = [static | dyn for static, dyn in zip(served.cluster["ranks"], live)]
-        return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize()}
+        prefix = engine.sched.prefix
+        cache = {"enabled": prefix is not None}
+        if prefix is not None:  # ints the engine thread updates: read without a lock
+            cache |= {"entries": len(prefix.entries), "tokens": prefix.held, "budget_tokens": prefix.budget,
+                      "hits": prefix.hits, "hit_tokens": prefix.hit_tokens}
+        return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize(),
+                "prompt_cache": cache}
 
     page = (Path(__file__).parent / "page.html").read_text()
 

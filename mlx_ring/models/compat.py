@@ -1,8 +1,9 @@
 """Every mlx-lm internal this project relies on, in one place: when mlx-lm changes one of them,
 this is the file that breaks, and the only one to mend."""
 
+import mlx.core as mx
 from mlx_lm.generate import _merge_caches
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.utils import _get_classes
 
 
@@ -21,3 +22,24 @@ def drop_spare_room(cache) -> None:
 def model_classes(config: dict) -> tuple[type, type]:
     """(model class, its args class) for a config's `model_type`, as `mlx_lm.load` picks them."""
     return _get_classes(config)
+
+
+def prefix_reusable(caches: list) -> bool:
+    """Whether these per-layer caches can be saved and reused by prefix (`shard.Shard`'s SAVE and
+    LOAD steps): plain KV caches, whose first n positions hold exactly the first n tokens."""
+    return bool(caches) and all(type(c) is KVCache for c in caches)
+
+
+def saved_rows(cache, row: int, n: int) -> tuple:
+    """Row `row`'s first `n` positions of a prefill cache (a lone `KVCache` or a right-padded
+    `BatchKVCache`, whose rows start at position 0), as compact arrays of their own."""
+    return tuple(mx.contiguous(a[row : row + 1, :, :n, :]) for a in (cache.keys, cache.values))
+
+
+def cache_from_saved(saved: tuple, n: int) -> KVCache:
+    """A lone prompt's cache holding the first `n` positions of `saved` (new arrays, so writing to
+    the cache never touches the saved ones)."""
+    c = KVCache()
+    c.keys, c.values = (a[..., :n, :] for a in saved)
+    c.offset = n
+    return c

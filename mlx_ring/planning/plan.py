@@ -135,6 +135,12 @@ def colocate(caps: list[Capabilities]) -> list[Capabilities]:
     return out
 
 
+def set_aside(caps: list[Capabilities], gb: float) -> list[Capabilities]:
+    """Each rank's usable memory less `gb` it keeps for something besides the plan's own needs
+    (PROMPT_CACHE_GB: the prompt cache a rank holds for its layers)."""
+    return [replace(c, usable_gb=max(0.0, c.usable_gb - gb)) for c in caps]
+
+
 def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:
     """Split `n_layers` as evenly as possible; the first `n_layers % n_ranks` ranks get one more."""
     if n_ranks < 1:

@@ -21,6 +21,7 @@ from mlx_ring.planning.plan import (
     LayerPlan,
     ModelSpec,
     colocate,
+    set_aside,
     declared,
     format_summary,
     plan_layers,
@@ -55,7 +56,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
             else:
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
-                 "kv_tokens": cfg.kv_tokens, "hosts": hosts, "spec": asdict(spec),
+                 "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts, "spec": asdict(spec),
                  "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None}
     rows = exchange(mine, world)
     lead = rows[0]
@@ -63,7 +64,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
     caps = [Capabilities(**r["caps"]) for r in rows]
     if lead["hosts"]:
         caps = [with_host_keys(c, e) for c, e in zip(caps, lead["hosts"])]
-    caps = colocate(caps)
+    caps = set_aside(colocate(caps), lead["prompt_cache_gb"])
     if lead["provisioned"]:
         strategy, sizes = lead["provisioned"]
         plan = replace(plan_layers(spec, caps, "custom", lead["kv_tokens"], sizes), strategy=strategy)
@@ -101,7 +102,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
         caps.append(cap)
     notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "
              "so measured on this machine"] if probed else []
-    return spec, colocate(caps), notes
+    return spec, set_aside(colocate(caps), cfg.prompt_cache_gb), notes
 
 
 def dry_run(cfg: Config) -> dict:

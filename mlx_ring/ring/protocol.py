@@ -3,8 +3,8 @@
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
 back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
-step, the kept row indices `(k,)` for a filter step, a `(size, len(StatusRow))` table for a
-status step. No Python objects cross the wire.
+step, the kept row indices `(k,)` for a filter step, the saved row and the entries to drop `(1 + k,)`
+for a save step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the wire.
 """
 
 from dataclasses import astuple, dataclass, fields
@@ -25,16 +25,18 @@ class Kind(IntEnum):
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
+    LOAD = 9  # start prefill batch `batch`'s cache as the first `offset` tokens of prompt-cache entry `group`
+    SAVE = 10  # keep the first `offset` tokens of row payload[0] of prefill batch `batch` as entry `group`, after dropping entries payload[1:]
 
 
 @dataclass(frozen=True)
 class Header:
     kind: int
-    batch: int = 0  # PREFILL, JOIN, FREE: the prefill batch the step acts on
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch`; 0 starts a fresh cache
+    batch: int = 0  # PREFILL, JOIN, FREE, LOAD, SAVE: the prefill batch the step acts on
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE: tokens
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
-    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on
+    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on; LOAD, SAVE: the entry
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
@@ -68,6 +70,9 @@ class StatusRow:
     kv_cache_kib: int
     kv_cache_peak_kib: int
     busy_cs: int  # hundredths of a second this rank spent running steps since it started (wraps after 248 days)
+    prompt_cache_entries: int  # prompts whose KV cache this rank keeps for its layers (serving/prefix.py)
+    prompt_cache_kib: int
+    prefill_tokens: int  # token positions this rank has run prefill steps on since it started (wraps at 2^31)
 
     @staticmethod
     def table(size: int) -> mx.array:

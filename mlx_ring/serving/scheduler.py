@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.prefix import PrefixIndex
 from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
 
 
@@ -37,6 +38,8 @@ class Sequence:
     sampler: SequenceSampler = field(init=False)
     last: int | None = None  # the last sampled token: the next decode step's input
     removed: bool = False
+    after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
+    prefilled: bool = False
 
     def __post_init__(self):
         self.sampler = SequenceSampler(self.params, self.prompt)
@@ -49,8 +52,9 @@ class Prefill:
     id: int
     rows: list[Sequence]
     tokens: list[list[int]]  # per row, right-padded to one length
-    sent: int = 0  # tokens of each row already submitted
+    sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
+    reuse: int = 0  # the prompt-cache entry a lone prompt starts from (0: none)
 
     def padding(self) -> list[int]:
         return [len(self.tokens[0]) - len(s.prompt) for s in self.rows]
@@ -89,8 +93,9 @@ class Scheduler:
     a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
     a stage's time grows with its rows (large batches on a CPU)."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512):
+    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512, prefix: PrefixIndex | None = None):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
+        self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.groups = [Group(g) for g in range(groups)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
@@ -159,23 +164,38 @@ class Scheduler:
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
-        return bool(self.filling or self.waiting)
+        return bool(self.filling or any(self._free_to_start(s) for s in self.waiting))
+
+    @staticmethod
+    def _free_to_start(s: Sequence) -> bool:
+        return not s.removed and (s.after is None or s.after.prefilled or s.after.removed)
 
     def _next_batch(self) -> Prefill:
-        # As many waiting prompts as fit one chunk once padded to the longest; a longer one goes alone.
-        rows = [self.waiting.popleft()]
-        longest = len(rows[0].prompt)
-        while self.waiting and not self.waiting[0].removed:
-            n = max(longest, len(self.waiting[0].prompt))
+        # The oldest prompt free to start; one with a cached prefix goes alone, from that entry. Else as
+        # many waiting prompts (without a cached prefix) as fit one chunk once padded to the longest.
+        first = next(s for s in self.waiting if self._free_to_start(s))
+        self.waiting.remove(first)
+        entry, reused = self.prefix.lookup(first.prompt) if self.prefix else (0, 0)
+        rows, longest = [first], len(first.prompt)
+        for s in [] if reused else list(self.waiting):
+            if not self._free_to_start(s) or (self.prefix and self.prefix.lookup(s.prompt)[1]):
+                continue
+            n = max(longest, len(s.prompt))
             if n * (len(rows) + 1) > self.chunk:
                 break
-            rows.append(self.waiting.popleft())
+            self.waiting.remove(s)
+            rows.append(s)
             longest = n
+        if reused:
+            self.prefix.use(entry, reused)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
-        self.filling = Prefill(rows[0].id, rows, tokens)
+        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entry)
         return self.filling
 
     def _submit_chunk(self, b: Prefill) -> bool:
+        if b.reuse:  # first, on every rank: the batch's cache starts as the entry's first `sent` tokens
+            header, b.reuse = Header(Kind.LOAD, batch=b.id, offset=b.sent, group=b.reuse), 0
+            return self._submit(header, None, _Step(Kind.LOAD))
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
         h = self.ends.embed(mx.array(tokens))  # (B, L, H)
@@ -224,6 +244,14 @@ class Scheduler:
         self.pipe.submit(header, payload, step, chained)
         return True
 
+    def _save(self, b: Prefill, row: int, prompt: list[int]) -> None:
+        # Queued as a call: it goes before the batch's JOIN (or FREE), while its cache is still whole.
+        entry, drop = self.prefix.add(prompt)
+        if entry:
+            payload = mx.array([row, *drop], dtype=mx.int32)
+            header = Header.for_payload(Kind.SAVE, payload, batch=b.id, offset=len(prompt), group=entry)
+            self.calls.append((header, payload, lambda _: None))
+
     # -- results --------------------------------------------------------------------------------
     def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
         if step.done is not None:
@@ -241,8 +269,11 @@ class Scheduler:
                 out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
             logits = self.ends.head(out)[:, -1, :]  # (B, V)
             tokens = sample_rows([s.sampler for s in b.rows], logits)
-            for s, t in zip(b.rows, tokens):
+            for row, (s, t) in enumerate(zip(b.rows, tokens)):
                 s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
+                s.prefilled = True
+                if self.prefix and not s.removed:
+                    self._save(b, row, s.prompt)
             min(self.groups, key=Group.load).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE:

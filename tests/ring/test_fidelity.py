@@ -13,10 +13,10 @@ from ringutil import ROOT, launch, make_tiny_model, reference_logits
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
-def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300):
+def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
     argv = [DRIVER, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
-            "--chunk", str(chunk), "--out", str(tmp_path)]
+            "--chunk", str(chunk), "--out", str(tmp_path), "--prompt-cache", str(prompt_cache)]
     launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
     out = json.loads((tmp_path / "result.json").read_text())
@@ -134,3 +134,44 @@ def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_mod
     for i, s in enumerate(spec):
         assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), f"sequence {i}"
     assert all(r["open_sequences"] == 0 for r in status)
+
+
+P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # a long first turn
+X, Y, Q = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [201, 202, 203, 204, 205, 206, 207], [(5 * i) % 290 + 2 for i in range(30)]
+
+
+@pytest.mark.parametrize("n,layers,budget,spec,prefilled,hits", [
+    # Turns of one chat, each prompt extending the last; an unrelated prompt meanwhile; two short
+    # prompts prefilled as one padded batch, each followed up (their rows saved from the batch).
+    (2, "5,2", 1000, [
+        {"prompt": P, "max_tokens": 4, "at": 0},
+        {"prompt": P + X, "max_tokens": 5, "after": 0},
+        {"prompt": P + X + Y, "max_tokens": 3, "after": 1},
+        {"prompt": Q, "max_tokens": 3, "after": 1},
+        {"prompt": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 3, "after": 3},
+        {"prompt": [9, 8, 7, 6, 5], "max_tokens": 3, "after": 3},
+        {"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13], "max_tokens": 3, "after": 4},
+        {"prompt": [9, 8, 7, 6, 5, 4], "max_tokens": 3, "after": 5},
+    ], 40 + 10 + 7 + 30 + 7 + 5 + 2 + 1, 4),
+    # A budget of 60 tokens: each new prompt evicts the last, so nothing hits and answers stay exact.
+    (3, "2,3,2", 60, [
+        {"prompt": P, "max_tokens": 4, "at": 0},
+        {"prompt": Q, "max_tokens": 3, "after": 0},
+        {"prompt": P + X, "max_tokens": 3, "after": 1},
+    ], 40 + 30 + 50, 0),
+])
+def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tmp_path, n, layers, budget, spec, prefilled, hits):
+    """A prompt that starts like a cached one starts from that cache on every rank: each rank
+    prefills only the new tokens, and the logits equal single-process mlx-lm's for the whole prompt."""
+    model = make_tiny_model(tmp_path / "model", "llama")
+    tokens, logits, status, _ = run_probe(tmp_path, n, model, spec, layers=layers, chunk=16, prompt_cache=budget)
+    for i, s in enumerate(spec):
+        want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
+        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
+        assert tokens[i] == want_tokens, f"sequence {i}"
+    padding = 2  # the padded batch of 7 and 5 tokens runs 14 positions for 12 tokens
+    assert [r["prefill_tokens"] for r in status] == [prefilled + (padding if budget == 1000 else 0)] * n
+    cache = json.loads((tmp_path / "result.json").read_text())["prompt_cache"]
+    assert cache["hits"] == hits
+    assert len({r["prompt_cache_entries"] for r in status}) == 1 and status[0]["prompt_cache_entries"] == cache["entries"]
+    assert all(r["open_sequences"] == 0 and r["kv_cache_kib"] == 0 for r in status)

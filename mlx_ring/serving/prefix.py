@@ -1,0 +1,84 @@
+"""Rank 0's index of the prompt cache: which prompts every rank keeps the KV cache of (each for its
+own layers, under the same entry id), and which entry a new prompt should start from.
+
+Pure bookkeeping, no MLX: the scheduler turns its answers into LOAD and SAVE steps, which every rank
+applies in ring order, so all ranks hold the same entries at every step.
+"""
+
+import itertools
+from dataclasses import dataclass
+
+
+def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens `a` and `b` share (tuples both: a list never equals a tuple)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual hit (a follow-up turn holds the whole cached prompt): one C-level compare
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: halve with slice compares, not a Python loop
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
+@dataclass(eq=False)
+class Entry:
+    id: int
+    tokens: tuple[int, ...]
+    used: int  # when a lookup last chose it (least recently used goes first)
+
+
+class PrefixIndex:
+    """Entries within a budget of `budget` tokens in all (the plan turns PROMPT_CACHE_GB into tokens
+    for the rank holding the most layers); least recently used ones are evicted first."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.entries: dict[int, Entry] = {}
+        self.ids = itertools.count(1)
+        self.clock = itertools.count()
+        self.held = 0  # tokens in all entries
+        self.hits = self.hit_tokens = 0  # prompts that started from an entry, and the tokens they reused
+
+    def lookup(self, prompt: list[int]) -> tuple[int, int]:
+        """(entry, tokens to reuse) for the longest cached prefix of `prompt`, or (0, 0). The last
+        token is always prefilled: its logits give the first new token."""
+        best, n, prompt = None, 0, tuple(prompt)
+        for e in self.entries.values():
+            k = common_prefix(e.tokens, prompt)
+            if k > n:
+                best, n = e, k
+        n = min(n, len(prompt) - 1)
+        return (best.id, n) if best is not None and n > 0 else (0, 0)
+
+    def use(self, entry: int, n: int) -> None:
+        """A prompt starts from `entry`'s first `n` tokens."""
+        self.entries[entry].used = next(self.clock)
+        self.hits += 1
+        self.hit_tokens += n
+
+    def add(self, tokens: list[int]) -> tuple[int, list[int]]:
+        """Make room for `tokens` and index them: (the new entry, the entries to drop first), or
+        (0, []) when they need no entry (too long for the budget, or held by one already)."""
+        tokens = tuple(tokens)
+        if not 0 < len(tokens) <= self.budget:
+            return 0, []
+        for e in self.entries.values():
+            if common_prefix(e.tokens, tokens) == len(tokens):
+                e.used = next(self.clock)
+                return 0, []
+        # An entry that is a prefix of the new one only ever gives shorter hits: it goes first.
+        drop = [e for e in self.entries.values() if common_prefix(e.tokens, tokens) == len(e.tokens)]
+        held = self.held - sum(len(e.tokens) for e in drop)
+        for e in sorted(self.entries.values(), key=lambda e: e.used):
+            if held + len(tokens) <= self.budget:
+                break
+            if e not in drop:
+                drop.append(e)
+                held -= len(e.tokens)
+        for e in drop:
+            del self.entries[e.id]
+        entry = Entry(next(self.ids), tokens, next(self.clock))
+        self.entries[entry.id] = entry
+        self.held = held + len(tokens)
+        return entry.id, [e.id for e in drop]
