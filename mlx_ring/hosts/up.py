@@ -28,9 +28,9 @@ from mlx_ring.planning.plan import (
     LayerPlan,
     ModelSpec,
     colocate,
-    set_aside,
     format_summary,
     plan_layers,
+    set_aside,
     summary,
     with_host_keys,
 )

@@ -21,10 +21,10 @@ from mlx_ring.planning.plan import (
     LayerPlan,
     ModelSpec,
     colocate,
-    set_aside,
     declared,
     format_summary,
     plan_layers,
+    set_aside,
     summary,
     with_host_keys,
 )
