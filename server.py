@@ -28,6 +28,7 @@ from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.ring.transport import Ring, exchange, init_world
+from mlx_ring.serving.prefix import PrefixIndex
 from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
@@ -80,11 +81,9 @@ def prefill_chunk(cfg: Config) -> int:
     return cfg.prefill_chunk or (128 if mx.default_device() == mx.cpu else 512)
 
 
-def prompt_cache(cfg: Config, shard: Shard, model_path) -> "PrefixIndex | None":
+def prompt_cache(cfg: Config, shard: Shard, model_path) -> PrefixIndex | None:
     """Rank 0's prompt-cache index, its PROMPT_CACHE_GB counted in tokens on the rank with the most
     layers (every rank holds an entry's tokens for its own layers); None when off or not reusable."""
-    from mlx_ring.serving.prefix import PrefixIndex
-
     if not cfg.prompt_cache_gb or not shard.reusable:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
