@@ -102,11 +102,13 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
     from mlx_ring.api.served import ServedModel
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.engine import Engine
+    from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
 
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
+    grammars = Grammars(tokenizer, logits.shape[-1])
     served = ServedModel(
         id=cfg.model or DEFAULT_MODEL,
         tokenizer=tokenizer,
@@ -115,11 +117,12 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
         cluster=cluster,
+        grammars=grammars,
     )
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
                       prefix=prompt_cache(cfg, shard, model_path))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
-                    step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout)
+                    step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files

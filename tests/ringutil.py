@@ -77,3 +77,14 @@ def reference_logits(model_path, prompt, steps):
         tokens.append(int(mx.argmax(logits).item()))
         logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
     return np.stack(rows), tokens
+
+
+def tool_model(folder: Path, model: Path) -> Path:
+    """`model`'s weights and tokenizer (linked) under a chat template that offers tools in the
+    Qwen2.5 way (`<tool_call>` JSON: mlx-lm's json_tools parser)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in Path(model).iterdir():
+        if f.name != "chat_template.jinja":
+            (folder / f.name).symlink_to(f.resolve())
+    (folder / "chat_template.jinja").write_text((ROOT / "tests" / "data" / "tools_chat_template.jinja").read_text())
+    return folder

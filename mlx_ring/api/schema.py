@@ -8,7 +8,8 @@ from mlx_ring.serving.params import SamplingParams
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
-
+MAX_CHOICES = 8
+NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and schema names
 
 
 class _Strict(BaseModel):
@@ -40,15 +41,89 @@ class TextPart(_Strict):
     text: str
 
 
+class MediaPart(BaseModel):
+    """An image, audio or file part: recognised, so that the error can say what is not supported."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image_url", "input_audio", "file"]
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON object, in a string (as OpenAI sends them).")
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant: the calls it made")
+    tool_call_id: str | None = Field(None, description="tool: the call this message answers")
+
+    @model_validator(mode="after")
+    def _check(self):
+        media = [p.type for p in self.content if isinstance(p, MediaPart)] if isinstance(self.content, list) else []
+        if media:
+            raise ValueError(f"{media[0]} parts are not supported: this model reads text only; send text parts")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    parameters: dict | None = Field(None, description="A JSON Schema of the arguments object.")
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str = Field(pattern=NAME)
+
+
+class NamedTool(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema", description="A JSON Schema; the answer is decoded to match it.")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
 class StreamOptions(_Strict):
@@ -102,10 +177,16 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, ge=0.1, le=10.0, description="Extension: mlx-lm's repetition penalty.")
     logit_bias: LogitBias | None = None
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate; they share one prefill.")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Accepted and ignored: they do not change the answer (README, "Request fields").
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = Field(None, description="Ignored: the prompt cache finds shared prefixes itself.")
+    safety_identifier: str | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -117,7 +198,8 @@ class _Sampling(_Strict):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
 
-    def sampling(self, top_logprobs: int) -> SamplingParams:
+    def sampling(self, top_logprobs: int, choice: int = 0, grammar: str | None = None) -> SamplingParams:
+        """The engine's parameters for choice `choice` (each choice its own seed, so they differ)."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -127,8 +209,9 @@ class _Sampling(_Strict):
             presence_penalty=self.presence_penalty or None,
             frequency_penalty=self.frequency_penalty or None,
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed + choice,
             top_logprobs=top_logprobs,
+            grammar=grammar,
         )
 
 
@@ -139,12 +222,34 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: requires logprobs to be true")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice: only allowed when tools are given")
+        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.function.name not in [t.function.name for t in self.tools]:
+            raise ValueError(f"tool_choice: names {self.tool_choice.function.name!r}, which is not one of the tools")
+        if self.forced_tools() and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("response_format: a JSON answer and a required tool call exclude each other; drop one")
         return self
+
+    def forced_tools(self) -> list[Tool]:
+        """The tools one of which the answer must call (tool_choice required or named), else []."""
+        if self.tool_choice == "required":
+            return list(self.tools)
+        if isinstance(self.tool_choice, NamedTool):
+            return [t for t in self.tools if t.function.name == self.tool_choice.function.name]
+        return []
+
+    def offered_tools(self) -> list[Tool]:
+        """The tools the chat template shows the model (none with tool_choice none)."""
+        return [] if self.tool_choice == "none" else list(self.tools or [])
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -15,6 +15,7 @@ class ServedModel:
     vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
     cluster: dict = field(default_factory=dict)  # static per-rank facts gathered at startup
+    grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
 
 
 def check_ids(served: ServedModel, field: str, ids) -> None:

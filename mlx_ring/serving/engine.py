@@ -54,6 +54,8 @@ class Request:
     emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
     stop: list[str] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    after: "Request | None" = None  # another choice of the same prompt: start from its cached prompt
+    sequence: Sequence | None = None  # set once admitted
 
 
 class QueueFull(Exception):
@@ -76,7 +78,7 @@ class _Active:
 
 class Engine:
     def __init__(self, sched: Scheduler, tokenizer: TokenizerWrapper, *, max_queue: int = 64, max_active: int = 16,
-                 step_timeout: float = 60.0, drain_timeout: float = 30.0):
+                 step_timeout: float = 60.0, drain_timeout: float = 30.0, constrain: Callable | None = None):
         self.sched, self.pipe, self.tokenizer = sched, sched.pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
         self.calls: queue.Queue[tuple[str, Future]] = queue.Queue()
@@ -92,16 +94,19 @@ class Engine:
         self.closed: str | None = None  # why no request is taken any more
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
         self.on_step: Callable[[float], None] = lambda seconds: None  # each ring step's time (metrics)
+        self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
 
     # -- called from the HTTP thread ----------------------------------------------------------------
-    def submit(self, req: Request) -> None:
+    def submit(self, *reqs: Request) -> None:
+        """Queue `reqs` (the choices of one API request): all of them, or none."""
         with self._gate:
             if self.closed or self.stopping.is_set():
                 raise Unavailable(self.closed or "the server is shutting down")
-            try:
+            # Every put happens here, under this lock: the room seen here cannot shrink meanwhile.
+            if self.requests.qsize() + len(reqs) > self.requests.maxsize:
+                raise QueueFull(f"{self.requests.qsize()} requests are already waiting (at most {self.requests.maxsize})")
+            for req in reqs:
                 self.requests.put_nowait(req)
-            except queue.Full:
-                raise QueueFull(f"{self.requests.maxsize} requests are already waiting") from None
 
     def ping(self) -> Future:
         """A round trip through every rank, between generation steps; resolves to None."""
@@ -223,10 +228,11 @@ class Engine:
                 req.emit(Failed("cancelled by the client", 499, "cancelled"))
                 continue
             try:
-                seq = Sequence(next(self.seq_ids), req.prompt, req.params)
+                seq = Sequence(next(self.seq_ids), req.prompt, req.params, self.constrain)
             except Exception as e:  # e.g. a sampler that cannot be built from these parameters
                 req.emit(Failed(f"cannot start generation: {e}", 400, "invalid_request_error"))
                 continue
+            seq.after, req.sequence = req.after and req.after.sequence, seq
             with self._gate:  # a ring failure fails what is active, or this sees it closed
                 if self.closed:
                     req.emit(Failed(self.closed, 503, "service_unavailable"))

@@ -16,8 +16,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per token (0: none)
+    grammar: str | None = None  # llguidance grammar the output must match (serving/grammar.py), else free
 
     def plain(self) -> bool:
         """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
         return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
-                    or self.logit_bias or self.seed is not None or self.top_logprobs)
+                    or self.logit_bias or self.seed is not None or self.top_logprobs or self.grammar)

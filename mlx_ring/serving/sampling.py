@@ -20,12 +20,14 @@ class Token:
 class SequenceSampler:
     """One sequence's sampler, logits processors and token history."""
 
-    def __init__(self, params: SamplingParams, prompt: list[int]):
+    def __init__(self, params: SamplingParams, prompt: list[int], constraint=None):
         self.params = params
         self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
         self.processors = make_logits_processors(
             params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
         )
+        if constraint is not None:  # last: it masks what the others left, so nothing it forbids comes back
+            self.processors.append(constraint)
         self.history = list(prompt)
         self.step = 0
         bias = params.logit_bias or {}

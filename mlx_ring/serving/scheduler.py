@@ -35,6 +35,7 @@ class Sequence:
     id: int
     prompt: list[int]
     params: SamplingParams
+    constrain: Callable | None = None  # params.grammar -> its logits processor (serving/grammar.py)
     sampler: SequenceSampler = field(init=False)
     last: int | None = None  # the last sampled token: the next decode step's input
     removed: bool = False
@@ -42,7 +43,8 @@ class Sequence:
     prefilled: bool = False
 
     def __post_init__(self):
-        self.sampler = SequenceSampler(self.params, self.prompt)
+        constraint = self.constrain(self.params.grammar) if self.params.grammar else None
+        self.sampler = SequenceSampler(self.params, self.prompt, constraint)
 
 
 @dataclass(eq=False)

@@ -1,0 +1,88 @@
+"""Constrained decoding with llguidance: grammars for JSON, a JSON schema or a forced tool call, and
+the logits processor that keeps one sequence's tokens inside its grammar (rank 0 only).
+
+llguidance (rather than outlines-core or xgrammar): a small wheel with no torch, grammars compiled
+lazily per step (no per-schema index over the vocabulary, so a new schema costs milliseconds, not
+seconds), a JSON-schema compiler that names the keywords it cannot enforce, and Lark grammars that
+mix literal text with JSON (a tool call inside its template's markers).
+"""
+
+import json
+
+import llguidance
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance import LLMatcher
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+# Compact JSON with the usual separators: free whitespace lets a weak model pad until max_tokens.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_BITS = mx.arange(32, dtype=mx.uint32)
+
+
+def json_grammar(schema: dict | None) -> str:
+    """A grammar for a JSON value matching `schema` (None: any JSON object)."""
+    return LLMatcher.grammar_from_json_schema(schema if schema is not None else {"type": "object"}, defaults=JSON_STYLE)
+
+
+def tool_call_grammar(tools: list[dict], start: str, end: str) -> str:
+    """A grammar for one call of one of `tools` (OpenAI tool dicts) between the template's markers,
+    as the json_tools family writes it: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`."""
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": t["function"]["name"]},
+                             "arguments": t["function"].get("parameters") or {"type": "object"}}} for t in tools]
+    schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
+    return LLMatcher.grammar_from_lark(f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
+                                       f"call: %json {json.dumps(schema)}\n")
+
+
+class Grammars:
+    """The served tokenizer as llguidance sees it (built once: about a second for 50k tokens), to
+    check grammars on the HTTP side and to make per-sequence processors on the engine thread."""
+
+    def __init__(self, tokenizer, n_vocab: int):
+        eos = sorted(tokenizer.eos_token_ids)
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer._tokenizer, n_vocab=n_vocab, eos_token=eos)
+
+    def check(self, grammar: str) -> str:
+        """'' when the grammar can be enforced, else why not (the keyword, as llguidance names it)."""
+        try:
+            return LLMatcher.validate_grammar(grammar, self.tokenizer)
+        except Exception as e:  # a grammar that does not even parse
+            return str(e)
+
+    def processor(self, grammar: str) -> "Constraint":
+        return Constraint(LLMatcher(self.tokenizer, grammar, log_level=0), self.tokenizer.vocab_size)
+
+
+class Constraint:
+    """One sequence's grammar as an mlx-lm logits processor: tokens it forbids get -inf. It reads the
+    tokens sampled since its last call from the history mlx-lm passes it."""
+
+    def __init__(self, matcher: LLMatcher, vocab: int):
+        self.matcher, self.seen = matcher, None
+        self.mask = allocate_token_bitmask(1, vocab)
+
+    def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
+        tokens = history.tolist()
+        if self.seen is not None:  # the first call sees the prompt only
+            for t in tokens[self.seen :]:
+                if not self.matcher.consume_token(t):
+                    raise ValueError(f"the output left its grammar: {self.matcher.get_error()}")
+        self.seen = len(tokens)
+        fill_next_token_bitmask(self.matcher, self.mask)
+        if self.matcher.is_error():
+            raise ValueError(f"constrained decoding failed: {self.matcher.get_error()}")
+        return masked(logits, self.mask)
+
+
+def masked(logits: mx.array, mask: np.ndarray) -> mx.array:
+    """`logits (1, V)` with every token whose bit is clear in `mask (1, ceil(V'/32))` at -inf; ids
+    past the mask (a model's padded vocabulary) are forbidden too."""
+    V = logits.shape[-1]
+    words = mx.array(mask).view(mx.uint32)  # (1, W)
+    allowed = ((words[..., None] >> _BITS) & 1).reshape(1, -1)[:, :V]  # (1, 32W) bits, low bit first
+    if allowed.shape[-1] < V:
+        allowed = mx.concatenate([allowed, mx.zeros((1, V - allowed.shape[-1]), allowed.dtype)], axis=-1)
+    return mx.where(allowed.astype(mx.bool_), logits, -mx.inf)
