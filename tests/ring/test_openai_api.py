@@ -97,6 +97,13 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_working(client, ser
     assert r.choices[0].message.content.startswith("The capital of France")
 
 
+def test_tools_on_a_model_whose_template_has_none_get_a_400_that_says_so(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, tools=tools)
+    assert e.value.body["param"] == "tools" and "chat template has no tool support" in e.value.body["message"]
+
+
 def test_health_and_cluster_status(server):
     h = httpx.get(f"{server}/health", timeout=30).json()
     assert h["status"] == "ok" and h["ranks"] == 2

@@ -1,0 +1,170 @@
+"""What chat apps and agent frameworks send, through the official `openai` client against the real
+2-rank server: tool calls, JSON and JSON-schema answers, n choices, follow-up turns that start from
+the prompt cache, and the fields clients add. The model is the default one (real weights) under a
+Qwen2.5-style template that offers tools (tests/data/tools_chat_template.jinja)."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model, load_tokenizer
+from ringutil import tool_model
+from serverutil import running_server
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+           "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+TIME = {"type": "object", "additionalProperties": False, "required": ["zone"], "properties": {"zone": {"type": "string", "maxLength": 12}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone", "parameters": TIME}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, default_model):
+    tmp = tmp_path_factory.mktemp("chat")
+    model = tool_model(tmp / "model", default_model)
+    with running_server(tmp, n_ranks=2, extra_args=["--model", str(model)]) as (url, _):
+        yield url, model
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served[0]}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def status(url) -> dict:
+    return httpx.get(f"{url}/cluster/status", timeout=30).json()
+
+
+def test_a_named_tool_is_called_in_openai_shape_whole_and_streamed(client):
+    ask = dict(model="default", messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = client.chat.completions.create(**ask)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+    assert len(deltas) == 1 and deltas[0][0].index == 0
+    assert deltas[0][0].function.model_dump() == call.function.model_dump()
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_required_calls_one_of_the_tools_and_none_answers_in_text(client):
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+                                       tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0)
+    [call] = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name])
+    r = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=12, temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+
+
+def test_a_tool_result_turn_is_taken(client):
+    turns = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}]
+    r = client.chat.completions.create(model="default", messages=turns, tools=TOOLS, max_tokens=16, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+
+
+SCHEMAS = [
+    {"type": "object", "additionalProperties": False, "required": ["name", "age", "sailor"],
+     "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "sailor": {"type": "boolean"}}},
+    {"type": "object", "additionalProperties": False, "required": ["colours"],
+     "properties": {"colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3}}},
+    {"type": "object", "additionalProperties": False, "required": ["city", "population"],
+     "properties": {"city": {"type": "string", "maxLength": 12}, "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}},
+    {"type": "object", "additionalProperties": False, "required": ["answer"], "properties": {"answer": {"enum": ["yes", "no"]}}},
+]
+
+
+def json_answer(client, schema, i=0):
+    fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": f"Answer in JSON ({i})."}],
+                                       response_format=fmt, max_tokens=80, temperature=0.7, seed=i)
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    return json.loads(r.choices[0].message.content)
+
+
+def test_json_schema_answers_validate_also_eight_at_once(client):
+    for i, schema in enumerate(SCHEMAS):
+        jsonschema.validate(json_answer(client, schema, i), schema)
+    with ThreadPoolExecutor(8) as pool:  # 8 concurrent sequences, each with its own schema, in shared batches
+        answers = list(pool.map(lambda i: json_answer(client, SCHEMAS[i % 4], i), range(8)))
+    for i, a in enumerate(answers):
+        jsonschema.validate(a, SCHEMAS[i % 4])
+    r = client.chat.completions.create(model="default", response_format={"type": "json_object"}, max_tokens=100, temperature=0,
+                                       messages=[{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}])
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.chat.completions.create(model="default", messages=ASK, response_format={"type": "text"}, max_tokens=4, temperature=0)
+    assert r.choices[0].message.content
+
+
+def test_what_cannot_be_enforced_is_refused_by_name(client, served):
+    for schema, name in (({"type": "array", "uniqueItems": True}, "uniqueItems"), ({"$dynamicRef": "#x"}, "$dynamicRef")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="default", messages=ASK, max_tokens=4,
+                                           response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        assert e.value.body["param"] == "response_format" and name in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="default", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
+    assert "image_url parts are not supported: this model reads text only" in e.value.body["message"]
+    assert status(served[0])["queued_requests"] == 0
+
+
+def test_fields_clients_add_are_accepted(client):
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                                       max_tokens=3, temperature=0, store=True, metadata={"app": "test"}, user="u-1",
+                                       service_tier="auto", prompt_cache_key="k", parallel_tool_calls=False, tools=TOOLS)
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+
+
+def test_n_choices_share_one_prefill(client, served):
+    before = status(served[0])
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Tell me about a ship."}],
+                                       n=4, max_tokens=8, temperature=1.0, seed=3)
+    after = status(served[0])
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and len({c.message.content for c in r.choices}) > 1
+    assert r.usage.prompt_tokens == len(load_tokenizer(served[1]).apply_chat_template(
+        [{"role": "user", "content": "Tell me about a ship."}], add_generation_prompt=True))
+    # One prefill of the prompt (less any start it shares with earlier prompts); each other choice
+    # starts from it and runs only the last token.
+    reused = after["prompt_cache"]["hit_tokens"] - before["prompt_cache"]["hit_tokens"]
+    assert reused >= 3 * (r.usage.prompt_tokens - 1)
+    for b, a in zip(before["ranks"], after["ranks"]):
+        assert a["prefill_tokens"] - b["prefill_tokens"] == 4 * r.usage.prompt_tokens - reused <= r.usage.prompt_tokens + 3
+
+
+def test_a_follow_up_turn_prefills_only_its_new_tokens_and_answers_as_mlx_lm(client, served):
+    url, model = served
+    tokenizer = load_tokenizer(model)
+    turn1 = [{"role": "user", "content": "Write one sentence about the sea. " * 6}]
+    a1 = client.chat.completions.create(model="default", messages=turn1, max_tokens=12, temperature=0).choices[0].message.content
+    turn2 = turn1 + [{"role": "assistant", "content": a1}, {"role": "user", "content": "Now one about the sky."}]
+    before = status(url)
+    a2 = client.chat.completions.create(model="default", messages=turn2, max_tokens=12, temperature=0).choices[0].message.content
+    after = status(url)
+    p1 = tokenizer.apply_chat_template(turn1, add_generation_prompt=True)
+    p2 = tokenizer.apply_chat_template(turn2, add_generation_prompt=True)
+    assert p2[: len(p1)] == p1
+    for b, a in zip(before["ranks"], after["ranks"]):  # every rank ran only the new tokens
+        assert a["prefill_tokens"] - b["prefill_tokens"] == len(p2) - len(p1)
+        assert a["prompt_cache_entries"] >= 1 and a["prompt_cache_kib"] > 0
+    assert after["prompt_cache"]["hit_tokens"] - before["prompt_cache"]["hit_tokens"] == len(p1)
+    weights, _ = load_model(model)
+    want = []
+    for tok, _ in generate_step(mx.array(p2), weights, max_tokens=12):
+        if tok in tokenizer.eos_token_ids:
+            break
+        want.append(tok)
+    assert a2 == tokenizer.decode(want)
