@@ -81,16 +81,18 @@ def prefill_chunk(cfg: Config) -> int:
     return cfg.prefill_chunk or (128 if mx.default_device() == mx.cpu else 512)
 
 
-def prompt_cache(cfg: Config, shard: Shard, model_path) -> PrefixIndex | None:
-    """Rank 0's prompt-cache index, its PROMPT_CACHE_GB counted in tokens on the rank with the most
-    layers (every rank holds an entry's tokens for its own layers); None when off or not reusable."""
+def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> PrefixIndex | None:
+    """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
+    memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
+    tokens is what the tightest rank holds. None when off or when the caches are not reusable."""
     if not cfg.prompt_cache_gb or not shard.reusable:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
-    per_token = max(e - s for s, e in shard.plan.ranges) * spec_from_folder(model_path).kv_bytes_per_token
-    budget = int(cfg.prompt_cache_gb * 2**30 / per_token)
-    log.info("prompt cache: %.2f GB per rank, %d tokens", cfg.prompt_cache_gb, budget)
+    per_token = spec_from_folder(model_path).kv_bytes_per_token  # one layer's
+    kept = [r.get("prompt_cache_gb", cfg.prompt_cache_gb) for r in cluster["ranks"]]
+    budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
+    log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
     return PrefixIndex(budget)
 
 
@@ -120,7 +122,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         grammars=grammars,
     )
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
-                      prefix=prompt_cache(cfg, shard, model_path))
+                      prefix=prompt_cache(cfg, shard, model_path, cluster))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)

@@ -141,7 +141,7 @@ def plan(ring: Ring) -> None:
     if ring.problems:
         return
     caps = [with_host_keys(replace(Capabilities(**measured[h.rank]), host=h.ssh), h.keys) for h in ring.hosts]
-    ring.caps = set_aside(colocate(caps), cfg.prompt_cache_gb)
+    ring.caps = set_aside(colocate(caps), cfg.prompt_cache_gb)[0]
     strategy = "custom" if cfg.layers else cfg.strategy
     try:
         ring.plan = plan_layers(spec, ring.caps, strategy, cfg.kv_tokens, list(cfg.layers) if cfg.layers else None)

@@ -135,10 +135,11 @@ def colocate(caps: list[Capabilities]) -> list[Capabilities]:
     return out
 
 
-def set_aside(caps: list[Capabilities], gb: float) -> list[Capabilities]:
-    """Each rank's usable memory less `gb` it keeps for something besides the plan's own needs
-    (PROMPT_CACHE_GB: the prompt cache a rank holds for its layers)."""
-    return [replace(c, usable_gb=max(0.0, c.usable_gb - gb)) for c in caps]
+def set_aside(caps: list[Capabilities], gb: float) -> tuple[list[Capabilities], list[float]]:
+    """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at most a
+    quarter of what the rank may fill, so a small host still takes layers): (caps, GB kept per rank)."""
+    kept = [min(gb, c.usable_gb / 4) for c in caps]
+    return [replace(c, usable_gb=c.usable_gb - k) for c, k in zip(caps, kept)], kept
 
 
 def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:

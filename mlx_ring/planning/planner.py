@@ -64,13 +64,16 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
     caps = [Capabilities(**r["caps"]) for r in rows]
     if lead["hosts"]:
         caps = [with_host_keys(c, e) for c, e in zip(caps, lead["hosts"])]
-    caps = set_aside(colocate(caps), lead["prompt_cache_gb"])
+    caps, kept = set_aside(colocate(caps), lead["prompt_cache_gb"])
     if lead["provisioned"]:
         strategy, sizes = lead["provisioned"]
         plan = replace(plan_layers(spec, caps, "custom", lead["kv_tokens"], sizes), strategy=strategy)
     else:
         plan = plan_layers(spec, caps, lead["strategy"], lead["kv_tokens"], lead["layers"])
-    return plan, caps, summary(spec, caps, plan, lead["kv_tokens"])
+    out = summary(spec, caps, plan, lead["kv_tokens"])
+    for r, k in zip(out["ranks"], kept):
+        r["prompt_cache_gb"] = round(k, 3)
+    return plan, caps, out
 
 
 # --- the dry run ------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
         caps.append(cap)
     notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "
              "so measured on this machine"] if probed else []
-    return spec, set_aside(colocate(caps), cfg.prompt_cache_gb), notes
+    return spec, set_aside(colocate(caps), cfg.prompt_cache_gb)[0], notes
 
 
 def dry_run(cfg: Config) -> dict:

@@ -35,7 +35,7 @@ def test_balanced_uneven_split_runs_token_exact(tmp_path):
     argv = [DRIVER, "--model", str(model), "--out", str(tmp_path), "--",
             "--model", str(model), "--spec", spec_arg, "--out", str(tmp_path)]
     env = {"MLX_RING_CAPS": json.dumps(CAPS), "HOSTFILE": str(hostfile), "KV_TOKENS": str(KV_TOKENS),
-           "STRATEGY": "balanced", "LAYERS": ""}
+           "STRATEGY": "balanced", "LAYERS": "", "PROMPT_CACHE_GB": "0"}
     launch(3, tmp_path, argv, timeout=120, env=env)
 
     plans = [json.loads((tmp_path / f"plan{r}.json").read_text()) for r in range(3)]

@@ -65,6 +65,7 @@ from mlx_ring.planning.plan import (  # noqa: E402
     memory_need,
     plan_layers,
     proportional_sizes,
+    set_aside,
     summary,
     with_host_keys,
 )
@@ -237,3 +238,9 @@ def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
     assert [r["layers"] for r in d["ranks"]] == [[0, 26], [26, 32]] and d["other_strategies"]["uniform"]["sizes"] == [16, 16]
     assert main([*args, "--kv-tokens", "400000"]) == 2  # 50 GB of KV cache: nothing fits
     assert "the model does not fit" in capsys.readouterr().err
+
+
+def test_the_prompt_cache_is_set_aside_up_to_a_quarter_of_a_rank():
+    caps, kept = set_aside([Capabilities("studio", 64, 48, 30, 546), Capabilities("mini", 16, 2, 4, 120)], 1.0)
+    assert kept == [1.0, 0.5] and [c.usable_gb for c in caps] == [47.0, 1.5]
+    assert set_aside(caps, 0.0)[0] == caps
