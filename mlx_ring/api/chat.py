@@ -18,7 +18,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """Messages as chat templates take them: text content, a call's arguments as an object (templates
     write them with `tojson`), the id a tool result answers."""
     out = []
-    for i, m in enumerate(messages):
+    for m in messages:
         msg = {"role": m.role, "content": m.text()}
         if m.name:
             msg["name"] = m.name
@@ -28,10 +28,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
             calls = []
             for c in m.tool_calls:
                 try:
-                    args = json.loads(c.function.arguments or "{}")
+                    args = json.loads(c.function.arguments)
                 except json.JSONDecodeError:
-                    raise ApiError(400, f"messages.{i}.tool_calls: the arguments of {c.function.name!r} are not JSON",
-                                   param="messages") from None
+                    args = c.function.arguments  # not JSON: the template gets the text as it came
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             msg["tool_calls"] = calls
         out.append(msg)

@@ -42,5 +42,8 @@ def document(app, served: ServedModel) -> dict:
             for branch in props["logit_bias"].get("anyOf", [props["logit_bias"]]):
                 if branch.get("type") == "object":  # keys: token ids below the vocabulary's size
                     branch["patternProperties"] = {ids_below(served.vocab_size): branch["patternProperties"].popitem()[1]}
+        if not getattr(served.tokenizer, "has_tool_calling", False):  # a model without tools: no such fields
+            for field in ("tools", "tool_choice"):
+                schemas["ChatCompletionRequest"]["properties"].pop(field)
         app.openapi_schema = schema
     return app.openapi_schema

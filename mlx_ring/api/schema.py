@@ -58,9 +58,20 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
+# Documented as text only: other parts are recognised only to be refused with a clear message.
+_TEXT_PART = {"type": "object", "additionalProperties": False, "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_TEXT_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
+
+
 class ChatMessage(_Strict):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+         "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}}},
+        {"if": {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
+         "then": {"properties": {"role": {"const": "assistant"}}}}]})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | MediaPart] | None = None
+    content: Annotated[str | list[TextPart | MediaPart] | None, WithJsonSchema(_TEXT_CONTENT)] = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="assistant: the calls it made")
     tool_call_id: str | None = Field(None, description="tool: the call this message answers")
@@ -70,9 +81,9 @@ class ChatMessage(_Strict):
         media = [p.type for p in self.content if isinstance(p, MediaPart)] if isinstance(self.content, list) else []
         if media:
             raise ValueError(f"{media[0]} parts are not supported: this model reads text only; send text parts")
-        if self.tool_calls and self.role != "assistant":
+        if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only an assistant message carries tool_calls")
-        if self.role == "tool" and not self.tool_call_id:
+        if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs the tool_call_id of the call it answers")
         return self
 
