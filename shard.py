@@ -19,7 +19,14 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
-from mlx_ring.models.compat import cache_from_saved, drop_spare_room, merge_caches, prefix_reusable, saved_rows
+from mlx_ring.models.compat import (
+    cache_from_saved,
+    drop_spare_room,
+    merge_caches,
+    prefix_reusable,
+    saved_from_batch,
+    saved_rows,
+)
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.ring.transport import Ring
@@ -81,7 +88,7 @@ class Shard:
         self.host = socket.gethostname()
         self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
                        Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status,
-                       Kind.LOAD: self._load, Kind.SAVE: self._save}
+                       Kind.LOAD: self._load, Kind.SAVE: self._save, Kind.SAVE_ROW: self._save_row}
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -187,17 +194,22 @@ class Shard:
         mx.clear_cache()
 
     def _load(self, header: Header, payload: None) -> None:
-        saved = self.saved[header.group]
+        saved = self.saved[header.entry]
         self.prefills[header.batch] = [cache_from_saved(s, header.offset) for s in saved]
 
     def _save(self, header: Header, payload: mx.array) -> mx.array:
+        return self._keep(header, payload, self.prefills[header.batch], saved_rows)
+
+    def _save_row(self, header: Header, payload: mx.array) -> mx.array:
+        return self._keep(header, payload, self.groups[header.group], saved_from_batch)
+
+    def _keep(self, header: Header, payload: mx.array, caches: list, take) -> mx.array:
         row, *drop = payload.tolist()
         for entry in drop:  # rank 0 evicts first, so the budget holds at every moment
             del self.saved[entry]
-        caches = self.prefills[header.batch]
-        self.saved[header.group] = [saved_rows(c, row, header.offset) for c in caches]
-        mx.eval(self.saved[header.group])  # copied now: the batch's cache may change or go next step
-        return payload  # the next rank saves the same
+        self.saved[header.entry] = [take(c, row, header.offset) for c in caches]
+        mx.eval(self.saved[header.entry])  # copied now: the source cache may change or go next step
+        return payload  # the next rank keeps the same
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
         return mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])

@@ -2,7 +2,8 @@
 real scheduler, sequences arriving and leaving mid-flight.
 
 `--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
-before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens).
+before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens; with
+`"follow": j` too, its prompt is j's prompt, j's tokens, then its own: the next turn of a chat).
 `--prompt-cache N` gives rank 0 a prompt cache of N tokens. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
 all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
@@ -89,6 +90,9 @@ def main():
     while waiting or not sched.idle():
         for i in [i for i in waiting if due(i)]:
             waiting.remove(i)
+            if "follow" in spec[i]:
+                j = spec[i]["follow"]
+                spec[i]["prompt"] = spec[j]["prompt"] + tokens[j] + spec[i]["prompt"]
             seq = Sequence(i, spec[i]["prompt"], SamplingParams(temperature=0.0))
             owner[id(seq.sampler)] = i
             sched.add(seq)
@@ -105,6 +109,7 @@ def main():
         np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
     cache = {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)} if prefix else None
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
+                                                 "prompts": [s["prompt"] for s in spec],
                                                  "prefill_rows": prefill_rows, "prompt_cache": cache}))
     pipe.shutdown()
 

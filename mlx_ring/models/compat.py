@@ -36,6 +36,13 @@ def saved_rows(cache, row: int, n: int) -> tuple:
     return tuple(mx.contiguous(a[row : row + 1, :, :n, :]) for a in (cache.keys, cache.values))
 
 
+def saved_from_batch(cache: BatchKVCache, row: int, n: int) -> tuple:
+    """Row `row` of a decode group's left-padded cache, which must hold `n` tokens, as compact arrays."""
+    kv = cache.extract(row)
+    assert kv.offset == n, f"row {row} holds {kv.offset} tokens, rank 0 expects {n}"
+    return kv.keys, kv.values
+
+
 def cache_from_saved(saved: tuple, n: int) -> KVCache:
     """A lone prompt's cache holding the first `n` positions of `saved` (new arrays, so writing to
     the cache never touches the saved ones)."""

@@ -12,7 +12,7 @@ from enum import IntEnum
 
 import mlx.core as mx
 
-HEADER_LEN = 9
+HEADER_LEN = 10
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 
 
@@ -25,35 +25,38 @@ class Kind(IntEnum):
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
-    LOAD = 9  # start prefill batch `batch`'s cache as the first `offset` tokens of prompt-cache entry `group`
-    SAVE = 10  # keep the first `offset` tokens of row payload[0] of prefill batch `batch` as entry `group`, after dropping entries payload[1:]
+    LOAD = 9  # start prefill batch `batch`'s cache as the first `offset` tokens of prompt-cache entry `entry`
+    SAVE = 10  # keep row payload[0] of prefill batch `batch` (its `offset` tokens) as entry `entry`, after dropping entries payload[1:]
+    SAVE_ROW = 11  # the same for row payload[0] of decode group `group` (a sequence leaving it)
 
 
 @dataclass(frozen=True)
 class Header:
     kind: int
     batch: int = 0  # PREFILL, JOIN, FREE, LOAD, SAVE: the prefill batch the step acts on
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE: tokens
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE*: tokens
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
-    group: int = 0  # JOIN, DECODE, FILTER: the decode group (micro-batch) the step acts on; LOAD, SAVE: the entry
+    group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW: the decode group (micro-batch) the step acts on
+    entry: int = 0  # LOAD, SAVE, SAVE_ROW: the prompt-cache entry
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, len(self.shape), *dims], dtype=mx.int32)
+        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, self.entry, len(self.shape), *dims],
+                        dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        kind, batch, offset, dtype, group, ndim, *dims = a.tolist()
-        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group)
+        kind, batch, offset, dtype, group, entry, ndim, *dims = a.tolist()
+        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group, entry)
 
     @staticmethod
-    def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0) -> "Header":
-        return Header(kind, batch, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
+    def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0, entry: int = 0) -> "Header":
+        return Header(kind, batch, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group, entry)
 
     def same_step(self, other: "Header") -> bool:
         """The same step, whatever payload it carries now."""
-        return (self.kind, self.batch, self.offset, self.group) == (other.kind, other.batch, other.offset, other.group)
+        return (self.kind, self.batch, self.offset, self.group, self.entry) == (other.kind, other.batch, other.offset, other.group, other.entry)
 
 
 @dataclass(frozen=True)

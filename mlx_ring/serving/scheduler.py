@@ -41,6 +41,7 @@ class Sequence:
     removed: bool = False
     after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
     prefilled: bool = False
+    fed: int = 0  # sampled tokens its decode steps have put in its cache
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None
@@ -111,8 +112,16 @@ class Scheduler:
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
-        """Stop `seq`: its rows and caches go at the next chance, on every rank."""
+        """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence leaving a
+        decode group leaves its prompt and answer in the prompt cache first (a chat's next turn
+        starts with both): queued now, so a prompt that comes next finds it."""
+        if seq.removed:
+            return
         seq.removed = True
+        group = next((g for g in self.groups if seq in g.rows), None)
+        if self.prefix and group is not None:
+            assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
+            self._save(Kind.SAVE_ROW, group.id, group.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])
 
     def ping(self, done: Callable[[None], None]) -> None:
         """A step through every rank between the others; `done(None)` when it is back."""
@@ -196,7 +205,7 @@ class Scheduler:
 
     def _submit_chunk(self, b: Prefill) -> bool:
         if b.reuse:  # first, on every rank: the batch's cache starts as the entry's first `sent` tokens
-            header, b.reuse = Header(Kind.LOAD, batch=b.id, offset=b.sent, group=b.reuse), 0
+            header, b.reuse = Header(Kind.LOAD, batch=b.id, offset=b.sent, entry=b.reuse), 0
             return self._submit(header, None, _Step(Kind.LOAD))
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
@@ -239,6 +248,8 @@ class Scheduler:
         self.turn += 1
         g.last_turn = self.turn
         g.busy = True
+        for s in g.rows:
+            s.fed += 1
         h = self.ends.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
         return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)), chained)
 
@@ -246,12 +257,13 @@ class Scheduler:
         self.pipe.submit(header, payload, step, chained)
         return True
 
-    def _save(self, b: Prefill, row: int, prompt: list[int]) -> None:
-        # Queued as a call: it goes before the batch's JOIN (or FREE), while its cache is still whole.
-        entry, drop = self.prefix.add(prompt)
+    def _save(self, kind: Kind, source: int, row: int, tokens: list[int]) -> None:
+        # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
+        entry, drop = self.prefix.add(tokens)
         if entry:
             payload = mx.array([row, *drop], dtype=mx.int32)
-            header = Header.for_payload(Kind.SAVE, payload, batch=b.id, offset=len(prompt), group=entry)
+            where = {"batch": source} if kind == Kind.SAVE else {"group": source}
+            header = Header.for_payload(kind, payload, offset=len(tokens), entry=entry, **where)
             self.calls.append((header, payload, lambda _: None))
 
     # -- results --------------------------------------------------------------------------------
@@ -275,7 +287,7 @@ class Scheduler:
                 s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
                 s.prefilled = True
                 if self.prefix and not s.removed:
-                    self._save(b, row, s.prompt)
+                    self._save(Kind.SAVE, b.id, row, s.prompt)
             min(self.groups, key=Group.load).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE:

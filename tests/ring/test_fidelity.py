@@ -175,3 +175,22 @@ def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tmp_path, n,
     assert cache["hits"] == hits
     assert len({r["prompt_cache_entries"] for r in status}) == 1 and status[0]["prompt_cache_entries"] == cache["entries"]
     assert all(r["open_sequences"] == 0 and r["kv_cache_kib"] == 0 for r in status)
+
+
+def test_a_follow_up_turn_starts_from_the_last_answer_too(tmp_path):
+    """A sequence that leaves keeps its prompt and answer: the next turn (prompt, answer, new message)
+    prefills little more than the new message on every rank, and its logits stay exact."""
+    model = make_tiny_model(tmp_path / "model", "llama")
+    spec = [{"prompt": P, "max_tokens": 5, "at": 0},
+            {"prompt": X, "max_tokens": 4, "after": 0, "follow": 0},
+            {"prompt": Y, "max_tokens": 3, "after": 1, "follow": 1}]
+    tokens, logits, status, _ = run_probe(tmp_path, 3, model, spec, layers="3,2,2", chunk=16, prompt_cache=1000)
+    prompts = json.loads((tmp_path / "result.json").read_text())["prompts"]
+    assert prompts[2] == P + tokens[0] + X + tokens[1] + Y
+    for i, s in enumerate(spec):
+        want, want_tokens = reference_logits(model, prompts[i], steps=s["max_tokens"])
+        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
+        assert tokens[i] == want_tokens, f"sequence {i}"
+    # each answer's last token may not have gone through the model before its sequence left
+    prefilled = {r["prefill_tokens"] for r in status}
+    assert len(prefilled) == 1 and len(P) + len(X) + len(Y) <= prefilled.pop() <= len(P) + len(X) + len(Y) + 2
