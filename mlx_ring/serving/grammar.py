@@ -1,10 +1,10 @@
 """Constrained decoding with llguidance: grammars for JSON, a JSON schema or a forced tool call, and
 the logits processor that keeps one sequence's tokens inside its grammar (rank 0 only).
 
-llguidance (rather than outlines-core or xgrammar): a small wheel with no torch, grammars compiled
-lazily per step (no per-schema index over the vocabulary, so a new schema costs milliseconds, not
-seconds), a JSON-schema compiler that names the keywords it cannot enforce, and Lark grammars that
-mix literal text with JSON (a tool call inside its template's markers).
+llguidance (rather than outlines-core or xgrammar): a small wheel with no torch, masks computed
+lazily per step (no per-schema index over the vocabulary: a new schema's matcher takes about 2 ms
+here), a JSON-schema compiler that names the keywords it cannot enforce, and Lark grammars that mix
+literal text with JSON (a tool call inside its template's markers).
 """
 
 import json
@@ -38,7 +38,7 @@ def tool_call_grammar(tools: list[dict], start: str, end: str) -> str:
 
 
 class Grammars:
-    """The served tokenizer as llguidance sees it (built once: about a second for 50k tokens), to
+    """The served tokenizer as llguidance sees it (built once: 0.37 s for 49k tokens here), to
     check grammars on the HTTP side and to make per-sequence processors on the engine thread."""
 
     def __init__(self, tokenizer, n_vocab: int):
