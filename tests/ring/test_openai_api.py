@@ -141,3 +141,6 @@ def test_metrics_parse_and_move_with_requests(client, server):
         assert after[("mlx_ring_rank_memory_bytes", (who[0], ("kind", "peak"), who[1]))] > 0
         assert after[("mlx_ring_rank_busy_seconds_total", who)] > before.get(("mlx_ring_rank_busy_seconds_total", who), 0)
         assert ("mlx_ring_rank_kv_cache_bytes", who) in after and ("mlx_ring_rank_stage_seconds", who) in after
+        assert after[("mlx_ring_rank_prefill_tokens_total", who)] > before.get(("mlx_ring_rank_prefill_tokens_total", who), 0)
+        assert after[("mlx_ring_rank_prompt_cache_bytes", who)] > 0  # the request left its prompt and answer
+    assert after[("mlx_ring_prompt_cache_tokens", ())] > 0
