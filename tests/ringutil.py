@@ -90,3 +90,16 @@ def tool_model(folder: Path, model: Path) -> Path:
             (folder / f.name).symlink_to(f.resolve())
     (folder / "chat_template.jinja").write_text((ROOT / "tests" / "data" / "tools_chat_template.jinja").read_text())
     return folder
+
+
+def mlx_lm_answer(model_path: Path, tokenizer, prompt: list[int], max_tokens: int) -> list[int]:
+    """Single-process mlx-lm's greedy tokens for `prompt`, up to its end token (not included)."""
+    from mlx_lm.generate import generate_step
+
+    model, _ = load_model(Path(model_path))
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        if tok in tokenizer.eos_token_ids:
+            break
+        out.append(tok)
+    return out

@@ -3,12 +3,11 @@
 import socket
 
 import httpx
-import mlx.core as mx
 import openai
 import pytest
-from mlx_lm.generate import generate_step
-from mlx_lm.utils import load_model, load_tokenizer
+from mlx_lm.utils import load_tokenizer
 from prometheus_client.parser import text_string_to_metric_families
+from ringutil import mlx_lm_answer
 from serverutil import running_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -29,12 +28,7 @@ def test_chat_answers_like_single_process_mlx_lm(client, default_model):
     r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=32)
     tokenizer = load_tokenizer(default_model)
     prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
-    model, _ = load_model(default_model)
-    want = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=32):
-        if tok in tokenizer.eos_token_ids:
-            break
-        want.append(tok)
+    want = mlx_lm_answer(default_model, tokenizer, prompt, 32)
     assert r.choices[0].message.content == tokenizer.decode(want) == "The capital of France is Paris."
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.role == "assistant"
     assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == len(want) + 1  # + end token
