@@ -27,6 +27,7 @@ from mlx_ring.models.compat import (
     saved_from_batch,
     saved_rows,
 )
+from mlx_ring.models.support import check_supported
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.ring.transport import Ring
@@ -45,16 +46,6 @@ def rss_kib() -> int:
             return int(f.read().split()[1]) * resource.getpagesize() >> 10
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # bytes on macOS
-
-
-def _check_architecture(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", None)
-    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm")):
-        raise ValueError(
-            f"model type {getattr(model, 'model_type', type(model).__name__)!r} does not have the "
-            "embed_tokens / layers / norm shape this server slices; use a Llama, Mistral, Qwen2, Qwen3 or Phi-3 family model"
-        )
-    return inner
 
 
 def parameter_bytes(module: nn.Module) -> int:
@@ -261,8 +252,9 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
         raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
                          "start the ring with ./launch.sh, which sends every host the pieces of its slice")
     hosted = (Path(model_path) / MANIFEST).is_file()
-    model, _ = load_model(Path(model_path), lazy=True, strict=not hosted)
-    inner = _check_architecture(model)
+    model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
+    check_supported(config)
+    inner = model.model
     if len(inner.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(inner.layers)}")
     reusable = prefix_reusable(make_prompt_cache(model))  # every layer's kind, so every rank agrees

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -51,17 +52,36 @@ TINY = {
     "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6, "vocab_size": 320,
               "rope_theta": 1e6, "max_position_embeddings": 512, "tie_word_embeddings": False},
+    "mistral": {"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "vocab_size": 320, "rope_theta": 1e6,
+                "tie_word_embeddings": False, "sliding_window": None},
+    "phi3": {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 320, "rope_theta": 10000.0,
+             "partial_rotary_factor": 0.75, "max_position_embeddings": 512, "tie_word_embeddings": False},
+    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [0], "moe_intermediate_size": 64, "rms_norm_eps": 1e-6,
+                  "vocab_size": 320, "rope_theta": 1e6, "max_position_embeddings": 512, "tie_word_embeddings": False,
+                  "norm_topk_prob": True},
+    "gemma2": {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 320, "query_pre_attn_scalar": 16},
 }
 
 
-def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0) -> Path:
-    """A random-weight MLX model folder of a real mlx_lm architecture (no tokenizer: tests feed ids)."""
+def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0, bits: int = 0) -> Path:
+    """A random-weight MLX model folder of a real mlx_lm architecture (no tokenizer: tests feed ids);
+    `bits` 4 or 8: quantized as mlx-lm quantizes (groups of 64)."""
     config = dict(TINY[kind], num_hidden_layers=n_layers)
     model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     # Random init leaves norms at 1 and biases at 0; perturb everything so every weight matters.
     params = {k: v + 0.02 * mx.random.normal(v.shape) for k, v in tree_flatten(model.parameters())}
+    if bits:
+        model.load_weights(list(params.items()))
+        nn.quantize(model, group_size=64, bits=bits)
+        params = dict(tree_flatten(model.parameters()))
+        config["quantization"] = {"group_size": 64, "bits": bits}
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), params)
     (folder / "config.json").write_text(json.dumps(config))

@@ -1,0 +1,19 @@
+"""Model types: the supported ones load, any other is refused before a request can reach it."""
+
+import pytest
+from ringutil import ROOT, make_tiny_model
+
+from mlx_ring.models.support import SUPPORTED, table
+from mlx_ring.planning.plan import uniform_plan
+from shard import load_shard
+
+
+def test_an_unsupported_type_is_refused_in_one_sentence_naming_the_supported(tmp_path):
+    model = make_tiny_model(tmp_path / "gemma2", "gemma2")
+    with pytest.raises(ValueError) as e:
+        load_shard(model, uniform_plan(7, 1), 0)
+    assert str(e.value).startswith("model type 'gemma2' is not supported") and ", ".join(SUPPORTED) in str(e.value)
+
+
+def test_the_readme_lists_the_supported_types():
+    assert table() in (ROOT / "README.md").read_text()
