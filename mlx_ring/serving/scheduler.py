@@ -18,8 +18,10 @@ import mlx.core as mx
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.prefix import PrefixIndex
+from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
+
+SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
 
 
 class Ends(Protocol):
@@ -199,9 +201,23 @@ class Scheduler:
             longest = n
         if reused:
             self.prefix.use(entry, reused)
+        if self.prefix:
+            self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
         self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entry)
         return self.filling
+
+    def _wait_for_shared(self, rows: list[Sequence]) -> None:
+        # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
+        # waits for that row's prefill, then starts from its saved prompt: the shared part is computed once.
+        for s in self.waiting:
+            if s.after is not None or s.removed:
+                continue
+            cached = self.prefix.lookup(s.prompt)[1]
+            for r in rows:
+                if common_prefix(tuple(r.prompt), tuple(s.prompt)) >= cached + SHARED_TOKENS:
+                    s.after = r
+                    break
 
     def _submit_chunk(self, b: Prefill) -> bool:
         if b.reuse:  # first, on every rank: the batch's cache starts as the entry's first `sent` tokens
