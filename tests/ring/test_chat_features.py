@@ -94,8 +94,6 @@ def json_answer(client, schema, i=0):
 
 
 def test_json_schema_answers_validate_also_eight_at_once(client):
-    for i, schema in enumerate(SCHEMAS):
-        jsonschema.validate(json_answer(client, schema, i), schema)
     with ThreadPoolExecutor(8) as pool:  # 8 concurrent sequences, each with its own schema, in shared batches
         answers = list(pool.map(lambda i: json_answer(client, SCHEMAS[i % 4], i), range(8)))
     for i, a in enumerate(answers):
