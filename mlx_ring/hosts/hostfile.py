@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_ring.config import json_objects
-from mlx_ring.planning.plan import HOST_KEYS
+from mlx_ring.planning.capabilities import HOST_KEYS
 
 LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts these ranks itself, without ssh
 KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)

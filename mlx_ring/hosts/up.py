@@ -23,17 +23,8 @@ from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile
 from mlx_ring.hosts.identity import versions
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.planning.plan import (
-    Capabilities,
-    LayerPlan,
-    ModelSpec,
-    colocate,
-    format_summary,
-    plan_layers,
-    set_aside,
-    summary,
-    with_host_keys,
-)
+from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys
+from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, plan_layers, summary
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.sizes import spec_from_folder
 

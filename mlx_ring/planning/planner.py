@@ -13,21 +13,8 @@ from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.hostfile import load_entries
-from mlx_ring.planning.plan import (
-    GIB,
-    HOST_KEYS,
-    STRATEGIES,
-    Capabilities,
-    LayerPlan,
-    ModelSpec,
-    colocate,
-    declared,
-    format_summary,
-    plan_layers,
-    set_aside,
-    summary,
-    with_host_keys,
-)
+from mlx_ring.planning.capabilities import HOST_KEYS, Capabilities, colocate, declared, set_aside, with_host_keys
+from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, format_summary, plan_layers, summary
 from mlx_ring.planning.sizes import spec_from_folder
 
 log = logging.getLogger("planner")

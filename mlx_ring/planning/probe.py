@@ -18,7 +18,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_ring.planning.plan import GIB, Capabilities, default_usable_gb
+from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
+from mlx_ring.planning.plan import GIB
 
 log = logging.getLogger(__name__)
 

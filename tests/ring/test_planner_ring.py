@@ -7,7 +7,8 @@ import json
 import numpy as np
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
-from mlx_ring.planning.plan import GIB, RUNTIME_GIB, Capabilities, per_layer_bytes, plan_layers, with_host_keys
+from mlx_ring.planning.capabilities import Capabilities, with_host_keys
+from mlx_ring.planning.plan import GIB, RUNTIME_GIB, per_layer_bytes, plan_layers
 from mlx_ring.planning.sizes import spec_from_folder
 
 DRIVER = str(ROOT / "tests" / "planner_driver.py")

@@ -53,21 +53,18 @@ from itertools import product  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
+from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys  # noqa: E402
 from mlx_ring.planning.plan import (  # noqa: E402
     GIB,
     STRATEGIES,
-    Capabilities,
     ModelSpec,
     bottleneck,
-    colocate,
     hop_seconds,
     max_layers,
     memory_need,
     plan_layers,
     proportional_sizes,
-    set_aside,
     summary,
-    with_host_keys,
 )
 
 SMALL = settings(max_examples=200, deadline=None)
