@@ -65,12 +65,11 @@ class Constraint:
         self.mask = allocate_token_bitmask(1, vocab)
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
-        tokens = history.tolist()
-        if self.seen is not None:  # the first call sees the prompt only
-            for t in tokens[self.seen :]:
+        if self.seen is not None:  # the first call sees the prompt only; later ones read just the new tokens
+            for t in history[self.seen :].tolist():
                 if not self.matcher.consume_token(t):
                     raise ValueError(f"the output left its grammar: {self.matcher.get_error()}")
-        self.seen = len(tokens)
+        self.seen = history.shape[0]
         fill_next_token_bitmask(self.matcher, self.mask)
         if self.matcher.is_error():
             raise ValueError(f"constrained decoding failed: {self.matcher.get_error()}")

@@ -210,14 +210,12 @@ class Scheduler:
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
         # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
         # waits for that row's prefill, then starts from its saved prompt: the shared part is computed once.
+        starts = [(r, tuple(r.prompt)) for r in rows]
         for s in self.waiting:
             if s.after is not None or s.removed:
                 continue
-            cached = self.prefix.lookup(s.prompt)[1]
-            for r in rows:
-                if common_prefix(tuple(r.prompt), tuple(s.prompt)) >= cached + SHARED_TOKENS:
-                    s.after = r
-                    break
+            cached, prompt = self.prefix.lookup(s.prompt)[1], tuple(s.prompt)
+            s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + SHARED_TOKENS), None)
 
     def _submit_chunk(self, b: Prefill) -> bool:
         if b.reuse:  # first, on every rank: the batch's cache starts as the entry's first `sent` tokens
