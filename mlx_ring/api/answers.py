@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from mlx_ring.api.errors import ApiError, error_body
 from mlx_ring.api.keys import RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, RingMetrics
-from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse
+from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.served import ServedModel, limit_tokens
 from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
@@ -150,7 +150,7 @@ class Answers:
             else:
                 out.append({"index": c.index, "text": text, "logprobs": completion_logprobs(c.tokens, top, self.token_text),
                             "finish_reason": c.finish_reason()})
-        return head | {"object": "chat.completion" if chat else "text_completion", "choices": out, "usage": _usage(choices)}
+        return head | {"object": "chat.completion" if chat else "text_completion", "choices": out, "usage": usage([c.done for c in choices])}
 
     async def _stream(self, flow, choices: list[Choice], head: dict, chat: bool, body):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -183,11 +183,6 @@ class Answers:
                 yield chunk(i, {} if chat else "", finish=c.finish_reason())
         else:
             if body.stream_options and body.stream_options.include_usage:
-                yield sse(head | {"object": obj, "choices": [], "usage": _usage(choices)})
+                yield sse(head | {"object": obj, "choices": [], "usage": usage([c.done for c in choices])})
         yield "data: [DONE]\n\n"
 
-
-def _usage(choices: list[Choice]) -> dict:
-    """The prompt once (the choices share its prefill), the completions of every choice (all done)."""
-    p, c = choices[0].done.prompt_tokens, sum(ch.done.completion_tokens for ch in choices)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

@@ -36,8 +36,10 @@ def completion_logprobs(tokens, top: int | None, token_text: Callable[[int], str
     }
 
 
-def usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens, "total_tokens": done.prompt_tokens + done.completion_tokens}
+def usage(done: list[Done]) -> dict:
+    """The prompt once (the choices of a request share its prefill), the completions of every choice."""
+    p, c = done[0].prompt_tokens, sum(d.completion_tokens for d in done)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def sse(obj: dict) -> str:
