@@ -12,6 +12,7 @@ import select
 import socket
 import stat
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -134,7 +135,7 @@ class Ring:
 
     def send_header(self, header: Header, payload: mx.array | None) -> None:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
-            header = Header.for_payload(header.kind, payload, header.batch, header.offset, header.group, header.entry)
+            header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
         mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
