@@ -26,6 +26,7 @@ from mlx_ring.models.compat import (
     prefix_reusable,
     saved_from_batch,
     saved_rows,
+    trim_rows,
 )
 from mlx_ring.models.support import check_supported
 from mlx_ring.planning.plan import LayerPlan
@@ -79,7 +80,8 @@ class Shard:
         self.host = socket.gethostname()
         self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
                        Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status,
-                       Kind.LOAD: self._load, Kind.SAVE: self._save, Kind.SAVE_ROW: self._save_row}
+                       Kind.LOAD: self._load, Kind.SAVE: self._save, Kind.SAVE_ROW: self._save_row,
+                       Kind.TRIM: self._trim}
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -179,6 +181,12 @@ class Shard:
             del self.groups[header.group]
             mx.clear_cache()  # hand freed cache memory back, so memory stays flat between bursts
         return payload  # the next rank needs the same row list
+
+    def _trim(self, header: Header, payload: mx.array) -> mx.array:
+        drops = payload.tolist()
+        for c in self.groups[header.group]:
+            trim_rows(c, drops)
+        return payload  # the next rank drops the same
 
     def _free(self, header: Header, payload: None) -> None:
         self.prefills.pop(header.batch, None)

@@ -4,7 +4,8 @@ real scheduler, sequences arriving and leaving mid-flight.
 `--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
 before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens; with
 `"follow": j` too, its prompt is j's prompt, j's tokens, then its own: the next turn of a chat).
-`--prompt-cache N` gives rank 0 a prompt cache of N tokens. Every rank writes `rank{r}.json` (its layer range, parameter bytes,
+`--prompt-cache N` gives rank 0 a prompt cache of N tokens; `--draft K` turns on speculative decoding
+(prompt lookup, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
 all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
 """
@@ -35,6 +36,7 @@ def main():
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--layers", default=None)
     p.add_argument("--prompt-cache", type=int, default=0)
+    p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     world = init_world()
@@ -78,7 +80,7 @@ def main():
 
     pipe.submit = recording_submit
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix)
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft)
     waiting = list(range(len(spec)))
     tokens = {i: [] for i in range(len(spec))}
 
@@ -97,7 +99,8 @@ def main():
             owner[id(seq.sampler)] = i
             sched.add(seq)
         for seq, token in sched.step():
-            tokens[seq.id].append(token.id)
+            if len(tokens[seq.id]) < spec[seq.id]["max_tokens"]:  # a verify step may give more than asked
+                tokens[seq.id].append(token.id)
             if len(tokens[seq.id]) >= spec[seq.id]["max_tokens"]:
                 sched.remove(seq)
         step += 1
@@ -110,7 +113,8 @@ def main():
     cache = {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)} if prefix else None
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
                                                  "prompts": [s["prompt"] for s in spec],
-                                                 "prefill_rows": prefill_rows, "prompt_cache": cache}))
+                                                 "prefill_rows": prefill_rows, "prompt_cache": cache,
+                                                 "drafted": sched.drafted, "accepted": sched.accepted}))
     pipe.shutdown()
 
 

@@ -19,6 +19,24 @@ def drop_spare_room(cache) -> None:
         cache.state = keys[..., :used, :], values[..., :used, :], offset, left, used
 
 
+def trim_rows(cache: BatchKVCache, drops: list[int]) -> None:
+    """Drop the last `drops[i]` positions of each row `i` of a decode group's cache (drafts the
+    target rejected). Rows that drop more than the fewest are shifted right by the difference, and
+    their left padding grows by as much: a row's tokens keep their positions, so RoPE and the mask
+    stay exact, as in mlx-lm's own `filter`, which shifts the other way."""
+    fewest = min(drops)
+    cache.trim(fewest)
+    extra = mx.array([d - fewest for d in drops])
+    if max(drops) > fewest:
+        n = cache._idx
+        where = mx.maximum(mx.arange(n)[None, :] - extra[:, None], 0)[:, None, :, None]  # (B, 1, n, 1)
+        for name in ("keys", "values"):
+            a = getattr(cache, name)
+            a[..., :n, :] = mx.take_along_axis(a[..., :n, :], mx.broadcast_to(where, (*a.shape[:2], n, 1)), axis=2)
+        cache.left_padding = cache.left_padding + extra
+        cache.offset = cache.offset - extra
+
+
 def model_classes(config: dict) -> tuple[type, type]:
     """(model class, its args class) for a config's `model_type`, as `mlx_lm.load` picks them."""
     return _get_classes(config)

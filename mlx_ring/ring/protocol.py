@@ -4,7 +4,7 @@ Every step travels as a fixed-size int32 header, then (if its shape is not empty
 array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
 back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
 step, the kept row indices `(k,)` for a filter step, the saved row and the entries to drop `(1 + k,)`
-for a save step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the wire.
+for a save step, the positions each row drops `(B,)` for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the wire.
 """
 
 from dataclasses import astuple, dataclass, fields
@@ -28,6 +28,7 @@ class Kind(IntEnum):
     LOAD = 9  # start prefill batch `batch`'s cache as the first `offset` tokens of prompt-cache entry `entry`
     SAVE = 10  # keep row payload[0] of prefill batch `batch` (its `offset` tokens) as entry `entry`, after dropping entries payload[1:]
     SAVE_ROW = 11  # the same for row payload[0] of decode group `group` (a sequence leaving it)
+    TRIM = 12  # drop the last payload[i] positions of row i of group `group` (drafts the target rejected)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Header:
     offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE*: tokens
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
-    group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW: the decode group (micro-batch) the step acts on
+    group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on
     entry: int = 0  # LOAD, SAVE, SAVE_ROW: the prompt-cache entry
 
     def encode(self) -> mx.array:

@@ -163,7 +163,8 @@ class Engine:
             self.pipe.stage.busy_s += took
             self.on_step(took)
         for seq, token in results:  # a token, or the error that sampling it raised
-            self._advance(self.active[seq.id], token)
+            if seq.id in self.active:  # a sequence given several tokens at once may end before the last
+                self._advance(self.active[seq.id], token)
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""

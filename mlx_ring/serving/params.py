@@ -22,3 +22,9 @@ class SamplingParams:
         """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
         return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
                     or self.logit_bias or self.seed is not None or self.top_logprobs or self.grammar)
+
+    def speculable(self) -> bool:
+        """No processor reads the history and no alternatives are reported: the distribution at every
+        position is the model's alone, so drafted tokens can be verified in one pass."""
+        return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias or self.top_logprobs or self.grammar)

@@ -20,6 +20,7 @@ from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
+from mlx_ring.serving.speculative import Drafter, verify_rows
 
 SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
 
@@ -44,6 +45,7 @@ class Sequence:
     after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
     prefilled: bool = False
     fed: int = 0  # sampled tokens its decode steps have put in its cache
+    drafter: Drafter | None = None  # speculative decoding: its drafts and their length
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None
@@ -74,6 +76,8 @@ class Group:
     rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
     joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
     busy: bool = False  # a decode step of this group is on the ring
+    verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
+    saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
     last_turn: int = -1
 
     def load(self) -> int:
@@ -89,6 +93,7 @@ class _Step:
     offset: int = 0  # PREFILL: where the chunk starts in its rows
     group: Group | None = None
     rows: list[Sequence] = field(default_factory=list)
+    drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
     last_chunk: bool = False
     done: Callable[[mx.array | None], None] | None = None
 
@@ -98,8 +103,11 @@ class Scheduler:
     a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
     a stage's time grows with its rows (large batches on a CPU)."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512, prefix: PrefixIndex | None = None):
+    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512, prefix: PrefixIndex | None = None,
+                 draft_tokens: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
+        self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
+        self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
         self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.groups = [Group(g) for g in range(groups)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
@@ -111,6 +119,8 @@ class Scheduler:
 
     # -- what the caller does -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        if self.draft_tokens and seq.params.speculable():
+            seq.drafter = Drafter(self.draft_tokens)
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -121,7 +131,9 @@ class Scheduler:
             return
         seq.removed = True
         group = next((g for g in self.groups if seq in g.rows), None)
-        if self.prefix and group is not None:
+        if self.prefix and group is not None and group.verifying:
+            group.saves.append(seq)  # its cache row holds drafts until the step is back and trimmed
+        elif self.prefix and group is not None:
             assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
             self._save(Kind.SAVE_ROW, group.id, group.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])
 
@@ -251,21 +263,32 @@ class Scheduler:
             return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, _Step(Kind.JOIN))
         if not g.rows:
             return True
-        return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
+        drafts = [s.drafter.draft(s.sampler.history) if s.drafter else [] for s in g.rows]
+        width = max(map(len, drafts))
+        if not width:
+            return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
+        # Every row feeds its last token and its drafts, padded to one width (padding is never kept).
+        tokens = mx.array([[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)])
+        return self._submit_decode_of(g, tokens, drafts=drafts)
 
     def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
         # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
+        # A row that would draft next needs this step's tokens read first.
         return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
+                and not any(s.drafter and not s.drafter.pause for s in rows)
                 and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
 
-    def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False) -> bool:
+    def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False, drafts: list | None = None) -> bool:
         self.turn += 1
         g.last_turn = self.turn
-        g.busy = True
+        g.busy, g.verifying = True, drafts is not None
         for s in g.rows:
-            s.fed += 1
-        h = self.ends.embed(tokens)  # tokens (B, 1) -> (B, 1, H)
-        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, _Step(Kind.DECODE, group=g, rows=list(g.rows)), chained)
+            s.fed += 1  # the input token; accepted drafts are counted when the step is back
+            if chained and s.drafter:
+                s.drafter.skip()
+        h = self.ends.embed(tokens)  # tokens (B, L) -> (B, L, H); L = 1 + drafts
+        step = _Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
+        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, step, chained)
 
     def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
         self.pipe.submit(header, payload, step, chained)
@@ -304,6 +327,8 @@ class Scheduler:
                     self._save(Kind.SAVE, b.id, row, s.prompt)
             min(self.groups, key=Group.load).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
+        if step.kind == Kind.DECODE and step.drafts is not None:
+            return self._complete_verify(step, out)
         if step.kind == Kind.DECODE:
             g = step.group
             g.busy = False
@@ -327,3 +352,34 @@ class Scheduler:
                     results.append((seq, token))
             return results
         return []
+
+    def _complete_verify(self, step: _Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
+        # Rows keep their accepted drafts and one more token each; every rank then drops the rest of
+        # the step's positions from its cache (TRIM, queued before anything else touches the group).
+        g = step.group
+        logits = self.ends.head(out)  # (B, L, V)
+        self.pipe.settle()
+        width = out.shape[1] - 1
+        drops, results = [], []
+        for s, d, kept in zip(step.rows, step.drafts, verify_rows([s.sampler for s in step.rows], logits, step.drafts)):
+            if isinstance(kept, Exception):
+                s.last = 0  # a failed row leaves before the next step
+                drops.append(width)
+                results.append((s, kept))
+                continue
+            accepted = len(kept) - 1
+            s.fed += accepted
+            s.last = kept[-1].id
+            drops.append(width - accepted)
+            if d:
+                s.drafter.update(len(d), accepted)
+                self.drafted, self.accepted = self.drafted + len(d), self.accepted + accepted
+            results += [(s, t) for t in kept]
+        if any(drops):
+            payload = mx.array(drops, dtype=mx.int32)
+            self.calls.append((Header.for_payload(Kind.TRIM, payload, group=g.id), payload, lambda _: None))
+        g.busy = g.verifying = False
+        for s in g.saves:  # rows that left while the step was out: saved as trimmed
+            self._save(Kind.SAVE_ROW, g.id, g.rows.index(s), s.sampler.history[: len(s.prompt) + s.fed])
+        g.saves.clear()
+        return [(s, t) for s, t in results if not s.removed]

@@ -15,14 +15,14 @@ from mlx_ring.models.support import SUPPORTED
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
-def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0):
+def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
     argv = [DRIVER, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
-            "--chunk", str(chunk), "--out", str(tmp_path), "--prompt-cache", str(prompt_cache)]
+            "--chunk", str(chunk), "--out", str(tmp_path), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
     launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
     out = json.loads((tmp_path / "result.json").read_text())
-    logits = [np.load(tmp_path / f"logits{i}.npy") for i in range(len(spec))]
+    logits = [np.load(f) if (f := tmp_path / f"logits{i}.npy").exists() else None for i in range(len(spec))]
     return out["tokens"], logits, out["status"], ranks
 
 
