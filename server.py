@@ -121,8 +121,11 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         cluster=cluster,
         grammars=grammars,
     )
+    if cfg.draft_tokens and not shard.reusable:
+        log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
-                      prefix=prompt_cache(cfg, shard, model_path, cluster))
+                      prefix=prompt_cache(cfg, shard, model_path, cluster),
+                      draft_tokens=cfg.draft_tokens if shard.reusable else 0)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)

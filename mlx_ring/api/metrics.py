@@ -40,6 +40,12 @@ class RingMetrics:
                   "start", registry=r).set_function(lambda: prefix.hit_tokens)
             Gauge("mlx_ring_prompt_cache_tokens", "tokens held in the prompt cache (on every rank, for its own layers)",
                   registry=r).set_function(lambda: prefix.held)
+        sched = engine.sched
+        if sched.draft_tokens:
+            Gauge("mlx_ring_draft_tokens", "draft tokens verified by the target model, since the start",
+                  registry=r).set_function(lambda: sched.drafted)
+            Gauge("mlx_ring_draft_tokens_accepted", "draft tokens the target model kept, since the start",
+                  registry=r).set_function(lambda: sched.accepted)
         engine.on_step = self.step.observe
         self.hosts = {x["rank"]: x["host"] for x in served.cluster.get("ranks", [])}
         self.ranks: list[dict] = []

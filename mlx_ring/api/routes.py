@@ -123,8 +123,10 @@ def make_app(engine: Engine, served: ServedModel, keys: list[Key] = (), restarts
         if prefix is not None:  # ints the engine thread updates: read without a lock
             cache |= {"entries": len(prefix.entries), "tokens": prefix.held, "budget_tokens": prefix.budget,
                       "hits": prefix.hits, "hit_tokens": prefix.hit_tokens}
+        sched = engine.sched
+        speculative = {"draft_tokens": sched.draft_tokens, "drafted": sched.drafted, "accepted": sched.accepted}
         return {"model": served.id, "plan": served.cluster["plan"], "ranks": ranks, "queued_requests": engine.requests.qsize(),
-                "prompt_cache": cache}
+                "prompt_cache": cache, "speculative": speculative}
 
     page = (Path(__file__).parent / "page.html").read_text()
 

@@ -1,0 +1,94 @@
+"""Speculative decoding's parts without a ring: prompt lookup, the adaptive draft length, the cache
+trim every rank applies, and the acceptance rule's distribution."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import BatchKVCache
+
+from mlx_ring.models.compat import trim_rows
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.sampling import SequenceSampler
+from mlx_ring.serving.speculative import Drafter, lookup, verify
+
+
+def test_lookup_takes_what_followed_the_latest_longest_match():
+    h = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    assert lookup(h, 2) == [4, 5]  # "1 2 3" at 0 wins over the later "2 3" at 6 (longest first)
+    assert lookup(h[:-1] + [0, 2, 3], 2) == [7, 8]  # no 3-gram: the latest "2 3"
+    assert lookup([5, 6, 7, 1, 6, 7], 3) == [1, 6, 7]  # no 3-gram: the 2-gram "6 7"
+    assert lookup([1, 2, 3, 4], 3) == []  # nothing repeats
+    assert lookup([4, 4, 4, 4], 5) == [4]  # the latest earlier occurrence: one token precedes the tail
+
+
+def test_drafter_grows_on_full_accepts_and_pauses_longer_after_each_miss():
+    d = Drafter(most=6)
+    d.k = 2
+    d.update(2, 2)
+    assert d.k == 4
+    d.update(4, 1)
+    assert d.k == 2 and d.pause == 0
+    drafting = 0
+    for _ in range(400):  # drafts that are always rejected: drafting backs off to one step in 64
+        if d.draft([1, 2, 3, 1, 2, 3]):
+            drafting += 1
+            d.update(d.k, 0)
+    assert drafting <= 12, drafting  # 3% of steps, falling to 1 in 64
+    assert d.draft([1, 2, 3, 4]) == [] or d.pause  # no match: no drafts
+
+
+@pytest.mark.parametrize("drops", [[1, 3, 2], [2, 2, 2], [0, 4, 1]])
+def test_trim_rows_keeps_each_rows_tokens_at_their_positions(drops):
+    mx.random.seed(1)
+    padding = [2, 0, 1]
+    x = mx.random.normal((3, 2, 6, 4))  # (B, kv heads, positions, head dim)
+    c = BatchKVCache(padding)
+    c.update_and_fetch(x, -x)
+    trim_rows(c, drops)
+    for b, (pad, drop) in enumerate(zip(padding, drops)):
+        kept = x[b, :, pad : 6 - drop]
+        start = c.left_padding[b].item()
+        assert c.offset[b].item() == 6 - pad - drop  # RoPE position of the row's next token
+        np.testing.assert_array_equal(c.keys[b, :, start : c._idx], kept)
+        np.testing.assert_array_equal(c.values[b, :, start : c._idx], -kept)
+    assert c._idx == 6 - min(drops)
+
+
+def test_greedy_verify_keeps_drafts_while_they_are_the_argmax():
+    logits = mx.log(mx.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.4, 0.1]]))
+    s = SequenceSampler(SamplingParams(temperature=0.0), [0])
+    assert [t.id for t in verify(s, logits, [1, 0, 2])] == [1, 0, 2, 0]  # all kept, then the bonus token
+    s = SequenceSampler(SamplingParams(temperature=0.0), [0])
+    assert [t.id for t in verify(s, logits, [1, 2, 2])] == [1, 0]  # the second draft is not the argmax
+    assert s.history == [0, 1, 0]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)])
+def test_sampled_verify_follows_the_target_distribution(params):
+    # Drafts 2 then 1: the first token must follow p0 and, after the draft is kept, the second must
+    # follow p1, whatever the drafts are (the rejection rule).
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(3, 5)).astype(np.float32) * 1.5
+    logits = mx.array(raw)
+
+    def target(row):
+        z = raw[row] - raw[row].max()
+        if params.top_k:
+            z = np.where(z >= np.sort(z)[-params.top_k], z, -np.inf)
+        p = np.exp(z / params.temperature)
+        return p / p.sum()
+
+    mx.random.seed(3)
+    first, second = np.zeros(5), np.zeros(5)
+    for _ in range(6000):
+        kept = verify(SequenceSampler(params, [0]), logits, [2, 1])
+        first[kept[0].id] += 1
+        if kept[0].id == 2:
+            second[kept[1].id] += 1
+    # Pearson's chi-square against the target: below 18.5, the 0.1% point for 4 degrees of freedom
+    # (always keeping the draft, or sampling the draft's residual always, scores in the thousands).
+    for counts, p in ((first, target(0)), (second, target(1))):
+        seen = p > 0
+        assert counts[~seen].sum() == 0  # top-k: nothing outside the target's support
+        chi2 = ((counts[seen] - counts.sum() * p[seen]) ** 2 / (counts.sum() * p[seen])).sum()
+        assert chi2 < 18.5, (counts, p)
