@@ -27,6 +27,7 @@ from mlx_ring.models.compat import (
     saved_from_batch,
     saved_rows,
     trim_rows,
+    unfused_attention,
 )
 from mlx_ring.models.support import check_supported
 from mlx_ring.planning.plan import LayerPlan
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 # A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
 # left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
 GROUP_SPARE_TOKENS = 256
+# Verify passes attend without MLX's fused kernel on CUDA, which compiles it for every new key length.
+UNFUSED_VERIFY = mx.cuda.is_available()
 
 
 def rss_kib() -> int:
@@ -95,14 +98,16 @@ class Shard:
 
     # -- every rank ---------------------------------------------------------------------------------
     def forward(self, h: mx.array, caches: list, causal: bool = False) -> mx.array:
-        """Run the local layers on hidden states `(B, L, H)`. `causal`: a fresh batch of right-padded
-        prompts, where padding only follows a row's tokens, so the plain causal mask is exact."""
+        """Run the local layers on hidden states `(B, L, H)`. `causal`: no row has padding before its
+        tokens (a lone prompt, a fresh batch of right-padded prompts, a group without left padding),
+        so the plain causal mask, aligned to the end of the keys, is exact."""
         masks = {}
         for layer, c in zip(self.inner.layers, caches):
             window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
             if window not in masks:
-                # The batch cache's own mask is an array: on CUDA a masked attention kernel is built
-                # for each new batch shape (seconds of stalls under load); "causal" needs none.
+                # The caches' own masks are arrays: on CUDA a masked attention kernel is built for each
+                # new shape, one per key length for several queries (a 40 ms stall a verify step on an
+                # H200, see docs/bench/gpu-h200/issue14); "causal" needs none.
                 masks[window] = "causal" if causal and window is None else create_attention_mask(h, c, window_size=window)
             h = layer(h, masks[window], c)
         return h
@@ -135,7 +140,7 @@ class Shard:
             f"rank 0 expects {header.offset}"
         )
         assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
-        out = self.forward(payload, caches, causal=B > 1)
+        out = self.forward(payload, caches, causal=True)  # a lone prompt, or a fresh batch (offset 0)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -146,8 +151,13 @@ class Shard:
         rows = self.rows(self.groups.get(header.group))
         assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
         caches = self.groups[header.group]
+        for c in caches:
+            c.trim(header.offset)  # drafts every row rejected in the group's last step (usually none)
         size = caches[0].nbytes
-        out = self.forward(payload, caches)
+        # Verifying drafts (several positions a row): the causal mask is exact when no row is left-padded.
+        causal = payload.shape[1] > 1 and not any(caches[0].left_padding.tolist())
+        with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):
+            out = self.forward(payload, caches, causal=causal)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
         return out

@@ -73,7 +73,10 @@ def main():
     prefill_rows = []  # rows of each prefill step, to show which prompts went together
     submit = pipe.submit
 
+    steps = []  # the kind of every step, in order ("DECODE+drop": rejected drafts dropped first)
+
     def recording_submit(header, payload, tag=None, chained=False):
+        steps.append(Kind(header.kind).name + ("+drop" if header.kind == Kind.DECODE and header.offset else ""))
         if header.kind == Kind.PREFILL:
             prefill_rows.append(header.shape[0])
         submit(header, payload, tag, chained)
@@ -114,7 +117,7 @@ def main():
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
                                                  "prompts": [s["prompt"] for s in spec],
                                                  "prefill_rows": prefill_rows, "prompt_cache": cache,
-                                                 "drafted": sched.drafted, "accepted": sched.accepted}))
+                                                 "drafted": sched.drafted, "accepted": sched.accepted, "steps": steps}))
     pipe.shutdown()
 
 

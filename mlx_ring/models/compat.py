@@ -1,6 +1,8 @@
 """Every mlx-lm internal this project relies on, in one place: when mlx-lm changes one of them,
 this is the file that breaks, and the only one to mend."""
 
+from contextlib import contextmanager
+
 import mlx.core as mx
 from mlx_lm.generate import _merge_caches
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -68,3 +70,35 @@ def cache_from_saved(saved: tuple, n: int) -> KVCache:
     c.keys, c.values = (a[..., :n, :] for a in saved)
     c.offset = n
     return c
+
+
+@contextmanager
+def unfused_attention(enabled: bool = True):
+    """Within this block, models built lazily attend with plain matmuls and a softmax instead of
+    MLX's fused kernel. On CUDA (MLX 0.32.4) the fused kernel for several query positions is
+    compiled anew for every key length, about 45 ms each on an H200: a verify pass, whose keys grow
+    by a token or more each step, would pay that every step. One position, or a CPU, does not."""
+    if not enabled:
+        yield
+        return
+    fused = mx.fast.scaled_dot_product_attention
+    mx.fast.scaled_dot_product_attention = _attention
+    try:
+        yield
+    finally:
+        mx.fast.scaled_dot_product_attention = fused
+
+
+def _attention(q, k, v, *, scale: float, mask=None, sinks=None):
+    assert sinks is None, "attention sinks: no supported model has them"
+    B, H, L, D = q.shape
+    kv_heads, n = k.shape[1], k.shape[2]
+    q = q.reshape(B, kv_heads, H // kv_heads, L, D)  # query heads grouped by the KV head they share
+    scores = (q * scale) @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # (B, kv_heads, group, L, n)
+    if isinstance(mask, str):  # "causal": the queries are the last L of the n positions
+        mask = mx.arange(n - L, n)[:, None] >= mx.arange(n)[None]
+    if mask is not None:
+        mask = mx.expand_dims(mask, 2) if mask.ndim == 4 else mask  # (B, 1, L, n) -> (B, 1, 1, L, n)
+        scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask
+    weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(v.dtype)
+    return (weights @ mx.expand_dims(v, 2)).reshape(B, H, L, -1)

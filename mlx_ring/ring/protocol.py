@@ -19,7 +19,7 @@ DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 class Kind(IntEnum):
     PREFILL = 1  # run local layers on a chunk `(B, L, H)` of prefill batch `batch`, with that batch's own cache
     JOIN = 2  # move prefill batch `batch`'s cache (payload: its rows' right padding) into group `group`, as its last rows
-    DECODE = 3  # run local layers on group `group`'s batch `(B, 1, H)`, with the group's batched cache
+    DECODE = 3  # drop every row's last `offset` positions, then run local layers on group `group`'s batch `(B, L, H)`
     FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
     FREE = 5  # drop the cache of prefill batch `batch` (it will not join)
     STATUS = 6  # each rank fills its row of the payload table
@@ -35,7 +35,8 @@ class Kind(IntEnum):
 class Header:
     kind: int
     batch: int = 0  # PREFILL, JOIN, FREE, LOAD, SAVE: the prefill batch the step acts on
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE*: tokens
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE*: tokens;
+    # DECODE: positions every row drops first (rejected drafts: a TRIM folded into the next step)
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on

@@ -78,6 +78,7 @@ class Group:
     busy: bool = False  # a decode step of this group is on the ring
     verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
     saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
+    drop: int = 0  # positions every row drops before the group's next step (rejected drafts, on every rank)
     last_turn: int = -1
 
     def load(self) -> int:
@@ -134,8 +135,7 @@ class Scheduler:
         if self.prefix and group is not None and group.verifying:
             group.saves.append(seq)  # its cache row holds drafts until the step is back and trimmed
         elif self.prefix and group is not None:
-            assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
-            self._save(Kind.SAVE_ROW, group.id, group.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])
+            self._save_row(group, seq)
 
     def ping(self, done: Callable[[None], None]) -> None:
         """A step through every rank between the others; `done(None)` when it is back."""
@@ -248,7 +248,10 @@ class Scheduler:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
         # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
         keep = [i for i, s in enumerate(g.rows) if not s.removed]
+        if g.drop and keep and (len(keep) < len(g.rows) or g.joining):
+            return self._submit(*self._trim(g), _Step(Kind.TRIM))  # rows leave or join once rejected drafts are gone
         if len(keep) < len(g.rows):
+            g.drop = 0  # nothing left to trim, or the trim went first
             g.rows = [g.rows[i] for i in keep]
             rows = mx.array(keep, dtype=mx.int32) if keep else None  # none left: the group's cache goes
             header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
@@ -288,11 +291,25 @@ class Scheduler:
                 s.drafter.skip()
         h = self.ends.embed(tokens)  # tokens (B, L) -> (B, L, H); L = 1 + drafts
         step = _Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
-        return self._submit(Header.for_payload(Kind.DECODE, h, group=g.id), h, step, chained)
+        header, g.drop = Header.for_payload(Kind.DECODE, h, group=g.id, offset=g.drop), 0
+        return self._submit(header, h, step, chained)
 
     def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
         self.pipe.submit(header, payload, step, chained)
         return True
+
+    @staticmethod
+    def _trim(g: Group, drops: list[int] | None = None) -> tuple[Header, mx.array]:
+        """The TRIM step that drops `drops` (else the group's pending `drop`) from the group's rows."""
+        payload = mx.array(drops or [g.drop] * len(g.rows), dtype=mx.int32)
+        g.drop = 0
+        return Header.for_payload(Kind.TRIM, payload, group=g.id), payload
+
+    def _save_row(self, g: Group, seq: Sequence) -> None:
+        if g.drop:  # queued as calls, the trim first: they go before anything else touches the group
+            self.calls.append((*self._trim(g), lambda _: None))
+        assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
+        self._save(Kind.SAVE_ROW, g.id, g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])
 
     def _save(self, kind: Kind, source: int, row: int, tokens: list[int]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
@@ -375,11 +392,12 @@ class Scheduler:
                 s.drafter.update(len(d), accepted)
                 self.drafted, self.accepted = self.drafted + len(d), self.accepted + accepted
             results += [(s, t) for t in kept]
-        if any(drops):
-            payload = mx.array(drops, dtype=mx.int32)
-            self.calls.append((Header.for_payload(Kind.TRIM, payload, group=g.id), payload, lambda _: None))
+        if len(set(drops)) == 1:
+            g.drop = drops[0]  # the same for every row (always, alone): folded into the group's next step
+        else:
+            self.calls.append((*self._trim(g, drops), lambda _: None))
         g.busy = g.verifying = False
         for s in g.saves:  # rows that left while the step was out: saved as trimmed
-            self._save(Kind.SAVE_ROW, g.id, g.rows.index(s), s.sampler.history[: len(s.prompt) + s.fed])
+            self._save_row(g, s)
         g.saves.clear()
         return [(s, t) for s, t in results if not s.removed]

@@ -31,3 +31,21 @@ def test_greedy_speculative_tokens_identical_to_mlx_lm(tmp_path, default_model, 
     assert result["accepted"] >= 20, result  # the copy is guessed from the prompt: most steps keep drafts
     assert result["prompt_cache"]["hit_tokens"] > len(copy)  # the follow-up reused the first turn, trimmed
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)  # freed on every rank
+
+
+def test_rows_join_and_leave_a_group_with_rejected_drafts_pending(tmp_path, default_model):
+    # No prompt cache: a row leaving or joining is the first thing after a verify pass whose rejected
+    # drafts wait to be dropped (folded into the next DECODE when every row drops the same).
+    tokenizer = load_tokenizer(default_model)
+    spec = [{"prompt": chat(tokenizer, f"Repeat this text exactly, word for word:\n\n{TEXT}"), "max_tokens": 30, "at": 0},
+            {"prompt": chat(tokenizer, "Repeat this line three times: the cat sat on the mat, the cat sat on the mat."),
+             "max_tokens": 20, "at": 3},
+            {"prompt": chat(tokenizer, "Write a short poem about the sea."), "max_tokens": 6, "at": 7}]
+    tokens, _, status, _ = run_probe(tmp_path, 2, default_model, spec, layers="17,13", draft=6)
+    result = json.loads((tmp_path / "result.json").read_text())
+    for i, s in enumerate(spec):
+        assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), i
+    steps = result["steps"]
+    assert "DECODE+drop" in steps  # a uniform drop went with the next step
+    assert {b for a, b in zip(steps, steps[1:]) if a == "TRIM"} >= {"FILTER", "JOIN"}  # and a trim before rows changed
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)

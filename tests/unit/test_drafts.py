@@ -92,3 +92,31 @@ def test_sampled_verify_follows_the_target_distribution(params):
         assert counts[~seen].sum() == 0  # top-k: nothing outside the target's support
         chi2 = ((counts[seen] - counts.sum() * p[seen]) ** 2 / (counts.sum() * p[seen])).sum()
         assert chi2 < 18.5, (counts, p)
+
+
+def test_unfused_attention_matches_the_fused_kernel_on_a_padded_batch():
+    # What verify passes run on CUDA: the model's own layers, attention swapped for plain matmuls.
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    from mlx_ring.models.compat import unfused_attention
+
+    mx.random.seed(2)
+    model = Model(ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=100))
+    caches = [BatchKVCache([3, 0]) for _ in model.layers]
+    model(mx.array([[0, 0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7]]), cache=caches)
+    h = model.model.embed_tokens(mx.array([[9, 10, 11], [12, 13, 14]]))
+    mask = create_attention_mask(h, caches[0])
+    outs = []
+    for enabled in (False, True):
+        x = h
+        for layer, c in zip(model.model.layers, caches):
+            with unfused_attention(enabled):
+                x = layer(x, mask, c)
+            c.trim(3)
+        outs.append(x)
+    np.testing.assert_allclose(np.array(outs[1]), np.array(outs[0]), atol=1e-5)
+    with unfused_attention(True):
+        causal = model.model.layers[0](h[1:], "causal", BatchKVCache([0]))  # the string mask, no cache before
+    np.testing.assert_allclose(np.array(causal), np.array(model.model.layers[0](h[1:], "causal", BatchKVCache([0]))), atol=1e-5)
