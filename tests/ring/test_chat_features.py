@@ -1,6 +1,6 @@
 """What chat apps and agent frameworks send, through the official `openai` client against the real
 2-rank server: tool calls, JSON and JSON-schema answers, n choices, follow-up turns that start from
-the prompt cache, and the fields clients add. The model is the default one (real weights) under a
+the prompt cache, the fields clients add, and speculative decoding. The model is the default one (real weights) under a
 Qwen2.5-style template that offers tools (tests/data/tools_chat_template.jinja)."""
 
 import json
@@ -26,7 +26,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def served(tmp_path_factory, default_model):
     tmp = tmp_path_factory.mktemp("chat")
     model = tool_model(tmp / "model", default_model)
-    with running_server(tmp, n_ranks=2, extra_args=["--model", str(model)]) as (url, _):
+    # Drafts on (prompt lookup): every answer below goes through verify passes where a draft is found.
+    with running_server(tmp, n_ranks=2, extra_args=["--model", str(model), "--draft-tokens", "6"]) as (url, _):
         yield url, model
 
 
@@ -161,3 +162,19 @@ def test_a_follow_up_turn_prefills_only_its_new_tokens_and_answers_as_mlx_lm(cli
         assert a["prefill_tokens"] - b["prefill_tokens"] == len(p2) - reused
         assert a["prompt_cache_entries"] >= 1 and a["prompt_cache_kib"] > 0
     assert a2 == tokenizer.decode(mlx_lm_answer(model, tokenizer, p2, 12))
+
+
+def test_answers_that_copy_their_input_keep_drafts_and_stay_exact(client, served):
+    url, model = served
+    tokenizer = load_tokenizer(model)
+    ask = [{"role": "user", "content": "Repeat this text exactly, word for word:\n\nThe keeper lit the lamp each evening, "
+                                       "wound the clockwork that turned the lens, and wrote the weather in his log."}]
+    before = status(url)["speculative"]
+    a = client.chat.completions.create(model="default", messages=ask, max_tokens=30, temperature=0).choices[0].message.content
+    after = status(url)["speculative"]
+    assert a == tokenizer.decode(mlx_lm_answer(model, tokenizer, tokenizer.apply_chat_template(ask, add_generation_prompt=True), 30))
+    assert after["draft_tokens"] == 6 and after["accepted"] - before["accepted"] >= 10
+    sampled = client.chat.completions.create(model="default", messages=ask, max_tokens=30, temperature=0.7, seed=1, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in sampled)  # the rejection rule's path, streamed
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    assert "mlx_ring_draft_tokens_accepted" in metrics
