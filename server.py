@@ -18,7 +18,7 @@ from mlx_ring.gpu import one_gpu_per_rank
 one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
-from mlx_lm.utils import load_config, load_tokenizer
+from mlx_lm.utils import load_config, load_model, load_tokenizer
 
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.identity import disagreement, identity
@@ -96,6 +96,20 @@ def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> Prefix
     return PrefixIndex(budget)
 
 
+def draft_model(cfg: Config, vocab: int):
+    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits over the same vocabulary."""
+    if not cfg.draft_model:
+        return None
+    path = resolve_model(cfg.draft_model, cfg.cache_dir, cfg.weights)
+    model, _ = load_model(path)
+    rows = model(mx.array([[0]])).shape[-1]  # only the shape is read: nothing computed
+    if rows != vocab:
+        raise ValueError(f"DRAFT_MODEL {cfg.draft_model} gives logits over {rows} tokens, the model over {vocab}; "
+                         "a draft model must share the model's tokenizer (pick one of the same family)")
+    log.info("drafts from %s, up to %d tokens a step", path.name, cfg.draft_tokens)
+    return model
+
+
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
     import uvicorn
 
@@ -125,7 +139,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
                       prefix=prompt_cache(cfg, shard, model_path, cluster),
-                      draft_tokens=cfg.draft_tokens if shard.reusable else 0)
+                      draft_tokens=cfg.draft_tokens if shard.reusable else 0,
+                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.reusable else None)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)

@@ -33,7 +33,8 @@ class Config:
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
     prompt_cache_gb: float = 1.0  # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
-    draft_tokens: int = 0  # speculative decoding by prompt lookup: most tokens drafted a step (0: off)
+    draft_tokens: int = 0  # speculative decoding: most tokens drafted a step (0: off)
+    draft_model: str | None = None  # drafts from this model on rank 0 (MLX folder, .gguf or repo id), else by prompt lookup
     hostfile: Path = ROOT / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
     max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
     ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
@@ -47,7 +48,7 @@ class Config:
 # Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
 SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
             "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
-            "STRATEGY", "KV_TOKENS", "PROMPT_CACHE_GB", "DRAFT_TOKENS", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
+            "STRATEGY", "KV_TOKENS", "PROMPT_CACHE_GB", "DRAFT_TOKENS", "DRAFT_MODEL", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
             "TLS_CERT", "TLS_KEY", "API_KEYS_FILE")
 
 
@@ -112,6 +113,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--draft-tokens", type=int, default=int(_env("DRAFT_TOKENS", "0")),
                    help="speculative decoding: up to this many tokens a step guessed from the prompt and output so far "
                         "(prompt lookup) and verified in one pass; helps when answers repeat their input (0: off)")
+    p.add_argument("--draft-model", default=_env("DRAFT_MODEL"),
+                   help="draft with this smaller model of the same tokenizer on rank 0 instead of prompt lookup")
     p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
     p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
                    help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
@@ -136,6 +139,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PROMPT_CACHE_GB={a.prompt_cache_gb} must be >= 0 (GB per rank; 0 turns the prompt cache off)")
     if not 0 <= a.draft_tokens <= 16:
         raise ValueError(f"DRAFT_TOKENS={a.draft_tokens} must be 0 (off) to 16 (tokens drafted per step)")
+    if a.draft_model and not a.draft_tokens:
+        raise ValueError(f"DRAFT_MODEL={a.draft_model} needs DRAFT_TOKENS, the most tokens it drafts per step: set e.g. DRAFT_TOKENS=4")
     if a.step_timeout <= 0 or a.drain_timeout < 0:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     if a.ring_socket_buffer < 0:
@@ -152,7 +157,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         log_dir=Path(a.log_dir), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
         default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
         drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
-        strategy=a.strategy, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens, hostfile=ROOT / Path(a.hostfile).expanduser(),
+        strategy=a.strategy, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens, draft_model=a.draft_model, hostfile=ROOT / Path(a.hostfile).expanduser(),
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,

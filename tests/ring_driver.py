@@ -5,7 +5,7 @@ real scheduler, sequences arriving and leaving mid-flight.
 before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens; with
 `"follow": j` too, its prompt is j's prompt, j's tokens, then its own: the next turn of a chat).
 `--prompt-cache N` gives rank 0 a prompt cache of N tokens; `--draft K` turns on speculative decoding
-(prompt lookup, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
+(prompt lookup, or `--draft-model DIR`, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
 all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from mlx_lm.utils import load_model  # noqa: E402
 
 import mlx_ring.serving.scheduler as batching  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
@@ -37,6 +38,7 @@ def main():
     p.add_argument("--layers", default=None)
     p.add_argument("--prompt-cache", type=int, default=0)
     p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
+    p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     world = init_world()
@@ -83,7 +85,8 @@ def main():
 
     pipe.submit = recording_submit
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft)
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft,
+                      draft_model=load_model(Path(a.draft_model))[0] if a.draft_model else None)
     waiting = list(range(len(spec)))
     tokens = {i: [] for i in range(len(spec))}
 

@@ -68,10 +68,10 @@ TINY = {
 }
 
 
-def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0, bits: int = 0) -> Path:
+def make_tiny_model(folder: Path, kind: str, n_layers: int = 7, seed: int = 0, bits: int = 0, **overrides) -> Path:
     """A random-weight MLX model folder of a real mlx_lm architecture (no tokenizer: tests feed ids);
-    `bits` 4 or 8: quantized as mlx-lm quantizes (groups of 64)."""
-    config = dict(TINY[kind], num_hidden_layers=n_layers)
+    `bits` 4 or 8: quantized as mlx-lm quantizes (groups of 64); `overrides`: config keys."""
+    config = dict(TINY[kind], num_hidden_layers=n_layers, **overrides)
     model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))

@@ -20,7 +20,7 @@ from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
-from mlx_ring.serving.speculative import Drafter, verify_rows
+from mlx_ring.serving.speculative import Drafter, ModelDrafter, verify_rows
 
 SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
 
@@ -105,9 +105,10 @@ class Scheduler:
     a stage's time grows with its rows (large batches on a CPU)."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0):
+                 draft_tokens: int = 0, draft_model=None):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
+        self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
         self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.groups = [Group(g) for g in range(groups)]
@@ -121,7 +122,7 @@ class Scheduler:
     # -- what the caller does -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         if self.draft_tokens and seq.params.speculable():
-            seq.drafter = Drafter(self.draft_tokens)
+            seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model) if self.draft_model else Drafter(self.draft_tokens)
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:

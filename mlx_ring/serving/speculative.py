@@ -8,11 +8,14 @@ target's probability and otherwise samples from the target with that token remov
 draft costs compute, never correctness.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from mlx_ring.serving.prefix import common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, sample_rows
 
 NGRAMS = (3, 2)  # suffix lengths tried, longest first: a one-token match guesses too often wrong
@@ -50,10 +53,13 @@ class Drafter:
         if self.pause:
             self.pause -= 1
             return []
-        drafts = lookup(history, self.k)
+        drafts = self.propose(history)
         if not drafts:
             self.pause = 1  # the next step may then go out before this one's token is read
         return drafts
+
+    def propose(self, history: list[int]) -> list[int]:
+        return lookup(history, self.k)
 
     def skip(self) -> None:
         """A step went without drafts for this sequence."""
@@ -65,6 +71,32 @@ class Drafter:
         self.k = min(self.most, self.k + 2) if accepted == drafted else max(1, accepted + 1)
         self.misses = self.misses + 1 if accepted == 0 else 0
         self.pause = min(2**self.misses, 64) - 1 if self.misses else 0
+
+
+@dataclass
+class ModelDrafter(Drafter):
+    """Drafts with a second, smaller model of the same vocabulary on rank 0 (`DRAFT_MODEL`), greedily,
+    with a KV cache of its own per sequence that follows the sequence's history (trimmed back to
+    what the history still shares with it, then fed the rest)."""
+
+    model: nn.Module | None = None
+    cache: list = field(default_factory=list)
+    fed: tuple[int, ...] = ()  # the tokens in `cache`
+
+    def propose(self, history: list[int]) -> list[int]:
+        if not self.cache:
+            self.cache = make_prompt_cache(self.model)
+        seen = tuple(history)
+        kept = min(common_prefix(self.fed, seen), len(seen) - 1)  # the last token is fed again: its logits are needed
+        for c in self.cache:
+            c.trim(len(self.fed) - kept)
+        x, ids = mx.array([history[kept:]]), []
+        for _ in range(self.k):  # built lazily, read once
+            x = mx.argmax(self.model(x, cache=self.cache)[:, -1, :], axis=-1, keepdims=True)  # (1, 1)
+            ids.append(x)
+        drafts = mx.concatenate(ids, axis=1)[0].tolist()
+        self.fed = seen + tuple(drafts[:-1])  # the last draft was never fed
+        return drafts
 
 
 def target_logits(s: SequenceSampler, logprobs: mx.array) -> mx.array:

@@ -15,10 +15,11 @@ from mlx_ring.models.support import SUPPORTED
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
-def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0):
+def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
     argv = [DRIVER, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
             "--chunk", str(chunk), "--out", str(tmp_path), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
+    argv += ["--draft-model", str(draft_model)] if draft_model else []
     launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
     out = json.loads((tmp_path / "result.json").read_text())

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from mlx_lm.utils import load_tokenizer
+from ringutil import make_tiny_model
 from test_fidelity import alone, run_probe
 
 TEXT = ("The lighthouse keeper climbed the stairs each evening, lit the lamp, and watched the ships pass "
@@ -48,4 +49,24 @@ def test_rows_join_and_leave_a_group_with_rejected_drafts_pending(tmp_path, defa
     steps = result["steps"]
     assert "DECODE+drop" in steps  # a uniform drop went with the next step
     assert {b for a, b in zip(steps, steps[1:]) if a == "TRIM"} >= {"FILTER", "JOIN"}  # and a trim before rows changed
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)
+
+
+@pytest.mark.parametrize("drafter", ["itself", "random"])
+def test_a_draft_model_keeps_greedy_output_exact(tmp_path, default_model, drafter):
+    # The default model drafting for itself guesses (almost) every token; a random model of the same
+    # vocabulary guesses (almost) none, so its drafts are rejected and drafting backs off.
+    tokenizer = load_tokenizer(default_model)
+    draft = default_model if drafter == "itself" else make_tiny_model(tmp_path / "draft", "llama", n_layers=2, vocab_size=49152)
+    spec = [{"prompt": chat(tokenizer, "Write a short poem about the sea."), "max_tokens": 24, "at": 0},
+            {"prompt": chat(tokenizer, "Name three colours."), "max_tokens": 16, "at": 2}]
+    (tmp_path / "run").mkdir()
+    tokens, _, status, _ = run_probe(tmp_path / "run", 2, default_model, spec, layers="12,18", draft=4, draft_model=draft)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    for i, s in enumerate(spec):
+        assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), (drafter, i)
+    if drafter == "itself":
+        assert result["accepted"] >= 0.9 * result["drafted"] > 0, result
+    else:
+        assert result["accepted"] <= 0.2 * result["drafted"] and result["drafted"] <= 40, result  # it backed off
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)

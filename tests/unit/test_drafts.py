@@ -120,3 +120,14 @@ def test_unfused_attention_matches_the_fused_kernel_on_a_padded_batch():
     with unfused_attention(True):
         causal = model.model.layers[0](h[1:], "causal", BatchKVCache([0]))  # the string mask, no cache before
     np.testing.assert_allclose(np.array(causal), np.array(model.model.layers[0](h[1:], "causal", BatchKVCache([0]))), atol=1e-5)
+
+
+def test_draft_settings_are_checked_at_the_edge():
+    from mlx_ring.config import parse_config
+
+    with pytest.raises(ValueError, match="DRAFT_MODEL=m needs DRAFT_TOKENS"):
+        parse_config(["--draft-model", "m"])
+    with pytest.raises(ValueError, match="DRAFT_TOKENS=17 must be 0"):
+        parse_config(["--draft-tokens", "17"])
+    cfg, _ = parse_config(["--draft-tokens", "4", "--draft-model", "m"])
+    assert (cfg.draft_tokens, cfg.draft_model) == (4, "m")
