@@ -54,6 +54,17 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
     return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.0f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
 
 
+def join_ring(model: Path) -> Pipeline | None:
+    """This rank's slice of `model` (an even split) on the ring started by mlx.launch: rank 0 gets
+    the pipeline to drive; the other ranks serve steps until shut down, then get None."""
+    world = init_world()
+    shard = load_shard(model, uniform_plan(spec_from_folder(model).n_layers, world.size()), world.rank())
+    ring = Ring(world)
+    if world.rank():
+        return serve_worker(shard, ring)
+    return Pipeline(shard, ring)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="MLX model folder")
@@ -63,19 +74,16 @@ def main():
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
-    world = init_world()
-    rank = world.rank()
-    shard = load_shard(a.model, uniform_plan(spec_from_folder(a.model).n_layers, world.size()), rank)
-    ring = Ring(world)
-    if rank:
-        return serve_worker(shard, ring)
-    pipe = Pipeline(shard, ring)
+    pipe = join_ring(a.model)
+    if pipe is None:
+        return
+    shard = pipe.stage
     sched = Scheduler(pipe, shard, chunk=a.chunk)
     streams = [int(x) for x in a.streams.split(",")]
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_len)
     for n in streams:
-        print(f"{world.size()} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
+        print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)

@@ -19,13 +19,10 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
+from bench_steps import join_ring  # noqa: E402
 
-from mlx_ring.planning.plan import uniform_plan  # noqa: E402
-from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
-from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
-from shard import load_shard, serve_worker  # noqa: E402
 
 
 def timed(pipe: Pipeline, header: Header, payload: mx.array) -> float:
@@ -45,13 +42,10 @@ def main():
     p.add_argument("--context", type=int, default=512, help="tokens in each row's cache")
     p.add_argument("--repeats", type=int, default=20)
     a = p.parse_args()
-    world = init_world()
-    rank = world.rank()
-    shard = load_shard(a.model, uniform_plan(spec_from_folder(a.model).n_layers, world.size()), rank)
-    ring = Ring(world)
-    if rank:
-        return serve_worker(shard, ring)
-    pipe = Pipeline(shard, ring)
+    pipe = join_ring(a.model)
+    if pipe is None:
+        return
+    shard, ranks = pipe.stage, pipe.ring.size
     for group, rows in enumerate(int(x) for x in a.rows.split(",")):
         prompt = shard.embed(mx.arange(rows * a.context).reshape(rows, a.context) % 1000 + 100)  # (rows, context, H)
         pipe.round_trip(Header.for_payload(Kind.PREFILL, prompt, batch=group), prompt)
@@ -67,7 +61,7 @@ def main():
                 if i >= 3:
                     verify.append(v)
                     trim.append(t)
-            print(json.dumps({"ranks": world.size(), "rows": rows, "drafts": k, "verify_ms": round(statistics.median(verify), 3),
+            print(json.dumps({"ranks": ranks, "rows": rows, "drafts": k, "verify_ms": round(statistics.median(verify), 3),
                               "trim_ms": round(statistics.median(trim), 3)}), flush=True)
         pipe.round_trip(Header(Kind.FILTER, group=group))
     pipe.shutdown()
