@@ -105,9 +105,8 @@ class Shard:
         for layer, c in zip(self.inner.layers, caches):
             window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
             if window not in masks:
-                # The caches' own masks are arrays: on CUDA a masked attention kernel is built for each
-                # new shape, one per key length for several queries (a 40 ms stall a verify step on an
-                # H200, see docs/bench/gpu-h200/issue14); "causal" needs none.
+                # The batch cache's own mask is an array: on CUDA a masked attention kernel is built
+                # for each new batch shape (seconds of stalls under load); "causal" needs none.
                 masks[window] = "causal" if causal and window is None else create_attention_mask(h, c, window_size=window)
             h = layer(h, masks[window], c)
         return h
@@ -154,7 +153,7 @@ class Shard:
         for c in caches:
             c.trim(header.offset)  # drafts every row rejected in the group's last step (usually none)
         size = caches[0].nbytes
-        # Verifying drafts (several positions a row): the causal mask is exact when no row is left-padded.
+        # Verifying drafts (several positions a row): no mask to build when no row is left-padded.
         causal = payload.shape[1] > 1 and not any(caches[0].left_padding.tolist())
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):
             out = self.forward(payload, caches, causal=causal)

@@ -373,7 +373,8 @@ class Scheduler:
 
     def _complete_verify(self, step: _Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
         # Rows keep their accepted drafts and one more token each; every rank then drops the rest of
-        # the step's positions from its cache (TRIM, queued before anything else touches the group).
+        # the step's positions from its cache: with the group's next step when every row drops the
+        # same, else by a TRIM step queued before anything else touches the group.
         g = step.group
         logits = self.ends.head(out)  # (B, L, V)
         self.pipe.settle()
