@@ -45,6 +45,10 @@ class Drafter:
     k: int = 0
     pause: int = 0  # steps to go without drafting
     misses: int = 0
+    # Prompt lookup's index, grown with the history: n-gram -> where the tokens after its latest
+    # occurrence start (a scan of a long prompt each step would cost rank 0 a millisecond a row).
+    after: dict[tuple[int, ...], int] = field(default_factory=dict)
+    indexed: int = 1  # n-grams ending before this position are in `after`
 
     def __post_init__(self):
         self.k = self.most
@@ -59,7 +63,17 @@ class Drafter:
         return drafts
 
     def propose(self, history: list[int]) -> list[int]:
-        return lookup(history, self.k)
+        """`lookup(history, self.k)`, from the index."""
+        for end in range(self.indexed, len(history)):  # the tail itself (end == len) has nothing after it
+            for n in NGRAMS:
+                if end >= n:
+                    self.after[tuple(history[end - n : end])] = end
+        self.indexed = max(self.indexed, len(history))
+        for n in NGRAMS:
+            start = self.after.get(tuple(history[-n:])) if len(history) > n else None
+            if start is not None:
+                return history[start : start + self.k]
+        return []
 
     def skip(self) -> None:
         """A step went without drafts for this sequence."""

@@ -21,6 +21,14 @@ def test_lookup_takes_what_followed_the_latest_longest_match():
     assert lookup([4, 4, 4, 4], 5) == [4]  # the latest earlier occurrence: one token precedes the tail
 
 
+def test_the_drafters_index_finds_what_lookup_finds_as_the_history_grows():
+    rng = np.random.default_rng(0)
+    history, d = [], Drafter(most=5)
+    for _ in range(400):
+        history += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()  # a small alphabet: many repeats
+        assert d.propose(history) == lookup(history, 5), history
+
+
 def test_drafter_grows_on_full_accepts_and_pauses_longer_after_each_miss():
     d = Drafter(most=6)
     d.k = 2
