@@ -3,6 +3,8 @@ that share plain settings sample in one batched call."""
 
 import secrets
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -45,12 +47,16 @@ class SequenceSampler:
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
     def sample(self, logprobs: mx.array) -> mx.array:
-        if self.params.top_k >= logprobs.shape[-1]:  # mlx-lm's check raises inside a compiled function
-            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {logprobs.shape[-1]} tokens")
+        self.prepare(logprobs.shape[-1])
+        return self.sampler(logprobs)
+
+    def prepare(self, vocab: int) -> None:
+        """Check the settings against the vocabulary and seed this step's randomness; before sampling."""
+        if self.params.top_k >= vocab:  # mlx-lm's check raises inside a compiled function
+            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {vocab} tokens")
         if self.params.seed is not None:
             # Per-request stream of randomness, independent of other requests sharing the ring.
             mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
-        return self.sampler(logprobs)
 
     def accept(self, token: int) -> None:
         self.history.append(token)
@@ -88,15 +94,22 @@ def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token
     lazy = sample_lazy(samplers, logits)
     if lazy is not None:
         return read_tokens(samplers, *lazy)
-    rows = [_try(_build_row, s, logits[e : e + 1]) for e, s in enumerate(samplers)]
+    built = [attempt(_build_row, s, logits[e : e + 1]) for e, s in enumerate(samplers)]
+    return read_rows(built, [partial(_read_row, s) for s in samplers])
+
+
+def read_rows(built: list, readers: list[Callable]) -> list:
+    """Evaluate rows' lazy arrays (`built`: a tuple a row, or the error building it raised) in one go,
+    then read each row with its reader; a row that fails gets its error and the others go on."""
     try:
-        mx.eval([r for r in rows if not isinstance(r, Exception)])
+        mx.eval([b for b in built if not isinstance(b, Exception)])
     except Exception:  # find the row at fault: each alone
-        rows = [r if isinstance(r, Exception) else _try(_eval, r) for r in rows]
-    return [r if isinstance(r, Exception) else _try(_read_row, s, *r) for s, r in zip(samplers, rows)]
+        built = [b if isinstance(b, Exception) else attempt(_eval, b) for b in built]
+    return [b if isinstance(b, Exception) else attempt(read, *b) for read, b in zip(readers, built)]
 
 
-def _try(fn, *args):
+def attempt(fn, *args):
+    """`fn(*args)`, or the error it raised (MLX's random state mended after a failed compiled sampler)."""
     try:
         return fn(*args)
     except Exception as e:
@@ -115,7 +128,7 @@ def _build_row(s: SequenceSampler, logits: mx.array) -> tuple[mx.array, mx.array
     return lp, s.sample(lp)
 
 
-def _eval(row: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
+def _eval(row: tuple[mx.array, ...]) -> tuple[mx.array, ...]:
     mx.eval(row)
     return row
 

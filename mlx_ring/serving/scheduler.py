@@ -372,28 +372,13 @@ class Scheduler:
         return []
 
     def _complete_verify(self, step: _Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
-        # Rows keep their accepted drafts and one more token each; every rank then drops the rest of
-        # the step's positions from its cache: with the group's next step when every row drops the
-        # same, else by a TRIM step queued before anything else touches the group.
+        # Every rank then drops the positions rows did not keep: with the group's next step when
+        # every row drops the same, else by a TRIM step queued before anything else touches the group.
         g = step.group
-        logits = self.ends.head(out)  # (B, L, V)
+        logits = self.ends.head(out)  # (B, 1 + width, V)
         self.pipe.settle()
-        width = out.shape[1] - 1
-        drops, results = [], []
-        for s, d, kept in zip(step.rows, step.drafts, verify_rows([s.sampler for s in step.rows], logits, step.drafts)):
-            if isinstance(kept, Exception):
-                s.last = 0  # a failed row leaves before the next step
-                drops.append(width)
-                results.append((s, kept))
-                continue
-            accepted = len(kept) - 1
-            s.fed += accepted
-            s.last = kept[-1].id
-            drops.append(width - accepted)
-            if d:
-                s.drafter.update(len(d), accepted)
-                self.drafted, self.accepted = self.drafted + len(d), self.accepted + accepted
-            results += [(s, t) for t in kept]
+        results, drops, accepted = verify_rows(step.rows, logits, step.drafts)
+        self.drafted, self.accepted = self.drafted + sum(map(len, step.drafts)), self.accepted + accepted
         if len(set(drops)) == 1:
             g.drop = drops[0]  # the same for every row (always, alone): folded into the group's next step
         else:

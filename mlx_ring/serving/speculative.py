@@ -9,6 +9,7 @@ draft costs compute, never correctness.
 """
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from mlx_ring.serving.prefix import common_prefix
-from mlx_ring.serving.sampling import SequenceSampler, Token, sample_rows
+from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows
 
 NGRAMS = (3, 2)  # suffix lengths tried, longest first: a one-token match guesses too often wrong
 
@@ -130,46 +131,69 @@ def verify(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> list[Toke
     """The tokens one row keeps from a verify pass: `logits (L, V)` are the target's at the row's
     input token and each draft (L > len(drafts)); returns the accepted drafts, then one token sampled
     where the first draft was rejected (or after the last). `s` accepts them all."""
+    built = _build(s, logits, drafts)
+    mx.eval(built)
+    return _read(s, drafts, *built)
+
+
+def _build(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> tuple[mx.array, ...]:
+    # Lazy: at each position, whether its draft is kept and the token sampled there if it is not
+    # (after the last draft: the next token), with the log-probabilities of both.
     n = len(drafts)
     logprobs = logits[: n + 1] - mx.logsumexp(logits[: n + 1], axis=-1, keepdims=True)  # (n + 1, V)
+    d = mx.array(drafts + [0], dtype=mx.int32)[:, None]  # (n + 1, 1); the last row has no draft
     if s.params.temperature == 0:
-        best = mx.argmax(logprobs, axis=-1)
-        picks = best.tolist()
-        kept = next((j for j in range(n) if picks[j] != drafts[j]), n)
-        ids = drafts[:kept] + [picks[kept]]
+        picks = mx.argmax(logprobs, axis=-1)
+        keep = picks[:n] == d[:n, 0]
     else:
-        if s.params.seed is not None:
-            mx.random.seed((s.params.seed * 1_000_003 + s.step) % (1 << 63))
+        s.prepare(logits.shape[-1])
         target = target_logits(s, logprobs)
-        d = mx.array(drafts + [0], dtype=mx.int32)[:, None]  # (n + 1, 1); the last row has no draft
-        p_draft = mx.exp(mx.take_along_axis(target, d, axis=-1) - mx.logsumexp(target, axis=-1, keepdims=True))[:, 0]
-        coin = mx.random.uniform(shape=(n + 1,))
-        rows = mx.arange(n + 1)[:, None]
+        p_draft = mx.exp(mx.take_along_axis(target, d, axis=-1) - mx.logsumexp(target, axis=-1, keepdims=True))[:n, 0]
+        keep = mx.random.uniform(shape=(n,)) < p_draft
         # Where draft j is rejected, the target with that token removed; after the last, the target.
-        residual = mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target)
-        sampled = mx.random.categorical(residual)
-        accept, sampled = (coin < p_draft).tolist(), sampled.tolist()
-        kept = next((j for j in range(n) if not accept[j]), n)
-        ids = drafts[:kept] + [sampled[kept]]
-    chosen = logprobs[mx.arange(len(ids)), mx.array(ids)].tolist()
-    tokens = [Token(i, lp) for i, lp in zip(ids, chosen)]
+        rows = mx.arange(n + 1)[:, None]
+        picks = mx.random.categorical(mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target))
+    lp_picks = mx.take_along_axis(logprobs, picks[:, None], axis=-1)[:, 0]
+    lp_drafts = mx.take_along_axis(logprobs, d, axis=-1)[:n, 0]
+    return keep, picks, lp_picks, lp_drafts
+
+
+def _read(s: SequenceSampler, drafts: list[int], keep, picks, lp_picks, lp_drafts) -> list[Token]:
+    kept = next((j for j, k in enumerate(keep.tolist()) if not k), len(drafts))
+    tokens = [Token(t, lp) for t, lp in zip(drafts[:kept], lp_drafts.tolist())]
+    tokens.append(Token(picks[kept].item(), lp_picks[kept].item()))
     for t in tokens:
         s.accept(t.id)
     return tokens
 
 
-def verify_rows(samplers: list[SequenceSampler], logits: mx.array, drafts: list[list[int]]) -> list[list[Token] | Exception]:
-    """Each row's tokens from a verify pass (`logits (B, L, V)`), or the error its sampling raised.
-    A row with no drafts (or one whose processors read the history) samples at its first position
-    alone, as plain decoding does."""
-    out = []
-    for i, (s, d) in enumerate(zip(samplers, drafts)):
-        if d:
-            try:
-                out.append(verify(s, logits[i], d))
-            except Exception as e:
-                out.append(e)
-        else:
-            t = sample_rows([s], logits[i : i + 1, 0])[0]
-            out.append(t if isinstance(t, Exception) else [t])
-    return out
+def verify_rows(rows: list, logits: mx.array, drafts: list[list[int]]) -> tuple[list[tuple], list[int], int]:
+    """Apply a verify pass (`logits (B, 1 + width, V)`) to its rows (scheduler `Sequence`s): each
+    keeps its accepted drafts and one more token (its sampler, `fed`, `last` and drafter updated).
+    A row with no drafts (or whose processors read the history) samples at its first position, as
+    plain decoding does. Returns the (row, token or the error its sampling raised) pairs in order,
+    the positions each row's cache drops, and how many drafts were kept."""
+    width = logits.shape[1] - 1
+    drafting = [i for i, d in enumerate(drafts) if d]
+    plain = [i for i, d in enumerate(drafts) if not d]
+    built = [attempt(_build, rows[i].sampler, logits[i], drafts[i]) for i in drafting]
+    outcome = dict(zip(drafting, read_rows(built, [partial(_read, rows[i].sampler, drafts[i]) for i in drafting])))
+    if plain:
+        firsts = sample_rows([rows[i].sampler for i in plain], logits[mx.array(plain), 0])
+        outcome |= {i: t if isinstance(t, Exception) else [t] for i, t in zip(plain, firsts)}
+    results, drops, accepted = [], [], 0
+    for i, s in enumerate(rows):
+        kept = outcome[i]
+        if isinstance(kept, Exception):
+            s.last = 0  # a failed row leaves before the next step
+            drops.append(width)
+            results.append((s, kept))
+            continue
+        s.fed += len(kept) - 1  # the input token was counted when the step went out
+        s.last = kept[-1].id
+        drops.append(width - (len(kept) - 1))
+        if drafts[i]:
+            s.drafter.update(len(drafts[i]), len(kept) - 1)
+            accepted += len(kept) - 1
+        results += [(s, t) for t in kept]
+    return results, drops, accepted
