@@ -98,9 +98,8 @@ class Shard:
 
     # -- every rank ---------------------------------------------------------------------------------
     def forward(self, h: mx.array, caches: list, causal: bool = False) -> mx.array:
-        """Run the local layers on hidden states `(B, L, H)`. `causal`: no row has padding before its
-        tokens (a lone prompt, a fresh batch of right-padded prompts, a group without left padding),
-        so the plain causal mask, aligned to the end of the keys, is exact."""
+        """Run the local layers on hidden states `(B, L, H)`. `causal`: a fresh batch of right-padded
+        prompts, where padding only follows a row's tokens, so the plain causal mask is exact."""
         masks = {}
         for layer, c in zip(self.inner.layers, caches):
             window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
@@ -139,7 +138,7 @@ class Shard:
             f"rank 0 expects {header.offset}"
         )
         assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
-        out = self.forward(payload, caches, causal=True)  # a lone prompt, or a fresh batch (offset 0)
+        out = self.forward(payload, caches, causal=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -150,13 +149,12 @@ class Shard:
         rows = self.rows(self.groups.get(header.group))
         assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
         caches = self.groups[header.group]
-        for c in caches:
-            c.trim(header.offset)  # drafts every row rejected in the group's last step (usually none)
+        if header.offset:  # drafts every row rejected in the group's last step
+            for c in caches:
+                c.trim(header.offset)
         size = caches[0].nbytes
-        # Verifying drafts (several positions a row): no mask to build when no row is left-padded.
-        causal = payload.shape[1] > 1 and not any(caches[0].left_padding.tolist())
-        with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):
-            out = self.forward(payload, caches, causal=causal)
+        with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):  # verifying drafts
+            out = self.forward(payload, caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
         return out

@@ -28,8 +28,8 @@ def trim_rows(cache: BatchKVCache, drops: list[int]) -> None:
     stay exact, as in mlx-lm's own `filter`, which shifts the other way."""
     fewest = min(drops)
     cache.trim(fewest)
-    extra = mx.array([d - fewest for d in drops])
     if max(drops) > fewest:
+        extra = mx.array([d - fewest for d in drops])
         n = cache._idx
         where = mx.maximum(mx.arange(n)[None, :] - extra[:, None], 0)[:, None, :, None]  # (B, 1, n, 1)
         for name in ("keys", "values"):
