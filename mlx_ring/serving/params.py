@@ -20,8 +20,7 @@ class SamplingParams:
 
     def plain(self) -> bool:
         """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""
-        return not (self.repetition_penalty or self.presence_penalty or self.frequency_penalty
-                    or self.logit_bias or self.seed is not None or self.top_logprobs or self.grammar)
+        return self.speculable() and self.seed is None
 
     def speculable(self) -> bool:
         """No processor reads the history and no alternatives are reported: the distribution at every
