@@ -84,8 +84,8 @@ def prefill_chunk(cfg: Config) -> int:
 def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> PrefixIndex | None:
     """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
     memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
-    tokens is what the tightest rank holds. None when off or when the caches are not reusable."""
-    if not cfg.prompt_cache_gb or not shard.reusable:
+    tokens is what the tightest rank holds. None when off or when the caches are not plain KV caches."""
+    if not cfg.prompt_cache_gb or not shard.plain_kv:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
@@ -135,12 +135,12 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         cluster=cluster,
         grammars=grammars,
     )
-    if cfg.draft_tokens and not shard.reusable:
+    if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
                       prefix=prompt_cache(cfg, shard, model_path, cluster),
-                      draft_tokens=cfg.draft_tokens if shard.reusable else 0,
-                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.reusable else None)
+                      draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
+                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)

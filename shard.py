@@ -14,7 +14,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
@@ -23,12 +22,14 @@ from mlx_ring.models.compat import (
     cache_from_saved,
     drop_spare_room,
     merge_caches,
-    prefix_reusable,
+    plain_kv_caches,
+    positions,
     saved_from_batch,
     saved_rows,
     trim_rows,
     unfused_attention,
 )
+from mlx_ring.models.slicing import Slice
 from mlx_ring.models.support import check_supported
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
@@ -65,10 +66,12 @@ class Shard:
     `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
-    def __init__(self, model: nn.Module, plan: LayerPlan, rank: int, reusable: bool = False):
-        self.model, self.plan, self.rank = model, plan, rank
-        self.reusable = reusable  # every layer's cache (not only this slice's) can be saved and reused by prefix
-        self.inner = model.model
+    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False):
+        self.cut, self.model, self.plan, self.rank = cut, cut.model, plan, rank
+        # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and reused by
+        # prefix, drop rejected drafts, and take right padding out after a batch's prefill.
+        self.plain_kv = plain_kv
+        self.inner = cut.owner
         self.start, self.end = plan.ranges[rank]
         self.last = rank == len(plan.ranges) - 1  # hands steps back to rank 0
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
@@ -88,34 +91,21 @@ class Shard:
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.inner.embed_tokens(tokens)
+        return self.cut.embed(tokens)
 
     def head(self, h: mx.array) -> mx.array:
-        h = self.inner.norm(h)
-        if "lm_head" in self.model:
-            return self.model.lm_head(h)
-        return self.inner.embed_tokens.as_linear(h)
+        return self.cut.head(h)
 
     # -- every rank ---------------------------------------------------------------------------------
-    def forward(self, h: mx.array, caches: list, causal: bool = False) -> mx.array:
-        """Run the local layers on hidden states `(B, L, H)`. `causal`: a fresh batch of right-padded
-        prompts, where padding only follows a row's tokens, so the plain causal mask is exact."""
-        masks = {}
-        for layer, c in zip(self.inner.layers, caches):
-            window = self.inner.sliding_window if getattr(layer, "use_sliding", False) else None
-            if window not in masks:
-                # The batch cache's own mask is an array: on CUDA a masked attention kernel is built
-                # for each new batch shape (seconds of stalls under load); "causal" needs none.
-                masks[window] = "causal" if causal and window is None else create_attention_mask(h, c, window_size=window)
-            h = layer(h, masks[window], c)
-        return h
-
     @staticmethod
     def rows(caches: list | None) -> int:
         """Rows of a batch's caches (a lone prompt's cache has one)."""
         if not caches:
             return 0
-        return caches[0].offset.shape[0] if isinstance(caches[0].offset, mx.array) else 1
+        seen = positions(caches)
+        if seen is None:
+            return caches[0].batch_size
+        return seen.shape[0] if isinstance(seen, mx.array) else 1
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
         """Apply one step to this rank's layers and caches; returns the payload to pass on."""
@@ -125,20 +115,20 @@ class Shard:
     def _prefill(self, header: Header, payload: mx.array) -> mx.array:
         B, L = payload.shape[:2]
         if header.offset == 0:
-            caches = make_prompt_cache(self.model)
+            caches = self.cut.new_caches()
             if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
-                caches = merge_caches([caches] + [make_prompt_cache(self.model) for _ in range(B - 1)])
+                caches = merge_caches([caches] + [self.cut.new_caches() for _ in range(B - 1)])
             for c in caches:
                 c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
             self.prefills[header.batch] = caches
         caches = self.prefills.get(header.batch)
         assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.batch}"
-        assert caches[0].size() == header.offset, (
-            f"rank {self.rank}: cache of prefill batch {header.batch} holds {caches[0].size()} tokens, "
-            f"rank 0 expects {header.offset}"
-        )
         assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
-        out = self.forward(payload, caches, causal=B > 1)
+        seen = positions(caches) if B == 1 else 0
+        assert seen in (None, header.offset), (
+            f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}"
+        )
+        out = self.cut.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -154,7 +144,7 @@ class Shard:
                 c.trim(header.offset)
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):  # verifying drafts
-            out = self.forward(payload, caches)
+            out = self.cut.forward(payload, caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
         return out
@@ -240,7 +230,8 @@ class Shard:
         rows = tokens = 0
         for caches in (*self.prefills.values(), *self.groups.values()):
             rows += self.rows(caches)
-            tokens += int(mx.maximum(caches[0].offset, 0).sum().item())  # an int or one per row
+            seen = positions(caches)
+            tokens += int(mx.maximum(seen, 0).sum().item()) if seen is not None else 0  # an int or one per row
         return StatusRow(self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
                          int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10, int(self.busy_s * 100) % 2**31,
                          len(self.saved), self.saved_bytes() >> 10, self.prefill_tokens % 2**31)
@@ -269,18 +260,12 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     hosted = (Path(model_path) / MANIFEST).is_file()
     model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
     check_supported(config)
-    inner = model.model
-    if len(inner.layers) != plan.n_layers:
-        raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(inner.layers)}")
-    reusable = prefix_reusable(make_prompt_cache(model))  # every layer's kind, so every rank agrees
-    inner.layers = inner.layers[start:end]
-    if rank != 0:
-        for name in ("embed_tokens", "norm"):
-            inner.pop(name)
-        if "lm_head" in model:
-            model.pop("lm_head")
-    mx.eval(model.parameters())
-    return Shard(model, plan, rank, reusable)
+    if len(model.layers) != plan.n_layers:
+        raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
+    plain_kv = plain_kv_caches(make_prompt_cache(model))  # every layer's kind, so every rank agrees
+    cut = Slice(model, start, end, ends=rank == 0)
+    mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
+    return Shard(cut, plan, rank, plain_kv)
 
 
 def serve_worker(shard: Shard, ring: Ring) -> None:

@@ -64,7 +64,36 @@ TINY = {
                   "vocab_size": 320, "rope_theta": 1e6, "max_position_embeddings": 512, "tie_word_embeddings": False,
                   "norm_topk_prob": True},
     "gemma2": {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 320, "query_pre_attn_scalar": 16},
+               "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 320, "query_pre_attn_scalar": 16,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 3.0},
+    # Sliding layers of a 5-token window, every third layer global: prompts outgrow the window.
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 320,
+                    "query_pre_attn_scalar": 16, "sliding_window": 5, "sliding_window_pattern": 3},
+    # Gemma 3 as released from 4B up: the text model inside a vision-language wrapper (images not served).
+    "gemma3": {"model_type": "gemma3", "vocab_size": 320, "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 16,
+        "sliding_window": 5, "sliding_window_pattern": 3, "num_hidden_layers": 7}},
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "rms_norm_eps": 1e-5, "vocab_size": 320, "sliding_window": 5, "rope_theta": 150000,
+                "layer_types": ["sliding_attention", "full_attention"] * 3 + ["sliding_attention"]},
+    "glm4": {"model_type": "glm4", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True, "rms_norm_eps": 1e-5, "vocab_size": 320,
+             "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+    # Multi-head latent attention (a compressed KV cache), a dense first layer, then routed experts.
+    "deepseek_v3": {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 4,
+                    "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8,
+                    "v_head_dim": 16, "qk_nope_head_dim": 16, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+                    "vocab_size": 320, "rms_norm_eps": 1e-6},
+    # Short convolutions (an ArraysCache of fixed state) between attention layers.
+    "lfm2": {"model_type": "lfm2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "max_position_embeddings": 512, "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64,
+             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
+             "block_ff_dim": 128, "vocab_size": 320,
+             "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv"]},
 }
 
 

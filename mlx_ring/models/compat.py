@@ -39,14 +39,21 @@ def trim_rows(cache: BatchKVCache, drops: list[int]) -> None:
         cache.offset = cache.offset - extra
 
 
+def positions(caches: list):
+    """Tokens a slice's caches have seen: an int (a lone prompt's), one per row (a batch's, less its
+    left padding), or None where every layer keeps a fixed state instead (a convolution's, an SSM's)."""
+    return next((c.offset for c in caches if hasattr(c, "offset")), None)
+
+
 def model_classes(config: dict) -> tuple[type, type]:
     """(model class, its args class) for a config's `model_type`, as `mlx_lm.load` picks them."""
     return _get_classes(config)
 
 
-def prefix_reusable(caches: list) -> bool:
-    """Whether these per-layer caches can be saved and reused by prefix (`shard.Shard`'s SAVE and
-    LOAD steps): plain KV caches, whose first n positions hold exactly the first n tokens."""
+def plain_kv_caches(caches: list) -> bool:
+    """Whether these per-layer caches are all plain KV caches, whose first n positions hold exactly
+    the first n tokens: they can be saved and reused by prefix (`shard.Shard`'s SAVE and LOAD steps),
+    trimmed, and right-padded in a batch's prefill (the padding is rolled out after it)."""
     return bool(caches) and all(type(c) is KVCache for c in caches)
 
 
@@ -90,7 +97,7 @@ def unfused_attention(enabled: bool = True):
 
 
 def _attention(q, k, v, *, scale: float, mask=None, sinks=None):
-    assert sinks is None, "attention sinks: no supported model has them"
+    assert sinks is None, "attention sinks (GPT-OSS): its sliding-window caches rule out drafts, so no verify pass"
     B, H, L, D = q.shape
     kv_heads, n = k.shape[1], k.shape[2]
     q = q.reshape(B, kv_heads, H // kv_heads, L, D)  # query heads grouped by the KV head they share

@@ -1,10 +1,9 @@
 """The model types this server splits exactly, and the sentence that refuses the others at startup.
 
-A rank runs its layers one by one with masks made one way (`shard.Shard.forward`), the embedding
-and final norm and head on rank 0. That is a model's own forward only for the families below, each
-tested split unevenly over 2 and 3 ranks against single-process mlx-lm (tests/ring/test_fidelity.py);
-others (Gemma's embedding scale and logit soft-capping, MLA or state-space caches, ...) would crash
-mid-request or, worse, answer differently, so they are refused before anything loads.
+A rank runs the model's own forward (mlx-lm's code) on its cut of the layer list
+(`mlx_ring.models.slicing`), so masks, scales, soft-capping and cache kinds are mlx-lm's. A type is
+listed once a tiny random model of it, split unevenly over 2 and 3 ranks in batches, matches
+single-process mlx-lm (tests/ring/test_fidelity.py); others are refused before anything loads.
 """
 
 # model_type (config.json) -> the families it covers, for the README's table.
@@ -15,6 +14,18 @@ SUPPORTED = {
     "qwen3": "Qwen3 (dense)",
     "qwen3_moe": "Qwen3 mixture of experts (every expert held by the rank of its layer)",
     "phi3": "Phi-3, Phi-3.5, Phi-4 mini",
+    "gemma3_text": "Gemma 3 1B and other text-only Gemma 3 (sliding-window layers)",
+    "gemma3": "Gemma 3 4B and up (text only: images are not served)",
+    "gpt_oss": "GPT-OSS (sliding-window layers, attention sinks, experts)",
+    "glm4": "GLM-4 (0414)",
+    "deepseek_v3": "DeepSeek-V3, Kimi-K2 and other DeepSeek-V3-shaped models (latent attention, experts)",
+    "lfm2": "LFM2 (short-convolution layers with a fixed state beside attention layers)",
+}
+
+
+# Types tried and found wanting, with why (the refusal says it).
+REFUSED = {
+    "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads, so two requests at once would crash",
 }
 
 
@@ -22,8 +33,8 @@ def check_supported(config: dict) -> None:
     """ValueError naming the model type and the supported ones, unless it is one of them."""
     kind = config.get("model_type")
     if kind not in SUPPORTED:
-        raise ValueError(f"model type {kind!r} is not supported: its forward pass does more than this server's split runs "
-                         f"(answers would differ from mlx-lm's, or fail mid-request); supported: {', '.join(SUPPORTED)}")
+        why = REFUSED.get(kind, "it is not tested split across ranks against single-process mlx-lm")
+        raise ValueError(f"model type {kind!r} is not supported: {why}; supported: {', '.join(SUPPORTED)}")
 
 
 def table() -> str:

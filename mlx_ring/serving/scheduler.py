@@ -32,6 +32,8 @@ class Ends(Protocol):
 
     def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
 
+    plain_kv: bool  # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -198,12 +200,13 @@ class Scheduler:
 
     def _next_batch(self) -> Prefill:
         # The oldest prompt free to start; one with a cached prefix goes alone, from that entry. Else as
-        # many waiting prompts (without a cached prefix) as fit one chunk once padded to the longest.
+        # many waiting prompts (without a cached prefix) as fit one chunk once padded to the longest
+        # (with plain KV caches only: a sliding window or a recurrent state would take in the padding).
         first = next(s for s in self.waiting if self._free_to_start(s))
         self.waiting.remove(first)
         entry, reused = self.prefix.lookup(first.prompt) if self.prefix else (0, 0)
         rows, longest = [first], len(first.prompt)
-        for s in [] if reused else list(self.waiting):
+        for s in [] if reused or not self.ends.plain_kv else list(self.waiting):
             if not self._free_to_start(s) or (self.prefix and self.prefix.lookup(s.prompt)[1]):
                 continue
             n = max(longest, len(s.prompt))

@@ -1,0 +1,227 @@
+"""A rank's cut of a model, run through the model's own forward (mlx-lm's code), so masks, scales,
+soft-capping and cache kinds are the model's, not a copy of ours.
+
+The model's layer list keeps its full length, so whatever a forward reads by layer index (which
+layers slide, which cache a mask comes from) stays right; the layers other ranks hold are stand-ins
+that pass hidden states through. Three passes use it:
+- embed (rank 0): the forward up to its first layer, on token ids;
+- body (every rank): the forward whose first local layer takes the hidden states that arrived, and
+  whose last local layer hands its output back (an exception ends the forward there);
+- head (rank 0): the forward whose last layer hands in the hidden states back from the ring, so the
+  final norm, the head and any logit scaling run as the model runs them.
+"""
+
+import copy
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+
+class Handoff(Exception):
+    """Leaves a model's forward with the hidden states at a slice's boundary."""
+
+    def __init__(self, h: mx.array):
+        self.h = h
+
+
+class StandIn(nn.Module):
+    """In a layer's place in the list. Keeps the layer's plain attributes (`is_attention_layer`,
+    `use_sliding`, ...), which a model's loop may read to pick a mask."""
+
+    def __init__(self, layer: nn.Module | None = None):
+        super().__init__()
+        for k, v in (vars(layer) if layer is not None else {}).items():
+            if not k.startswith("_") and isinstance(v, (bool, int, float, str)):
+                setattr(self, k, v)
+
+
+class Absent(StandIn):
+    """A layer another rank holds: passes the hidden states through."""
+
+    def __call__(self, h, *args, **kwargs):
+        return h
+
+
+class Entry(StandIn):
+    """The first local layer: runs on the hidden states that arrived, not on what the forward made of
+    its dummy input before it."""
+
+    def __init__(self, layer: nn.Module, relay: "Relay"):
+        super().__init__(layer)
+        self.layer, self._relay = layer, relay
+
+    def __call__(self, h, *args, **kwargs):
+        return self.layer(self._relay.h, *args, **kwargs)
+
+
+class Exit(StandIn):
+    """The last local layer: its output leaves the forward (the rest of the model is elsewhere)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__(layer)
+        self.layer = layer
+
+    def __call__(self, *args, **kwargs):
+        raise Handoff(self.layer(*args, **kwargs))
+
+
+class Stop(StandIn):
+    """The first layer in the embed pass: ends it."""
+
+    def __call__(self, h, *args, **kwargs):
+        raise Handoff(h)
+
+
+class Inject(StandIn):
+    """The last layer in the head pass: hands in the hidden states back from the ring."""
+
+    def __init__(self, layer: nn.Module, relay: "Relay"):
+        super().__init__(layer)
+        self._relay = relay
+
+    def __call__(self, h, *args, **kwargs):
+        return self._relay.h
+
+
+class Relay:
+    """The hidden states of the pass under way, for the stand-ins to take."""
+
+    h: mx.array | None = None
+
+    def embed_tokens(self, tokens: mx.array) -> mx.array:
+        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros whose
+        # shape and dtype are the arriving hidden states' (masks read them), and its result is unused.
+        return mx.zeros_like(self.h)
+
+
+class FreshBatch:
+    """A fresh batch of right-padded prompts' cache: every row starts at position 0 and its padding
+    only follows its tokens, so the plain causal mask is exact. The batch cache's own mask is an
+    array, and on CUDA a masked attention kernel is built for each new batch shape."""
+
+    def __init__(self, cache):
+        self._cache = cache
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        if return_array or (window_size and N > window_size):
+            return self._cache.make_mask(N, return_array=return_array, window_size=window_size)
+        return "causal"
+
+
+def layer_owner(model: nn.Module) -> nn.Module:
+    """The module whose `layers` list the forward loops over (`model.model`, or deeper, as in Gemma 3's
+    `language_model.model`)."""
+    first = model.layers[0]
+    for _, m in model.named_modules():
+        if isinstance(m.get("layers"), list) and m["layers"] and m["layers"][0] is first:
+            return m
+    raise ValueError(f"cannot find the layer list of {type(model).__module__}; this model type cannot be split")
+
+
+def _drop_all_but_layers(model: nn.Module, owner: nn.Module) -> None:
+    """Remove every weight outside the owner's layer list (modules without weights, such as a shared
+    rotary embedding, stay: the forward may use them before its layers)."""
+    path = next(name for name, m in model.named_modules() if m is owner).split(".") if owner is not model else []
+    module = model
+    for part in path + ["layers"]:
+        for name, child in list(module.items()):
+            weights = tree_flatten(child.parameters() if isinstance(child, nn.Module) else child)
+            if name != part and any(isinstance(w, mx.array) for _, w in weights):
+                module.pop(name)
+                if isinstance(child, nn.Module):  # a forward may look it up before its layers run
+                    setattr(module, name, Elsewhere(name))
+        module = module[part]
+
+
+class Elsewhere:
+    """In place of a module only rank 0 holds: never called here, as the forward ends before it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError(f"{self.name} runs on rank 0 only")
+
+
+def cache_kind(cache) -> tuple:
+    """Caches of one kind hold the same positions for the same tokens, so give the same masks."""
+    return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None)
+
+
+class Slice:
+    """Layers `[start, end)` of a model, its embedding and head where `ends` (rank 0)."""
+
+    def __init__(self, model: nn.Module, start: int, end: int, ends: bool):
+        self.model, self.start, self.end = model, start, end
+        self.owner = layer_owner(model)
+        layers = self.owner.layers
+        n = len(layers)
+        protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
+        assert len(protos) == n, f"{len(protos)} caches for {n} layers"
+        self.protos = protos[start:end]  # fresh, empty: copied for each new prompt
+        kinds = [cache_kind(c) for c in protos]
+        # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
+        # the same positions; a kind this slice lacks feeds only masks no local layer uses.
+        local = {}
+        for i in range(start, end):
+            local.setdefault(kinds[i], i - start)
+        self.alias = [i - start if start <= i < end else local.get(kinds[i]) for i in range(n)]
+        self.relay = Relay()
+        body = [Absent(layer) for layer in layers]
+        for i in range(start, end):
+            body[i] = layers[i]
+        body[start] = Entry(body[start], self.relay)
+        body[end - 1] = Exit(body[end - 1])
+        self.body = body
+        self.embed_view = [Stop(layers[0])] + body[1:]
+        self.head_view = [Absent(layer) for layer in layers[:-1]] + [Inject(layers[-1], self.relay)]
+        self.owner.layers = body
+        if not ends:  # the embedding, final norm and head live on rank 0 only
+            _drop_all_but_layers(model, self.owner)
+            self.owner.embed_tokens = self.relay.embed_tokens
+
+    def new_caches(self) -> list:
+        """Empty caches for the local layers, of the kinds the model makes for them."""
+        return copy.deepcopy(self.protos)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """Token ids `(B, L)` -> hidden states `(B, L, H)` as the model's forward makes them before its
+        first layer (embedding, and scaling where the model scales)."""
+        with self._using(self.embed_view):
+            return self._run(tokens, None)
+
+    def forward(self, h: mx.array, caches: list, fresh_batch: bool = False) -> mx.array:
+        """The local layers on hidden states `(B, L, H)`, with their caches; `fresh_batch`: a new batch
+        of right-padded prompts (see `FreshBatch`)."""
+        self.relay.h = h
+        view = [caches[a] if a is not None else None for a in self.alias]
+        if fresh_batch:
+            view = [FreshBatch(c) if c is not None else None for c in view]
+        return self._run(mx.zeros(h.shape[:2], mx.int32), view)
+
+    def head(self, h: mx.array) -> mx.array:
+        """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's own tail."""
+        self.relay.h = h
+        with self._using(self.head_view):
+            return self.model(mx.zeros(h.shape[:2], mx.int32))
+
+    def _run(self, tokens: mx.array, caches: list | None) -> mx.array:
+        try:
+            self.model(tokens, cache=caches)
+        except Handoff as done:
+            return done.h
+        raise AssertionError("the forward ended without reaching the slice's boundary")
+
+    @contextmanager
+    def _using(self, view: list):
+        self.owner.layers = view
+        try:
+            yield
+        finally:
+            self.owner.layers = self.body

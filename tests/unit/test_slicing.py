@@ -1,0 +1,60 @@
+"""The slicing mechanism in one process: cuts of a model chained (embed, each rank's body, head) give
+the whole model's logits, and a cut after the first holds nothing but its own layers."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_model
+from ringutil import make_tiny_model, reference_logits
+
+from mlx_ring.models.slicing import Slice
+from mlx_ring.models.support import SUPPORTED
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 8, 9]  # longer than the tiny sliding windows (5)
+
+
+def cuts(path, sizes: list[int]) -> list[Slice]:
+    bounds = np.cumsum([0] + sizes).tolist()
+    out = []
+    for r in range(len(sizes)):
+        model, _ = load_model(path, lazy=True)
+        out.append(Slice(model, bounds[r], bounds[r + 1], ends=r == 0))
+        mx.eval(model.parameters())
+    return out
+
+
+@pytest.mark.parametrize("kind", list(SUPPORTED))
+@pytest.mark.parametrize("sizes", [[2, 3, 2], [6, 1], [1, 1, 5]])
+def test_chained_cuts_equal_the_whole_model(tmp_path, kind, sizes):
+    path = make_tiny_model(tmp_path / kind, kind)
+    want, want_tokens = reference_logits(path, PROMPT, steps=4)
+    ring = cuts(path, sizes)
+    caches = [c.new_caches() for c in ring]
+
+    def step(tokens: list[int]) -> mx.array:
+        h = ring[0].embed(mx.array([tokens]))
+        for c, kv in zip(ring, caches):
+            h = c.forward(h, kv)
+        return ring[0].head(h)[0, -1]
+
+    logits, got = step(PROMPT), []
+    for _ in range(4):
+        got.append(np.array(logits.astype(mx.float32)))
+        logits = step([int(mx.argmax(logits).item())])
+    np.testing.assert_array_equal(np.stack(got), want)  # the same operations in the same order: bitwise
+    for r, c in enumerate(ring):
+        names = [k for k, _ in tree_flatten(c.model.parameters())]
+        inside = [k for k in names if ".layers." in k]
+        assert r == 0 or names == inside, f"rank {r} holds {set(names) - set(inside)}"
+        held = {int(k.split(".layers.")[1].split(".")[0]) for k in inside}
+        assert held == set(range(c.start, c.end)), f"rank {r} holds layers {held}"
+
+
+def test_a_cut_keeps_the_cache_kinds_of_its_layers(tmp_path):
+    """Gemma 3 (every third layer global, the rest sliding): a cut's caches are those of its layers,
+    and a mask taken from a layer another rank holds comes from a local cache of the same kind."""
+    path = make_tiny_model(tmp_path / "g", "gemma3_text")
+    c = cuts(path, [4, 3])[1]  # layers 4, 5, 6: sliding, global (5), sliding
+    assert [type(k).__name__ for k in c.new_caches()] == ["RotatingKVCache", "KVCache", "RotatingKVCache"]
+    assert c.alias[2] == 1 and c.alias[0] == 0 and c.alias[4:] == [0, 1, 2]
