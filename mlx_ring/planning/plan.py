@@ -57,13 +57,20 @@ class ModelSpec:
     layer_bytes: float  # parameter bytes of one decoder layer (mean over the layers)
     ends_bytes: float  # embedding + final norm + head (once if tied): rank 0 holds them
     head_read_bytes: float  # bytes the head reads per decoded token (the head, or the tied embedding)
-    kv_bytes_per_token: float  # KV cache bytes of one layer for one token
+    kv_bytes_per_token: float  # KV cache bytes of one attention layer for one token
     layer_read_bytes: float  # bytes one layer reads per decoded token (MoE: only the active experts)
     layer_flops: float  # FLOPs of one layer per token (2 per active parameter)
     head_flops: float = 0.0
     dtype: str = "float16"
     name: str = ""
     hidden_bytes: float = 0.0  # one token's hidden state as it crosses a hop between ranks
+    # The kinds of cache the layers keep (from the caches mlx-lm makes for them): the share that keeps
+    # at most a sliding window of `kv_window` tokens, the share that keeps a fixed state of
+    # `state_bytes` (a convolution's or an SSM's, one sequence's) instead; the rest keep every token.
+    kv_window_share: float = 0.0
+    kv_window: int = 0
+    state_share: float = 0.0
+    state_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -148,8 +155,16 @@ def fixed_bytes(model: ModelSpec, rank: int) -> float:
     return RUNTIME_GIB * GIB + (model.ends_bytes if rank == 0 else 0.0)
 
 
+def layer_kv_bytes(model: ModelSpec, kv_tokens: int) -> float:
+    """Cache bytes one layer (the mean over the layers) reserves for `kv_tokens` tokens: all of them in a
+    full-attention layer, at most its window in a sliding-window layer, its fixed state in a recurrent one."""
+    full = 1.0 - model.kv_window_share - model.state_share
+    tokens = full * kv_tokens + model.kv_window_share * min(model.kv_window, kv_tokens)
+    return tokens * model.kv_bytes_per_token + model.state_share * model.state_bytes
+
+
 def per_layer_bytes(model: ModelSpec, kv_tokens: int) -> float:
-    return model.layer_bytes + kv_tokens * model.kv_bytes_per_token
+    return model.layer_bytes + layer_kv_bytes(model, kv_tokens)
 
 
 def memory_need(model: ModelSpec, rank: int, n: int, kv_tokens: int) -> float:
@@ -278,7 +293,7 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
             ends = f" + {_gb(model.ends_bytes)} embedding and head" if r == 0 else ""
             raise ValueError(
                 f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
-                f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * kv_tokens * model.kv_bytes_per_token)} "
+                f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * layer_kv_bytes(model, kv_tokens))} "
                 f"KV cache for {kv_tokens} tokens + {RUNTIME_GIB} GB runtime) but it has {c.usable_gb:.1f} GB usable "
                 f"of {c.memory_gb:.0f} GB (set usable_gb in hosts.json if it may use more)")
 

@@ -14,7 +14,16 @@ from pathlib import Path
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.hostfile import load_entries
 from mlx_ring.planning.capabilities import HOST_KEYS, Capabilities, colocate, declared, set_aside, with_host_keys
-from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, format_summary, plan_layers, summary
+from mlx_ring.planning.plan import (
+    GIB,
+    STRATEGIES,
+    LayerPlan,
+    ModelSpec,
+    format_summary,
+    layer_kv_bytes,
+    plan_layers,
+    summary,
+)
 from mlx_ring.planning.sizes import spec_from_folder
 
 log = logging.getLogger("planner")
@@ -112,14 +121,15 @@ def dry_run(cfg: Config) -> dict:
             others[s] = {"error": str(e)}
     model = {"name": spec.name, "n_layers": spec.n_layers, "dtype": spec.dtype, "layer_gb": round(spec.layer_bytes / GIB, 4),
              "ends_gb": round(spec.ends_bytes / GIB, 3), "total_gb": round(spec.total_bytes / GIB, 2),
-             "kv_mb_per_token": round(spec.n_layers * spec.kv_bytes_per_token / 2**20, 4)}
+             "kv_mb_per_token": round(spec.n_layers * spec.kv_bytes_per_token / 2**20, 4),
+             "kv_reserve_gb": round(spec.n_layers * layer_kv_bytes(spec, cfg.kv_tokens) / GIB, 3)}
     return {"model": model, "hostfile": str(cfg.hostfile), **out, "other_strategies": others, "notes": notes}
 
 
 def format_dry_run(d: dict) -> str:
     m = d["model"]
     lines = [f"model {m['name']}: {m['n_layers']} layers x {m['layer_gb']:.2f} GB + {m['ends_gb']:.2f} GB embedding and head "
-             f"= {m['total_gb']:.1f} GB ({m['dtype']}); KV reserve {d['kv_tokens']} tokens x {m['kv_mb_per_token']:.3f} MB",
+             f"= {m['total_gb']:.1f} GB ({m['dtype']}); KV reserve for {d['kv_tokens']} tokens: {m['kv_reserve_gb']:.2f} GB",
              f"plan {d['strategy']} for {d['hostfile']}:", format_summary(d)]
     alt = []
     for s, o in d["other_strategies"].items():

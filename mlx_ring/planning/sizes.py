@@ -11,6 +11,9 @@ import struct
 from collections import Counter
 from pathlib import Path
 
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_ring.models.compat import model_classes
 from mlx_ring.planning.plan import ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F32": 4, "F16": 2, "BF16": 2}
@@ -18,8 +21,14 @@ SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+def _text(c: dict) -> dict:
+    """A config's text model's keys: a vision-language wrapper (Gemma 3 from 4B) keeps them in `text_config`."""
+    return {**c.get("text_config", {}), **{k: v for k, v in c.items() if k != "text_config"}}
+
+
 def _counts(c: dict) -> dict:
     """Parameter counts from a Hugging Face / mlx-lm config: per layer (all and active) and the ends."""
+    c = _text(c)
     h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     nh = c["num_attention_heads"]
     nkv = c.get("num_key_value_heads") or nh
@@ -36,10 +45,33 @@ def _counts(c: dict) -> dict:
         shared = 3 * h * shared_i + (h if shared_i else 0)
         mlp, active_mlp = experts * 3 * h * moe_i + h * experts + shared, k * 3 * h * moe_i + h * experts + shared
     else:
-        mlp = active_mlp = 3 * h * c["intermediate_size"]
+        mlp = active_mlp = 3 * h * (c.get("block_ff_dim") or c["intermediate_size"])  # LFM2 names it block_ff_dim
     tied = c.get("tie_word_embeddings", False)
+    # Latent attention (DeepSeek-V2/V3) caches one compressed vector and one rotary key per token.
+    kv = c["kv_lora_rank"] + c["qk_rope_head_dim"] if c.get("kv_lora_rank") else 2 * nkv * d
     return {"layer": attn + mlp + norms, "active": attn + active_mlp + norms, "linear": attn + mlp,
-            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": 2 * nkv * d, "n_layers": L, "vocab_hidden": V * h}
+            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h}
+
+
+# Elements of one sequence's fixed state in a layer that keeps one instead of keys and values.
+STATE_ELEMENTS = {"lfm2": lambda c: (c["conv_L_cache"] - 1) * c["hidden_size"]}  # its short convolution's inputs
+
+
+def cache_layout(c: dict, act: int) -> dict:
+    """ModelSpec's cache-kind fields from the caches mlx-lm makes for the model's layers (its own
+    `make_cache`, on the model built lazily: no weight is made or read). A type mlx-lm does not know
+    counts as full attention in every layer, the largest reserve."""
+    try:
+        model_cls, args_cls = model_classes(c)
+        caches = make_prompt_cache(model_cls(args_cls.from_dict(c)))
+    except (ValueError, KeyError, TypeError):  # an unknown model_type, or a config mlx-lm cannot build
+        return {}
+    n = len(caches)
+    windows = [c_.max_size for c_ in caches if getattr(c_, "max_size", None)]
+    states = sum(1 for c_ in caches if not hasattr(c_, "offset"))  # no positions: a fixed state
+    state = STATE_ELEMENTS.get(c.get("model_type"), lambda _: 0)(_text(c)) * act
+    return {"kv_window_share": len(windows) / n, "kv_window": max(windows, default=0), "state_share": states / n,
+            "state_bytes": float(state)}
 
 
 def _quantization(c: dict) -> dict | None:
@@ -51,7 +83,7 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     """An estimate from config.json alone: dense or MoE layers, tied or untied head, any dtype or
     mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`)."""
     n = _counts(c)
-    dtype = c.get("torch_dtype") or c.get("dtype") or "float16"
+    dtype = _text(c).get("torch_dtype") or _text(c).get("dtype") or "float16"
     act = DTYPE_BYTES.get(dtype, 2)
     q = _quantization(c)
     # mlx-lm quantizes every linear layer and the embedding; norms stay in float.
@@ -62,7 +94,7 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     head_read = n["vocab_hidden"] * per_weight
     label = f"{q['bits']}-bit" if q else dtype
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
-                     label, name, c["hidden_size"] * act)
+                     label, name, _text(c)["hidden_size"] * act, **cache_layout(c, act))
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
@@ -115,4 +147,4 @@ def spec_from_folder(folder: Path) -> ModelSpec:
     n = _counts(config)
     return ModelSpec(est.n_layers, layer, ends, head or embed, n["kv"] * act, layer * n["active"] / n["layer"],
                      est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name,
-                     config["hidden_size"] * act)
+                     _text(config)["hidden_size"] * act, **cache_layout(config, act))
