@@ -24,6 +24,7 @@ from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import manifest
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
+from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.sizes import spec_from_folder
@@ -135,6 +136,9 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         cluster=cluster,
         grammars=grammars,
     )
+    if not shard.batches:
+        log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
+                 UNBATCHED[model_config["model_type"]], cfg.groups)
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),

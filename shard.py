@@ -5,6 +5,7 @@ The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV cac
 through the same operations in the same order.
 """
 
+import json
 import logging
 import resource
 import socket
@@ -30,7 +31,7 @@ from mlx_ring.models.compat import (
     unfused_attention,
 )
 from mlx_ring.models.slicing import Slice
-from mlx_ring.models.support import check_supported
+from mlx_ring.models.support import UNBATCHED, check_supported
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.ring.transport import Ring
@@ -66,11 +67,12 @@ class Shard:
     `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
-    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False):
+    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False, batches: bool = True):
         self.cut, self.model, self.plan, self.rank = cut, cut.model, plan, rank
         # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and reused by
         # prefix, drop rejected drafts, and take right padding out after a batch's prefill.
         self.plain_kv = plain_kv
+        self.batches = batches  # the layers take several rows at once (else one row a decode group)
         self.inner = cut.owner
         self.start, self.end = plan.ranges[rank]
         self.last = rank == len(plan.ranges) - 1  # hands steps back to rank 0
@@ -258,14 +260,14 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
         raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
                          "start the ring with ./launch.sh, which sends every host the pieces of its slice")
     hosted = (Path(model_path) / MANIFEST).is_file()
+    check_supported(json.loads((Path(model_path) / "config.json").read_text()))  # before mlx-lm builds anything
     model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
-    check_supported(config)
     if len(model.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
     plain_kv = plain_kv_caches(make_prompt_cache(model))  # every layer's kind, so every rank agrees
     cut = Slice(model, start, end, ends=rank == 0)
     mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
-    return Shard(cut, plan, rank, plain_kv)
+    return Shard(cut, plan, rank, plain_kv, batches=config.get("model_type") not in UNBATCHED)
 
 
 def serve_worker(shard: Shard, ring: Ring) -> None:

@@ -72,15 +72,15 @@ def main():
 
     spec = json.loads(a.spec)
     pipe = Pipeline(shard, ring)
-    prefill_rows = []  # rows of each prefill step, to show which prompts went together
+    prefill_rows, decode_rows = [], []  # rows of each prefill and decode step: which sequences went together
     submit = pipe.submit
 
     steps = []  # the kind of every step, in order ("DECODE+drop": rejected drafts dropped first)
 
     def recording_submit(header, payload, tag=None, chained=False):
         steps.append(Kind(header.kind).name + ("+drop" if header.kind == Kind.DECODE and header.offset else ""))
-        if header.kind == Kind.PREFILL:
-            prefill_rows.append(header.shape[0])
+        if header.kind in (Kind.PREFILL, Kind.DECODE):
+            (prefill_rows if header.kind == Kind.PREFILL else decode_rows).append(header.shape[0])
         submit(header, payload, tag, chained)
 
     pipe.submit = recording_submit
@@ -119,7 +119,7 @@ def main():
     cache = {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)} if prefix else None
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
                                                  "prompts": [s["prompt"] for s in spec],
-                                                 "prefill_rows": prefill_rows, "prompt_cache": cache,
+                                                 "prefill_rows": prefill_rows, "decode_rows": decode_rows, "prompt_cache": cache,
                                                  "drafted": sched.drafted, "accepted": sched.accepted, "steps": steps}))
     pipe.shutdown()
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,16 @@ def launch_cmd(n: int, tmp: Path, argv: list[str]) -> list[str]:
 
 def launch(n: int, tmp: Path, argv: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python argv...` on n local ranks under mlx.launch; fail the test with its output on error."""
-    proc = subprocess.run(launch_cmd(n, tmp, argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(launch_cmd(n, tmp, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Every rank too: one left behind holds the pipes open, and the test would wait for it forever.
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"ranks still running after {timeout} s\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-6000:]}")
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     # mlx.launch exits 0 even when a rank fails: its warning says so.
     failed = proc.returncode != 0 or "exited with code" in proc.stderr or "was killed" in proc.stderr
     assert not failed, f"mlx.launch exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"

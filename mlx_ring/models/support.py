@@ -14,6 +14,7 @@ SUPPORTED = {
     "qwen3": "Qwen3 (dense)",
     "qwen3_moe": "Qwen3 mixture of experts (every expert held by the rank of its layer)",
     "phi3": "Phi-3, Phi-3.5, Phi-4 mini",
+    "gemma2": "Gemma 2 (logit soft-capping; one request per decode group, see below)",
     "gemma3_text": "Gemma 3 1B and other text-only Gemma 3 (sliding-window layers)",
     "gemma3": "Gemma 3 4B and up (text only: images are not served)",
     "gpt_oss": "GPT-OSS (sliding-window layers, attention sinks, experts)",
@@ -24,8 +25,11 @@ SUPPORTED = {
 
 
 # Types tried and found wanting, with why (the refusal says it).
-REFUSED = {
-    "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads, so two requests at once would crash",
+REFUSED: dict[str, str] = {}
+
+# Supported types whose layers cannot take several rows at once: each decode group holds one request.
+UNBATCHED = {
+    "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads",
 }
 
 

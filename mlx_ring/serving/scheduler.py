@@ -17,9 +17,9 @@ import mlx.core as mx
 
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
-from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
-from mlx_ring.serving.sampling import SequenceSampler, Token, read_tokens, sample_lazy, sample_rows
+from mlx_ring.serving.rows import Group, Prefill, Sequence
+from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
 from mlx_ring.serving.speculative import Drafter, ModelDrafter, verify_rows
 
 SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
@@ -33,58 +33,7 @@ class Ends(Protocol):
     def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
 
     plain_kv: bool  # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
-
-
-@dataclass(eq=False)
-class Sequence:
-    id: int
-    prompt: list[int]
-    params: SamplingParams
-    constrain: Callable | None = None  # params.grammar -> its logits processor (serving/grammar.py)
-    sampler: SequenceSampler = field(init=False)
-    last: int | None = None  # the last sampled token: the next decode step's input
-    removed: bool = False
-    after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
-    prefilled: bool = False
-    fed: int = 0  # sampled tokens its decode steps have put in its cache
-    drafter: Drafter | None = None  # speculative decoding: its drafts and their length
-
-    def __post_init__(self):
-        constraint = self.constrain(self.params.grammar) if self.params.grammar else None
-        self.sampler = SequenceSampler(self.params, self.prompt, constraint)
-
-
-@dataclass(eq=False)
-class Prefill:
-    """Prompts prefilled in the same steps, under one id: their cache on every rank is one batch."""
-
-    id: int
-    rows: list[Sequence]
-    tokens: list[list[int]]  # per row, right-padded to one length
-    sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
-    chunks_out: int = 0  # chunks on the ring
-    reuse: int = 0  # the prompt-cache entry a lone prompt starts from (0: none)
-
-    def padding(self) -> list[int]:
-        return [len(self.tokens[0]) - len(s.prompt) for s in self.rows]
-
-    def removed(self) -> bool:
-        return all(s.removed for s in self.rows)
-
-
-@dataclass(eq=False)
-class Group:
-    id: int
-    rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
-    joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
-    busy: bool = False  # a decode step of this group is on the ring
-    verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
-    saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
-    drop: int = 0  # positions every row drops before the group's next step (rejected drafts, on every rank)
-    last_turn: int = -1
-
-    def load(self) -> int:
-        return len(self.rows) + sum(len(b.rows) for b in self.joining)
+    batches: bool  # the model's layers take several rows at once (else: one row a decode group)
 
 
 @dataclass
@@ -188,11 +137,21 @@ class Scheduler:
     def _prefill_ready(self) -> bool:
         if self.filling is not None and self.filling.removed():  # every client left: stop its chunks
             if not self.filling.chunks_out:
-                self.to_free.append(self.filling)  # else freed when its last chunk on the ring is back
+                self._drop(self.filling)  # else freed when its last chunk on the ring is back
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
-        return bool(self.filling or any(self._free_to_start(s) for s in self.waiting))
+        if self.filling:
+            return True
+        # A model that does not batch starts a prompt only when a decode group is empty for it.
+        room = self.ends.batches or any(g.free() for g in self.groups)
+        return room and any(self._free_to_start(s) for s in self.waiting)
+
+    def _drop(self, b: Prefill) -> None:
+        self.to_free.append(b)
+        if b.group is not None:
+            b.group.reserved -= 1
+            b.group = None
 
     @staticmethod
     def _free_to_start(s: Sequence) -> bool:
@@ -206,7 +165,7 @@ class Scheduler:
         self.waiting.remove(first)
         entry, reused = self.prefix.lookup(first.prompt) if self.prefix else (0, 0)
         rows, longest = [first], len(first.prompt)
-        for s in [] if reused or not self.ends.plain_kv else list(self.waiting):
+        for s in [] if reused or not (self.ends.plain_kv and self.ends.batches) else list(self.waiting):
             if not self._free_to_start(s) or (self.prefix and self.prefix.lookup(s.prompt)[1]):
                 continue
             n = max(longest, len(s.prompt))
@@ -221,6 +180,9 @@ class Scheduler:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
         self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entry)
+        if not self.ends.batches:
+            self.filling.group = next(g for g in self.groups if g.free())
+            self.filling.group.reserved += 1
         return self.filling
 
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
@@ -334,7 +296,7 @@ class Scheduler:
             b.chunks_out -= 1
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
-                    self.to_free.append(b)
+                    self._drop(b)
                 return []
             if out.shape[1] > 1:  # a batch of padded prompts comes back whole: take each row's last token
                 last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])
@@ -346,7 +308,10 @@ class Scheduler:
                 s.prefilled = True
                 if self.prefix and not s.removed:
                     self._save(Kind.SAVE, b.id, row, s.prompt)
-            min(self.groups, key=Group.load).joining.append(b)
+            group, b.group = b.group, None
+            if group is not None:
+                group.reserved -= 1
+            (group or min(self.groups, key=Group.load)).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE and step.drafts is not None:
             return self._complete_verify(step, out)

@@ -14,7 +14,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
 from mlx_ring.models.compat import plain_kv_caches
-from mlx_ring.models.support import SUPPORTED
+from mlx_ring.models.support import SUPPORTED, UNBATCHED
 
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
@@ -45,7 +45,7 @@ TESTED = [
 BATCHED = [("qwen3", 2, 1, 4), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4), ("qwen2", 2, 1, 16), ("mistral", 2, 1, 16),
            ("phi3", 2, 1, 16), ("qwen3_moe", 2, 2, 16),
            # Families whose forward does more than the Llama family's, each on 2 and 3 ranks.
-           ("gemma3_text", 2, 2, 4), ("gemma3_text", 3, 1, 16),
+           ("gemma2", 2, 2, 16), ("gemma2", 3, 1, 4), ("gemma3_text", 2, 2, 4), ("gemma3_text", 3, 1, 16),
            ("gemma3", 2, 1, 16), ("gemma3", 3, 1, 4), ("gpt_oss", 2, 1, 4), ("gpt_oss", 3, 2, 16),
            ("glm4", 2, 1, 16), ("glm4", 3, 1, 4), ("deepseek_v3", 2, 2, 16), ("deepseek_v3", 3, 1, 4),
            ("lfm2", 2, 1, 4), ("lfm2", 3, 1, 16)]
@@ -140,8 +140,11 @@ def test_batched_sequences_match_each_run_alone(tmp_path, kind, n, groups, chunk
         assert tokens[i] == want_tokens, f"sequence {i}"
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 and r["kv_cache_kib"] == 0 for r in status)
     assert all(r["kv_cache_peak_kib"] > 0 for r in status)
-    rows = json.loads((tmp_path / "result.json").read_text())["prefill_rows"]  # rows of each prefill step
-    if not plain_kv_caches(make_prompt_cache(load_model(model, lazy=True)[0])):  # sliding or recurrent layers
+    result = json.loads((tmp_path / "result.json").read_text())
+    rows = result["prefill_rows"]  # rows of each prefill step
+    if kind in UNBATCHED:  # one request a decode group, each prompt alone
+        assert max(rows) == max(result["decode_rows"]) == 1 and len(result["decode_rows"]) > 0
+    elif not plain_kv_caches(make_prompt_cache(load_model(model, lazy=True)[0])):  # sliding or recurrent layers
         assert max(rows) == 1, rows  # each prompt prefilled alone: padding would enter a window or a state
     elif chunk == 16:  # the two prompts that arrive together (7 and 2 tokens, 14 once padded) share a step
         assert max(rows) >= 2, rows

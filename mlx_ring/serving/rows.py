@@ -1,0 +1,67 @@
+"""What the scheduler (`scheduler.py`) moves around: sequences, the prefill batches they start in, and
+the decode groups they join."""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.sampling import SequenceSampler
+from mlx_ring.serving.speculative import Drafter
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    constrain: Callable | None = None  # params.grammar -> its logits processor (serving/grammar.py)
+    sampler: SequenceSampler = field(init=False)
+    last: int | None = None  # the last sampled token: the next decode step's input
+    removed: bool = False
+    after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
+    prefilled: bool = False
+    fed: int = 0  # sampled tokens its decode steps have put in its cache
+    drafter: Drafter | None = None  # speculative decoding: its drafts and their length
+
+    def __post_init__(self):
+        constraint = self.constrain(self.params.grammar) if self.params.grammar else None
+        self.sampler = SequenceSampler(self.params, self.prompt, constraint)
+
+
+@dataclass(eq=False)
+class Prefill:
+    """Prompts prefilled in the same steps, under one id: their cache on every rank is one batch."""
+
+    id: int
+    rows: list[Sequence]
+    tokens: list[list[int]]  # per row, right-padded to one length
+    sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
+    chunks_out: int = 0  # chunks on the ring
+    reuse: int = 0  # the prompt-cache entry a lone prompt starts from (0: none)
+    group: "Group | None" = None  # a model that does not batch: the empty group it will join
+
+    def padding(self) -> list[int]:
+        return [len(self.tokens[0]) - len(s.prompt) for s in self.rows]
+
+    def removed(self) -> bool:
+        return all(s.removed for s in self.rows)
+
+
+@dataclass(eq=False)
+class Group:
+    id: int
+    rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
+    joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
+    reserved: int = 0  # a model that does not batch: prompts being prefilled for this (empty) group
+    busy: bool = False  # a decode step of this group is on the ring
+    verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
+    saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
+    drop: int = 0  # positions every row drops before the group's next step (rejected drafts, on every rank)
+    last_turn: int = -1
+
+    def load(self) -> int:
+        return len(self.rows) + sum(len(b.rows) for b in self.joining)
+
+    def free(self) -> bool:
+        """Empty, and no prompt is being prefilled for it (a model that does not batch)."""
+        return not self.load() and not self.reserved
