@@ -7,7 +7,8 @@ before scheduler step k (or, with `"after": j` instead of "at", once sequence j 
 `--prompt-cache N` gives rank 0 a prompt cache of N tokens; `--draft K` turns on speculative decoding
 (prompt lookup, or `--draft-model DIR`, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
-all sequences left, the rows of each prefill step) and `logits{i}.npy` (one row of logits per generated token of sequence i).
+all sequences left, the rows of each prefill and decode step) and `logits{i}.npy` (one row of logits per generated
+token of sequence i). Several `--model`s (with as many `--out` folders) run one after another in one launch.
 """
 
 import argparse
@@ -31,7 +32,7 @@ from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, nargs="+", help="one or more models, run one after another in this launch")
     p.add_argument("--spec", required=True)
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
@@ -39,18 +40,26 @@ def main():
     p.add_argument("--prompt-cache", type=int, default=0)
     p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
     p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, nargs="+", help="a folder for each model's results")
     a = p.parse_args()
     world = init_world()
-    rank, size = world.rank(), world.size()
-    n_layers = json.loads((Path(a.model) / "config.json").read_text())["num_hidden_layers"]
-    plan = plan_from_sizes(n_layers, [int(x) for x in a.layers.split(",")]) if a.layers else uniform_plan(n_layers, size)
-    shard = load_shard(Path(a.model), plan, rank)
-    out = Path(a.out)
-    (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
     ring = Ring(world)
+    real = batching.sample_rows, batching.sample_lazy
+    for model, out in zip(a.model, a.out, strict=True):  # one launch for several models: startup is most of a run
+        try:
+            run(a, world, ring, Path(model), Path(out))
+        finally:
+            batching.sample_rows, batching.sample_lazy = real
+
+
+def run(a, world, ring: Ring, model: Path, out: Path):
+    rank, size = world.rank(), world.size()
+    n_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    plan = plan_from_sizes(n_layers, [int(x) for x in a.layers.split(",")]) if a.layers else uniform_plan(n_layers, size)
+    shard = load_shard(model, plan, rank)
+    (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
     if rank != 0:
-        return serve_worker(shard, ring)
+        return serve_worker(shard, ring)  # until rank 0's shutdown step for this model
 
     # Record the logits each sequence's token was sampled from, on both of the scheduler's paths.
     owner, rows = {}, {}

@@ -19,20 +19,28 @@ from mlx_ring.models.support import SUPPORTED, UNBATCHED
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
-def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None):
-    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos)."""
-    argv = [DRIVER, "--model", str(model), "--spec", json.dumps(spec), "--groups", str(groups),
-            "--chunk", str(chunk), "--out", str(tmp_path), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
+def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None,
+              outs=None):
+    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos).
+    `model` a list (and `outs` a folder for each): the models one after another in one launch; returns
+    the first one's results (read the others with `read_probe`)."""
+    models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
+    argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
+            "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
     launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
-    out = json.loads((tmp_path / "result.json").read_text())
-    logits = [np.load(f) if (f := tmp_path / f"logits{i}.npy").exists() else None for i in range(len(spec))]
+    return read_probe(outs[0], n, spec)
+
+
+def read_probe(out_dir, n, spec):
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
+    out = json.loads((out_dir / "result.json").read_text())
+    logits = [np.load(f) if (f := out_dir / f"logits{i}.npy").exists() else None for i in range(len(spec))]
     return out["tokens"], logits, out["status"], ranks
 
 
-# Every model type the server accepts (mlx_ring/models/support.py) runs split unevenly: on 3 ranks
-# here, and on 2 ranks in a batch with other sequences (BATCHED, below).
+# Every model type the server accepts (mlx_ring/models/support.py) runs split unevenly on 2 and 3
+# ranks: alone here (logits within 1e-5), and in a batch with other sequences (BATCHED, FAMILIES, below).
 TESTED = [
     ("llama", 3, None),       # 7 layers as 3,2,2
     ("qwen2", 3, "1,4,2"),    # tied embeddings, biases, custom uneven split
@@ -42,17 +50,17 @@ TESTED = [
     ("phi3", 3, "2,2,3"),     # fused qkv and gate-up projections, partial rotary
     ("qwen3_moe", 3, "1,3,3"),  # a dense first layer, then mixtures of 4 experts (2 per token)
 ]
-BATCHED = [("qwen3", 2, 1, 4), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4), ("qwen2", 2, 1, 16), ("mistral", 2, 1, 16),
-           ("phi3", 2, 1, 16), ("qwen3_moe", 2, 2, 16),
-           # Families whose forward does more than the Llama family's, each on 2 and 3 ranks.
-           ("gemma2", 2, 2, 16), ("gemma2", 3, 1, 4), ("gemma3_text", 2, 2, 4), ("gemma3_text", 3, 1, 16),
-           ("gemma3", 2, 1, 16), ("gemma3", 3, 1, 4), ("gpt_oss", 2, 1, 4), ("gpt_oss", 3, 2, 16),
-           ("glm4", 2, 1, 16), ("glm4", 3, 1, 4), ("deepseek_v3", 2, 2, 16), ("deepseek_v3", 3, 1, 4),
-           ("lfm2", 2, 1, 4), ("lfm2", 3, 1, 16)]
+BATCHED = [("qwen3", 2, 1, 4), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4)]
+# Every other type in the batching test on 2 and 3 ranks, among them the families whose forward does
+# more than the Llama family's (embedding scale, soft-capping, masks by layer kind, attention sinks,
+# latent attention, a convolution's state): one launch per (ranks, groups, chunk) runs them one after
+# another, as startup is most of a run.
+FAMILIES = ["qwen2", "mistral", "phi3", "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "glm4", "deepseek_v3", "lfm2"]
+FAMILY_RUNS = [(2, 2, 16), (3, 1, 4)]
 
 
 def test_every_supported_model_type_is_tested_on_2_and_3_ranks():
-    tested = {(k, n) for k, n, _ in TESTED} | {(k, n) for k, n, _, _ in BATCHED}
+    tested = {(k, n) for k, n, _ in TESTED} | {(k, n) for k, n, _, _ in BATCHED} | {(k, n) for k in FAMILIES for n, _, _ in FAMILY_RUNS}
     assert {(k, n) for k in SUPPORTED for n in (2, 3)} <= tested
 
 
@@ -133,23 +141,37 @@ def test_batched_sequences_match_each_run_alone(tmp_path, kind, n, groups, chunk
     single-process mlx-lm running it alone within float rounding of the batch shapes (atol 1e-4 on
     logits of order 1), and its tokens are identical."""
     model = make_tiny_model(tmp_path / "model", kind)
-    tokens, logits, status, _ = run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=chunk)
+    run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=chunk)
+    check_batched(tmp_path, n, kind, model, chunk)
+
+
+@pytest.mark.parametrize("n,groups,chunk", FAMILY_RUNS)
+def test_other_families_batched_match_each_run_alone(tmp_path, n, groups, chunk):
+    """The same for every type in FAMILIES, one after another in one launch."""
+    models = [make_tiny_model(tmp_path / kind / "model", kind) for kind in FAMILIES]
+    run_probe(tmp_path, n, models, MIXED, groups=groups, chunk=chunk, outs=[tmp_path / kind for kind in FAMILIES])
+    for kind, model in zip(FAMILIES, models):
+        check_batched(tmp_path / kind, n, kind, model, chunk)
+
+
+def check_batched(out_dir, n, kind, model, chunk):
+    tokens, logits, status, _ = read_probe(out_dir, n, MIXED)
     for i, s in enumerate(MIXED):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
-        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
-        assert tokens[i] == want_tokens, f"sequence {i}"
-    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 and r["kv_cache_kib"] == 0 for r in status)
-    assert all(r["kv_cache_peak_kib"] > 0 for r in status)
-    result = json.loads((tmp_path / "result.json").read_text())
+        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"{kind}: sequence {i}")
+        assert tokens[i] == want_tokens, f"{kind}: sequence {i}"
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 and r["kv_cache_kib"] == 0 for r in status), kind
+    assert all(r["kv_cache_peak_kib"] > 0 for r in status), kind
+    result = json.loads((out_dir / "result.json").read_text())
     rows = result["prefill_rows"]  # rows of each prefill step
     if kind in UNBATCHED:  # one request a decode group, each prompt alone
-        assert max(rows) == max(result["decode_rows"]) == 1 and len(result["decode_rows"]) > 0
+        assert max(rows) == max(result["decode_rows"]) == 1 and len(result["decode_rows"]) > 0, kind
     elif not plain_kv_caches(make_prompt_cache(load_model(model, lazy=True)[0])):  # sliding or recurrent layers
-        assert max(rows) == 1, rows  # each prompt prefilled alone: padding would enter a window or a state
+        assert max(rows) == 1, (kind, rows)  # each prompt prefilled alone: padding would enter a window or a state
     elif chunk == 16:  # the two prompts that arrive together (7 and 2 tokens, 14 once padded) share a step
-        assert max(rows) >= 2, rows
+        assert max(rows) >= 2, (kind, rows)
     else:  # the 7-, 11- and 6-token prompts go alone, in 2, 3 and 2 chunks
-        assert len(rows) >= 7, rows
+        assert len(rows) >= 7, (kind, rows)
 
 
 def test_overlap_changes_no_token(tmp_path):
