@@ -24,9 +24,6 @@ SUPPORTED = {
 }
 
 
-# Types tried and found wanting, with why (the refusal says it).
-REFUSED: dict[str, str] = {}
-
 # Supported types whose layers cannot take several rows at once: each decode group holds one request.
 UNBATCHED = {
     "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads",
@@ -37,8 +34,8 @@ def check_supported(config: dict) -> None:
     """ValueError naming the model type and the supported ones, unless it is one of them."""
     kind = config.get("model_type")
     if kind not in SUPPORTED:
-        why = REFUSED.get(kind, "it is not tested split across ranks against single-process mlx-lm")
-        raise ValueError(f"model type {kind!r} is not supported: {why}; supported: {', '.join(SUPPORTED)}")
+        raise ValueError(f"model type {kind!r} is not supported: it is not tested split across ranks against "
+                         f"single-process mlx-lm; supported: {', '.join(SUPPORTED)}")
 
 
 def table() -> str:

@@ -57,19 +57,19 @@ def _counts(c: dict) -> dict:
 STATE_ELEMENTS = {"lfm2": lambda c: (c["conv_L_cache"] - 1) * c["hidden_size"]}  # its short convolution's inputs
 
 
-def cache_layout(c: dict, act: int) -> dict:
+def cache_layout(config: dict, act: int) -> dict:
     """ModelSpec's cache-kind fields from the caches mlx-lm makes for the model's layers (its own
     `make_cache`, on the model built lazily: no weight is made or read). A type mlx-lm does not know
     counts as full attention in every layer, the largest reserve."""
     try:
-        model_cls, args_cls = model_classes(c)
-        caches = make_prompt_cache(model_cls(args_cls.from_dict(c)))
+        model_cls, args_cls = model_classes(config)
+        caches = make_prompt_cache(model_cls(args_cls.from_dict(config)))
     except (ValueError, KeyError, TypeError):  # an unknown model_type, or a config mlx-lm cannot build
         return {}
     n = len(caches)
-    windows = [c_.max_size for c_ in caches if getattr(c_, "max_size", None)]
-    states = sum(1 for c_ in caches if not hasattr(c_, "offset"))  # no positions: a fixed state
-    state = STATE_ELEMENTS.get(c.get("model_type"), lambda _: 0)(_text(c)) * act
+    windows = [c.max_size for c in caches if getattr(c, "max_size", None)]
+    states = sum(1 for c in caches if not hasattr(c, "offset"))  # no positions: a fixed state
+    state = STATE_ELEMENTS.get(config.get("model_type"), lambda _: 0)(_text(config)) * act
     return {"kv_window_share": len(windows) / n, "kv_window": max(windows, default=0), "state_share": states / n,
             "state_bytes": float(state)}
 
@@ -83,7 +83,8 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     """An estimate from config.json alone: dense or MoE layers, tied or untied head, any dtype or
     mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`)."""
     n = _counts(c)
-    dtype = _text(c).get("torch_dtype") or _text(c).get("dtype") or "float16"
+    text = _text(c)
+    dtype = text.get("torch_dtype") or text.get("dtype") or "float16"
     act = DTYPE_BYTES.get(dtype, 2)
     q = _quantization(c)
     # mlx-lm quantizes every linear layer and the embedding; norms stay in float.
@@ -94,7 +95,7 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     head_read = n["vocab_hidden"] * per_weight
     label = f"{q['bits']}-bit" if q else dtype
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
-                     label, name, _text(c)["hidden_size"] * act, **cache_layout(c, act))
+                     label, name, text["hidden_size"] * act, **cache_layout(c, act))
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
