@@ -19,7 +19,7 @@ SUPPORTED = {
     "gemma3": "Gemma 3 4B and up (text only: images are not served)",
     "gpt_oss": "GPT-OSS (sliding-window layers, attention sinks, experts)",
     "glm4": "GLM-4 (0414)",
-    "deepseek_v3": "DeepSeek-V3, Kimi-K2 and other DeepSeek-V3-shaped models (latent attention, experts)",
+    "deepseek_v3": "DeepSeek-V3 and models that declare its type (latent attention, experts)",
     "lfm2": "LFM2 (short-convolution layers with a fixed state beside attention layers)",
 }
 
