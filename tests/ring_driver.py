@@ -36,7 +36,7 @@ def main():
     p.add_argument("--spec", required=True)
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
-    p.add_argument("--layers", default=None)
+    p.add_argument("--layers", nargs="+", default=None, help="layers per rank, e.g. 3,2,2 (one for each model; - for even)")
     p.add_argument("--prompt-cache", type=int, default=0)
     p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
     p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
@@ -45,17 +45,18 @@ def main():
     world = init_world()
     ring = Ring(world)
     real = batching.sample_rows, batching.sample_lazy
-    for model, out in zip(a.model, a.out, strict=True):  # one launch for several models: startup is most of a run
+    layers = a.layers or ["-"] * len(a.model)
+    for model, out, sizes in zip(a.model, a.out, layers, strict=True):  # one launch, several models: startup is most of a run
         try:
-            run(a, world, ring, Path(model), Path(out))
+            run(a, world, ring, Path(model), Path(out), sizes)
         finally:
             batching.sample_rows, batching.sample_lazy = real
 
 
-def run(a, world, ring: Ring, model: Path, out: Path):
+def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     rank, size = world.rank(), world.size()
     n_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-    plan = plan_from_sizes(n_layers, [int(x) for x in a.layers.split(",")]) if a.layers else uniform_plan(n_layers, size)
+    plan = uniform_plan(n_layers, size) if sizes == "-" else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
     shard = load_shard(model, plan, rank)
     (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
     if rank != 0:

@@ -28,7 +28,9 @@ def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeou
     argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
             "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
-    launch(n, tmp_path, argv + (["--layers", layers] if layers else []), timeout=timeout)
+    if layers:
+        argv += ["--layers", *([layers] if isinstance(layers, str) else [x or "-" for x in layers])]
+    launch(n, tmp_path, argv, timeout=timeout)
     return read_probe(outs[0], n, spec)
 
 
@@ -41,14 +43,16 @@ def read_probe(out_dir, n, spec):
 
 # Every model type the server accepts (mlx_ring/models/support.py) runs split unevenly on 2 and 3
 # ranks: alone here (logits within 1e-5), and in a batch with other sequences (BATCHED, FAMILIES, below).
+# (type, ranks, layers per rank or None for an even split, quantized bits or 0)
 TESTED = [
-    ("llama", 3, None),       # 7 layers as 3,2,2
-    ("qwen2", 3, "1,4,2"),    # tied embeddings, biases, custom uneven split
-    ("qwen3", 3, "3,1,3"),    # q/k norms
-    ("llama", 2, "6,1"),
-    ("mistral", 3, "1,3,3"),  # one KV head
-    ("phi3", 3, "2,2,3"),     # fused qkv and gate-up projections, partial rotary
-    ("qwen3_moe", 3, "1,3,3"),  # a dense first layer, then mixtures of 4 experts (2 per token)
+    ("llama", 3, None, 0),       # 7 layers as 3,2,2
+    ("qwen2", 3, "1,4,2", 0),    # tied embeddings, biases, custom uneven split
+    ("qwen3", 3, "3,1,3", 0),    # q/k norms
+    ("llama", 2, "6,1", 0),
+    ("mistral", 3, "1,3,3", 0),  # one KV head
+    ("phi3", 3, "2,2,3", 0),     # fused qkv and gate-up projections, partial rotary
+    ("qwen3_moe", 3, "1,3,3", 0),  # a dense first layer, then mixtures of 4 experts (2 per token)
+    ("llama", 2, "5,2", 4), ("qwen3_moe", 3, "2,3,2", 8),  # mlx-lm's quantized layers too
 ]
 BATCHED = [("qwen3", 2, 1, 4), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4)]
 # Every other type in the batching test on 2 and 3 ranks, among them the families whose forward does
@@ -60,20 +64,30 @@ FAMILY_RUNS = [(2, 2, 16), (3, 1, 4)]
 
 
 def test_every_supported_model_type_is_tested_on_2_and_3_ranks():
-    tested = {(k, n) for k, n, _ in TESTED} | {(k, n) for k, n, _, _ in BATCHED} | {(k, n) for k in FAMILIES for n, _, _ in FAMILY_RUNS}
+    tested = {(k, n) for k, n, _, _ in TESTED} | {(k, n) for k, n, _, _ in BATCHED} | {(k, n) for k in FAMILIES for n, _, _ in FAMILY_RUNS}
     assert {(k, n) for k in SUPPORTED for n in (2, 3)} <= tested
 
 
-@pytest.mark.parametrize("kind,n,layers,bits", [(*t, 0) for t in TESTED] + [
-    ("llama", 2, "5,2", 4), ("qwen3_moe", 3, "2,3,2", 8)])  # mlx-lm's quantized layers too
-def test_tiny_models_logits_match_single_process(tmp_path, kind, n, layers, bits):
-    model = make_tiny_model(tmp_path / "model", kind, bits=bits)
+@pytest.mark.parametrize("n", [2, 3])
+def test_tiny_models_logits_match_single_process(tmp_path, n):
+    """Each case of TESTED for n ranks, one after another in one launch."""
+    cases = [(kind, layers, bits) for kind, k, layers, bits in TESTED if k == n]
+    models = [make_tiny_model(tmp_path / f"model{i}", kind, bits=bits) for i, (kind, _, bits) in enumerate(cases)]
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
+    for o in outs:
+        o.mkdir()
     prompt = [5, 17, 42, 99, 3, 250, 7]
-    tokens, logits, status, ranks = run_probe(tmp_path, n, model, [{"prompt": prompt, "max_tokens": 6, "at": 0}], layers=layers)
-    want, want_tokens = reference_logits(model, prompt, steps=6)
-    np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)  # prefill and 5 cached decode steps
-    assert tokens[0] == want_tokens
-    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)  # freed on every rank
+    spec = [{"prompt": prompt, "max_tokens": 6, "at": 0}]
+    run_probe(tmp_path, n, models, spec, layers=[layers for _, layers, _ in cases], outs=outs)
+    for (kind, layers, bits), model, out in zip(cases, models, outs):
+        tokens, logits, status, ranks = read_probe(out, n, spec)
+        want, want_tokens = reference_logits(model, prompt, steps=6)
+        case = f"{kind} {layers} {bits}-bit"
+        np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5, err_msg=case)  # prefill and 5 cached decode steps
+        assert tokens[0] == want_tokens, case
+        assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status), case  # freed on every rank
+        if layers:
+            assert [r["layers"][1] - r["layers"][0] for r in ranks] == [int(x) for x in layers.split(",")], case
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
