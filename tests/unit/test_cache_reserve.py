@@ -51,7 +51,7 @@ def test_deepseek_v3_caches_its_latent_vector():
                              "num_experts_per_tok": 8, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
                              "v_head_dim": 128, "qk_nope_head_dim": 128, "first_k_dense_replace": 3, "n_group": 8,
                              "topk_group": 4, "vocab_size": 129280, "torch_dtype": "bfloat16"})
-    assert spec.kv_bytes_per_token == (512 + 64) * 2  # not 2 x 128 heads x 192: 85x less
+    assert spec.kv_bytes_per_token == (512 + 64) * 2  # keys and values of 128 heads x 56 would be 28672
     assert spec.kv_window_share == spec.state_share == 0.0
 
 
