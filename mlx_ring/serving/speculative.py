@@ -22,19 +22,6 @@ from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows
 NGRAMS = (3, 2)  # suffix lengths tried, longest first: a one-token match guesses too often wrong
 
 
-def lookup(history: list[int], k: int) -> list[int]:
-    """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
-    history's last n tokens, for the longest n in NGRAMS that occurs; [] when none does."""
-    for n in NGRAMS:
-        if len(history) <= n:
-            continue
-        tail = history[-n:]
-        for i in range(len(history) - n - 1, -1, -1):
-            if history[i : i + n] == tail:
-                return history[i + n : i + n + k]
-    return []
-
-
 @dataclass
 class Drafter:
     """One sequence's draft length, adapted to how much of its drafts the target accepts: a full
@@ -64,7 +51,8 @@ class Drafter:
         return drafts
 
     def propose(self, history: list[int]) -> list[int]:
-        """`lookup(history, self.k)`, from the index."""
+        """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
+        history's last n tokens, for the longest n in NGRAMS that occurs; [] when none does."""
         for end in range(self.indexed, len(history)):  # the tail itself (end == len) has nothing after it
             for n in NGRAMS:
                 if end >= n:

@@ -9,10 +9,28 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_ring.models.compat import trim_rows
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import SequenceSampler
-from mlx_ring.serving.speculative import Drafter, lookup, verify
+from mlx_ring.serving.speculative import NGRAMS, Drafter, verify
 
 
-def test_lookup_takes_what_followed_the_latest_longest_match():
+def lookup(history: list[int], k: int) -> list[int]:
+    """Prompt lookup by scanning the whole history (the drafter's index must find the same), checked
+    here first, then through a fresh drafter."""
+    for n in NGRAMS:
+        if len(history) <= n:
+            continue
+        tail = history[-n:]
+        for i in range(len(history) - n - 1, -1, -1):
+            if history[i : i + n] == tail:
+                return history[i + n : i + n + k]
+    return []
+
+
+def drafted(history: list[int], k: int) -> list[int]:
+    return Drafter(most=k).propose(history)
+
+
+@pytest.mark.parametrize("lookup", [lookup, drafted])
+def test_lookup_takes_what_followed_the_latest_longest_match(lookup):
     h = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
     assert lookup(h, 2) == [4, 5]  # "1 2 3" at 0 wins over the later "2 3" at 6 (longest first)
     assert lookup(h[:-1] + [0, 2, 3], 2) == [7, 8]  # no 3-gram: the latest "2 3"
