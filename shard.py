@@ -15,7 +15,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
@@ -23,7 +22,6 @@ from mlx_ring.models.compat import (
     cache_from_saved,
     drop_spare_room,
     merge_caches,
-    plain_kv_caches,
     positions,
     saved_from_batch,
     saved_rows,
@@ -264,10 +262,9 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
     if len(model.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
-    plain_kv = plain_kv_caches(make_prompt_cache(model))  # every layer's kind, so every rank agrees
     cut = Slice(model, start, end, ends=rank == 0)
     mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
-    return Shard(cut, plan, rank, plain_kv, batches=config.get("model_type") not in UNBATCHED)
+    return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED)
 
 
 def serve_worker(shard: Shard, ring: Ring) -> None:

@@ -19,6 +19,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlx_ring.models.compat import plain_kv_caches
+
 
 class Handoff(Exception):
     """Leaves a model's forward with the hidden states at a slice's boundary."""
@@ -164,6 +166,7 @@ class Slice:
         n = len(layers)
         protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
         assert len(protos) == n, f"{len(protos)} caches for {n} layers"
+        self.plain_kv = plain_kv_caches(protos)  # every layer's (not only this slice's), so every rank agrees
         self.protos = protos[start:end]  # fresh, empty: copied for each new prompt
         kinds = [cache_kind(c) for c in protos]
         # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
