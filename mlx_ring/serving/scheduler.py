@@ -149,9 +149,15 @@ class Scheduler:
 
     def _drop(self, b: Prefill) -> None:
         self.to_free.append(b)
-        if b.group is not None:
-            b.group.reserved -= 1
-            b.group = None
+        self._release(b)
+
+    @staticmethod
+    def _release(b: Prefill) -> Group | None:
+        """The group `b` was prefilled for (a model that does not batch), no longer reserved."""
+        group, b.group = b.group, None
+        if group is not None:
+            group.reserved -= 1
+        return group
 
     @staticmethod
     def _free_to_start(s: Sequence) -> bool:
@@ -308,10 +314,7 @@ class Scheduler:
                 s.prefilled = True
                 if self.prefix and not s.removed:
                     self._save(Kind.SAVE, b.id, row, s.prompt)
-            group, b.group = b.group, None
-            if group is not None:
-                group.reserved -= 1
-            (group or min(self.groups, key=Group.load)).joining.append(b)
+            (self._release(b) or min(self.groups, key=Group.load)).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE and step.drafts is not None:
             return self._complete_verify(step, out)
