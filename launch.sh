@@ -134,7 +134,7 @@ start() {
   .venv/bin/python -m mlx_ring.hosts.up up --ring-port "$RING_PORT" --out "$PLANNED" "$@" || exit 2
   URL=$(cat "$PLANNED/url")
   say "starting the ring..."
-  local seen; seen=$(wc -c < "$LOG_DIR/launcher.log" 2>/dev/null || echo 0)  # earlier runs' lines are not this one's
+  local seen=0; [ -f "$LOG_DIR/launcher.log" ] && seen=$(wc -c < "$LOG_DIR/launcher.log")  # earlier runs' lines are not this one's
   rm -f "$LOG_DIR/attempt.log"
   # A session of its own, so `stop` can reach the supervisor, the launcher and local ranks together.
   setsid nohup "$ROOT/launch.sh" supervise "$@" >> "$LOG_DIR/launcher.log" 2>&1 < /dev/null &

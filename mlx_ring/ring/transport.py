@@ -6,11 +6,13 @@ busy-polls a pending receive, and a stopped peer blocks it forever).
 """
 
 import ctypes
+import errno
 import json
 import os
 import select
 import socket
 import stat
+import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +34,12 @@ def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
-    world = mx.distributed.init(backend="ring")
+    held = _hold_own_ports()
+    try:
+        world = mx.distributed.init(backend="ring")
+    finally:
+        for s in held:
+            s.close()
     rank, size = world.rank(), world.size()
     # The sockets to the previous rank: those it connected to this rank's own ring ports and, in a
     # ring of two, where it is the next rank too, those this rank connected to it (MLX's ring
@@ -43,6 +50,40 @@ def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
                     if local in mine or peer in theirs]
     _share_cores(world)
     return world
+
+
+PORT_WAIT_S = 10  # a rank of a ring that just stopped may hold its port a moment longer
+
+
+def _hold_own_ports() -> list[socket.socket]:
+    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them.
+    The last rank connects out before it listens, and the kernel may give that outgoing connection
+    the rank's own port as its ephemeral one: the listen then fails, and for a minute (TIME_WAIT) so
+    does every restart. A bound port is never handed out; MLX binds beside ours (SO_REUSEPORT)."""
+    hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
+    if not hostfile or rank is None:
+        return []
+    with open(hostfile) as f:
+        addresses = json.load(f)[int(rank)]
+    held = []
+    for address in addresses:
+        ip, port = address.rsplit(":", 1)
+        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        deadline = time.monotonic() + PORT_WAIT_S
+        while True:
+            try:
+                s.bind((ip.strip("[]"), int(port)))
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                    s.close()
+                    raise ValueError(f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
+                                     f"(`ss -tanp | grep {port}` shows it) or choose another RING_PORT") from None
+                time.sleep(0.5)
+        held.append(s)
+    return held
 
 
 def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:

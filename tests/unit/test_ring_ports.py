@@ -1,0 +1,83 @@
+"""A rank's own ring port is never handed to its outgoing connections, and a port another program
+holds is refused in a sentence (transport._hold_own_ports)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from mlx_ring.ring import transport
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# In a network namespace of its own, the last rank of a ring of two as MLX's ring backend starts
+# it: it connects to rank 0 first, then listens on its own port. The namespace hands out a single
+# ephemeral port, the rank's own, as a busy machine may.
+LAST_RANK = r'''
+import json, os, socket, subprocess, sys, tempfile
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+mine, rank0 = 30000, 30100
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write(f"{mine} {mine}")
+listener = socket.socket(); listener.bind(("127.0.0.1", rank0)); listener.listen(8)
+with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    json.dump([[f"127.0.0.1:{rank0}"], [f"127.0.0.1:{mine}"]], f)
+os.environ.update(MLX_HOSTFILE=f.name, MLX_RANK="1")
+from mlx_ring.ring.transport import _hold_own_ports
+held = _hold_own_ports() if sys.argv[1] == "hold" else []
+out = socket.socket()
+try:
+    out.connect(("127.0.0.1", rank0))
+    print("connected from", out.getsockname()[1])
+except OSError as e:
+    print("no ephemeral port", e.errno)
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40100")
+ring = socket.socket()  # MLX's listener: SO_REUSEADDR and SO_REUSEPORT, beside the held socket
+ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+try:
+    ring.bind(("127.0.0.1", mine)); ring.listen(1)
+    peer = socket.create_connection(("127.0.0.1", mine)); ring.accept()
+    print("listening")
+except OSError as e:
+    print("cannot listen", e.errno)
+'''
+
+
+def last_rank(mode: str) -> str:
+    p = subprocess.run(["unshare", "--net", sys.executable, "-c", LAST_RANK, mode], capture_output=True, text=True,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or sys.platform != "linux",
+                    reason="a network namespace of its own needs Linux and root (CI runs as root)")
+def test_the_last_rank_own_port_is_not_given_to_its_outgoing_connection():
+    # Without the hold, the kernel gives the rank's own port away: MLX's listen would then fail
+    # (EADDRINUSE), and after the rank exits, for a minute of TIME_WAIT, so would every restart.
+    assert last_rank("none").splitlines() == ["connected from 30000", "cannot listen 98"]
+    assert last_rank("hold").splitlines() == ["no ephemeral port 99", "listening"]
+
+
+def test_a_port_another_program_holds_is_refused_naming_it(tmp_path, monkeypatch):
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(1)
+    port = other.getsockname()[1]
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([["127.0.0.1:1"], [f"127.0.0.1:{port}"]]))
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    monkeypatch.setenv("MLX_RANK", "1")
+    monkeypatch.setattr(transport, "PORT_WAIT_S", 0)
+    with pytest.raises(ValueError, match=f"ring port {port} on 127.0.0.1 is in use"):
+        transport._hold_own_ports()
+    other.close()
+    held = transport._hold_own_ports()  # free again: held until MLX listens
+    assert [s.getsockname()[1] for s in held] == [port]
+    for s in held:
+        s.close()
