@@ -19,6 +19,7 @@ from mlx_lm.utils import load_model
 
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import (
+    UNFUSED_SEVERAL,
     cache_from_saved,
     drop_spare_room,
     merge_caches,
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 # A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
 # left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
 GROUP_SPARE_TOKENS = 256
-# Verify passes attend without MLX's fused kernel on CUDA, which compiles it for every new key length.
-UNFUSED_VERIFY = mx.cuda.is_available()
 
 
 def rss_kib() -> int:
@@ -143,7 +142,7 @@ class Shard:
             for c in caches:
                 c.trim(header.offset)
         size = caches[0].nbytes
-        with unfused_attention(payload.shape[1] > 1 and UNFUSED_VERIFY):  # verifying drafts
+        with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
             out = self.cut.forward(payload, caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()

@@ -79,6 +79,9 @@ def cache_from_saved(saved: tuple, n: int) -> KVCache:
     return c
 
 
+UNFUSED_SEVERAL = mx.cuda.is_available()  # passes of several positions over a growing cache: see below
+
+
 @contextmanager
 def unfused_attention(enabled: bool = True):
     """Within this block, models built lazily attend with plain matmuls and a softmax instead of

@@ -50,6 +50,12 @@ class _Step:
     done: Callable[[mx.array | None], None] | None = None
 
 
+# A draft model guesses row by row, a forward per token, while a step costs about the same for any
+# number of rows: in a larger group its guesses cost more than they can save, so it rests there
+# (as vLLM's speculative decoding does past a batch size).
+MODEL_DRAFT_ROWS = 4
+
+
 class Scheduler:
     """`groups`: decode micro-batches; new sequences join the smallest. One group suits decoding on
     a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
@@ -238,7 +244,8 @@ class Scheduler:
             return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, _Step(Kind.JOIN))
         if not g.rows:
             return True
-        drafts = [s.drafter.draft(s.sampler.history) if s.drafter else [] for s in g.rows]
+        drafting = self._drafting(g.rows)
+        drafts = [s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows]
         width = max(map(len, drafts))
         if not width:
             return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
@@ -250,8 +257,11 @@ class Scheduler:
         # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
         # A row that would draft next needs this step's tokens read first.
         return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
-                and not any(s.drafter and not s.drafter.pause for s in rows)
+                and not (self._drafting(rows) and any(s.drafter and not s.drafter.pause for s in rows))
                 and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
+
+    def _drafting(self, rows: list[Sequence]) -> bool:
+        return self.draft_model is None or len(rows) <= MODEL_DRAFT_ROWS
 
     def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False, drafts: list | None = None) -> bool:
         self.turn += 1

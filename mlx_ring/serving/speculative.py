@@ -10,12 +10,14 @@ draft costs compute, never correctness.
 
 from dataclasses import dataclass, field
 from functools import partial
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from mlx_ring.models.compat import UNFUSED_SEVERAL, unfused_attention
 from mlx_ring.serving.prefix import common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows
 
@@ -29,6 +31,9 @@ class Drafter:
     rejected pause drafting for twice as many steps each time (so a text the lookup cannot guess
     runs as plain decoding, at a cost of one step in many)."""
 
+    BACKOFF: ClassVar[int] = 2  # the pause after n drafts in a row all rejected: BACKOFF**n - 1 steps
+    FIRST: ClassVar[int] = 16  # the most tokens a sequence's first draft may have (then `most`)
+
     most: int
     k: int = 0
     pause: int = 0  # steps to go without drafting
@@ -39,7 +44,7 @@ class Drafter:
     indexed: int = 1  # n-grams ending before this position are in `after`
 
     def __post_init__(self):
-        self.k = self.most
+        self.k = min(self.most, self.FIRST)
 
     def draft(self, history: list[int]) -> list[int]:
         if self.pause:
@@ -73,14 +78,18 @@ class Drafter:
             return
         self.k = min(self.most, self.k + 2) if accepted == drafted else max(1, accepted + 1)
         self.misses = self.misses + 1 if accepted == 0 else 0
-        self.pause = min(2**self.misses, 64) - 1 if self.misses else 0
+        self.pause = min(self.BACKOFF**self.misses, 64) - 1 if self.misses else 0
 
 
 @dataclass
 class ModelDrafter(Drafter):
     """Drafts with a second, smaller model of the same vocabulary on rank 0 (`DRAFT_MODEL`), greedily,
     with a KV cache of its own per sequence that follows the sequence's history (trimmed back to
-    what the history still shares with it, then fed the rest)."""
+    what the history still shares with it, then fed the rest). Its guesses cost a forward a token and
+    a row, so it starts short and backs off four times faster than prompt lookup."""
+
+    BACKOFF: ClassVar[int] = 4
+    FIRST: ClassVar[int] = 2
 
     model: nn.Module | None = None
     cache: list = field(default_factory=list)
@@ -93,7 +102,15 @@ class ModelDrafter(Drafter):
         kept = min(common_prefix(self.fed, seen), len(seen) - 1)  # the last token is fed again: its logits are needed
         for c in self.cache:
             c.trim(len(self.fed) - kept)
-        x, ids = mx.array([history[kept:]]), []
+        new = history[kept:]
+        if len(new) > 1:
+            # Catching up (after a pause, or the prompt): the cache needs these tokens' keys and values,
+            # not their logits; left lazy, the head never runs over them (the most of a small model's cost).
+            # On CUDA, the fused kernel is compiled per key length: worth it once for a prompt, not
+            # for every catch-up (plain attention's scores grow with the tokens fed times the cache's).
+            with unfused_attention(UNFUSED_SEVERAL and len(new) <= 256):
+                self.model(mx.array([new[:-1]]), cache=self.cache)
+        x, ids = mx.array([new[-1:]]), []
         for _ in range(self.k):  # built lazily, read once
             x = mx.argmax(self.model(x, cache=self.cache)[:, -1, :], axis=-1, keepdims=True)  # (1, 1)
             ids.append(x)

@@ -9,7 +9,7 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_ring.models.compat import trim_rows
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import SequenceSampler
-from mlx_ring.serving.speculative import NGRAMS, Drafter, verify
+from mlx_ring.serving.speculative import NGRAMS, Drafter, ModelDrafter, verify
 
 
 def lookup(history: list[int], k: int) -> list[int]:
@@ -61,6 +61,18 @@ def test_drafter_grows_on_full_accepts_and_pauses_longer_after_each_miss():
             d.update(d.k, 0)
     assert drafting <= 12, drafting  # 3% of steps, falling to 1 in 64
     assert d.draft([1, 2, 3, 4]) == [] or d.pause  # no match: no drafts
+
+
+def test_a_draft_model_starts_short_and_backs_off_four_times_faster():
+    d = ModelDrafter(most=6)  # no model needed: its guesses are replaced by ones always rejected
+    assert d.k == 2
+    d.propose = lambda history: [0] * d.k
+    drafted_at = []
+    for step in range(400):
+        if d.draft([1, 2, 3]):
+            drafted_at.append(step)
+            d.update(d.k, 0)
+    assert drafted_at == [0, 4, 20, 84, 148, 212, 276, 340]  # pauses of 3, 15, then 63 steps
 
 
 @pytest.mark.parametrize("drops", [[1, 3, 2], [2, 2, 2], [0, 4, 1]])

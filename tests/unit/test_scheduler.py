@@ -35,3 +35,36 @@ def test_interleaved_sequences_decode_as_each_alone(tmp_path):
     for s, (prompt, n, _) in zip(seqs, spec):
         assert got[s.id] == reference_logits(model, prompt, n)[1], f"sequence {s.id}"
     assert shard.status_row().open_sequences == 0  # every cache freed
+
+
+
+def test_a_draft_model_rests_in_a_group_of_more_than_four_rows(tmp_path):
+    from mlx_lm.utils import load_model
+
+    from mlx_ring.ring.protocol import Kind
+    from mlx_ring.serving.scheduler import MODEL_DRAFT_ROWS
+
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    drafter = load_model(model)[0]  # the model drafting for itself: every greedy draft is right
+    pipe = Pipeline(shard, Ring(mx.distributed.init()))
+    sched = Scheduler(pipe, shard, chunk=8, draft_tokens=3, draft_model=drafter)
+    decodes, submit = [], pipe.submit
+    pipe.submit = lambda header, payload, *a: (header.kind == Kind.DECODE and decodes.append(payload.shape[:2]),
+                                               submit(header, payload, *a))
+    prompts = [[5, 17, 42], [9, 8, 7], [250, 3], [100, 101, 102], [7, 7, 7], [1, 2]]
+    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
+    wanted = {s.id: 4 + 3 * s.id for s in seqs}  # rows leave one by one: the group shrinks past 4
+    got = {s.id: [] for s in seqs}
+    for s in seqs:
+        sched.add(s)
+    while not sched.idle():
+        for s, token in sched.step():
+            got[s.id].append(token.id)
+            if len(got[s.id]) == wanted[s.id]:
+                sched.remove(s)
+    assert all(width == 1 for rows, width in decodes if rows > MODEL_DRAFT_ROWS), decodes
+    assert any(width > 1 for rows, width in decodes if rows == MODEL_DRAFT_ROWS), decodes
+    assert any(rows > MODEL_DRAFT_ROWS for rows, _ in decodes), decodes
+    for s in seqs:
+        assert got[s.id][: wanted[s.id]] == reference_logits(model, s.prompt, wanted[s.id])[1], s.id
