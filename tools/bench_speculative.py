@@ -5,6 +5,9 @@ the ring's answer with drafts must be the same text as without them (checked, re
 
     .venv/bin/python tools/bench_speculative.py --ranks 2 --draft-tokens 6 --out docs/bench/cpu-2core/issue14
 
+`--draft-model DIR` adds drafting with a smaller model of the same tokenizer, on the ring (DRAFT_MODEL)
+and on mlx_lm.server (its --draft-model); `tools/early_exit_model.py` makes one offline.
+
 Writes `speculative.json` and `speculative.md` to `--out`.
 """
 
@@ -84,6 +87,9 @@ def main():
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--draft-tokens", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--draft-model", type=Path, default=None,
+                   help="also time drafting with this model (same tokenizer): the ring's DRAFT_MODEL and "
+                        "mlx_lm.server's --draft-model, both with --draft-tokens")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     a = p.parse_args()
@@ -100,23 +106,36 @@ def main():
     ns.server_args = ["--draft-tokens", str(a.draft_tokens)]
     spec = targets(ns, model_dir)[0]
     spec.name = f"ring-{a.ranks} lookup k<={a.draft_tokens}"
+    extra = []
+    if a.draft_model:
+        ns.server_args += ["--draft-model", str(a.draft_model)]
+        extra.append(targets(ns, model_dir)[0])
+        extra[-1].name = f"ring-{a.ranks} draft model k<={a.draft_tokens}"
     ns.ranks, ns.peers = [], ["mlx_lm"]
+    peers = targets(ns, model_dir)
+    if a.draft_model:
+        drafted = targets(ns, model_dir)[0]
+        drafted.cmd += ["--draft-model", str(a.draft_model), "--num-draft-tokens", str(a.draft_tokens)]
+        drafted.name = f"mlx_lm draft model k={a.draft_tokens}"
+        peers.append(drafted)
     results = {}
-    for t in (plain, spec, *targets(ns, model_dir)):
+    for t in (plain, spec, *extra, *peers):
         with t:
             results[t.name] = run(t, "default" if t.ours else str(model_dir), a.max_tokens)
-    same = {task: results[spec.name][task]["text"] == results[plain.name][task]["text"] for task in TASKS}
+    ours = [t.name for t in (spec, *extra)]
+    same = {task: all(results[n][task]["text"] == results[plain.name][task]["text"] for n in ours) for task in TASKS}
     meta = {"model": model_dir.name, "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores" if not a.gpu else "GPU",
             "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "same_text_with_drafts": same}
     (a.out / "speculative.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    rows = ["| task | " + " | ".join(f"{n} tok/s" for n in results) + " | drafts / plain | acceptance | same text |",
-            "|---|" + "---|" * (len(results) + 3)]
+    rows = ["| task | " + " | ".join(f"{n} tok/s" for n in results) + "".join(f" | {n} / plain | {n} acceptance" for n in ours)
+            + " | same text |", "|---|" + "---|" * (len(results) + 2 * len(ours) + 1)]
     for task in TASKS:
-        tps = [results[n][task]["decode_tps"] for n in results]
-        s = results[spec.name][task]
-        acc = f"{s['accepted']}/{s['drafted']}" if s["drafted"] else "no drafts"
-        rows.append(f"| {task} | " + " | ".join(f"{x:.1f}" for x in tps)
-                    + f" | {tps[1] / tps[0]:.2f}x | {acc} | {'yes' if same[task] else 'NO'} |")
+        tps = {n: results[n][task]["decode_tps"] for n in results}
+        cells = [f"{x:.1f}" for x in tps.values()]
+        for n in ours:
+            r = results[n][task]
+            cells += [f"{tps[n] / tps[plain.name]:.2f}x", f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "no drafts"]
+        rows.append(f"| {task} | " + " | ".join(cells) + f" | {'yes' if same[task] else 'NO'} |")
     text = (f"Model {meta['model']}, {meta['machine']}, {meta['date']}; `{' '.join(['tools/bench_speculative.py', *meta['argv']])}`; "
             f"greedy, {a.max_tokens} tokens at most, one stream at a time\n\n" + "\n".join(rows) + "\n")
     (a.out / "speculative.md").write_text(text)

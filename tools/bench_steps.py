@@ -3,6 +3,10 @@ takes N concurrent greedy sequences to produce their tokens. Run it under mlx.la
 
     mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
     (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile)
+
+With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is timed in --rounds
+alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
+the run-to-run drift of separate servers.
 """
 
 import argparse
@@ -16,6 +20,8 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 
 one_gpu_per_rank()  # before MLX starts
 
+from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
+
 from mlx_ring.planning.plan import uniform_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
@@ -26,7 +32,7 @@ from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
-def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
+def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list[int] | None = None) -> str:
     """n sequences arriving together; returns one line of counts and times."""
     kinds: dict[str, int] = {}
     pipe = sched.pipe
@@ -37,7 +43,7 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
         submit(header, payload, tag, chained)
 
     pipe.submit = counted
-    seqs = [Sequence(i, [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
+    seqs = [Sequence(i, prompt or [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
             for i in range(n)]
     count = dict.fromkeys(range(n), 0)
     t0, first = time.perf_counter(), None
@@ -51,7 +57,22 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int) -> str:
                 sched.remove(s)
     pipe.submit = submit
     dt = time.perf_counter() - t0
-    return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.0f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
+    return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
+
+
+def draft_ab(sched: Scheduler, n: int, a) -> None:
+    """Plain and drafting runs in turn; each line's tokens/s, then the drafting/plain ratio of the sums."""
+    k, totals = sched.draft_tokens, {0: 0.0, 1: 0.0}
+    for r in range(a.rounds):
+        for drafting in (0, 1):
+            sched.draft_tokens = k if drafting else 0
+            before = (sched.drafted, sched.accepted)
+            line = run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)
+            totals[drafting] += float(line.split(" s, ")[0].split(": ")[1])
+            kept = f", drafts kept {sched.accepted - before[1]}/{sched.drafted - before[0]}" if drafting else ""
+            print(f"round {r} {'drafting' if drafting else 'plain'}: {line}{kept}", flush=True)
+    sched.draft_tokens = k
+    print(f"{n} streams, {a.rounds} rounds: drafting took {totals[1] / totals[0]:.3f}x the time of plain decoding", flush=True)
 
 
 def join_ring(model: Path) -> Pipeline | None:
@@ -73,17 +94,27 @@ def main():
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--draft-tokens", type=int, default=0, help="A/B drafting (up to K tokens) against plain decoding")
+    p.add_argument("--draft-model", type=Path, default=None, help="draft with this model (else prompt lookup)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt", default=None, help="a user message for every stream (else token ids that mean nothing)")
     a = p.parse_args()
+    a.prompt_ids = (load_tokenizer(a.model).apply_chat_template([{"role": "user", "content": a.prompt}], add_generation_prompt=True)
+                    if a.prompt else None)
     pipe = join_ring(a.model)
     if pipe is None:
         return
     shard = pipe.stage
-    sched = Scheduler(pipe, shard, chunk=a.chunk)
+    drafter = load_model(a.draft_model)[0] if a.draft_model else None
+    sched = Scheduler(pipe, shard, chunk=a.chunk, draft_tokens=a.draft_tokens, draft_model=drafter)
     streams = [int(x) for x in a.streams.split(",")]
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_len)
     for n in streams:
-        print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len), flush=True)
+        if a.draft_tokens:
+            draft_ab(sched, n, a)
+        else:
+            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)
