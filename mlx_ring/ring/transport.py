@@ -77,7 +77,11 @@ def _hold_own_ports() -> list[socket.socket]:
                 s.bind((ip.strip("[]"), int(port)))
                 break
             except OSError as e:
-                if e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                if e.errno != errno.EADDRINUSE:
+                    s.close()
+                    raise ValueError(f"this host cannot listen on its ring address {ip}:{port} ({e.strerror}); "
+                                     "put one of its own addresses in its hosts.json entry") from None
+                if time.monotonic() > deadline:
                     s.close()
                     raise ValueError(f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
                                      f"(`ss -tanp | grep {port}` shows it) or choose another RING_PORT") from None

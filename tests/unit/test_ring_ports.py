@@ -81,3 +81,12 @@ def test_a_port_another_program_holds_is_refused_naming_it(tmp_path, monkeypatch
     assert [s.getsockname()[1] for s in held] == [port]
     for s in held:
         s.close()
+
+
+def test_an_address_not_on_this_host_is_refused_naming_it(tmp_path, monkeypatch):
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([["192.0.2.1:23000"]]))  # TEST-NET-1: no machine's own address
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    monkeypatch.setenv("MLX_RANK", "0")
+    with pytest.raises(ValueError, match="cannot listen on its ring address 192.0.2.1:23000"):
+        transport._hold_own_ports()
