@@ -32,8 +32,8 @@ from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
-def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list[int] | None = None) -> str:
-    """n sequences arriving together; returns one line of counts and times."""
+def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list[int] | None = None) -> tuple[float, str]:
+    """n sequences arriving together; returns the seconds they took and one line of counts and times."""
     kinds: dict[str, int] = {}
     pipe = sched.pipe
     submit = pipe.submit
@@ -57,7 +57,7 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list
                 sched.remove(s)
     pipe.submit = submit
     dt = time.perf_counter() - t0
-    return f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
+    return dt, f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
@@ -67,8 +67,8 @@ def draft_ab(sched: Scheduler, n: int, a) -> None:
         for drafting in (0, 1):
             sched.draft_tokens = k if drafting else 0
             before = (sched.drafted, sched.accepted)
-            line = run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)
-            totals[drafting] += float(line.split(" s, ")[0].split(": ")[1])
+            seconds, line = run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)
+            totals[drafting] += seconds
             kept = f", drafts kept {sched.accepted - before[1]}/{sched.drafted - before[0]}" if drafting else ""
             print(f"round {r} {'drafting' if drafting else 'plain'}: {line}{kept}", flush=True)
     sched.draft_tokens = k
@@ -114,7 +114,7 @@ def main():
         if a.draft_tokens:
             draft_ab(sched, n, a)
         else:
-            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids), flush=True)
+            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)[1], flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)

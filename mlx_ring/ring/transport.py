@@ -63,18 +63,15 @@ def _hold_own_ports() -> list[socket.socket]:
     hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
     if not hostfile or rank is None:
         return []
-    with open(hostfile) as f:
-        addresses = json.load(f)[int(rank)]
     held = []
-    for address in addresses:
-        ip, port = address.rsplit(":", 1)
+    for ip, port in _ring_addresses(int(rank)):
         s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         deadline = time.monotonic() + PORT_WAIT_S
         while True:
             try:
-                s.bind((ip.strip("[]"), int(port)))
+                s.bind((ip.strip("[]"), port))
                 break
             except OSError as e:
                 if e.errno != errno.EADDRINUSE:
@@ -106,10 +103,14 @@ def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _ring_ports(rank: int) -> set[int]:
+def _ring_addresses(rank: int) -> list[tuple[str, int]]:
     # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
     with open(os.environ["MLX_HOSTFILE"]) as f:
-        return {int(address.rsplit(":", 1)[1]) for address in json.load(f)[rank]}
+        return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in json.load(f)[rank])]
+
+
+def _ring_ports(rank: int) -> set[int]:
+    return {port for _, port in _ring_addresses(rank)}
 
 
 EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a hostfile's overrides

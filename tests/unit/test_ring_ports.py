@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from ringutil import ROOT
 
 from mlx_ring.ring import transport
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # In a network namespace of its own, the last rank of a ring of two as MLX's ring backend starts
 # it: it connects to rank 0 first, then listens on its own port. The namespace hands out a single
@@ -50,7 +49,7 @@ except OSError as e:
 
 def last_rank(mode: str) -> str:
     p = subprocess.run(["unshare", "--net", sys.executable, "-c", LAST_RANK, mode], capture_output=True, text=True,
-                       cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert p.returncode == 0, p.stderr
     return p.stdout
 

@@ -37,7 +37,6 @@ def test_interleaved_sequences_decode_as_each_alone(tmp_path):
     assert shard.status_row().open_sequences == 0  # every cache freed
 
 
-
 def test_a_draft_model_rests_in_a_group_of_more_than_four_rows(tmp_path):
     from mlx_lm.utils import load_model
 
