@@ -20,7 +20,7 @@ from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.rows import Group, Prefill, Sequence
 from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
-from mlx_ring.serving.speculative import Drafter, ModelDrafter, verify_rows
+from mlx_ring.serving.speculative import Drafter, ModelDrafter, Streak, verify_rows
 
 SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
 
@@ -67,6 +67,7 @@ class Scheduler:
         self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
         self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
+        self.streak = Streak()  # the draft model's cycles in a row that kept nothing, over all streams
         self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.groups = [Group(g) for g in range(groups)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
@@ -79,7 +80,7 @@ class Scheduler:
     # -- what the caller does -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         if self.draft_tokens and seq.params.speculable():
-            seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model) if self.draft_model else Drafter(self.draft_tokens)
+            seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak) if self.draft_model else Drafter(self.draft_tokens)
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -257,8 +258,12 @@ class Scheduler:
         # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
         # A row that would draft next needs this step's tokens read first.
         return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
-                and not (self._drafting(rows) and any(s.drafter and not s.drafter.pause for s in rows))
+                and not (self._drafting(rows) and any(self._may_draft_next(s) for s in rows))
                 and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
+
+    @staticmethod
+    def _may_draft_next(s: Sequence) -> bool:
+        return s.drafter is not None and not s.drafter.pause and s.drafter.may_propose_next(s.sampler.history)
 
     def _drafting(self, rows: list[Sequence]) -> bool:
         return self.draft_model is None or len(rows) <= MODEL_DRAFT_ROWS

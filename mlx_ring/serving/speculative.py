@@ -32,6 +32,7 @@ class Drafter:
     runs as plain decoding, at a cost of one step in many)."""
 
     BACKOFF: ClassVar[int] = 2  # the pause after n drafts in a row all rejected: BACKOFF**n - 1 steps
+    LONGEST: ClassVar[int] = 64  # pauses stop growing at LONGEST - 1 steps
     FIRST: ClassVar[int] = 16  # the most tokens a sequence's first draft may have (then `most`)
 
     most: int
@@ -42,6 +43,8 @@ class Drafter:
     # occurrence start (a scan of a long prompt each step would cost rank 0 a millisecond a row).
     after: dict[tuple[int, ...], int] = field(default_factory=dict)
     indexed: int = 1  # n-grams ending before this position are in `after`
+    earlier: set[int] = field(default_factory=set)  # the tokens of the history up to `counted`
+    counted: int = 0
 
     def __post_init__(self):
         self.k = min(self.most, self.FIRST)
@@ -54,6 +57,14 @@ class Drafter:
         if not drafts:
             self.pause = 1  # the next step may then go out before this one's token is read
         return drafts
+
+    def may_propose_next(self, history: list[int]) -> bool:
+        """Whether a lookup one token from now can find anything, before that token is read: only
+        if the history's last token occurred before it (every n-gram to match would start there).
+        When it cannot, the next step goes out before this one's token is read, as without drafts."""
+        self.earlier.update(history[self.counted : len(history) - 1])
+        self.counted = max(self.counted, len(history) - 1)
+        return history[-1] in self.earlier
 
     def propose(self, history: list[int]) -> list[int]:
         """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
@@ -78,7 +89,17 @@ class Drafter:
             return
         self.k = min(self.most, self.k + 2) if accepted == drafted else max(1, accepted + 1)
         self.misses = self.misses + 1 if accepted == 0 else 0
-        self.pause = min(self.BACKOFF**self.misses, 64) - 1 if self.misses else 0
+        self.pause = self.pause_after(self.misses)
+
+    def pause_after(self, misses: int) -> int:
+        return min(self.BACKOFF**misses, self.LONGEST) - 1 if misses else 0
+
+
+@dataclass
+class Streak:
+    """Draft cycles in a row, over every stream a draft model drafts for, that kept nothing."""
+
+    misses: int = 0
 
 
 @dataclass
@@ -86,14 +107,33 @@ class ModelDrafter(Drafter):
     """Drafts with a second, smaller model of the same vocabulary on rank 0 (`DRAFT_MODEL`), greedily,
     with a KV cache of its own per sequence that follows the sequence's history (trimmed back to
     what the history still shares with it, then fed the rest). Its guesses cost a forward a token and
-    a row, so it starts short and backs off four times faster than prompt lookup."""
+    a row (and a catch-up after each pause: on CUDA a draft cycle costs several steps), so it starts
+    short, backs off four times faster than prompt lookup and up to four times longer. How often a
+    draft model agrees is a property of the pair of models more than of one text: a new stream
+    starts from the misses in a row of the streams before it (`streak`), so a draft model that is
+    never right costs a new stream one try in 256 steps, not four tries in its first 85."""
 
     BACKOFF: ClassVar[int] = 4
+    LONGEST: ClassVar[int] = 256
     FIRST: ClassVar[int] = 2
 
     model: nn.Module | None = None
+    streak: Streak = field(default_factory=Streak)
     cache: list = field(default_factory=list)
     fed: tuple[int, ...] = ()  # the tokens in `cache`
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.misses = self.streak.misses
+        self.pause = self.pause_after(self.misses)
+
+    def may_propose_next(self, history: list[int]) -> bool:
+        return True  # a model always has a guess
+
+    def update(self, drafted: int, accepted: int) -> None:
+        super().update(drafted, accepted)
+        if drafted:
+            self.streak.misses = self.streak.misses + 1 if accepted == 0 else 0
 
     def propose(self, history: list[int]) -> list[int]:
         if not self.cache:

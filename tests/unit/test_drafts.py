@@ -9,7 +9,7 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_ring.models.compat import trim_rows
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import SequenceSampler
-from mlx_ring.serving.speculative import NGRAMS, Drafter, ModelDrafter, verify
+from mlx_ring.serving.speculative import NGRAMS, Drafter, ModelDrafter, Streak, verify
 
 
 def lookup(history: list[int], k: int) -> list[int]:
@@ -63,6 +63,16 @@ def test_drafter_grows_on_full_accepts_and_pauses_longer_after_each_miss():
     assert d.draft([1, 2, 3, 4]) == [] or d.pause  # no match: no drafts
 
 
+def test_lookup_says_before_a_token_is_read_whether_it_could_draft_after_it():
+    rng = np.random.default_rng(1)
+    history, d = [], Drafter(most=4)
+    for _ in range(300):
+        history += rng.integers(0, 40, size=int(rng.integers(1, 3))).tolist()
+        if not d.may_propose_next(history):  # then no next token gives a lookup anything
+            assert all(lookup(history + [x], 4) == [] for x in range(40)), history
+    assert not Drafter(most=4).may_propose_next([1, 2, 3]) and Drafter(most=4).may_propose_next([1, 2, 1])
+
+
 def test_a_draft_model_starts_short_and_backs_off_four_times_faster():
     d = ModelDrafter(most=6)  # no model needed: its guesses are replaced by ones always rejected
     assert d.k == 2
@@ -72,7 +82,27 @@ def test_a_draft_model_starts_short_and_backs_off_four_times_faster():
         if d.draft([1, 2, 3]):
             drafted_at.append(step)
             d.update(d.k, 0)
-    assert drafted_at == [0, 4, 20, 84, 148, 212, 276, 340]  # pauses of 3, 15, then 63 steps
+    assert drafted_at == [0, 4, 20, 84, 340]  # pauses of 3, 15, 63, then 255 steps
+
+
+def test_a_new_stream_starts_from_the_draft_models_misses_in_a_row():
+    streak = Streak()
+
+    def stream(kept_from=10**9, steps=300):  # a stream whose drafts are all kept from step kept_from on
+        d, drafted_at = ModelDrafter(most=6, streak=streak), []
+        d.propose = lambda history: [0] * d.k
+        for step in range(steps):
+            if d.draft([1, 2, 3]):
+                drafted_at.append(step)
+                d.update(d.k, d.k if step >= kept_from else 0)
+        return drafted_at
+
+    assert stream() == [0, 4, 20, 84]
+    assert streak.misses == 4
+    assert stream() == [255]  # after a draft model never right, a new stream tries once in its first 256 steps
+    assert stream(kept_from=255) == list(range(255, 300))  # kept: it drafts every step
+    assert streak.misses == 0
+    assert stream(steps=30) == [0, 4, 20]  # so the next stream starts drafting at once
 
 
 @pytest.mark.parametrize("drops", [[1, 3, 2], [2, 2, 2], [0, 4, 1]])

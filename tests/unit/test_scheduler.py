@@ -52,8 +52,42 @@ def test_a_draft_model_rests_in_a_group_of_more_than_four_rows(tmp_path):
     pipe.submit = lambda header, payload, *a: (header.kind == Kind.DECODE and decodes.append(payload.shape[:2]),
                                                submit(header, payload, *a))
     prompts = [[5, 17, 42], [9, 8, 7], [250, 3], [100, 101, 102], [7, 7, 7], [1, 2]]
+    wanted = [4 + 3 * i for i in range(len(prompts))]  # rows leave one by one: the group shrinks past 4
+    got = decode_all(sched, prompts, wanted)
+    assert all(width == 1 for rows, width in decodes if rows > MODEL_DRAFT_ROWS), decodes
+    assert any(width > 1 for rows, width in decodes if rows == MODEL_DRAFT_ROWS), decodes
+    assert any(rows > MODEL_DRAFT_ROWS for rows, _ in decodes), decodes
+    for i, p in enumerate(prompts):
+        assert got[i][: wanted[i]] == reference_logits(model, p, wanted[i])[1], i
+
+
+def test_a_step_goes_out_ahead_when_no_row_could_draft_after_it(tmp_path, monkeypatch):
+    """Prompt lookup needs a step's tokens read before it drafts the next; where the last token never
+    occurred before, no lookup can match, so the next step goes out before they are read (as
+    without drafts). The same tokens either way, with more steps out ahead."""
+    from mlx_ring.serving.speculative import Drafter
+
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    prompts = [[5, 17, 42], [9, 8, 7], [100, 101, 102]]
+
+    def run():
+        pipe = Pipeline(shard, Ring(mx.distributed.init()))
+        sched, ahead, submit = Scheduler(pipe, shard, chunk=8, draft_tokens=3), [], pipe.submit
+        pipe.submit = lambda header, payload, tag=None, chained=False: (ahead.append(chained), submit(header, payload, tag, chained))
+        return decode_all(sched, prompts, [12] * len(prompts)), sum(ahead)
+
+    got, ahead = run()
+    monkeypatch.setattr(Drafter, "may_propose_next", lambda self, history: True)  # as if any row could draft
+    got_always, ahead_always = run()
+    assert got == got_always and ahead > ahead_always, (ahead, ahead_always)
+    for s, p in enumerate(prompts):
+        assert got[s][:12] == reference_logits(model, p, 12)[1]
+
+
+def decode_all(sched: Scheduler, prompts: list[list[int]], wanted: list[int]) -> dict[int, list[int]]:
+    """Greedy tokens of each prompt (by index), each sequence leaving once it has its `wanted`."""
     seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
-    wanted = {s.id: 4 + 3 * s.id for s in seqs}  # rows leave one by one: the group shrinks past 4
     got = {s.id: [] for s in seqs}
     for s in seqs:
         sched.add(s)
@@ -62,8 +96,4 @@ def test_a_draft_model_rests_in_a_group_of_more_than_four_rows(tmp_path):
             got[s.id].append(token.id)
             if len(got[s.id]) == wanted[s.id]:
                 sched.remove(s)
-    assert all(width == 1 for rows, width in decodes if rows > MODEL_DRAFT_ROWS), decodes
-    assert any(width > 1 for rows, width in decodes if rows == MODEL_DRAFT_ROWS), decodes
-    assert any(rows > MODEL_DRAFT_ROWS for rows, _ in decodes), decodes
-    for s in seqs:
-        assert got[s.id][: wanted[s.id]] == reference_logits(model, s.prompt, wanted[s.id])[1], s.id
+    return got
