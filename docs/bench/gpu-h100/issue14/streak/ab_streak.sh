@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The drafting A/B (a never-right draft model) on 1 rank: this tree, then commit 27c51c1's speculative.py and scheduler.py
-# (put in .gpuwheels/old/mlx_ring/serving/ by `git show 27c51c1:FILE`). On the GPU machine, after staging MLX's CUDA build.
+# (put in .gpuwheels/old/mlx_ring/serving/ by `git show 27c51c1:FILE`; .gpuwheels/tok holds the default model's
+# tokenizer files). On the GPU machine, after staging MLX's CUDA build.
 set -uo pipefail
 L=$(dirname $(which python3))/mlx.launch
 [ -d /tmp/llama8b ] || PYTHONPATH=$PWD python3 tools/random_model.py llama3-8b /tmp/llama8b --dtype bfloat16 --tokenizer-from .gpuwheels/tok >/dev/null
