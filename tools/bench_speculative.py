@@ -68,7 +68,7 @@ def drafts(t: Target) -> tuple[int, int]:
 
 def run(t: Target, model: str, max_tokens: int) -> dict:
     client = OpenAI(base_url=t.url + "/v1", api_key="bench", timeout=3600, max_retries=0)
-    stream(client, model, "Say hello.", 8)  # warm-up: first-call compilation is not decoding
+    stream(client, model, "Say hello.", 48)  # warm-up: first-call compilation (verify widths too) is not decoding
     out = {}
     for name, prompt in TASKS.items():
         before = drafts(t) if t.ours else None

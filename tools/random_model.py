@@ -1,6 +1,6 @@
 """Random-weight MLX model folders of real shapes, for speed runs where weights don't matter.
 
-    python random_model.py llama3-8b /tmp/llama3-8b [--dtype bfloat16]
+    python random_model.py llama3-8b /tmp/llama3-8b [--dtype bfloat16] [--quiet-after 4 --quiet-scale 0.01]
 
 The tokenizer (and so the vocabulary, 49152 tokens) is the default model's, so both this server
 and mlx_lm.server can chat with the folder. Layers are written one file at a time, so making an
@@ -28,9 +28,13 @@ SHAPES = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = "bfloat16", **overrides) -> Path:
+def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = "bfloat16", quiet_after: int | None = None,
+                      quiet_scale: float = 1.0, **overrides) -> Path:
     """Write a random `shape` model to `out` with the tokenizer of `tokenizer_from`; `overrides`
-    change config keys (fewer layers, say)."""
+    change config keys (fewer layers, say). Layers from `quiet_after` on have their output
+    projections scaled by `quiet_scale`: they barely change the residual stream, so the model's
+    first `quiet_after` layers (`early_exit_model.py`) agree with it often, a pair of models for
+    timing a draft model where no real pair is offline (the smaller the scale, the more they agree)."""
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = dict(SHAPES[shape], vocab_size=vocab, torch_dtype=dtype, **overrides)
     model_cls, args_cls = model_classes(config)
@@ -44,6 +48,8 @@ def make_random_model(shape: str, out: Path, tokenizer_from: Path, dtype: str = 
         for k, v in tree_flatten(one.parameters()):
             # Matrices random, norm weights one: activations keep a sane scale through every layer.
             value = (0.02 * mx.random.normal(v.shape)).astype(dt) if v.ndim > 1 else mx.ones(v.shape, dt)
+            if quiet_after is not None and i >= quiet_after and k.endswith(("o_proj.weight", "down_proj.weight")):
+                value = (value * quiet_scale).astype(dt)
             if i < n_layers and k.startswith("model.layers.0."):
                 part[k.replace("layers.0.", f"layers.{i}.")] = value
             elif i == n_layers and not k.startswith("model.layers."):
@@ -66,13 +72,17 @@ def main():
     p.add_argument("out", type=Path)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--tokenizer-from", type=Path, default=None, help="an MLX model folder (default: the default model)")
+    p.add_argument("--quiet-after", type=int, default=None, help="scale the output projections of layers from this one on")
+    p.add_argument("--quiet-scale", type=float, default=0.01, help="... by this (with --quiet-after)")
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
     a = p.parse_args()
     if a.tokenizer_from is None:
         from mlx_ring.config import CACHE_DIR
         from mlx_ring.models.source import resolve_model
 
         a.tokenizer_from = resolve_model(None, CACHE_DIR, "auto")
-    print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype))
+    layers = {"num_hidden_layers": a.layers} if a.layers else {}
+    print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype, a.quiet_after, a.quiet_scale, **layers))
 
 
 if __name__ == "__main__":
