@@ -81,6 +81,23 @@ def run(t: Target, model: str, max_tokens: int) -> dict:
     return out
 
 
+def table(results: dict, plain: str, ours: list[str], same: dict) -> list[str]:
+    """Markdown rows: tokens/s of every target per task; for each drafting target, its speed over
+    plain decoding's, its drafts kept, and whether its text is plain decoding's (greedy: it should be)."""
+    rows = ["| task | " + " | ".join(f"{n} tok/s" for n in results)
+            + "".join(f" | {n} / plain | {n} acceptance | {n} same text" for n in ours) + " |",
+            "|---|" + "---|" * (len(results) + 3 * len(ours))]
+    for task in TASKS:
+        tps = {n: results[n][task]["decode_tps"] for n in results}
+        cells = [f"{x:.1f}" for x in tps.values()]
+        for n in ours:
+            r = results[n][task]
+            cells += [f"{tps[n] / tps[plain]:.2f}x", f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "no drafts",
+                      "yes" if same[task][n] else "NO"]
+        rows.append(f"| {task} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="MLX model folder (default: the default model, prepared)")
@@ -123,19 +140,11 @@ def main():
         with t:
             results[t.name] = run(t, "default" if t.ours else str(model_dir), a.max_tokens)
     ours = [t.name for t in (spec, *extra)]
-    same = {task: all(results[n][task]["text"] == results[plain.name][task]["text"] for n in ours) for task in TASKS}
+    same = {task: {n: results[n][task]["text"] == results[plain.name][task]["text"] for n in ours} for task in TASKS}
     meta = {"model": model_dir.name, "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores" if not a.gpu else "GPU",
             "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "same_text_with_drafts": same}
     (a.out / "speculative.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    rows = ["| task | " + " | ".join(f"{n} tok/s" for n in results) + "".join(f" | {n} / plain | {n} acceptance" for n in ours)
-            + " | same text |", "|---|" + "---|" * (len(results) + 2 * len(ours) + 1)]
-    for task in TASKS:
-        tps = {n: results[n][task]["decode_tps"] for n in results}
-        cells = [f"{x:.1f}" for x in tps.values()]
-        for n in ours:
-            r = results[n][task]
-            cells += [f"{tps[n] / tps[plain.name]:.2f}x", f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "no drafts"]
-        rows.append(f"| {task} | " + " | ".join(cells) + f" | {'yes' if same[task] else 'NO'} |")
+    rows = table(results, plain.name, ours, same)
     text = (f"Model {meta['model']}, {meta['machine']}, {meta['date']}; `{' '.join(['tools/bench_speculative.py', *meta['argv']])}`; "
             f"greedy, {a.max_tokens} tokens at most, one stream at a time\n\n" + "\n".join(rows) + "\n")
     (a.out / "speculative.md").write_text(text)
