@@ -117,13 +117,12 @@ class Shard:
             caches = self.cut.new_caches()
             if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
                 caches = merge_caches([caches] + [self.cut.new_caches() for _ in range(B - 1)])
-            for c in caches:
-                c.step = L  # sized to the chunk: no spare room (a long prompt grows a chunk at a time)
             self.prefills[header.batch] = caches
         caches = self.prefills.get(header.batch)
         assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.batch}"
-        assert B == 1 or header.offset == 0, "a batch of several prompts is prefilled in one chunk"
-        seen = positions(caches) if B == 1 else 0
+        for c in caches:
+            c.step = L  # grows by the chunk: no spare room, which a batch's padding would roll in at its join
+        seen = positions(caches) if B == 1 else header.offset  # a batch's (one per row) would need a sync
         assert seen in (None, header.offset), (
             f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}"
         )
@@ -188,9 +187,10 @@ class Shard:
         self.prefills.pop(header.batch, None)
         mx.clear_cache()
 
-    def _load(self, header: Header, payload: None) -> None:
-        saved = self.saved[header.entry]
-        self.prefills[header.batch] = [cache_from_saved(s, header.offset) for s in saved]
+    def _load(self, header: Header, entries: mx.array) -> mx.array:
+        rows = [[cache_from_saved(s, header.offset) for s in self.saved[e]] for e in entries.tolist()]
+        self.prefills[header.batch] = rows[0] if len(rows) == 1 else merge_caches(rows)
+        return entries  # the next rank loads the same
 
     def _save(self, header: Header, payload: mx.array) -> mx.array:
         return self._keep(header, payload, self.prefills[header.batch], saved_rows)
@@ -198,13 +198,16 @@ class Shard:
     def _save_row(self, header: Header, payload: mx.array) -> mx.array:
         return self._keep(header, payload, self.groups[header.group], saved_from_batch)
 
-    def _keep(self, header: Header, payload: mx.array, caches: list, take) -> mx.array:
-        row, *drop = payload.tolist()
-        for entry in drop:  # rank 0 evicts first, so the budget holds at every moment
-            del self.saved[entry]
-        self.saved[header.entry] = [take(c, row, header.offset) for c in caches]
-        mx.eval(self.saved[header.entry])  # copied now: the source cache may change or go next step
-        return payload  # the next rank keeps the same
+    def _keep(self, header: Header, lines: mx.array, caches: list, take) -> mx.array:
+        kept = []
+        for row, entry, n in lines.tolist():
+            if row < 0:  # rank 0 evicts first, so the budget holds at every moment
+                del self.saved[entry]
+            else:
+                self.saved[entry] = [take(c, row, n) for c in caches]
+                kept.append(self.saved[entry])
+        mx.eval(kept)  # copied now: the source cache may change or go next step
+        return lines  # the next rank keeps the same
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
         return mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])

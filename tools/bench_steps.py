@@ -11,10 +11,12 @@ the run-to-run drift of separate servers.
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 
@@ -28,11 +30,12 @@ from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
+from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
-def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list[int] | None = None) -> tuple[float, str]:
+def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[int]]) -> tuple[float, str]:
     """n sequences arriving together; returns the seconds they took and one line of counts and times."""
     kinds: dict[str, int] = {}
     pipe = sched.pipe
@@ -43,8 +46,7 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt_len: int, prompt: list
         submit(header, payload, tag, chained)
 
     pipe.submit = counted
-    seqs = [Sequence(i, prompt or [(7 * i + j) % 30000 + 100 for j in range(prompt_len)], SamplingParams(temperature=0.0))
-            for i in range(n)]
+    seqs = [Sequence(i, prompt(i), SamplingParams(temperature=0.0)) for i in range(n)]
     count = dict.fromkeys(range(n), 0)
     t0, first = time.perf_counter(), None
     for s in seqs:
@@ -67,12 +69,22 @@ def draft_ab(sched: Scheduler, n: int, a) -> None:
         for drafting in (0, 1):
             sched.draft_tokens = k if drafting else 0
             before = (sched.drafted, sched.accepted)
-            seconds, line = run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)
+            seconds, line = run(sched, n, a.max_tokens, a.prompt_of)
             totals[drafting] += seconds
             kept = f", drafts kept {sched.accepted - before[1]}/{sched.drafted - before[0]}" if drafting else ""
             print(f"round {r} {'drafting' if drafting else 'plain'}: {line}{kept}", flush=True)
     sched.draft_tokens = k
     print(f"{n} streams, {a.rounds} rounds: drafting took {totals[1] / totals[0]:.3f}x the time of plain decoding", flush=True)
+
+
+def prompts(a) -> Callable[[int], list[int]]:
+    """Stream i's prompt ids: `--prompt` in the chat template, its "{n}" a number new to each request
+    (as bench.py numbers its requests: they share the template's start, not a whole prompt), else
+    `--prompt-len` ids that mean nothing."""
+    if not a.prompt:
+        return lambda i: [(7 * i + j) % 30000 + 100 for j in range(a.prompt_len)]
+    template, numbers = load_tokenizer(a.model).apply_chat_template, itertools.count()
+    return lambda i: template([{"role": "user", "content": a.prompt.replace("{n}", str(next(numbers)))}], add_generation_prompt=True)
 
 
 def join_ring(model: Path) -> Pipeline | None:
@@ -97,27 +109,29 @@ def main():
     p.add_argument("--draft-tokens", type=int, default=0, help="A/B drafting (up to K tokens) against plain decoding")
     p.add_argument("--draft-model", type=Path, default=None, help="draft with this model (else prompt lookup)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompt", default=None, help="a user message for every stream (else token ids that mean nothing)")
+    p.add_argument("--prompt", default=None, help="a user message for every stream (else token ids that mean nothing); "
+                   "{n} in it becomes a number new to each request")
+    p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
-    a.prompt_ids = (load_tokenizer(a.model).apply_chat_template([{"role": "user", "content": a.prompt}], add_generation_prompt=True)
-                    if a.prompt else None)
+    a.prompt_of = prompts(a)
     pipe = join_ring(a.model)
     if pipe is None:
         return
     shard = pipe.stage
     drafter = load_model(a.draft_model)[0] if a.draft_model else None
-    sched = Scheduler(pipe, shard, chunk=a.chunk, draft_tokens=a.draft_tokens, draft_model=drafter)
+    prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
+    sched = Scheduler(pipe, shard, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter)
     streams = [int(x) for x in a.streams.split(",")]
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
-        run(sched, n, 4, a.prompt_len)
+        run(sched, n, 4, a.prompt_of)
     for n in streams:
         if a.draft_tokens:
             draft_ab(sched, n, a)
         else:
-            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_len, a.prompt_ids)[1], flush=True)
+            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_of)[1], flush=True)
     if a.profile:
         prof = cProfile.Profile()
-        prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_len)
+        prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
     pipe.shutdown()
 

@@ -100,9 +100,10 @@ class Relay:
 
 
 class FreshBatch:
-    """A fresh batch of right-padded prompts' cache: every row starts at position 0 and its padding
-    only follows its tokens, so the plain causal mask is exact. The batch cache's own mask is an
-    array, and on CUDA a masked attention kernel is built for each new batch shape."""
+    """A prefill batch of right-padded prompts' cache (new, or loaded from the prompt cache at one
+    length for all rows): no row has left padding, and padding only follows a row's tokens, so the
+    plain causal mask is exact. The batch cache's own mask is an array, and on CUDA a masked
+    attention kernel is built for each new batch shape."""
 
     def __init__(self, cache):
         self._cache = cache
@@ -200,8 +201,8 @@ class Slice:
             return self._run(tokens, None)
 
     def forward(self, h: mx.array, caches: list, fresh_batch: bool = False) -> mx.array:
-        """The local layers on hidden states `(B, L, H)`, with their caches; `fresh_batch`: a new batch
-        of right-padded prompts (see `FreshBatch`)."""
+        """The local layers on hidden states `(B, L, H)`, with their caches; `fresh_batch`: a prefill
+        batch of right-padded prompts (see `FreshBatch`)."""
         self.relay.h = h
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:

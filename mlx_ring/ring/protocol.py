@@ -3,8 +3,10 @@
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
 back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
-step, the kept row indices `(k,)` for a filter step, the saved row and the entries to drop `(1 + k,)`
-for a save step, the positions each row drops `(B,)` for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the wire.
+step, the kept row indices `(k,)` for a filter step, each row's prompt-cache entry `(B,)` for a load
+step, `(k, 3)` lines of (row, entry, tokens) for a save step, the positions each row drops
+`(B,)` for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross
+the wire.
 """
 
 from dataclasses import astuple, dataclass, fields
@@ -12,7 +14,7 @@ from enum import IntEnum
 
 import mlx.core as mx
 
-HEADER_LEN = 10
+HEADER_LEN = 9
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 
 
@@ -25,9 +27,10 @@ class Kind(IntEnum):
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
-    LOAD = 9  # start prefill batch `batch`'s cache as the first `offset` tokens of prompt-cache entry `entry`
-    SAVE = 10  # keep row payload[0] of prefill batch `batch` (its `offset` tokens) as entry `entry`, after dropping entries payload[1:]
-    SAVE_ROW = 11  # the same for row payload[0] of decode group `group` (a sequence leaving it)
+    LOAD = 9  # start prefill batch `batch`'s cache, row i as the first `offset` tokens of prompt-cache entry payload[i]
+    SAVE = 10  # for each payload line (row, entry, n): keep row `row` of prefill batch `batch` (its first n tokens) as
+    # prompt-cache entry `entry`, or drop entry `entry` where row is -1; line by line
+    SAVE_ROW = 11  # the same for rows of decode group `group` (sequences leaving it)
     TRIM = 12  # drop the last payload[i] positions of row i of group `group` (drafts the target rejected)
 
 
@@ -35,30 +38,29 @@ class Kind(IntEnum):
 class Header:
     kind: int
     batch: int = 0  # PREFILL, JOIN, FREE, LOAD, SAVE: the prefill batch the step acts on
-    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD, SAVE*: tokens;
+    offset: int = 0  # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD: tokens;
     # DECODE: positions every row drops first (rejected drafts: a TRIM folded into the next step)
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on
-    entry: int = 0  # LOAD, SAVE, SAVE_ROW: the prompt-cache entry
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, self.entry, len(self.shape), *dims],
+        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, len(self.shape), *dims],
                         dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        kind, batch, offset, dtype, group, entry, ndim, *dims = a.tolist()
-        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group, entry)
+        kind, batch, offset, dtype, group, ndim, *dims = a.tolist()
+        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group)
 
     @staticmethod
-    def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0, entry: int = 0) -> "Header":
-        return Header(kind, batch, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group, entry)
+    def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0) -> "Header":
+        return Header(kind, batch, offset, tuple(payload.shape), DTYPES.index(payload.dtype), group)
 
     def same_step(self, other: "Header") -> bool:
         """The same step, whatever payload it carries now."""
-        return (self.kind, self.batch, self.offset, self.group, self.entry) == (other.kind, other.batch, other.offset, other.group, other.entry)
+        return (self.kind, self.batch, self.offset, self.group) == (other.kind, other.batch, other.offset, other.group)
 
 
 @dataclass(frozen=True)

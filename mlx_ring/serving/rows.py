@@ -37,7 +37,7 @@ class Prefill:
     tokens: list[list[int]]  # per row, right-padded to one length
     sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
-    reuse: int = 0  # the prompt-cache entry a lone prompt starts from (0: none)
+    reuse: list[int] = field(default_factory=list)  # the prompt-cache entry each row starts from (empty: none)
     group: "Group | None" = None  # a model that does not batch: the empty group it will join
 
     def padding(self) -> list[int]:

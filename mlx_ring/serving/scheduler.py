@@ -171,28 +171,31 @@ class Scheduler:
         return not s.removed and (s.after is None or s.after.prefilled or s.after.removed)
 
     def _next_batch(self) -> Prefill:
-        # The oldest prompt free to start; one with a cached prefix goes alone, from that entry. Else as
-        # many waiting prompts (without a cached prefix) as fit one chunk once padded to the longest
-        # (with plain KV caches only: a sliding window or a recurrent state would take in the padding).
+        # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded to
+        # the longest (with plain KV caches only: a sliding window or a recurrent state would take in
+        # the padding). They start from the same number of cached tokens, each from its own entry:
+        # the oldest one's reuse, which no other may beat by SHARED_TOKENS (it waits to go from its own).
         first = next(s for s in self.waiting if self._free_to_start(s))
         self.waiting.remove(first)
         entry, reused = self.prefix.lookup(first.prompt) if self.prefix else (0, 0)
-        rows, longest = [first], len(first.prompt)
-        for s in [] if reused or not (self.ends.plain_kv and self.ends.batches) else list(self.waiting):
-            if not self._free_to_start(s) or (self.prefix and self.prefix.lookup(s.prompt)[1]):
+        rows, entries, longest = [first], [entry], len(first.prompt)
+        for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
+            e, r = self.prefix.lookup(s.prompt) if self.prefix else (0, 0)
+            if not self._free_to_start(s) or not reused <= r < reused + SHARED_TOKENS:
                 continue
             n = max(longest, len(s.prompt))
-            if n * (len(rows) + 1) > self.chunk:
+            if (n - reused) * (len(rows) + 1) > self.chunk:
                 break
             self.waiting.remove(s)
             rows.append(s)
+            entries.append(e)
             longest = n
-        if reused:
-            self.prefix.use(entry, reused)
+        for e in entries if reused else []:
+            self.prefix.use(e, reused)
         if self.prefix:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
-        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entry)
+        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entries if reused else [])
         if not self.ends.batches:
             self.filling.group = next(g for g in self.groups if g.free())
             self.filling.group.reserved += 1
@@ -209,9 +212,9 @@ class Scheduler:
             s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + SHARED_TOKENS), None)
 
     def _submit_chunk(self, b: Prefill) -> bool:
-        if b.reuse:  # first, on every rank: the batch's cache starts as the entry's first `sent` tokens
-            header, b.reuse = Header(Kind.LOAD, batch=b.id, offset=b.sent, entry=b.reuse), 0
-            return self._submit(header, None, _Step(Kind.LOAD))
+        if b.reuse:  # first, on every rank: each row's cache starts as its entry's first `sent` tokens
+            entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
+            return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, _Step(Kind.LOAD))
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
         h = self.ends.embed(mx.array(tokens))  # (B, L, H)
@@ -296,16 +299,22 @@ class Scheduler:
         if g.drop:  # queued as calls, the trim first: they go before anything else touches the group
             self.calls.append((*self._trim(g), lambda _: None))
         assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
-        self._save(Kind.SAVE_ROW, g.id, g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])
+        self._save(Kind.SAVE_ROW, g.id, [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])])
 
-    def _save(self, kind: Kind, source: int, row: int, tokens: list[int]) -> None:
+    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
-        entry, drop = self.prefix.add(tokens)
-        if entry:
-            payload = mx.array([row, *drop], dtype=mx.int32)
-            where = {"batch": source} if kind == Kind.SAVE else {"group": source}
-            header = Header.for_payload(kind, payload, offset=len(tokens), entry=entry, **where)
-            self.calls.append((header, payload, lambda _: None))
+        # Rows saved together (a prefill batch, rows leaving at once) go in one step.
+        lines = []
+        for row, tokens in rows:
+            entry, drop = self.prefix.add(tokens)
+            lines += [(-1, d, 0) for d in drop] + ([(row, entry, len(tokens))] if entry else [])
+        where = {"batch": source} if kind == Kind.SAVE else {"group": source}
+        header = Header(kind, **where)
+        if self.calls and self.calls[-1][0].same_step(header):  # the last call saves from the same cache
+            lines = [tuple(line) for line in self.calls.pop()[1].tolist()] + lines
+        if lines:
+            payload = mx.array(lines, dtype=mx.int32)  # (k, 3): (row, entry, tokens), line by line
+            self.calls.append((Header.for_payload(kind, payload, **where), payload, lambda _: None))
 
     # -- results --------------------------------------------------------------------------------
     def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
@@ -324,11 +333,11 @@ class Scheduler:
                 out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
             logits = self.ends.head(out)[:, -1, :]  # (B, V)
             tokens = sample_rows([s.sampler for s in b.rows], logits)
-            for row, (s, t) in enumerate(zip(b.rows, tokens)):
+            for s, t in zip(b.rows, tokens):
                 s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
                 s.prefilled = True
-                if self.prefix and not s.removed:
-                    self._save(Kind.SAVE, b.id, row, s.prompt)
+            if self.prefix:
+                self._save(Kind.SAVE, b.id, [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed])
             (self._release(b) or min(self.groups, key=Group.load)).joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE and step.drafts is not None:

@@ -263,6 +263,24 @@ def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tmp_path, n,
     assert all(r["open_sequences"] == 0 and r["kv_cache_kib"] == 0 for r in status)
 
 
+def test_prompts_that_start_from_one_cached_prompt_prefill_together(tmp_path):
+    """Prompts that arrive together and start like a cached prompt (a chat template's system prompt,
+    say) each start from it and prefill the rest as one padded batch: one LOAD, one PREFILL and one
+    SAVE step for all of them, every rank running only their new tokens, and the logits exact."""
+    model = make_tiny_model(tmp_path / "model", "llama")
+    # The first answer is one token, sampled from its prefill: the cache then holds P exactly.
+    spec = [{"prompt": P, "max_tokens": 1, "at": 0}, *({"prompt": P + tail, "max_tokens": 4, "after": 0} for tail in (X, Y, Q[:5]))]
+    tokens, logits, status, _ = run_probe(tmp_path, 3, model, spec, layers="3,2,2", chunk=64, prompt_cache=1000)
+    for i, s in enumerate(spec):
+        want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
+        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
+        assert tokens[i] == want_tokens, f"sequence {i}"
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["prefill_rows"] == [1, 3]
+    assert (result["steps"].count("LOAD"), result["steps"].count("SAVE"), result["prompt_cache"]["hits"]) == (1, 2, 3)
+    assert [r["prefill_tokens"] for r in status] == [len(P) + 3 * len(X)] * 3  # the batch: 3 rows padded to X's 10
+
+
 def test_a_follow_up_turn_starts_from_the_last_answer_too(tmp_path):
     """A sequence that leaves keeps its prompt and answer: the next turn (prompt, answer, new message)
     prefills little more than the new message on every rank, and its logits stay exact."""
