@@ -1,12 +1,14 @@
 """Rank 0's index of the prompt cache: which prompts every rank keeps the KV cache of (each for its
 own layers, under the same entry id), and which entry a new prompt should start from.
 
-Pure bookkeeping, no MLX: the scheduler turns its answers into LOAD and SAVE steps, which every rank
+Pure bookkeeping, no arrays: the scheduler turns its answers into LOAD and SAVE steps, which every rank
 applies in ring order, so all ranks hold the same entries at every step.
 """
 
 import itertools
 from dataclasses import dataclass
+
+from mlx_lm.models.cache import PromptTrie
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -30,24 +32,33 @@ class Entry:
 
 class PrefixIndex:
     """Entries within a budget of `budget` tokens in all (the plan turns PROMPT_CACHE_GB into tokens
-    for the rank holding the most layers); least recently used ones are evicted first."""
+    for the rank holding the most layers); least recently used ones are evicted first. No entry is
+    the start of another, and they sit in mlx-lm's token trie: a lookup walks the prompt once,
+    whatever the number of entries (a burst of prompts looks up every waiting one each batch)."""
 
     def __init__(self, budget: int):
         self.budget = budget
         self.entries: dict[int, Entry] = {}
+        self.trie = PromptTrie()  # tokens -> entry id, under the one key 0
         self.ids = itertools.count(1)
         self.clock = itertools.count()
         self.held = 0  # tokens in all entries
         self.hits = self.hit_tokens = 0  # prompts that started from an entry, and the tokens they reused
 
+    def _nearest(self, tokens: list[int]) -> tuple[Entry | None, int]:
+        # The entry sharing the longest start with `tokens`, and how long: any entry below the
+        # deepest trie node the walk reaches shares all of it.
+        found = self.trie.search(0, tokens)
+        if found.exact is not None:
+            return self.entries[self.trie.get(0, found.exact)], len(tokens)
+        if found.longer is None:
+            return None, 0
+        return self.entries[self.trie.get(0, found.longer)], found.common_prefix
+
     def lookup(self, prompt: list[int]) -> tuple[int, int]:
         """(entry, tokens to reuse) for the longest cached prefix of `prompt`, or (0, 0). The last
         token is always prefilled: its logits give the first new token."""
-        best, n, prompt = None, 0, tuple(prompt)
-        for e in self.entries.values():
-            k = common_prefix(e.tokens, prompt)
-            if k > n:
-                best, n = e, k
+        best, n = self._nearest(prompt)
         n = min(n, len(prompt) - 1)
         return (best.id, n) if best is not None and n > 0 else (0, 0)
 
@@ -60,25 +71,28 @@ class PrefixIndex:
     def add(self, tokens: list[int]) -> tuple[int, list[int]]:
         """Make room for `tokens` and index them: (the new entry, the entries to drop first), or
         (0, []) when they need no entry (too long for the budget, or held by one already)."""
-        tokens = tuple(tokens)
+        tokens = list(tokens)
         if not 0 < len(tokens) <= self.budget:
             return 0, []
-        for e in self.entries.values():
-            if common_prefix(e.tokens, tokens) == len(tokens):
-                e.used = next(self.clock)
-                return 0, []
-        # An entry that is a prefix of the new one only ever gives shorter hits: it goes first.
-        drop = [e for e in self.entries.values() if common_prefix(e.tokens, tokens) == len(e.tokens)]
-        held = self.held - sum(len(e.tokens) for e in drop)
+        held, n = self._nearest(tokens)
+        if n == len(tokens):  # the start of an entry (or one): held already
+            held.used = next(self.clock)
+            return 0, []
+        # An entry that is the start of the new one only ever gives shorter hits: it goes first.
+        shorter = self.trie.search(0, tokens).shorter
+        drop = [self.entries[self.trie.get(0, shorter)]] if shorter else []
+        room = self.held - sum(len(e.tokens) for e in drop)
         for e in sorted(self.entries.values(), key=lambda e: e.used):
-            if held + len(tokens) <= self.budget:
+            if room + len(tokens) <= self.budget:
                 break
             if e not in drop:
                 drop.append(e)
-                held -= len(e.tokens)
+                room -= len(e.tokens)
         for e in drop:
             del self.entries[e.id]
-        entry = Entry(next(self.ids), tokens, next(self.clock))
+            self.trie.pop(0, list(e.tokens))
+        entry = Entry(next(self.ids), tuple(tokens), next(self.clock))
         self.entries[entry.id] = entry
-        self.held = held + len(tokens)
+        self.trie.add(0, tokens, entry.id)
+        self.held = room + len(tokens)
         return entry.id, [e.id for e in drop]

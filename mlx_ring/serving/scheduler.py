@@ -22,7 +22,6 @@ from mlx_ring.serving.rows import Group, Prefill, Sequence
 from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
 from mlx_ring.serving.speculative import Drafter, ModelDrafter, Streak, verify_rows
 
-SHARED_TOKENS = 16  # a waiting prompt waits for another's prefill when that saves it this many tokens
 
 
 class Ends(Protocol):
@@ -69,6 +68,10 @@ class Scheduler:
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
         self.streak = Streak()  # the draft model's cycles in a row that kept nothing, over all streams
         self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
+        # The fewest cached tokens a prompt starts from, or waits for another's prefill to save: fewer
+        # are prefilled again, in a batch with others. A short shared start such as a chat template's
+        # costs less to recompute than to load (on a GPU, with 512-token chunks: under 64 tokens).
+        self.least_reuse = max(1, chunk // 8)
         self.groups = [Group(g) for g in range(groups)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
@@ -81,6 +84,8 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         if self.draft_tokens and seq.params.speculable():
             seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak) if self.draft_model else Drafter(self.draft_tokens)
+        if self.prefix is None or len(seq.prompt) - 1 < self.least_reuse:
+            seq.after = None  # another choice of a prompt it cannot start from: prefilled beside it
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -174,14 +179,14 @@ class Scheduler:
         # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded to
         # the longest (with plain KV caches only: a sliding window or a recurrent state would take in
         # the padding). They start from the same number of cached tokens, each from its own entry:
-        # the oldest one's reuse, which no other may beat by SHARED_TOKENS (it waits to go from its own).
+        # the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go from its own).
         first = next(s for s in self.waiting if self._free_to_start(s))
         self.waiting.remove(first)
-        entry, reused = self.prefix.lookup(first.prompt) if self.prefix else (0, 0)
+        entry, reused = self._lookup(first.prompt)
         rows, entries, longest = [first], [entry], len(first.prompt)
         for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
-            e, r = self.prefix.lookup(s.prompt) if self.prefix else (0, 0)
-            if not self._free_to_start(s) or not reused <= r < reused + SHARED_TOKENS:
+            e, r = self._lookup(s.prompt)
+            if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
             if (n - reused) * (len(rows) + 1) > self.chunk:
@@ -201,6 +206,10 @@ class Scheduler:
             self.filling.group.reserved += 1
         return self.filling
 
+    def _lookup(self, prompt: list[int]) -> tuple[int, int]:
+        entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)
+        return (entry, n) if n >= self.least_reuse else (0, 0)
+
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
         # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
         # waits for that row's prefill, then starts from its saved prompt: the shared part is computed once.
@@ -208,8 +217,8 @@ class Scheduler:
         for s in self.waiting:
             if s.after is not None or s.removed:
                 continue
-            cached, prompt = self.prefix.lookup(s.prompt)[1], tuple(s.prompt)
-            s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + SHARED_TOKENS), None)
+            cached, prompt = self._lookup(s.prompt)[1], tuple(s.prompt)
+            s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + self.least_reuse), None)
 
     def _submit_chunk(self, b: Prefill) -> bool:
         if b.reuse:  # first, on every rank: each row's cache starts as its entry's first `sent` tokens

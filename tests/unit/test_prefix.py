@@ -1,5 +1,7 @@
 """The prompt-cache index on rank 0 (pure bookkeeping): longest prefix, dominated entries, LRU budget."""
 
+import random
+
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 
 
@@ -38,3 +40,21 @@ def test_least_recently_used_goes_first_within_the_budget():
     c, drop = idx.add([9, 9, 9])
     assert drop == [b] and set(idx.entries) == {a, c} and idx.held == 7
     assert (idx.hits, idx.hit_tokens) == (1, 4)
+
+
+def test_lookup_equals_a_scan_of_every_entry_and_no_entry_starts_another():
+    """The trie's answer is the scan's (the longest start shared with any entry), through adds that
+    drop dominated entries and evict old ones; prompts share starts as chats and templates do."""
+    rng = random.Random(0)
+    idx = PrefixIndex(400)
+    starts = [[rng.randrange(5) for _ in range(rng.randrange(2, 30))] for _ in range(4)]
+    for _ in range(300):
+        prompt = rng.choice(starts) + [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
+        best = max((common_prefix(e.tokens, tuple(prompt)) for e in idx.entries.values()), default=0)
+        entry, n = idx.lookup(prompt)
+        assert n == min(best, len(prompt) - 1)
+        assert n == 0 or common_prefix(idx.entries[entry].tokens, tuple(prompt)) >= n
+        idx.add(prompt)
+        tokens = [e.tokens for e in idx.entries.values()]
+        assert not any(a != b and b[: len(a)] == a for a in tokens for b in tokens)
+        assert idx.held == sum(map(len, tokens)) <= 400
