@@ -64,10 +64,9 @@ def saved_rows(cache, row: int, n: int) -> tuple:
 
 
 def saved_from_batch(cache: BatchKVCache, row: int, n: int) -> tuple:
-    """Row `row` of a decode group's left-padded cache, which must hold `n` tokens, as compact arrays."""
-    kv = cache.extract(row)
-    assert kv.offset == n, f"row {row} holds {kv.offset} tokens, rank 0 expects {n}"
-    return kv.keys, kv.values
+    """Row `row` of a decode group's left-padded cache, whose tokens are its last `n` positions, as
+    compact arrays (not mlx-lm's `extract`, which waits for the padding on every call)."""
+    return tuple(mx.contiguous(a[row : row + 1, :, cache._idx - n : cache._idx, :]) for a in (cache.keys, cache.values))
 
 
 def cache_from_saved(saved: tuple, n: int) -> KVCache:

@@ -23,7 +23,6 @@ from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_ro
 from mlx_ring.serving.speculative import Drafter, ModelDrafter, Streak, verify_rows
 
 
-
 class Ends(Protocol):
     """The ends of the model, which only rank 0 holds (`shard.Shard`)."""
 
