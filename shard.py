@@ -116,7 +116,7 @@ class Shard:
         if header.offset == 0:
             caches = self.cut.new_caches()
             if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
-                caches = merge_caches([caches] + [self.cut.new_caches() for _ in range(B - 1)])
+                caches = merge_caches([caches] * B)  # merging empty caches only counts them: no copy per row
             self.prefills[header.batch] = caches
         caches = self.prefills.get(header.batch)
         assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.batch}"
