@@ -193,16 +193,16 @@ class Shard:
         return entries  # the next rank loads the same
 
     def _save(self, header: Header, payload: mx.array) -> mx.array:
-        return self._keep(header, payload, self.prefills[header.batch], saved_rows)
+        return self._keep(payload, self.prefills[header.batch], saved_rows)
 
     def _save_row(self, header: Header, payload: mx.array) -> mx.array:
         caches = self.groups[header.group]
         held = positions(caches).tolist()  # tokens per row: one read for the whole step
         for row, _, n in payload.tolist():
             assert row < 0 or held[row] == n, f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}"
-        return self._keep(header, payload, caches, saved_from_batch)
+        return self._keep(payload, caches, saved_from_batch)
 
-    def _keep(self, header: Header, lines: mx.array, caches: list, take) -> mx.array:
+    def _keep(self, lines: mx.array, caches: list, take) -> mx.array:
         kept = []
         for row, entry, n in lines.tolist():
             if row < 0:  # rank 0 evicts first, so the budget holds at every moment

@@ -8,7 +8,7 @@ applies in ring order, so all ranks hold the same entries at every step.
 import itertools
 from dataclasses import dataclass
 
-from mlx_lm.models.cache import PromptTrie
+from mlx_lm.models.cache import PromptTrie, PromptTrieResult
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -45,12 +45,11 @@ class PrefixIndex:
         self.held = 0  # tokens in all entries
         self.hits = self.hit_tokens = 0  # prompts that started from an entry, and the tokens they reused
 
-    def _nearest(self, tokens: list[int]) -> tuple[Entry | None, int]:
-        # The entry sharing the longest start with `tokens`, and how long: any entry below the
-        # deepest trie node the walk reaches shares all of it.
-        found = self.trie.search(0, tokens)
+    def _nearest(self, found: PromptTrieResult, n: int) -> tuple[Entry | None, int]:
+        # The entry sharing the longest start with the `n` tokens the trie was searched for, and how
+        # long: any entry below the deepest trie node the walk reached shares all of it.
         if found.exact is not None:
-            return self.entries[self.trie.get(0, found.exact)], len(tokens)
+            return self.entries[self.trie.get(0, found.exact)], n
         if found.longer is None:
             return None, 0
         return self.entries[self.trie.get(0, found.longer)], found.common_prefix
@@ -58,7 +57,7 @@ class PrefixIndex:
     def lookup(self, prompt: list[int]) -> tuple[int, int]:
         """(entry, tokens to reuse) for the longest cached prefix of `prompt`, or (0, 0). The last
         token is always prefilled: its logits give the first new token."""
-        best, n = self._nearest(prompt)
+        best, n = self._nearest(self.trie.search(0, prompt), len(prompt))
         n = min(n, len(prompt) - 1)
         return (best.id, n) if best is not None and n > 0 else (0, 0)
 
@@ -74,13 +73,13 @@ class PrefixIndex:
         tokens = list(tokens)
         if not 0 < len(tokens) <= self.budget:
             return 0, []
-        held, n = self._nearest(tokens)
+        found = self.trie.search(0, tokens)
+        held, n = self._nearest(found, len(tokens))
         if n == len(tokens):  # the start of an entry (or one): held already
             held.used = next(self.clock)
             return 0, []
         # An entry that is the start of the new one only ever gives shorter hits: it goes first.
-        shorter = self.trie.search(0, tokens).shorter
-        drop = [self.entries[self.trie.get(0, shorter)]] if shorter else []
+        drop = [self.entries[self.trie.get(0, found.shorter)]] if found.shorter else []
         room = self.held - sum(len(e.tokens) for e in drop)
         for e in sorted(self.entries.values(), key=lambda e: e.used):
             if room + len(tokens) <= self.budget:

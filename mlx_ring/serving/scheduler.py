@@ -194,12 +194,13 @@ class Scheduler:
             rows.append(s)
             entries.append(e)
             longest = n
-        for e in entries if reused else []:
+        reuse = entries if reused else []
+        for e in reuse:
             self.prefix.use(e, reused)
         if self.prefix:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
-        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=entries if reused else [])
+        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse)
         if not self.ends.batches:
             self.filling.group = next(g for g in self.groups if g.free())
             self.filling.group.reserved += 1
