@@ -281,6 +281,7 @@ def serve_worker(shard: Shard, ring: Ring) -> None:
         header, payload = ring.recv(lazy=True)
         t0 = time.perf_counter()
         out = shard.apply(header, payload)
+        ring.mark("built", header)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
         took = time.perf_counter() - t0
         shard.busy_s += took

@@ -2,7 +2,8 @@
 takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the server:
 
     mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
-    (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile)
+    (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile;
+    --trace FILE prints where a decode step's time goes on each rank, ranks on one host only)
 
 With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is timed in --rounds
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
@@ -12,6 +13,7 @@ the run-to-run drift of separate servers.
 import argparse
 import cProfile
 import itertools
+import json
 import pstats
 import sys
 import time
@@ -23,11 +25,12 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 one_gpu_per_rank()  # before MLX starts
 
 from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
+from ring_timeline import between_pings, decode_times, summary  # noqa: E402
 
 from mlx_ring.planning.plan import uniform_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
-from mlx_ring.ring.protocol import Kind  # noqa: E402
+from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
@@ -87,15 +90,43 @@ def prompts(a) -> Callable[[int], list[int]]:
     return lambda i: template([{"role": "user", "content": a.prompt.replace("{n}", str(next(numbers)))}], add_generation_prompt=True)
 
 
-def join_ring(model: Path) -> Pipeline | None:
+def join_ring(model: Path, trace: Path | None) -> Pipeline | None:
     """This rank's slice of `model` (an even split) on the ring started by mlx.launch: rank 0 gets
-    the pipeline to drive; the other ranks serve steps until shut down, then get None."""
+    the pipeline to drive; the other ranks serve steps until shut down (then write their `trace`
+    events, if asked) and get None."""
     world = init_world()
     shard = load_shard(model, uniform_plan(spec_from_folder(model).n_layers, world.size()), world.rank())
     ring = Ring(world)
+    ring.trace = [] if trace else None
     if world.rank():
-        return serve_worker(shard, ring)
+        serve_worker(shard, ring)
+        if trace:  # whole or not at all: rank 0 reads it once it exists
+            part = trace_file(trace, ring.rank).with_suffix(".part")
+            part.write_text(json.dumps(ring.trace))
+            part.replace(trace_file(trace, ring.rank))
+        return None
     return Pipeline(shard, ring)
+
+
+def trace_file(trace: Path, rank: int) -> Path:
+    return trace.with_name(f"{trace.name}.rank{rank}")
+
+
+def traced(sched: Scheduler, n: int, a) -> list:
+    """Run n streams between two PING steps, shut the ring down and return every rank's events."""
+    pipe = sched.pipe
+    pipe.round_trip(Header(Kind.PING))
+    run(sched, n, a.max_tokens, a.prompt_of)
+    pipe.round_trip(Header(Kind.PING))
+    pipe.shutdown()
+    ranks = [pipe.ring.trace]
+    for r in range(1, pipe.ring.size):
+        path, deadline = trace_file(a.trace, r), time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:  # written once that rank has shut down
+            time.sleep(0.1)
+        ranks.append(json.loads(path.read_text()))
+        path.unlink()
+    return [between_pings(events) for events in ranks]
 
 
 def main():
@@ -106,6 +137,8 @@ def main():
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--trace", type=Path, default=None, help="time each rank's part of the decode steps of the last "
+                   "stream count (2 or more ranks on one host); the events go to this JSON file")
     p.add_argument("--draft-tokens", type=int, default=0, help="A/B drafting (up to K tokens) against plain decoding")
     p.add_argument("--draft-model", type=Path, default=None, help="draft with this model (else prompt lookup)")
     p.add_argument("--rounds", type=int, default=3)
@@ -114,7 +147,7 @@ def main():
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
-    pipe = join_ring(a.model)
+    pipe = join_ring(a.model, a.trace)
     if pipe is None:
         return
     shard = pipe.stage
@@ -133,7 +166,12 @@ def main():
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
-    pipe.shutdown()
+    if a.trace and pipe.ring.size > 1:
+        ranks = traced(sched, streams[-1], a)
+        a.trace.write_text(json.dumps(ranks))
+        print(f"{pipe.ring.size} rank(s), {streams[-1]} streams:", summary(decode_times(ranks)), flush=True)
+    else:
+        pipe.shutdown()
 
 
 if __name__ == "__main__":

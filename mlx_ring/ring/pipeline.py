@@ -55,6 +55,7 @@ class Pipeline:
         still unread (a group's next step built on the tokens just sampled from it)."""
         assert self.can_submit()
         out = self.stage.apply(header, payload)
+        self.ring.mark("built", header)
         if self.ring.size == 1:
             if out is not None:
                 mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
@@ -135,14 +136,14 @@ class Pipeline:
                     # (one sync a token, not three); a decode stage takes milliseconds, so the
                     # watchdog may count it with the wait.
                     with self.watching():
-                        self.ring.send_payload(out)
+                        self.ring.send_payload(header, out)
                     self.unread = None
                 else:
                     self.settle()  # nothing else goes out before that payload is read
                     if out is not None:
                         mx.eval(out)  # rank 0's own stage: not a wait on the others, so not watched
                     with self.watching():
-                        self.ring.send_payload(out)  # hand the step's payload to rank 1
+                        self.ring.send_payload(header, out)  # hand the step's payload to rank 1
             except RingError:
                 raise
             except RuntimeError as e:

@@ -173,11 +173,19 @@ class Ring:
         # the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the price of a
         # polling core while a peer computes, or when it stopped mid-step.
         self.wait_in_kernel = mx.default_device() == mx.cpu
+        # With tracing on (bench_steps --trace): (event, kind, group, seconds) as each step's header comes
+        # in ("in"), its stage's graph is built ("built", marked by the caller) and its payload leaves ("out").
+        self.trace: list[tuple[str, int, int, float]] | None = None
+
+    def mark(self, event: str, header: Header) -> None:
+        """Note the moment `event` happens to `header`'s step, when tracing."""
+        if self.trace is not None:
+            self.trace.append((event, int(header.kind), header.group, time.perf_counter()))
 
     def send(self, header: Header, payload: mx.array | None) -> None:
         """Pass a step on: its header, then its payload (computed within the send's graph)."""
         self.send_header(header, payload)
-        self.send_payload(payload)
+        self.send_payload(header, payload)
 
     def send_header(self, header: Header, payload: mx.array | None) -> None:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
@@ -185,10 +193,11 @@ class Ring:
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
         mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
-    def send_payload(self, payload: mx.array | None) -> None:
+    def send_payload(self, header: Header, payload: mx.array | None) -> None:
         if payload is not None and payload.ndim:
             self.wait_payload()  # this payload may be computed from one still to arrive
             mx.eval(mx.distributed.send(payload, self.next, group=self.world))
+        self.mark("out", header)
 
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
         """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
@@ -199,6 +208,7 @@ class Ring:
         self._wait_for_data()
         # The header tells the payload's shape and dtype, so it must arrive first.
         header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
+        self.mark("in", header)
         if not header.shape:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)

@@ -1,0 +1,24 @@
+"""bench_steps --trace on a real 2-rank ring: every rank records the same steps, in ring order, and
+the decode timeline is computed from them (tools/ring_timeline.py; its arithmetic: tests/unit)."""
+
+import json
+
+from ring_timeline import DECODE, steps
+from ringutil import launch, make_tiny_model
+
+
+def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
+    model = make_tiny_model(tmp_path / "model", "llama", n_layers=4)
+    trace = tmp_path / "trace.json"
+    proc = launch(2, tmp_path, ["tools/bench_steps.py", "--model", str(model), "--streams", "3", "--max-tokens", "6",
+                                "--chunk", "16", "--trace", str(trace)], timeout=240)
+    ranks = json.loads(trace.read_text())
+    assert not list(tmp_path.glob("trace.json.rank*")), "rank 1's own file is merged, then removed"
+    by_rank = [steps([tuple(e) for e in events]) for events in ranks]
+    kinds = [[s["built"][:2] for s in rank] for rank in by_rank]
+    assert kinds[0] == kinds[1], "both ranks applied the same steps in the same order"
+    assert all(set(s) == {"in", "built", "out"} for rank in by_rank for s in rank), "every step came home"
+    decodes = sum(kind == DECODE for kind, _ in kinds[0])
+    assert decodes >= 5  # 6 tokens a stream: the first from the prefill, the rest one DECODE step each
+    line = next(ln for ln in proc.stdout.splitlines() if "DECODE steps" in ln)
+    assert line.startswith(f"2 rank(s), 3 streams: {decodes - 1} DECODE steps: period "), line  # one group
