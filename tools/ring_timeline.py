@@ -12,13 +12,13 @@ account for is the hop back to rank 0 and rank 0's Python between steps.
 
 from collections import defaultdict
 
-DECODE, PING = 3, 7  # protocol.Kind's (this module imports no MLX)
+from mlx_ring.ring.protocol import Kind
 
 
 def between_pings(events: list[tuple[str, int, int, float]]) -> list[tuple[str, int, int, float]]:
     """The events between the first two PING steps (bench_steps sends one before and one after the
     traced run, with nothing else on the ring)."""
-    pings = [i for i, e in enumerate(events) if e[1] == PING]
+    pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
     assert len(pings) >= 6, f"expected two PING steps (3 events each), found {len(pings)} events"
     return events[pings[2] + 1 : pings[3]]
 
@@ -49,7 +49,7 @@ def decode_times(ranks: list[list[tuple[str, int, int, float]]]) -> dict:
     stage, periods = defaultdict(list), []
     for i in range(n):
         kind, group, _ = by_rank[0][i]["built"]
-        if kind != DECODE:
+        if kind != Kind.DECODE:
             continue
         j = last_out.get(group)
         last_out[group] = i

@@ -3,8 +3,10 @@ the decode timeline is computed from them (tools/ring_timeline.py; its arithmeti
 
 import json
 
-from ring_timeline import DECODE, steps
+from ring_timeline import steps
 from ringutil import launch, make_tiny_model
+
+from mlx_ring.ring.protocol import Kind
 
 
 def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
@@ -18,7 +20,7 @@ def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
     kinds = [[s["built"][:2] for s in rank] for rank in by_rank]
     assert kinds[0] == kinds[1], "both ranks applied the same steps in the same order"
     assert all(set(s) == {"in", "built", "out"} for rank in by_rank for s in rank), "every step came home"
-    decodes = sum(kind == DECODE for kind, _ in kinds[0])
+    decodes = sum(kind == Kind.DECODE for kind, _ in kinds[0])
     assert decodes >= 5  # 6 tokens a stream: the first from the prefill, the rest one DECODE step each
     line = next(ln for ln in proc.stdout.splitlines() if "DECODE steps" in ln)
     assert line.startswith(f"2 rank(s), 3 streams: {decodes - 1} DECODE steps: period "), line  # one group

@@ -4,7 +4,9 @@ the ranks record (known times in, known times out)."""
 import pytest
 from ring_timeline import between_pings, decode_times, steps
 
-DECODE, FILTER, PING = 3, 4, 7
+from mlx_ring.ring.protocol import Kind
+
+DECODE, FILTER, PING, SHUTDOWN = Kind.DECODE, Kind.FILTER, Kind.PING, Kind.SHUTDOWN
 
 
 def two_ranks():
@@ -46,7 +48,7 @@ def test_only_the_events_between_the_two_pings_count():
     ping = [("built", PING, 0, 0.0), ("out", PING, 0, 0.1), ("in", PING, 0, 0.2)]
     rank0, _ = two_ranks()
     warm = [("built", DECODE, 0, -2.0), ("out", DECODE, 0, -1.5), ("in", DECODE, 0, -1.0)]
-    shutdown = [("built", 8, 0, 9.0), ("out", 8, 0, 9.1)]
+    shutdown = [("built", SHUTDOWN, 0, 9.0), ("out", SHUTDOWN, 0, 9.1)]
     assert between_pings(warm + ping + rank0 + ping + shutdown) == rank0
     with pytest.raises(AssertionError, match="two PING steps"):
         between_pings(rank0)
