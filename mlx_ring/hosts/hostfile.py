@@ -14,7 +14,7 @@ from pathlib import Path
 from mlx_ring.config import json_objects
 from mlx_ring.planning.capabilities import HOST_KEYS
 
-LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts these ranks itself, without ssh
+LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts a rank itself, without ssh, when its entry says 127.0.0.1
 KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)
 EXAMPLE = '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.local", "ips": ["192.168.1.11"]}]'
 
@@ -61,7 +61,30 @@ def resolve(name: str) -> str:
     return infos[0][4][0]
 
 
-def load_hosts(path: Path, starting_port: int, resolver=resolve) -> list[Host]:
+def owned_here(address: str) -> bool:
+    """Whether this machine owns `address` (binding it is the portable test: no ip or ifconfig to read)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def this_machine(name: str, address: str, resolver=resolve, owns=owned_here, hostname: str | None = None) -> bool:
+    """Whether the entry naming `name` to ssh, with ring address `address`, is this machine: its rank is
+    started here, without ssh (a Mac's own Remote Login may be off), whatever name or address it is given."""
+    me = (hostname or socket.gethostname()).lower()
+    short, n = me.split(".")[0], name.strip().lower().rstrip(".")
+    if n in LOCAL or n in (me, short, f"{short}.local") or owns(address):
+        return True
+    try:
+        return owns(resolver(name))
+    except ValueError:
+        return False  # a name only ssh's config knows: another machine, as far as we can tell
+
+
+def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machine) -> list[Host]:
     """Every rank's host, its resolved ring address and port; ValueError naming the entry if wrong."""
     entries = load_entries(path)
     hosts, port, owner = [], starting_port, {}
@@ -71,7 +94,7 @@ def load_hosts(path: Path, starting_port: int, resolver=resolve) -> list[Host]:
             address = resolver(named)
         except ValueError as err:
             raise ValueError(f"{path}: entry {i} ({e['ssh']}): {err}") from None
-        ssh = "127.0.0.1" if e["ssh"].strip() in LOCAL else e["ssh"].strip()
+        ssh = "127.0.0.1" if here(e["ssh"], address, resolver) else e["ssh"].strip()
         # Two machines cannot own one address: the second one's ring sockets could not bind it.
         if owner.setdefault(address, ssh) != ssh:
             raise ValueError(f"{path}: entries name ring address {address} for two hosts ({owner[address]} and "

@@ -9,15 +9,26 @@ from pathlib import Path
 
 from mlx_ring.config import ROOT
 
-CODE = ("server.py", "shard.py", "launch.sh", "pyproject.toml", "uv.lock")
+# What a host needs to run a rank: the entry points, the lock and the pinned Python, and the package.
+# Configuration (hosts.json, .env) is not code: each host keeps its own, and editing it restarts nothing.
+CODE = ("server.py", "shard.py", "launch.sh", "pyproject.toml", "uv.lock", ".python-version", "README.md")
+
+
+def runtime_files(root: Path = ROOT) -> list[str]:
+    """The files every host runs, relative to `root` (no git needed: a stock Mac may have none)."""
+    package = [p for p in (root / "mlx_ring").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return sorted([*(c for c in CODE if (root / c).is_file()), *(str(p.relative_to(root)) for p in package)])
+
+
+def file_sums(root: Path, files: list[str]) -> dict[str, str]:
+    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}
 
 
 def source_id(root: Path = ROOT) -> str:
-    """A hash of the code every rank runs: the package, the entry points and the lock file."""
+    """A hash of the code every rank runs: the runtime files, by name and contents."""
     h = hashlib.sha256()
-    for p in sorted([*(root / "mlx_ring").rglob("*.py"), *(root / c for c in CODE)]):
-        if p.is_file():
-            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for name, digest in file_sums(root, runtime_files(root)).items():
+        h.update(name.encode() + b"\0" + digest.encode() + b"\0")
     return h.hexdigest()[:16]
 
 

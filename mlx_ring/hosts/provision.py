@@ -39,20 +39,6 @@ mv "$staging/hosted/$id" "$cache/hosted/$id"
 '''
 
 
-def tracked_files(root: Path) -> list[str]:
-    """The checkout's files git tracks or would (not ignored), as they are in the working tree."""
-    try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        raise ValueError(f"{root} is not a git checkout; provisioning copies the tracked files of one "
-                         "(clone the project, or set PROVISION=0 and copy it to every host yourself)") from None
-    return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
-
-
-def file_sums(root: Path, files: list[str]) -> dict[str, str]:
-    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}
-
-
 class Counted(io.RawIOBase):
     """A write-only pipe that counts what went through it (and tells `progress`)."""
 
@@ -90,9 +76,9 @@ class Chunks(io.RawIOBase):
         return n
 
 
-def _send_tar(conf: Path, host: str, script: str, args: tuple, add, progress=None) -> int:
-    """Stream a tar that `add(tar)` fills into `script` on `host`; the bytes sent."""
-    p = subprocess.Popen(ssh.argv(conf, host, script, args), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+def _send_tar(conf: Path, host: str, script: str, args: tuple, add, progress=None, via: str | None = None) -> int:
+    """Stream a tar that `add(tar)` fills into `script` on `host` (over `via`, an address); the bytes sent."""
+    p = subprocess.Popen(ssh.argv(conf, host, script, args, via), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
     out = Counted(p.stdin, progress)
     try:
@@ -110,13 +96,38 @@ def _send_tar(conf: Path, host: str, script: str, args: tuple, add, progress=Non
     return out.bytes
 
 
-def send_code(conf: Path, facts: Facts, root: Path, sums: dict[str, str]) -> int:
-    """The tracked files whose contents differ on the host; the bytes sent."""
+# $1 the project's path; stdin: a tar of the files that differ there.
+RECEIVE_CODE = r'''
+mkdir -p "$1" 2>/dev/null && [ -w "$1" ] || { echo "cannot write $1" >&2; exit 4; }
+tar -xf - -C "$1"
+'''
+
+
+def closed_to_ssh_on_macos(root: Path) -> bool:
+    """Whether a Mac refuses ssh sessions access to `root` (TCC protects these folders of every account)."""
+    parts = Path(root).parts
+    return len(parts) > 3 and parts[1] == "Users" and parts[3] in ("Documents", "Desktop", "Downloads")
+
+
+def location_advice(root: Path) -> str:
+    return (f"the project lives at the same path on every host ({root}): create it there as a folder your user owns "
+            "and that ssh may read (on Macs, /Users/Shared/mlx-ring works for every account name without sudo; "
+            "not under ~/Documents, ~/Desktop or ~/Downloads, which macOS privacy controls close to ssh), "
+            "then clone the project there on this machine too")
+
+
+def send_code(conf: Path, facts: Facts, root: Path, sums: dict[str, str]) -> tuple[int, list[str]]:
+    """The runtime files whose contents differ on the host: (bytes sent, the files it had that were replaced)."""
     stale = [f for f, digest in sums.items() if facts.sums.get(f) != digest]
     if not stale:
-        return 0
-    return _send_tar(conf, facts.host, 'mkdir -p "$1" && tar -xf - -C "$1"', (root,),
-                     lambda tar: [tar.add(root / f, arcname=f) for f in stale])
+        return 0, []
+    try:
+        sent = _send_tar(conf, facts.host, RECEIVE_CODE, (root,), lambda tar: [tar.add(root / f, arcname=f) for f in stale])
+    except ValueError as e:
+        if "cannot write" in str(e) or "not permitted" in str(e).lower():
+            raise ValueError(f"{facts.host}: cannot write the project's folder {root} there; {location_advice(root)}") from None
+        raise
+    return sent, [f for f in stale if f in facts.sums]
 
 
 def ensure_uv(conf: Path, facts: Facts, here_system: str) -> None:
@@ -135,7 +146,7 @@ def ensure_uv(conf: Path, facts: Facts, here_system: str) -> None:
 
 
 def sync_env(conf: Path, facts: Facts, root: Path) -> None:
-    """The locked environment (and, on Linux, OpenBLAS) through the host's own `./launch.sh setup`."""
+    """The locked runtime environment (and, on Linux, OpenBLAS) through the host's own `./launch.sh setup`."""
     p = ssh.run(conf, facts.host, 'cd "$1" && ./launch.sh setup', (root,), timeout=900)
     if p.returncode:
         tail = " ".join(p.stderr.strip().splitlines()[-2:])[-300:]
@@ -144,7 +155,7 @@ def sync_env(conf: Path, facts: Facts, root: Path) -> None:
 
 
 def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: list[str], cache: str,
-                progress=None) -> int:
+                progress=None, via: str | None = None) -> int:
     """The weight pieces in `needed` the host lacks, and a folder there that mlx-lm loads, linking
     exactly `needed`; the bytes sent."""
     mid, pieces = manifest["id"], manifest["pieces"]
@@ -170,7 +181,7 @@ def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: 
         info.size = len(meta)
         tar.addfile(info, io.BytesIO(meta))
 
-    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add, progress)
+    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add, progress, via)
 
 
 def probe(conf: Path, host: str, local: bool, root: Path, dtype: str, rank: int, caps_env: str) -> dict:

@@ -27,9 +27,27 @@ def write_config(path: Path, user_config: str | None = None) -> Path:
     return path
 
 
-def argv(config: Path, host: str, command: str, args: tuple = ()) -> list[str]:
-    """ssh argv running `command` (with `args` as $1...) in POSIX sh on `host` (macOS' login shell is zsh)."""
-    return ["ssh", "-F", str(config), host, shlex.join(["sh", "-c", command, "sh", *map(str, args)])]
+def argv(config: Path, host: str, command: str, args: tuple = (), via: str | None = None) -> list[str]:
+    """ssh argv running `command` (with `args` as $1...) in POSIX sh on `host` (macOS' login shell is zsh);
+    `via`: connect to that address instead, as `host` otherwise (its user, key and known host key)."""
+    route = ["-o", f"HostName={via}", "-o", f"HostKeyAlias={host}"] if via else []
+    return ["ssh", "-F", str(config), *route, host, shlex.join(["sh", "-c", command, "sh", *map(str, args)])]
+
+
+def reached_at(config: Path, host: str) -> str:
+    """The address (or name) ssh connects to for `host`, as its config makes it (`ssh -G`)."""
+    p = subprocess.run(["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, timeout=10)
+    return next((line.split(None, 1)[1] for line in p.stdout.splitlines() if line.startswith("hostname ")), host)
+
+
+def bulk_route(config: Path, host: str, ring_address: str, resolver) -> str | None:
+    """The ring address when ssh would reach `host` some other way: bulk data (weights) then takes the
+    ring's link (Thunderbolt, on Macs) rather than the route to the ssh name (often Wi-Fi). None: same link."""
+    target = reached_at(config, host)
+    try:
+        return None if resolver(target) == ring_address else ring_address
+    except ValueError:
+        return ring_address
 
 
 def explain(host: str, stderr: str) -> str:

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
-from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile
-from mlx_ring.hosts.identity import versions
+from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
+from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, plan_layers, summary
@@ -89,6 +89,10 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
             ring.problems.append(f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its addresses are "
                                  f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (on Macs joined by "
                                  "Thunderbolt, the bridge0 address: System Settings > Network > Thunderbolt Bridge)")
+    macs = sorted(n for n, f in ring.facts.items() if n != "127.0.0.1" and f.system.startswith("Darwin"))
+    if macs and provision.closed_to_ssh_on_macos(ROOT):
+        ring.problems.append(f"{macs[0]} is a Mac, where {ROOT} is closed to ssh by macOS privacy controls; "
+                             f"{provision.location_advice(ROOT)}")
     return ring
 
 
@@ -144,10 +148,12 @@ def bring_up(ring: Ring, sums: dict[str, str], here: str) -> None:
     """Provision code and environment on every remote host, then the weights of each one's slice."""
     def code_and_env(name: str) -> str:
         f = ring.facts[name]
-        sent, t = provision.timed(provision.send_code, ring.conf, f, ROOT, sums)
+        (sent, replaced), t = provision.timed(provision.send_code, ring.conf, f, ROOT, sums)
         provision.ensure_uv(ring.conf, f, here)
         _, t_env = provision.timed(provision.sync_env, ring.conf, f, ROOT)
-        return f"{name}: code {sent / 1e6:.1f} MB in {t:.1f} s, environment ready in {t_env:.1f} s"
+        # A file edited on the host is overwritten: say which, so nobody's change goes without a word.
+        edited = f" (replaced there: {', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})" if replaced else ""
+        return f"{name}: code {sent / 1e6:.1f} MB in {t:.1f} s{edited}, environment ready in {t_env:.1f} s"
 
     for line in each_host(ring, code_and_env).values():
         log.info("%s", line)
@@ -157,7 +163,9 @@ def send_weights(ring: Ring) -> dict:
     """Each remote host's slice; what was sent, per host."""
     cache = ring.opts.remote_cache
     needed: dict[str, list[str]] = {}
+    address = {}  # ssh name -> its first rank's ring address
     for h in ring.hosts:
+        address.setdefault(h.ssh, h.address)
         s, e = ring.plan.ranges[h.rank]
         needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
     sent = {}
@@ -168,12 +176,24 @@ def send_weights(ring: Ring) -> dict:
         want = sorted(set(needed[name]))
         held = sum(ring.manifest["pieces"][g]["size"] for g in want)
         # A bar per host on a terminal (nothing otherwise): the most it may send is its whole slice.
-        with tqdm(total=held, desc=f"{name} weights", unit="B", unit_scale=True, position=names.index(name), leave=False,
-                  disable=None, file=sys.stderr) as bar:
-            n, t = provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest, want,
-                                   cache, bar.update)
-        sent[name] = {"bytes_sent": n, "slice_bytes": held, "seconds": round(t, 2)}
-        return (f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s "
+        via = ssh.bulk_route(ring.conf, name, address[name], resolve)
+
+        def send(route):
+            with tqdm(total=held, desc=f"{name} weights", unit="B", unit_scale=True, position=names.index(name),
+                      leave=False, disable=None, file=sys.stderr) as bar:
+                return provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest,
+                                       want, cache, bar.update, route)
+
+        try:
+            n, t = send(via)
+        except ssh.SshError as e:
+            if via is None:
+                raise
+            log.info("%s: its ring address %s does not take ssh (%s); sending its weights the way ssh reaches it",
+                     name, via, e)
+            n, t, via = *send(None), None
+        sent[name] = {"bytes_sent": n, "slice_bytes": held, "seconds": round(t, 2), "via": via or name}
+        return (f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s{f' over {via}' if via else ''} "
                 f"(its slice: {len(want)} pieces, {held / 1e6:.1f} MB{'; the rest was there' if n < held else ''})")
 
     for line in each_host(ring, ship).values():
@@ -229,8 +249,8 @@ def check(ring: Ring, as_json: bool) -> None:
 
 
 def run(a, cfg: Config, opts: Launch) -> Ring:
-    files = provision.tracked_files(ROOT)
-    sums = provision.file_sums(ROOT, files)
+    files = runtime_files(ROOT)
+    sums = file_sums(ROOT, files)
     ring = gather(cfg, opts, files)
     if a.command == "up" and opts.provision and not ring.problems:
         bring_up(ring, sums, f"{platform.system()} {platform.machine()}")

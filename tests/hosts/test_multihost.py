@@ -106,6 +106,10 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert [x["host"] for x in st["ranks"]] == [a.name, b.name]  # each rank on its own machine
     # Set up there as here: the ssh ranks measured themselves with OpenBLAS preloaded (launch.sh rank).
     assert "|openblas" in hosts.ssh(b, "cat ~/.cache/mlx-ring/probe.json").stdout
+    # A host gets the runtime: no tests, tools or docs, no dev packages, and no configuration of ours.
+    held = hosts.ssh(b, f"cd {ROOT} && ls -a && ls .venv/lib/python3*/site-packages").stdout.split()
+    assert "server.py" in held and "mlx_lm" in held and ".python-version" in held, held
+    assert not {"tests", "tools", "docs", "hosts.json", "pytest", "playwright"} & set(held), held
 
     # The same plan again: nothing is sent.
     r = ring.sh("restart")
@@ -211,5 +215,6 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     ring.write([a.entry(), c.entry()])
     r = ring.sh("start")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{c.name}: code " in r.stderr and "(replaced there: shard.py)" in r.stderr, r.stderr[-3000:]
     assert ring.sh("stop").returncode == 0
     assert "# edited" not in hosts.ssh(c, f"tail -n 1 {ROOT}/shard.py").stdout

@@ -110,3 +110,51 @@ def test_disagreement_names_the_host_that_differs():
     text = disagreement([row, dict(row, host="mac-b"), dict(row, host="mac-c", model="m2")])
     assert text.startswith("rank 2 on host mac-c has model m2 but rank 0 on mac-a has m1;") and "set MODEL once" in text
     assert "rank 1 on host mac-b has mlx 0.31.0" in disagreement([row, dict(row, host="mac-b", mlx="0.31.0")])
+
+
+def test_this_machines_entry_is_started_without_ssh_whatever_it_is_called(tmp_path):
+    from mlx_ring.hosts.hostfile import this_machine
+
+    names = {"studio.local": "192.168.1.10", "mini.local": "192.168.1.11"}
+
+    def lan(name):
+        if name[0].isdigit():
+            return name
+        if name not in names:
+            raise ValueError(f"cannot resolve {name!r}")
+        return names[name]
+
+    owns = {"192.168.1.10", "169.254.3.1"}.__contains__  # this machine's addresses
+    for name, address in [("Studio", "10.9.9.9"), ("studio.local", "10.9.9.9"), ("studio.lan", "10.9.9.9"),
+                          ("localhost", "10.9.9.9"), ("my-alias", "169.254.3.1"), ("192.168.1.10", "10.9.9.9")]:
+        assert this_machine(name, address, lan, owns, hostname="studio.lan"), name
+    for name, address in [("mini.local", "192.168.1.11"), ("my-alias", "10.9.9.9"), ("studio-2", "10.9.9.9")]:
+        assert not this_machine(name, address, lan, owns, hostname="studio.lan"), name
+    # For real: this machine's own name gives local ranks, as "127.0.0.1" does.
+    import socket
+
+    mine = hosts_from(tmp_path, [{"ssh": socket.gethostname(), "ips": ["127.0.0.1"]}] * 2, resolve)
+    assert [h.ssh for h in mine] == ["127.0.0.1", "127.0.0.1"] and all(h.local for h in mine)
+
+
+def test_weights_take_the_ring_link_when_ssh_reaches_the_host_another_way(tmp_path):
+    user = tmp_path / "user_config"
+    user.write_text("Host mini\n  HostName 192.168.1.20\n  User alice\n")
+    conf = ssh.write_config(tmp_path / "ssh_config", str(user))
+    lan = {"192.168.1.20": "192.168.1.20", "169.254.7.2": "169.254.7.2"}.get
+    assert ssh.reached_at(conf, "mini") == "192.168.1.20"  # real `ssh -G` over the user's config
+    assert ssh.bulk_route(conf, "mini", "192.168.1.20", lan) is None  # one link: nothing to choose
+    assert ssh.bulk_route(conf, "mini", "169.254.7.2", lan) == "169.254.7.2"  # Wi-Fi name, Thunderbolt ring
+    argv = ssh.argv(conf, "mini", "true", (), via="169.254.7.2")
+    assert argv[:7] == ["ssh", "-F", str(conf), "-o", "HostName=169.254.7.2", "-o", "HostKeyAlias=mini"]
+    assert argv[7] == "mini"  # still the user's entry: user alice, the key known for mini
+
+
+def test_install_locations_a_mac_closes_to_ssh_are_named():
+    from mlx_ring.hosts.provision import closed_to_ssh_on_macos, location_advice
+
+    for closed in ("/Users/alice/Documents/mlx-ring", "/Users/bob/Desktop/x", "/Users/bob/Downloads/mlx-ring-main"):
+        assert closed_to_ssh_on_macos(closed), closed
+    for fine in ("/Users/Shared/mlx-ring", "/Users/alice/src/mlx-ring", "/opt/mlx-ring", "/home/alice/Documents/x"):
+        assert not closed_to_ssh_on_macos(fine), fine
+    assert "/Users/Shared/mlx-ring" in location_advice("/Users/alice/Documents/mlx-ring")

@@ -1,0 +1,119 @@
+"""`./launch.sh [command] [args]`: the commands a user types, after launch.sh has found uv and made
+the environment. Extra arguments go to the program each command runs (server.py, pytest, ...)."""
+
+import glob
+import logging
+import os
+import subprocess
+import sys
+
+from mlx_ring.config import ROOT
+from mlx_ring.launcher import environment, supervisor
+from mlx_ring.launcher.settings import LaunchSettings, read_settings
+from mlx_ring.launcher.status import status_text
+
+log = logging.getLogger("launcher")
+
+USAGE = """usage: ./launch.sh [command] [args]
+  start     install what is needed, prepare the model, bring every host in hosts.json up to date
+            (code, environment, its slice of the weights), start a rank on each (the default)
+  stop      stop every rank                restart   stop, then start
+  status    is it up, and the per-rank layer plan and memory
+  check     a preflight table per host (ssh, path, versions, memory against its slice, links); exit 0 when all is well
+  plan      print the layer plan for the hostfile and model, loading no weights (--json, --model, --strategy)
+  logs      follow logs/*.log              prepare   install and convert the model only
+  test      run the test suite (extra args go to pytest)
+  bench     benchmark the ring against single-process mlx_lm.server (tools/bench.py --help)
+  setup     install this host's runtime environment only (the launcher runs it on every host)
+Extra arguments to start go to server.py, e.g. ./launch.sh start --model ~/models/Qwen3-4B-4bit"""
+
+
+def run_python(argv: list[str]) -> None:
+    """Replace this process with the environment's Python running `argv` (OpenBLAS preloaded for MLX)."""
+    os.chdir(ROOT)
+    os.execve(sys.executable, [sys.executable, *argv], environment.rank_env())
+
+
+def start(s: LaunchSettings, args: list[str]) -> int:
+    pid = supervisor.supervisor_pid(s)
+    if pid:
+        log.info("already running (pid %d) at %s", pid, s.url)
+        return status(s)
+    environment.ensure(cuda=s.cuda)
+    rc = supervisor.start(s, args)
+    return rc or status(s)
+
+
+def status(s: LaunchSettings) -> int:
+    pid = supervisor.supervisor_pid(s)
+    if pid is None:
+        log.info("not running")
+        return 1
+    text = status_text(s.url)
+    if text is None:
+        log.info("launcher pid %d is up but %s/health does not answer", pid, s.url)
+        return 1
+    print(text, flush=True)
+    return 0
+
+
+def logs(s: LaunchSettings, args: list[str]) -> int:
+    s.log_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(glob.glob(str(s.log_dir / "*.log")))
+    if not files:
+        log.info("no logs yet in %s", s.log_dir)
+        return 0
+    follow = ["-n", "50", "-F"] if sys.stdout.isatty() else ["-n", args[0] if args else "100"]
+    os.execvp("tail", ["tail", *follow, *files])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cmd, args = (argv[0], argv[1:]) if argv else ("start", [])
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Started on every host by mlx.launch (rank) or the launcher (probe): this host's BLAS, then Python.
+    if cmd == "rank":
+        run_python(["server.py", *args])
+    if cmd == "probe":
+        run_python(["-m", "mlx_ring.planning.probe", *args])
+    if cmd in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    try:
+        s = read_settings()
+        if cmd == "start":
+            return start(s, args)
+        if cmd == "supervise":
+            return supervisor.supervise(s, args)
+        if cmd == "stop":
+            return supervisor.stop(s)
+        if cmd == "restart":
+            supervisor.stop(s)
+            return start(s, args)
+        if cmd == "status":
+            return status(s)
+        if cmd == "logs":
+            return logs(s, args)
+        if cmd not in ("prepare", "setup", "check", "plan", "test", "bench"):
+            log.info("unknown command '%s'; use start, stop, restart, status, check, logs, test, prepare, plan, setup "
+                     "or bench (./launch.sh help)", cmd)
+            return 2
+        environment.ensure(dev=cmd in ("test", "bench"), cuda=s.cuda)
+    except ValueError as e:
+        log.info("cannot start: %s", e)
+        return 2
+    if cmd == "check":  # the model prepared first: the check plans its slices
+        s.log_dir.mkdir(parents=True, exist_ok=True)
+        if subprocess.run([sys.executable, "server.py", "--prepare"], cwd=ROOT, env=environment.rank_env(),
+                          stdout=subprocess.DEVNULL).returncode:
+            return 2
+    then = {"prepare": ["server.py", "--prepare"], "test": ["-m", "pytest"], "bench": ["tools/bench.py"],
+            "check": ["-m", "mlx_ring.hosts.up", "check", "--ring-port", str(s.ring_port)],
+            "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile]}  # later flags win
+    if cmd in then:
+        run_python([*then[cmd], *args])
+    return 0  # setup
+
+
+if __name__ == "__main__":
+    sys.exit(main())
