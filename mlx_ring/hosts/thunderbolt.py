@@ -73,7 +73,8 @@ def parse_ifconfig(text: str) -> dict[str, Interface]:
     for line in text.splitlines():
         if line and not line[0].isspace() and ": flags=" in line:
             name, _, rest = line.partition(": flags=")
-            cur = out[name] = Interface(name, "<UP" in rest or ",UP," in rest)
+            flags = rest.partition("<")[2].partition(">")[0].split(",")
+            cur = out[name] = Interface(name, "UP" in flags)
         elif cur and line.strip().startswith("inet "):
             cur.addresses.append(line.split()[1])
         elif cur and line.strip().startswith("member: "):
@@ -115,9 +116,12 @@ def thunderbolt_host(mac: MacFacts):
     """MLX's ThunderboltHost for one Mac: its Thunderbolt ports (network interface, domain UUID, and the
     UUID of the Mac at the other end of the cable, if any)."""
     cfg = _mlx()
-    if mac.system != "Darwin" or mac.thunderbolt is None:
+    if mac.system != "Darwin":
         raise ValueError(f"{mac.host} is not a Mac ({mac.system or 'no uname'}): Thunderbolt addressing is for Macs "
                          "cabled together; put its Ethernet address in hosts.json instead")
+    if mac.thunderbolt is None:
+        raise ValueError(f"{mac.host}: system_profiler printed nothing; run `system_profiler SPThunderboltDataType "
+                         "-json` there to see why")
     iface = cfg.parse_hardware_ports(mac.ports.encode())
     # extract_connectivity's parse, which MLX does not offer apart from its own ssh calls.
     name, ports = "", []
@@ -247,7 +251,9 @@ def apply(conf: Path, p: Proposal) -> list[str]:
     """Run each Mac's commands (remote ones with `sudo -n`: over ssh nobody can type a password), then
     read ifconfig back; problems as sentences."""
     problems = []
-    for host, cmds in p.commands.items():
+    # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0 going
+    # down would cut off.
+    for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in LOCAL):
         local = host in LOCAL
         script = " ; ".join(c if local else c.replace("sudo ", "sudo -n ", 1) for c in cmds)
         try:
