@@ -1,0 +1,308 @@
+"""Thunderbolt addressing as MLX's `mlx.distributed_config --over thunderbolt --backend ring` does it:
+read each Mac's Thunderbolt ports and their peers (system_profiler, networksetup), give every cable
+its own /30 subnet with Thunderbolt Bridge (bridge0) taken down, and write hosts.json in ring order.
+
+`python -m mlx_ring.hosts.thunderbolt` prints the commands for each Mac and the hosts.json;
+`--apply` runs the commands over ssh (sudo), `--write` saves hosts.json. `hostfile_warnings` says
+when a hostfile's addresses are the ones that misroute or loop on cabled Macs.
+"""
+
+import argparse
+import ipaddress
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlx_ring.config import ROOT
+from mlx_ring.hosts import ssh
+from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries
+
+try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
+    from mlx._distributed_utils import config as mlx_config
+except ImportError:
+    mlx_config = None
+
+FIX = ("give each cable its own subnet as MLX does: `./launch.sh hosts --over thunderbolt` prints the "
+       "commands and the hosts.json (then `--apply` and `--write`)")
+NETMASK = "255.255.255.252"  # IPConfigurator.setup's: one /30 per cable
+
+# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check after --apply.
+SCRIPT = r'''
+PATH=$PATH:/usr/sbin:/sbin
+echo "system=$(uname -s)"
+if command -v system_profiler >/dev/null 2>&1; then
+  echo "--- thunderbolt"; system_profiler SPThunderboltDataType -json
+  echo "--- ports"; networksetup -listallhardwareports
+fi
+echo "--- ifconfig"; ifconfig 2>/dev/null
+'''
+
+
+@dataclass
+class Interface:
+    name: str
+    up: bool  # UP among its flags (bridge0 after `ifconfig bridge0 down` is not)
+    addresses: list[str] = field(default_factory=list)  # IPv4
+    members: list[str] = field(default_factory=list)  # a bridge's member ports
+
+
+@dataclass
+class MacFacts:
+    host: str  # as ssh names it
+    system: str  # uname -s
+    thunderbolt: dict | None  # system_profiler SPThunderboltDataType -json, parsed
+    ports: str  # networksetup -listallhardwareports
+    interfaces: dict[str, Interface]
+
+
+@dataclass
+class Proposal:
+    ring: list[int]  # hosts.json entry indices in ring order, starting with rank 0's
+    entries: list[dict]  # the hosts.json to write
+    commands: dict[str, list[str]]  # ssh name -> commands, as MLX's IPConfigurator.setup prints them
+    cables: list[tuple[str, str, str, str]]  # (host, iface, peer host, peer iface) per ring neighbour pair
+
+
+def parse_ifconfig(text: str) -> dict[str, Interface]:
+    """macOS `ifconfig` output by interface: UP flag, IPv4 addresses, bridge members."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and ": flags=" in line:
+            name, _, rest = line.partition(": flags=")
+            flags = rest.partition("<")[2].partition(">")[0].split(",")
+            cur = out[name] = Interface(name, "UP" in flags)
+        elif cur and line.strip().startswith("inet "):
+            cur.addresses.append(line.split()[1])
+        elif cur and line.strip().startswith("member: "):
+            cur.members.append(line.split()[1])
+    return out
+
+
+def parse_facts(host: str, out: str) -> MacFacts:
+    """SCRIPT's output from `host`."""
+    sections, key = {"": []}, ""
+    for line in out.splitlines():
+        if line.startswith("--- "):
+            key = line[4:].strip()
+            sections[key] = []
+        else:
+            sections[key].append(line)
+    head = dict(line.partition("=")[::2] for line in sections[""] if "=" in line)
+    tb = "\n".join(sections.get("thunderbolt", [])).strip()
+    try:
+        profile = json.loads(tb) if tb else None
+    except json.JSONDecodeError:
+        raise ValueError(f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
+                         "by hand to see why") from None
+    return MacFacts(host, head.get("system", "").strip(), profile, "\n".join(sections.get("ports", [])),
+                    parse_ifconfig("\n".join(sections.get("ifconfig", []))))
+
+
+def _mlx():
+    if mlx_config is None:
+        import mlx.core as mx
+
+        raise ValueError(f"this MLX ({mx.__version__}) lacks mlx._distributed_utils.config, the code behind "
+                         "`mlx.distributed_config --over thunderbolt` that this command reuses; run "
+                         "`./launch.sh setup` for the locked MLX, or set the addresses by hand as docs/mac.md shows")
+    return mlx_config
+
+
+def thunderbolt_host(mac: MacFacts):
+    """MLX's ThunderboltHost for one Mac: its Thunderbolt ports (network interface, domain UUID, and the
+    UUID of the Mac at the other end of the cable, if any)."""
+    cfg = _mlx()
+    if mac.system != "Darwin":
+        raise ValueError(f"{mac.host} is not a Mac ({mac.system or 'no uname'}): Thunderbolt addressing is for Macs "
+                         "cabled together; put its Ethernet address in hosts.json instead")
+    if mac.thunderbolt is None:
+        raise ValueError(f"{mac.host}: system_profiler printed nothing; run `system_profiler SPThunderboltDataType "
+                         "-json` there to see why")
+    iface = cfg.parse_hardware_ports(mac.ports.encode())
+    # extract_connectivity's parse, which MLX does not offer apart from its own ssh calls.
+    name, ports = "", []
+    for t in mac.thunderbolt.get("SPThunderboltDataType", []):
+        uuid = t.get("domain_uuid_key")
+        if uuid is None:
+            continue
+        name, tag = t["device_name_key"], t["receptacle_1_tag"]["receptacle_id_key"]
+        peers = [i["domain_uuid_key"] for i in t.get("_items", []) if "domain_uuid_key" in i]
+        if f"Thunderbolt {tag}" not in iface:
+            raise ValueError(f"{mac.host}: networksetup lists no \"Thunderbolt {tag}\" port for Thunderbolt receptacle "
+                             f"{tag}; check `networksetup -listallhardwareports` there")
+        ports.append(cfg.ThunderboltPort(iface[f"Thunderbolt {tag}"], uuid, peers[0] if peers else None))
+    return cfg.ThunderboltHost(name, sorted(ports, key=lambda p: p.iface))
+
+
+def _ring_order(connectivity: list[list[int]], names: list[str]) -> list[int]:
+    n = len(connectivity)
+    as_listed = list(range(n))
+    if all(connectivity[i][(i + 1) % n] > 0 for i in range(n)):
+        return as_listed  # hosts.json's order is already cabled as a ring: keep it (and its rank 0)
+    rings = [r for r, _ in _mlx().extract_rings(connectivity) if len(r) == n]
+    if not rings:
+        cables = [f"{names[i]}-{names[j]}" for i in range(n) for j in range(i + 1, n) if connectivity[i][j]]
+        raise ValueError(f"no Thunderbolt ring runs through all {n} Macs (cables found: "
+                         f"{', '.join(cables) or 'none'}); cable each Mac to the next and the last back to the first")
+    ring = rings[0]
+    start = ring.index(0)
+    return ring[start:] + ring[:start]  # rank 0 stays hosts.json's first entry (it serves the API)
+
+
+def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
+    """Per-cable addresses, commands and hosts.json for the Macs of `entries` (hosts.json's, in order),
+    as MLX's IPConfigurator and configure_ring compute them."""
+    cfg = _mlx()
+    names = [e["ssh"] for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError("hosts.json names one machine twice; Thunderbolt addressing needs one entry per Mac")
+    if len(entries) < 2:
+        raise ValueError("hosts.json has one host: there is no Thunderbolt cable to address")
+    tb = [thunderbolt_host(m) for m in macs]
+    index = {p.uuid: (i, j) for i, h in enumerate(tb) for j, p in enumerate(h.ports)}
+    ips = cfg.IPConfigurator(None, tb, index).ips  # (node, peer) -> [(iface, address)], one per cable
+    ring = _ring_order(cfg.make_connectivity_matrix(tb, index), names)
+    # MLX's ring backend (ring.cpp, RingGroup): rank r listens on its own entry's addresses and connects to
+    # rank r+1's. So an entry's address is where its predecessor reaches it: rank r's end of the cable
+    # from rank r-1, which configure_ring picks (ips[node, ring[i - 1]]). A /30 on that cable is reachable
+    # from r-1 alone, which is all the ring needs: it only talks to neighbours. A second cable between the
+    # same two Macs is addressed too, but the ring uses one address per rank (hostfile.mlx_hostfile).
+    out = [dict(entries[node], ips=[ips[node, ring[i - 1]][0][1]]) for i, node in enumerate(ring)]
+    commands = {}
+    for i, name in enumerate(names):  # IPConfigurator.setup's commands, without its prompts and plain ssh
+        cmds = ["sudo ifconfig bridge0 down"]
+        for j in range(len(names)):
+            for (iface, ip), (_, peer) in zip(ips.get((i, j), []), ips.get((j, i), [])):
+                cmds += [f"sudo ifconfig {iface} inet {ip} netmask {NETMASK}",
+                         f"sudo route change {peer} -interface {iface}"]
+        commands[name] = cmds
+    cables = [(names[a], ips[a, b][0][0], names[b], ips[b, a][0][0])
+              for a, b in ((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else 1))]
+    return Proposal(ring, out, commands, cables)
+
+
+def format_hostfile(entries: list[dict]) -> str:
+    """hosts.json's text: one entry a line."""
+    return "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+
+
+def format_proposal(p: Proposal) -> str:
+    """What the command prints: the ring, each Mac's commands, the hosts.json it would write."""
+    order = [e["ssh"] for e in p.entries]
+    lines = ["Thunderbolt ring (rank order): " + " -> ".join(order + order[:1])]
+    lines += [f"  cable {a} {ia} <-> {b} {ib}" for a, ia, b, ib in p.cables]
+    for host, cmds in p.commands.items():
+        where = "this Mac" if host in LOCAL else host
+        lines += ["", f"# on {where} (an administrator's sudo; lasts until it restarts):", *cmds]
+    lines += ["", "hosts.json (ring order; each rank's ips: its end of the cable from the rank before it):",
+              format_hostfile(p.entries).rstrip()]
+    return "\n".join(lines)
+
+
+def hostfile_warnings(hosts: list[Host], interfaces: dict[str, dict[str, Interface]] | None = None) -> list[str]:
+    """Sentences about ring addresses that misbehave on cabled Macs, each with the fix. `interfaces`: per
+    ssh name, `parse_ifconfig` of that host (optional; without it the bridge0 check is skipped)."""
+    warnings, interfaces = [], interfaces or {}
+    link_local = [h for h in hosts if ipaddress.ip_address(h.address) in ipaddress.ip_network("169.254.0.0/16")]
+    if link_local:
+        which = ", ".join(f"rank {h.rank} ({h.ssh}) {h.address}" for h in link_local)
+        # Self-assigned addresses all share 169.254/16, and macOS routes that subnet out of one interface
+        # (usually Wi-Fi), so ring traffic can leave by the wrong port and be lost.
+        warnings.append(f"link-local ring address(es) {which}: macOS keeps one route for 169.254/16, usually on Wi-Fi, "
+                        f"so ring traffic can leave by the wrong port; {FIX}")
+    if len(hosts) >= 3 and interfaces:
+        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop protection: three or
+        # more Macs cabled in a ring with bridge0 up forward broadcasts round forever (a broadcast storm).
+        bridge = {h.ssh: interfaces.get(h.ssh, {}).get("bridge0") for h in hosts}
+        on_bridge = [h for h in hosts if bridge[h.ssh] and h.address in bridge[h.ssh].addresses]
+        looped = all(b and b.up and len(b.members) > 1 for b in bridge.values())
+        if on_bridge or looped:
+            ranks = ", ".join(f"{h.rank} ({h.ssh})" for h in on_bridge)
+            why = (f"rank(s) {ranks} use Thunderbolt Bridge (bridge0) addresses" if on_bridge
+                   else "Thunderbolt Bridge (bridge0) is up with its Thunderbolt ports on every host")
+            warnings.append(f"{why} in a ring of {len(hosts)} Macs: bridge0 joins every Thunderbolt port, so a cabled "
+                            f"ring of three or more is a layer-2 loop (a broadcast storm); {FIX}")
+    return warnings
+
+
+def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
+    """`parse_ifconfig` of `host` (this machine when `local`); empty where there is no ifconfig."""
+    return parse_ifconfig(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
+
+
+def gather(conf: Path, names: list[str]) -> list[MacFacts]:
+    """Every host's facts at once; ValueError naming each host that could not be read."""
+    def one(name: str) -> MacFacts:
+        return parse_facts(name, ssh.run_on(conf, name, name in LOCAL, SCRIPT, timeout=90).stdout)
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = [pool.submit(one, n) for n in names]
+    errors = [str(f.exception()) for f in futures if isinstance(f.exception(), ValueError)]  # ssh.SshError too
+    if errors:
+        raise ValueError("; ".join(errors))
+    return [f.result() for f in futures]
+
+
+def apply(conf: Path, p: Proposal) -> list[str]:
+    """Run each Mac's commands (remote ones with `sudo -n`: over ssh nobody can type a password), then
+    read ifconfig back; problems as sentences."""
+    problems = []
+    # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0 going
+    # down would cut off.
+    for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in LOCAL):
+        local = host in LOCAL
+        script = " ; ".join(c if local else c.replace("sudo ", "sudo -n ", 1) for c in cmds)
+        try:
+            r = ssh.run_on(conf, host, local, script, timeout=60)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        if "password is required" in r.stderr:
+            problems.append(f"{host}: sudo needs a password there; run the commands printed for {host} in a Terminal "
+                            "on that Mac (or allow passwordless sudo for ifconfig and route)")
+    for mac, entry in zip(gather(conf, [e["ssh"] for e in p.entries]), p.entries):
+        held = {a for i in mac.interfaces.values() for a in i.addresses}
+        if entry["ips"][0] not in held:
+            problems.append(f"{mac.host} does not hold {entry['ips'][0]} after --apply (it holds "
+                            f"{', '.join(sorted(held))}); run the commands printed for {mac.host} there by hand")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = argparse.ArgumentParser(prog="./launch.sh hosts", description=__doc__.split("\n\n")[0])
+    a.add_argument("--over", choices=["thunderbolt"], default="thunderbolt")
+    a.add_argument("--hostfile", type=Path, default=ROOT / os.environ.get("HOSTFILE", "hosts.json"))
+    a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there)")
+    a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
+    args = a.parse_args(argv)
+    try:
+        entries = load_entries(args.hostfile)
+        log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
+        conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
+        proposal = propose(entries, gather(conf, [e["ssh"] for e in entries]))
+        print(format_proposal(proposal))
+        if args.apply:
+            problems = apply(conf, proposal)
+            for problem in problems:
+                print(f"cannot apply: {problem}", file=sys.stderr)
+            if problems:
+                return 2
+            print("\napplied on every Mac; they keep these addresses until they restart (run --apply again then)")
+        if args.write:
+            shutil.copyfile(args.hostfile, args.hostfile.with_name(args.hostfile.name + ".bak"))
+            args.hostfile.write_text(format_hostfile(proposal.entries))
+            print(f"\nwrote {args.hostfile} (the old one is {args.hostfile.name}.bak)")
+        elif not args.apply:
+            print("\nnothing changed: --apply sets these addresses on the Macs, --write saves this hosts.json")
+    except ValueError as e:
+        print(f"cannot propose Thunderbolt addresses: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
