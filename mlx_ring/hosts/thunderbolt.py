@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
-from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries
+from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries, this_machine
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
     from mlx._distributed_utils import config as mlx_config
@@ -234,13 +234,14 @@ def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
     return parse_ifconfig(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
 
 
-def gather(conf: Path, names: list[str]) -> list[MacFacts]:
-    """Every host's facts at once; ValueError naming each host that could not be read."""
-    def one(name: str) -> MacFacts:
-        return parse_facts(name, ssh.run_on(conf, name, name in LOCAL, SCRIPT, timeout=90).stdout)
+def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:
+    """Every hosts.json entry's facts at once; ValueError naming each host that could not be read."""
+    def one(e: dict) -> MacFacts:
+        local = this_machine(e["ssh"], e["ips"][0])  # this Mac: read here, not over ssh
+        return parse_facts(e["ssh"], ssh.run_on(conf, e["ssh"], local, SCRIPT, timeout=90).stdout)
 
-    with ThreadPoolExecutor(len(names)) as pool:
-        futures = [pool.submit(one, n) for n in names]
+    with ThreadPoolExecutor(len(entries)) as pool:
+        futures = [pool.submit(one, e) for e in entries]
     errors = [str(f.exception()) for f in futures if isinstance(f.exception(), ValueError)]  # ssh.SshError too
     if errors:
         raise ValueError("; ".join(errors))
@@ -253,8 +254,9 @@ def apply(conf: Path, p: Proposal) -> list[str]:
     problems = []
     # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0 going
     # down would cut off.
-    for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in LOCAL):
-        local = host in LOCAL
+    here = {e["ssh"] for e in p.entries if this_machine(e["ssh"], e["ips"][0])}
+    for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in here):
+        local = host in here
         script = " ; ".join(c if local else c.replace("sudo ", "sudo -n ", 1) for c in cmds)
         try:
             r = ssh.run_on(conf, host, local, script, timeout=60)
@@ -264,7 +266,7 @@ def apply(conf: Path, p: Proposal) -> list[str]:
         if "password is required" in r.stderr:
             problems.append(f"{host}: sudo needs a password there; run the commands printed for {host} in a Terminal "
                             "on that Mac (or allow passwordless sudo for ifconfig and route)")
-    for mac, entry in zip(gather(conf, [e["ssh"] for e in p.entries]), p.entries):
+    for mac, entry in zip(gather(conf, p.entries), p.entries):
         held = {a for i in mac.interfaces.values() for a in i.addresses}
         if entry["ips"][0] not in held:
             problems.append(f"{mac.host} does not hold {entry['ips'][0]} after --apply (it holds "
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         entries = load_entries(args.hostfile)
         log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
         conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
-        proposal = propose(entries, gather(conf, [e["ssh"] for e in entries]))
+        proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))
         if args.apply:
             problems = apply(conf, proposal)

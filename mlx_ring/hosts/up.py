@@ -22,6 +22,7 @@ from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
+from mlx_ring.hosts.thunderbolt import hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, plan_layers, summary
@@ -87,8 +88,8 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
         if f and f.addresses and h.address not in f.addresses:
             named = f" ({h.named} resolves to it)" if h.named != h.address else ""
             ring.problems.append(f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its addresses are "
-                                 f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (on Macs joined by "
-                                 "Thunderbolt, the bridge0 address: System Settings > Network > Thunderbolt Bridge)")
+                                 f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (Macs cabled with "
+                                 "Thunderbolt: `./launch.sh hosts --over thunderbolt` proposes the addresses)")
     macs = sorted(n for n, f in ring.facts.items() if n != "127.0.0.1" and f.system.startswith("Darwin"))
     if macs and provision.closed_to_ssh_on_macos(ROOT):
         ring.problems.append(f"{macs[0]} is a Mac, where {ROOT} is closed to ssh by macOS privacy controls; "
@@ -252,6 +253,8 @@ def run(a, cfg: Config, opts: Launch) -> Ring:
     files = runtime_files(ROOT)
     sums = file_sums(ROOT, files)
     ring = gather(cfg, opts, files)
+    for warning in hostfile_warnings(ring.hosts):
+        log.warning("warning: %s", warning)
     if a.command == "up" and opts.provision and not ring.problems:
         bring_up(ring, sums, f"{platform.system()} {platform.machine()}")
         ring.facts |= read_all(ring, files)

@@ -21,6 +21,8 @@ USAGE = """usage: ./launch.sh [command] [args]
   status    is it up, and the per-rank layer plan and memory
   check     a preflight table per host (ssh, path, versions, memory against its slice, links); exit 0 when all is well
   plan      print the layer plan for the hostfile and model, loading no weights (--json, --model, --strategy)
+  hosts     propose ring addresses for Macs cabled with Thunderbolt, as MLX's distributed_config does
+            (--over thunderbolt; --apply sets them on each Mac, --write saves hosts.json)
   logs      follow logs/*.log              prepare   install and convert the model only
   test      run the test suite (extra args go to pytest)
   bench     benchmark the ring against single-process mlx_lm.server (tools/bench.py --help)
@@ -94,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             return status(s)
         if cmd == "logs":
             return logs(s, args)
-        if cmd not in ("prepare", "setup", "check", "plan", "test", "bench"):
-            log.info("unknown command '%s'; use start, stop, restart, status, check, logs, test, prepare, plan, setup "
-                     "or bench (./launch.sh help)", cmd)
+        if cmd not in ("prepare", "setup", "check", "plan", "hosts", "test", "bench"):
+            log.info("unknown command '%s'; use start, stop, restart, status, check, plan, hosts, logs, test, prepare, "
+                     "setup or bench (./launch.sh help)", cmd)
             return 2
         environment.ensure(dev=cmd in ("test", "bench"), cuda=s.cuda)
     except ValueError as e:
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     then = {"prepare": ["server.py", "--prepare"], "test": ["-m", "pytest"], "bench": ["tools/bench.py"],
             "check": ["-m", "mlx_ring.hosts.up", "check", "--ring-port", str(s.ring_port)],
-            "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile]}  # later flags win
+            "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],  # later flags win
+            "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile]}
     if cmd in then:
         run_python([*then[cmd], *args])
     return 0  # setup

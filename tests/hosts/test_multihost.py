@@ -215,6 +215,7 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     ring.write([a.entry(), c.entry()])
     r = ring.sh("start")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"{c.name}: code " in r.stderr and "(replaced there: shard.py)" in r.stderr, r.stderr[-3000:]
+    line = next((x for x in r.stderr.splitlines() if x.startswith(f"{c.name}: code ")), "")
+    assert "(replaced there: " in line and "shard.py" in line.partition("(replaced there: ")[2], r.stderr[-3000:]
     assert ring.sh("stop").returncode == 0
     assert "# edited" not in hosts.ssh(c, f"tail -n 1 {ROOT}/shard.py").stdout

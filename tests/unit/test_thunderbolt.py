@@ -197,7 +197,7 @@ def test_the_facts_script_reads_a_mac_through_its_commands(tmp_path, monkeypatch
         (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    (got,) = tb.gather(tmp_path / "unused_ssh_config", ["127.0.0.1"])
+    (got,) = tb.gather(tmp_path / "unused_ssh_config", [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}])
     assert got == facts("127.0.0.1", THREE["mini-b.local"])
     assert got.interfaces["bridge0"].members == ["en2", "en3", "en4"]
 
