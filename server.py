@@ -13,9 +13,9 @@ import sys
 import threading
 from pathlib import Path
 
-from mlx_ring.gpu import one_gpu_per_rank
+from mlx_ring import gpu
 
-one_gpu_per_rank()  # before MLX starts
+gpu.one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_config, load_model, load_tokenizer
@@ -76,10 +76,22 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
     return out
 
 
-def prefill_chunk(cfg: Config) -> int:
+def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
     """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
-    steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a GPU)."""
-    return cfg.prefill_chunk or (128 if mx.default_device() == mx.cpu else 512)
+    steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU). Fewer where a
+    Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`), from each Mac's
+    measured speed (`cluster`: ranks with a recommended working set) and a layer's FLOPs per token."""
+    if cfg.prefill_chunk:
+        return cfg.prefill_chunk
+    cap = 128 if mx.default_device() == mx.cpu else 512
+    macs = [(r["host"], (r["layers"][1] - r["layers"][0]) * layer_flops, r["tflops"])
+            for r in cluster["ranks"] if r.get("working_set_gb")]
+    if not macs:
+        return cap
+    chunk = gpu.watchdog_chunk(macs, cap)
+    log.info("prefill chunks of %d tokens: the busiest Mac's stage of one stays within %.0f s (Metal's watchdog "
+             "aborts at about %.0f s); PREFILL_CHUNK sets it", chunk, gpu.STAGE_BUDGET_S, gpu.WATCHDOG_S)
+    return chunk
 
 
 def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> PrefixIndex | None:
@@ -141,7 +153,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
                  UNBATCHED[model_config["model_type"]], cfg.groups)
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
-    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=prefill_chunk(cfg),
+    chunk = prefill_chunk(cfg, cluster, spec_from_folder(model_path).layer_flops)
+    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, model_path, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None)
@@ -202,6 +215,7 @@ def main() -> None:
     if prepare_only:
         print(model_path)
         return
+    gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
     plan, predicted = make_plan(cfg, model_path, world)
     if rank == 0:
@@ -211,7 +225,10 @@ def main() -> None:
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
-    ring = Ring(world)
+    ring = Ring(world, cfg.receive_apart)
+    if ring.apart:
+        log.info("receiving prefill payloads before building the stage on them (RECEIVE_APART=%s)",
+                 "auto, on Metal" if cfg.receive_apart is None else "on")
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, cluster)
     else:

@@ -276,8 +276,9 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
 def serve_worker(shard: Shard, ring: Ring) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by."""
     while True:
-        # The next step, from the previous rank; its payload arrives within the graph that computes on
-        # it and sends the result on (one sync per step instead of two; every payload is consumed).
+        # The next step, from the previous rank; a forward step's payload arrives within the graph that
+        # computes on it and sends the result on (one sync per step instead of two; every payload is
+        # consumed), except where the ring receives it apart first (a prefill chunk on Metal: Ring.apart).
         header, payload = ring.recv(lazy=True)
         t0 = time.perf_counter()
         out = shard.apply(header, payload)

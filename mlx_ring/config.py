@@ -8,6 +8,8 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from mlx_ring.gpu import receive_apart_setting
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 CACHE_DIR = Path.home() / ".cache" / "mlx-ring"  # converted models, probe results
 
@@ -43,13 +45,14 @@ class Config:
     restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
     tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
     api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
+    receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
 
 
 # Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
 SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
             "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
             "STRATEGY", "KV_TOKENS", "PROMPT_CACHE_GB", "DRAFT_TOKENS", "DRAFT_MODEL", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
-            "TLS_CERT", "TLS_KEY", "API_KEYS_FILE")
+            "TLS_CERT", "TLS_KEY", "API_KEYS_FILE", "RECEIVE_APART")
 
 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
@@ -163,5 +166,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
         api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
+        receive_apart=receive_apart_setting(),
     )
     return cfg, a.prepare

@@ -1,10 +1,114 @@
-"""One GPU per rank on a multi-GPU host: with CUDA_PER_RANK=1, rank r sees only GPU r. MLX picks its
-device when it starts, so this module imports no MLX and runs before it."""
+"""The GPU a rank runs on: one GPU per rank on a multi-GPU host, and on Apple Silicon the memory
+Metal lets a rank wire and the command-buffer watchdog, as MLX and mlx-lm meet them.
 
+The decisions are pure functions of plain values (MLX's `device_info()` dict, measured speeds), so
+they are tested on recorded Macs from Linux. This module imports no MLX at the top: servers call
+`one_gpu_per_rank` before MLX starts, and only the functions that ask the device import it.
+"""
+
+import logging
+import math
 import os
+
+log = logging.getLogger(__name__)
+GIB = 2**30
 
 
 def one_gpu_per_rank() -> None:
-    """Call before the first `import mlx`."""
+    """With CUDA_PER_RANK=1, rank r sees only GPU r (MLX picks its device when it starts). Call
+    before the first `import mlx`."""
     if os.environ.get("CUDA_PER_RANK") == "1":
         os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+
+
+# --- Apple Silicon's memory -------------------------------------------------------------------
+
+# A suggested `iogpu.wired_limit_mb` leaves macOS at least this much of the machine (mlx-lm's README
+# asks only for "smaller than the memory size of the machine"; a 16 GB Mac idles at several GB).
+MACOS_RESERVE_GIB = 4
+
+
+def working_set(info: dict) -> int:
+    """Metal's recommended working set in bytes, as MLX's `device_info()` reports it
+    (`max_recommended_working_set_size`: what the GPU may wire, `iogpu.wired_limit_mb` when set);
+    0 on devices that report none (CPU, CUDA)."""
+    return int(info.get("max_recommended_working_set_size") or 0)
+
+
+def usable_bytes(available: float, limit: float) -> float:
+    """What a rank may fill: the memory free now, and on Metal no more than `limit`, the recommended
+    working set (`working_set(info)`; 0: no such limit)."""
+    return min(available, limit) if limit else available
+
+
+def most_wired_mb(memory_bytes: float) -> int:
+    """The highest `iogpu.wired_limit_mb` worth suggesting on a Mac of `memory_bytes`."""
+    return (int(memory_bytes / GIB) - MACOS_RESERVE_GIB) * 1024
+
+
+def wired_limit_mb(need_bytes: float, memory_bytes: float) -> int | None:
+    """The `iogpu.wired_limit_mb` value that lets the GPU wire `need_bytes` (rounded up to a whole
+    GiB), or None where that would leave macOS less than MACOS_RESERVE_GIB of `memory_bytes`."""
+    mb = math.ceil(need_bytes / GIB - 1e-9) * 1024
+    return mb if mb <= most_wired_mb(memory_bytes) else None
+
+
+def on_metal() -> bool:
+    """True where MLX computes on an Apple GPU (mlx-lm's own test)."""
+    from mlx_lm.utils import can_run_metal
+
+    return can_run_metal()
+
+
+def wire_memory() -> None:
+    """On Metal, set MLX's wired limit to the recommended working set as mlx-lm does before it
+    generates (`maybe_set_recommended_wired_limit`), and log both: without it a slice close to the
+    Mac's memory is paged instead of kept resident. Call once, before loading weights."""
+    if not on_metal():
+        return
+    import mlx.core as mx
+    from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+    info = mx.device_info()
+    before = maybe_set_recommended_wired_limit()
+    log.info("%s: MLX's wired limit is now the recommended working set, %.1f GB of %.1f GB (was %.1f GB); "
+             "`sudo sysctl iogpu.wired_limit_mb=N` raises it", info.get("device_name", "Metal"),
+             working_set(info) / GIB, int(info.get("memory_size") or 0) / GIB, (before or 0) / GIB)
+
+
+# --- Apple Silicon's command-buffer watchdog --------------------------------------------------
+
+RECEIVE_APART = {"auto": None, "on": True, "1": True, "off": False, "0": False}
+
+
+def receive_apart_setting(value: str | None = None) -> bool | None:
+    """RECEIVE_APART (`value`, else the environment): on, off, or auto (None: on where Metal runs)."""
+    value = (os.environ.get("RECEIVE_APART") or "auto") if value is None else value
+    if value.lower() not in RECEIVE_APART:
+        raise ValueError(f"RECEIVE_APART={value!r} must be auto (on where Metal runs), on or off")
+    return RECEIVE_APART[value.lower()]
+
+
+# Metal aborts a command buffer that runs, or waits, for longer than about 5 s
+# (kIOGPUCommandBufferCallbackErrorTimeout; ml-explore/mlx#1849, #3830). One stage's prefill chunk is
+# sized to take at most STAGE_BUDGET_S, a fifth of that: MLX commits a stage in several command
+# buffers, so each one takes less still, and the margin covers the probe's optimism (a square matmul
+# runs faster than quantized layers with attention over a long context, PREFILL_SHARE) and a GPU
+# the desktop uses too. (Waits on other ranks no longer count: on Metal they happen on the host.)
+WATCHDOG_S = 5.0
+STAGE_BUDGET_S = 1.0
+PREFILL_SHARE = 0.5  # prefill runs at no less than this share of the probe's measured TFLOP/s
+
+
+def watchdog_chunk(stages: list[tuple[str, float, float]], cap: int) -> int:
+    """Prompt tokens per prefill step (at most `cap`) such that the busiest machine computes its
+    stages of one step within STAGE_BUDGET_S. `stages`: per rank, (host, FLOPs its layers do per
+    token, its measured TFLOP/s); ranks on one host share its GPU, so their times add up."""
+    busy: dict[str, float] = {}
+    for host, flops, tflops in stages:
+        busy[host] = busy.get(host, 0.0) + flops / (max(tflops, 1e-6) * 1e12 * PREFILL_SHARE)
+    per_token = max(busy.values(), default=0.0)
+    if per_token <= 0:
+        return cap
+    n = int(STAGE_BUDGET_S / per_token)
+    return max(1, min(cap, n // 16 * 16 if n >= 16 else n))  # multiples of 16: friendly shapes

@@ -17,10 +17,12 @@ class Capabilities:
     layers: int | None = None  # custom: exactly this many layers
     weight: float | None = None  # custom: this rank's share of the layers not fixed by `layers`
     source: str = "probed"
+    working_set_gb: float = 0.0  # Metal's recommended working set (GiB): the most the GPU may wire; 0: none
 
 
 def default_usable_gb(memory_gb: float) -> float:
-    """macOS lets the GPU wire about 2/3 of RAM up to 36 GiB and 3/4 above (its default wired limit)."""
+    """macOS lets the GPU wire about 2/3 of RAM up to 36 GiB and 3/4 above (its default wired limit;
+    newer Macs report more above, e.g. 107.5 of 128 GiB, so this errs small)."""
     return memory_gb * (0.75 if memory_gb > 36 else 2 / 3)
 
 
@@ -48,6 +50,8 @@ def with_host_keys(cap: Capabilities, entry: dict) -> Capabilities:
     memory = float(entry.get("memory_gb", cap.memory_gb))
     usable = float(entry.get("usable_gb", default_usable_gb(memory) if "memory_gb" in entry else cap.usable_gb))
     usable = min(usable, float(entry.get("max_memory_gb", usable)))
+    if cap.working_set_gb:  # a probed Mac: its GPU wires no more than Metal allows, whatever is declared
+        usable = min(usable, cap.working_set_gb)
     measured = any(k in entry for k in ("memory_gb", "usable_gb", "tflops", "bandwidth_gbs"))
     return replace(cap, memory_gb=memory, usable_gb=usable, tflops=float(entry.get("tflops", cap.tflops)),
                    bandwidth_gbs=float(entry.get("bandwidth_gbs", cap.bandwidth_gbs)), device=entry.get("device", cap.device),

@@ -9,6 +9,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from mlx_ring.gpu import most_wired_mb, wired_limit_mb
 from mlx_ring.planning.capabilities import Capabilities
 
 GIB = 2**30
@@ -277,25 +278,62 @@ def _gb(b: float) -> str:
 
 def _does_not_fit(model: ModelSpec, caps: list[Capabilities], cap: list[int], kv_tokens: int) -> str:
     each = "; ".join(f"{c.host} (rank {r}) holds at most {cap[r]} in {c.usable_gb:.1f} GB usable"
-                     for r, c in enumerate(caps))
+                     + (f" (its GPU may wire {c.working_set_gb:.1f} of {c.memory_gb:.0f} GB)"
+                        if c.working_set_gb else "") for r, c in enumerate(caps))
     need = memory_need(model, 0, model.n_layers, kv_tokens) + (len(caps) - 1) * RUNTIME_GIB * GIB
     have = sum(c.usable_gb for c in caps) * GIB
+    raise_limits = _raise_metal_limits(caps, need - have + per_layer_bytes(model, kv_tokens))
     return (f"the model does not fit: its {model.n_layers} layers of {_gb(model.layer_bytes)} (+ {_gb(model.ends_bytes)} "
             f"embedding and head on rank 0, KV cache for {kv_tokens} tokens) need {_gb(need)} in all, the hosts have "
-            f"{_gb(have)}: {each}. Add a host, pick a smaller or more quantized model, or lower KV_TOKENS")
+            f"{_gb(have)}: {each}. Add a host, pick a smaller or more quantized model, or lower KV_TOKENS"
+            + (f"; or let the Macs' GPUs wire more than Metal's recommended working set: {raise_limits}"
+               if raise_limits else ""))
+
+
+def _raise_metal_limits(caps: list[Capabilities], short: float) -> str:
+    """The `sysctl` per Mac that would let their GPUs wire `short` bytes more in all, leaving macOS
+    its reserve on each; "" where they cannot."""
+    steps, seen = [], set()
+    for c in caps:
+        if short <= 0:
+            break
+        if not c.working_set_gb or c.host in seen:
+            continue
+        seen.add(c.host)
+        top = most_wired_mb(c.memory_gb * GIB)
+        more = min(short, top * 2**20 - c.working_set_gb * GIB)
+        if more > 0:
+            n = min(top, math.ceil((c.working_set_gb * GIB + more) / GIB - 1e-9) * 1024)
+            steps.append(f"`sudo sysctl iogpu.wired_limit_mb={n}` on {c.host}")
+            short -= more
+    return ", ".join(steps) if steps and short <= 0 else ""
+
+
+def _metal_limit(c: Capabilities, caps: list[Capabilities], short: float) -> str:
+    """What to say of a Mac whose rank needs `short` bytes more than it may use: Metal's limit and the fix."""
+    sharing = sum(1 for x in caps if x.host == c.host)  # ranks on one Mac share its working set
+    n = wired_limit_mb(c.working_set_gb * GIB + sharing * short, c.memory_gb * GIB)
+    said = f", and Metal lets its GPU wire at most {c.working_set_gb:.1f} GB there (the recommended working set)"
+    if n is None:
+        return (f"{said}; raising that would leave macOS too little: "
+                "add a host or pick a smaller or more quantized model")
+    return (f"{said}: raise that limit on {c.host} with `sudo sysctl iogpu.wired_limit_mb={n}`, "
+            "add a host, or pick a smaller or more quantized model")
 
 
 def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> None:
-    """ValueError naming the first rank whose slice needs more memory than it has."""
+    """ValueError naming the first rank whose slice needs more memory than it has, and the fix."""
     for r, (c, (s, e)) in enumerate(zip(caps, plan.ranges)):
         need = memory_need(model, r, e - s, kv_tokens)
         if need > c.usable_gb * GIB + 1:
             ends = f" + {_gb(model.ends_bytes)} embedding and head" if r == 0 else ""
+            fix = (_metal_limit(c, caps, need - c.usable_gb * GIB) if c.working_set_gb
+                   else " (set usable_gb in hosts.json if it may use more)")
             raise ValueError(
                 f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
                 f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * layer_kv_bytes(model, kv_tokens))} "
                 f"KV cache for {kv_tokens} tokens + {RUNTIME_GIB} GB runtime) but it has {c.usable_gb:.1f} GB usable "
-                f"of {c.memory_gb:.0f} GB (set usable_gb in hosts.json if it may use more)")
+                f"of {c.memory_gb:.0f} GB{fix}")
 
 
 def hop_seconds(model: ModelSpec, links: list[tuple[float, float]], tokens: int = 1) -> float:
@@ -314,7 +352,7 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
         ranks.append({
             "rank": r, "host": c.host, "device": c.device, "memory_gb": round(c.memory_gb, 2),
             "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
-            "capabilities_from": c.source, "layers": [s, e],
+            "capabilities_from": c.source, "layers": [s, e], "working_set_gb": round(c.working_set_gb, 2),
             "weights_gb": round(((e - s) * model.layer_bytes + (model.ends_bytes if r == 0 else 0)) / GIB, 3),
             "needs_gb": round(memory_need(model, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
         })

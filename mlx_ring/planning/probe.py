@@ -2,7 +2,8 @@
 cached per host, device and dtype; and the exchange that gives every rank every rank's answer.
 
 `MLX_RING_CAPS` (tests, or to pretend): a JSON list, one object per rank, whose keys (`host`,
-`device`, `memory_gb`, `usable_gb`, `tflops`, `bandwidth_gbs`) replace what this rank measures.
+`device`, `memory_gb`, `usable_gb`, `tflops`, `bandwidth_gbs`, `working_set_gb`) replace what this
+rank measures.
 A rank whose entry has memory_gb, tflops and bandwidth_gbs measures nothing.
 """
 
@@ -18,12 +19,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_ring.gpu import usable_bytes, working_set
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
 
 log = logging.getLogger(__name__)
 
-CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs")
+CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs", "working_set_gb")
 PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
 
 
@@ -140,22 +142,22 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
     info = device_info()
     device = over.get("device") or str(info.get("device_name") or mx.default_device())
     host = over.get("host") or socket.gethostname()
+    limit = over.get("working_set_gb", working_set(info) / GIB)
     if "memory_gb" in over:
         total = over["memory_gb"]
-        usable = over.get("usable_gb", default_usable_gb(total))
+        usable = over.get("usable_gb", usable_bytes(default_usable_gb(total), limit))
     else:
         os_total, os_avail = os_memory()
         total = (info.get("memory_size") or os_total) / GIB
         # Metal: the GPU may wire at most the recommended working set; everywhere: what is free now.
-        usable = min(os_avail, info.get("max_recommended_working_set_size") or os_avail) / GIB
-        usable = over.get("usable_gb", usable)
+        usable = over.get("usable_gb", usable_bytes(os_avail, limit * GIB) / GIB)
     if "tflops" in over and "bandwidth_gbs" in over:
         tflops, gbs = over["tflops"], over["bandwidth_gbs"]
     else:
         tflops, gbs = _cached_speed(cache_dir, device, dtype)
         tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
     return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
-                        source="MLX_RING_CAPS" if over else "probed")
+                        source="MLX_RING_CAPS" if over else "probed", working_set_gb=float(limit))
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_ring.gpu import on_metal, receive_apart_setting
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -160,19 +161,43 @@ def _socket_fds() -> set[int]:
 
 
 
-class Ring:
-    """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size)."""
+def receives_apart(metal: bool, setting: bool | None = None) -> bool:
+    """Whether a rank receives every payload whose wait can be long apart, before it builds the stage
+    on it: RECEIVE_APART's `setting` (on/off), else on Metal only (the watchdog is Metal's)."""
+    return metal if setting is None else setting
 
-    def __init__(self, world: mx.distributed.Group):
+
+def in_graph(kind: int, lazy: bool, apart: bool) -> bool:
+    """Whether a `kind` step's payload stays unread inside the graph of the stage built on it (for a
+    caller that asked for `lazy`), rather than being received and evaluated on its own first.
+
+    On Metal, a receive runs on MLX's CPU stream and a GPU command buffer built on it waits for it;
+    Metal kills one that waits about 5 s (ml-explore/mlx#1849, #3830). A prefill payload comes after
+    every earlier rank's stage of its chunk, seconds on a Mac mini: with `apart` it is received on the
+    host first, as exo does in its pipeline (exo-explore/exo#1429, #1620: `PipelineFirstLayer` evaluates
+    its `recv_like` on its own). A decode step's payload follows milliseconds of compute and stays in
+    the graph, which saves a sync a token; other steps' payloads are read on the host anyway."""
+    return lazy and (kind == Kind.DECODE or (kind == Kind.PREFILL and not apart))
+
+
+class Ring:
+    """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size).
+    `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
+
+    def __init__(self, world: mx.distributed.Group, receive_apart: bool | None = None):
         self.world = world
         self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
-        # Wait for a payload in the kernel only on a CPU device, where MLX's polling thread takes a
-        # core from the stage itself. On a GPU, evaluating at once queues the stage's kernels while
-        # the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the price of a
-        # polling core while a peer computes, or when it stopped mid-step.
-        self.wait_in_kernel = mx.default_device() == mx.cpu
+        metal = on_metal()
+        self.apart = receives_apart(metal, receive_apart if receive_apart is not None else receive_apart_setting())
+        # Wait for a payload in the kernel on a CPU device, where MLX's polling thread takes a core
+        # from the stage itself, and on Metal, where a command buffer must never wait on a payload
+        # that has not started to arrive (a stopped peer would abort the rank after ~5 s instead of
+        # rank 0 timing the wait, STEP_TIMEOUT). On other GPUs, evaluating at once queues the stage's
+        # kernels while the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the
+        # price of a polling core while a peer computes, or when it stopped mid-step.
+        self.wait_in_kernel = mx.default_device() == mx.cpu or metal
         # With tracing on (bench_steps --trace): (event, kind, group, seconds) as each step's header comes
         # in ("in"), its stage's graph is built ("built", marked by the caller) and its payload leaves ("out").
         self.trace: list[tuple[str, int, int, float]] | None = None
@@ -201,10 +226,10 @@ class Ring:
 
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
         """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
-        states) is left in the graph, for a caller that calls `wait_payload()` and then evaluates
-        it (with what it computes from it) before the next recv; `send_payload` does both. Other
-        steps' payloads are read on the host when applied, so they always arrive here. (Building
-        a forward step's graph must not read its input: the wait would then find no data coming.)"""
+        states) may be left in the graph (`in_graph` decides), for a caller that calls
+        `wait_payload()` and then evaluates it (with what it computes from it) before the next recv;
+        `send_payload` does both. Other payloads arrive here, on the host, before this returns.
+        (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
         self._wait_for_data()
         # The header tells the payload's shape and dtype, so it must arrive first.
         header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
@@ -213,8 +238,8 @@ class Ring:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True
-        if not (lazy and header.kind in (Kind.PREFILL, Kind.DECODE)):
-            self.wait_payload()
+        if not in_graph(header.kind, lazy, self.apart):
+            self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
             mx.eval(payload)
         return header, payload
 
