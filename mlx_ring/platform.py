@@ -39,7 +39,7 @@ def parse_vm_stat(text: str) -> tuple[int, dict[str, int]]:
     m = re.search(r"page size of (\d+) bytes", text)
     if not m:
         raise ValueError("no page size in vm_stat's header")
-    pages = {k.strip().lower(): int(v) for k, v in re.findall(r"^Pages ([^:]+):\s+(\d+)\.?\s*$", text, re.M)}
+    pages = {k.strip().lower(): int(v) for k, v in re.findall(r"^Pages ([^:]+):\s+(\d+)\.?\s*$", text, re.MULTILINE)}
     return int(m.group(1)), pages
 
 

@@ -1,6 +1,7 @@
 """mlx_ring.platform: each parser on recorded macOS outputs (tests/data/macos/README.md names their
 sources) and on this Linux machine's own files, and the host facts script under dash and bash 3.2,
-on this machine and with macOS's commands replaying the recordings."""
+on this machine and with macOS's commands replaying the recordings; and the link probe, which runs
+the host's environment Python and knows a busy port by errno.EADDRINUSE."""
 
 import ctypes
 import mmap
@@ -10,12 +11,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mlx_ring import platform
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.facts import SCRIPT, parse
+from mlx_ring.hosts.link import measure_pair
+from mlx_ring.ring.launch import free_port
 
 MAC = Path(__file__).resolve().parents[1] / "data" / "macos"
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
@@ -68,7 +72,7 @@ def test_self_assigned_addresses_are_told_apart():
 
 @pytest.mark.skipif(not shutil.which("ip"), reason="needs iproute2's `ip` (Linux)")
 def test_ip_addr_of_this_machine_names_addresses_it_can_bind():
-    pairs = platform.parse_ip_addr(subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout)
+    pairs = platform.parse_ip_addr(subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout)
     assert ("lo", "127.0.0.1") in pairs and pairs == platform.interface_addresses()
     for _, address in pairs:
         with socket.socket() as s:
@@ -160,7 +164,7 @@ def test_keep_awake_holds_until_the_process_exits():
 def run_script(shell: str, root: Path, path: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path} if path else None
     return subprocess.run([shell, "-c", SCRIPT, "sh", str(root), str(root / "cache")], input="a.txt\n", capture_output=True,
-                          text=True, env=env, timeout=60)
+                          text=True, env=env, timeout=60, check=False)
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -205,3 +209,16 @@ def test_facts_parse_every_section():
     assert f.firewall is True and f.uv == "/Users/me/.local/bin/uv"
     bare = parse("mac-c", "hostname=mac-c\nmemsize<<\n>>\nvm_stat<<\n>>\n")  # sysctl and vm_stat said nothing
     assert (bare.memory_gb, bare.addresses, bare.firewall) == (0.0, (), None)
+
+
+def test_link_probe_runs_the_environment_python_and_knows_a_busy_port():
+    # Both ends on this machine, as for a ring's local ranks; the probe is the one `check` runs on hosts.
+    port = free_port(2)
+    a, b = (SimpleNamespace(ssh=n, local=True, address="127.0.0.1", port=p) for n, p in (("a", port), ("b", port + 1)))
+    assert set(measure_pair(None, a, b, mb=4)) == {"rtt_ms", "gbit_s"}
+    assert measure_pair(None, a, b, mb=4, root="/nonexistent") == {
+        "error": "no project environment at /nonexistent/.venv/bin/python (./launch.sh setup there)"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", b.port))
+        busy.listen()
+        assert "is the ring running? ./launch.sh stop" in measure_pair(None, a, b, mb=4)["error"]  # EADDRINUSE, 48 or 98
