@@ -28,6 +28,7 @@ from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.platform import keep_awake
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.serving.prefix import PrefixIndex
 from shard import Shard, load_shard, serve_worker
@@ -207,6 +208,7 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
 
 
 def main() -> None:
+    keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
     world = init_world(cfg.ring_socket_buffer)
     rank = world.rank()

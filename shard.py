@@ -7,7 +7,6 @@ through the same operations in the same order.
 
 import json
 import logging
-import resource
 import socket
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from mlx_ring.models.compat import (
 from mlx_ring.models.slicing import Slice
 from mlx_ring.models.support import UNBATCHED, check_supported
 from mlx_ring.planning.plan import LayerPlan
+from mlx_ring.platform import resident_bytes
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.ring.transport import Ring
 
@@ -43,12 +43,8 @@ GROUP_SPARE_TOKENS = 256
 
 
 def rss_kib() -> int:
-    """Resident memory of this process now (Linux), or its peak where /proc is missing (macOS)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() >> 10
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # bytes on macOS
+    """Resident memory of this process now, in KiB (Linux and macOS alike)."""
+    return resident_bytes() >> 10
 
 
 def parameter_bytes(module: nn.Module) -> int:

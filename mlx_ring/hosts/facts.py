@@ -1,25 +1,35 @@
 """What the launcher needs to know about a host before it starts a rank there, read by one small
 POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses, memory,
-whether the checkout and its environment exist, their versions, and which weight pieces it holds."""
+the macOS firewall, whether the checkout and its environment exist, their versions, and which weight
+pieces it holds. The script prints the system's own commands' output raw; mlx_ring.platform parses it."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlx_ring import platform
 from mlx_ring.hosts import ssh
 
 # $1 project path, $2 cache folder (empty: the default under that host's home); stdin: the project's tracked files, one per line (hashed there).
 SCRIPT = r'''
 root=$1; cache=${2:-$HOME/.cache/mlx-ring}
+PATH=$PATH:/usr/sbin:/sbin  # ip, ifconfig and sysctl live there; a non-interactive ssh PATH may lack them
 echo "hostname=$(hostname)"
 echo "system=$(uname -s) $(uname -m)"
-if [ -f /proc/meminfo ]; then
-  echo "memory_kib=$(awk '/^MemTotal:/{t=$2} /^MemAvailable:/{a=$2} END{print t" "a}' /proc/meminfo)"
+# Raw outputs in NAME<< ... >> sections, parsed in Python by mlx_ring.platform.
+if [ "$(uname -s)" = Darwin ]; then
+  echo "memsize<<"; sysctl -n hw.memsize 2>/dev/null; echo ">>"
+  echo "vm_stat<<"; vm_stat 2>/dev/null; echo ">>"
+  echo "ifconfig<<"; ifconfig 2>/dev/null; echo ">>"
+  fw=/usr/libexec/ApplicationFirewall/socketfilterfw
+  if [ -x "$fw" ]; then echo "firewall<<"; "$fw" --getglobalstate 2>/dev/null; echo ">>"; fi
 else
-  pg=$(vm_stat | awk '/page size of/{print $8}')
-  free=$(vm_stat | awk '/Pages (free|inactive|speculative|purgeable)/{gsub(/\./,"",$NF); s+=$NF} END{print s}')
-  echo "memory_kib=$(( $(sysctl -n hw.memsize) / 1024 )) $(( free * pg / 1024 ))"
+  if [ -r /proc/meminfo ]; then echo "meminfo<<"; cat /proc/meminfo; echo ">>"; fi
+  if command -v ip >/dev/null 2>&1; then
+    echo "ip_addr<<"; ip -o -4 addr show 2>/dev/null; echo ">>"
+  else
+    echo "ifconfig<<"; ifconfig 2>/dev/null; echo ">>"
+  fi
 fi
-echo "addresses=$( (ip -o -4 addr show 2>/dev/null | awk '{split($4,a,"/"); print a[1]}'; ifconfig 2>/dev/null | awk '$1=="inet"{print $2}') | sort -u | tr '\n' ' ')"
 u=$(command -v uv 2>/dev/null || { [ -x "$HOME/.local/bin/uv" ] && echo "$HOME/.local/bin/uv"; })
 echo "uv=$u"
 [ -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || [ -f /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ] && echo "openblas=yes"
@@ -46,7 +56,9 @@ class Facts:
     system: str = ""
     memory_gb: float = 0.0
     free_gb: float = 0.0
-    addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()  # every IPv4 address it holds, sorted
+    interfaces: dict = field(default_factory=dict)  # interface name -> its IPv4 addresses
+    firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
     uv: str = ""
     openblas: bool = False
     checkout: bool = False
@@ -56,22 +68,47 @@ class Facts:
     hosted: dict = field(default_factory=dict)  # model id -> sha256 of the manifest of the slice it holds
 
 
-def parse(host: str, out: str) -> Facts:
-    f, lines = Facts(host), iter(out.splitlines())
+def sections(out: str) -> tuple[list[str], dict[str, str]]:
+    """The script's KEY=value lines, and its NAME<< ... >> sections by name."""
+    plain, raw, lines = [], {}, iter(out.splitlines())
     for line in lines:
-        key, _, value = line.partition("=")
-        if line == "sums<<":
+        if line.endswith("<<") and "=" not in line:
+            body = []
             for s in lines:
                 if s == ">>":
                     break
-                digest, _, name = s.partition("  ")
-                f.sums[name.strip()] = digest
-        elif key == "memory_kib" and len(value.split()) == 2:
-            total, free = value.split()
-            f.memory_gb, f.free_gb = int(total) / 2**20, int(free) / 2**20
-        elif key == "addresses":
-            f.addresses = tuple(value.split())
-        elif key == "hosted" and len(value.split()) == 2:
+                body.append(s)
+            raw[line[:-2]] = "\n".join(body) + "\n"
+        else:
+            plain.append(line)
+    return plain, raw
+
+
+def parse(host: str, out: str) -> Facts:
+    f = Facts(host)
+    plain, raw = sections(out)
+    for line in raw.get("sums", "").splitlines():
+        digest, _, name = line.partition("  ")
+        f.sums[name.strip()] = digest
+    try:
+        if "meminfo" in raw:
+            total, free = platform.parse_meminfo(raw["meminfo"])
+        elif "memsize" in raw and "vm_stat" in raw:
+            total, free = platform.parse_macos_memory(raw["memsize"], raw["vm_stat"])
+        else:
+            total = free = 0
+        f.memory_gb, f.free_gb = total / 2**30, free / 2**30
+    except (ValueError, IndexError):
+        pass  # left at 0: the table shows it, and planning measures memory on the rank itself
+    pairs = platform.parse_ip_addr(raw["ip_addr"]) if "ip_addr" in raw else platform.parse_ifconfig(raw.get("ifconfig", ""))
+    for name, address in pairs:
+        f.interfaces.setdefault(name, []).append(address)
+    f.interfaces = {k: tuple(v) for k, v in f.interfaces.items()}
+    f.addresses = tuple(sorted({a for _, a in pairs}))
+    f.firewall = platform.parse_firewall(raw["firewall"]) if "firewall" in raw else None
+    for line in plain:
+        key, _, value = line.partition("=")
+        if key == "hosted" and len(value.split()) == 2:
             f.hosted[value.split()[0]] = value.split()[1]
         elif key == "blobs":
             f.blobs = set(value.split())

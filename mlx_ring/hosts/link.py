@@ -5,15 +5,18 @@ connects from its host, times small round trips, then streams a block of bytes."
 import json
 import threading
 import time
+from pathlib import Path
 
 from mlx_ring.hosts import ssh
 
 BLOCK_MB = 64
+ROOT = Path(__file__).resolve().parents[2]
 
-# python3 -c LINK serve ADDR PORT | python3 -c LINK measure ADDR PORT MB  (stdlib only: it runs
-# before a host has the project's environment)
+# PYTHON -c LINK serve ADDR PORT | PYTHON -c LINK measure ADDR PORT MB, with PYTHON the project's
+# environment on that host (never the system's python3: on a Mac without Xcode's tools it is a stub
+# that opens an install dialog). Stdlib only.
 LINK = r'''
-import json, socket, sys, time
+import errno, json, socket, sys, time
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "serve":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -21,8 +24,8 @@ if mode == "serve":
         try:
             s.bind((addr, port)); break
         except OSError as e:
-            if wait == 49 or e.errno != 98:
-                hint = " (is the ring running? ./launch.sh stop)" if e.errno == 98 else ""
+            if wait == 49 or e.errno != errno.EADDRINUSE:  # 98 on Linux, 48 on macOS
+                hint = " (is the ring running? ./launch.sh stop)" if e.errno == errno.EADDRINUSE else ""
                 print(json.dumps({"error": f"cannot listen on {addr}:{port} ({e.strerror}){hint}"})); sys.exit(0)
             time.sleep(0.1)
     s.listen(1); s.settimeout(20); print(json.dumps({"listening": True}), flush=True)
@@ -58,21 +61,27 @@ else:
 '''
 
 
-def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB) -> dict:
-    """{rtt_ms, gbit_s} from `sender`'s host to `receiver`'s ring address, or {error}."""
-    result = {}
+# $1 the environment's Python, then its arguments; a host without it answers in the probe's own JSON.
+RUN = ('py=$1; shift; [ -x "$py" ] || { printf \'{"error": "no project environment at %s (./launch.sh setup there)"}\\n\' "$py"; '
+       'exit 0; }; exec "$py" -c "$@"')
+
+
+def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT) -> dict:
+    """{rtt_ms, gbit_s} from `sender`'s host to `receiver`'s ring address, or {error}; the probes run
+    under the project's environment at `root` on each host."""
+    result, python = {}, ssh.env_python(root)
 
     def serve():
-        p = ssh.run_on(conf, receiver.ssh, receiver.local, "exec python3 -c \"$1\" serve \"$2\" \"$3\"",
-                              (LINK, receiver.address, receiver.port), timeout=40)
+        p = ssh.run_on(conf, receiver.ssh, receiver.local, RUN, (python, LINK, "serve", receiver.address, receiver.port),
+                       timeout=40)
         lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
         result["serve"] = next((x for x in lines if "error" in x), None)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     time.sleep(0.5)  # the listener's ssh session starts first; the client retries meanwhile anyway
-    p = ssh.run_on(conf, sender.ssh, sender.local, "exec python3 -c \"$1\" measure \"$2\" \"$3\" \"$4\"",
-                          (LINK, receiver.address, receiver.port, mb), timeout=60)
+    p = ssh.run_on(conf, sender.ssh, sender.local, RUN, (python, LINK, "measure", receiver.address, receiver.port, mb),
+                   timeout=60)
     t.join(30)
     if result.get("serve"):
         return result["serve"]

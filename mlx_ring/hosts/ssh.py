@@ -10,6 +10,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from mlx_ring.platform import local_network_hint
+
 CONNECT_TIMEOUT = 5  # seconds; a host that never answers costs this, not ssh's ~2 minutes
 BIN = Path(__file__).resolve().parent / "bin"  # put first on mlx.launch's PATH
 
@@ -25,6 +27,12 @@ def write_config(path: Path, user_config: str | None = None) -> Path:
                     "  ServerAliveCountMax 3\n"
                     "  LogLevel ERROR\n")
     return path
+
+
+def env_python(root: Path | str) -> str:
+    """The project's environment Python under checkout `root`: what runs Python on a host, never the
+    system's `python3` (on a Mac without Xcode's command line tools, a stub that opens a dialog)."""
+    return f"{root}/.venv/bin/python"
 
 
 def argv(config: Path, host: str, command: str, args: tuple = (), via: str | None = None) -> list[str]:
@@ -50,14 +58,18 @@ def bulk_route(config: Path, host: str, ring_address: str, resolver) -> str | No
         return ring_address
 
 
-def explain(host: str, stderr: str) -> str:
-    """ssh's failure as a sentence naming the host and what to do."""
+def explain(host: str, stderr: str, system: str | None = None, mac_version: str | None = None) -> str:
+    """ssh's failure as a sentence naming the host and what to do (`system`, `mac_version`: this
+    machine's unless given, as platform.local_network_hint takes them)."""
     err = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
     low = err.lower()
     if "connection refused" in low:
         todo = "is sshd running there? (on a Mac: System Settings > General > Sharing > Remote Login)"
     elif "timed out" in low or "no route" in low or "unreachable" in low:
         todo = "is it on, and on this network? check the name or address"
+        hint = local_network_hint(system, mac_version) if "no route" in low else None
+        if hint:
+            todo += f"; or {hint}"
     elif "permission denied" in low:
         todo = f"let this machine's key in: ssh-copy-id {host}"
     elif "resolve" in low or "not known" in low:

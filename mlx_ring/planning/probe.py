@@ -11,9 +11,7 @@ import json
 import logging
 import os
 import platform
-import re
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import mlx.core as mx
 from mlx_ring.gpu import usable_bytes, working_set
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
+from mlx_ring.platform import memory as host_memory
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +40,8 @@ def device_info() -> dict:
 
 
 def os_memory() -> tuple[float, float]:
-    """(total, available) bytes from the OS: /proc/meminfo on Linux, sysctl and vm_stat on macOS."""
-    if Path("/proc/meminfo").exists():
-        info = {}
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            info[key] = int(rest.split()[0]) * 1024
-        return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
-    if platform.system() == "Darwin":
-        total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
-        out = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
-        page = int(re.search(r"page size of (\d+)", out).group(1))
-        pages = {k.strip(): int(v.strip().rstrip(".")) for k, v in re.findall(r"^(Pages [^:]+):\s+(\d+\.?)$", out, re.M)}
-        free = sum(pages.get(f"Pages {k}", 0) for k in ("free", "inactive", "speculative", "purgeable"))
-        return total, free * page
-    raise ValueError("cannot read this machine's memory (neither /proc/meminfo nor macOS sysctl); "
-                     "declare memory_gb for it in hosts.json or MLX_RING_CAPS")
+    """(total, available) bytes from the OS (mlx_ring.platform: /proc/meminfo, or sysctl and vm_stat)."""
+    return host_memory()
 
 
 def _timed(fn, seconds: float) -> tuple[int, float]:

@@ -3,7 +3,8 @@ bash)."""
 
 import random
 import socket
-from pathlib import Path
+
+from mlx_ring.platform import ephemeral_ports
 
 # mlx.launch busy-loops on a stdin that is empty or at its end (a core per rank): feed it an open
 # pipe with a byte now and then (the ranks close their end at start, after which it stops watching).
@@ -18,19 +19,12 @@ def under_feed(cmd: list[str]) -> list[str]:
 def free_port(span: int = 1) -> int:
     """A port p such that p .. p+span-1 were all free a moment ago, below the ports the kernel hands
     to outgoing connections (so none of those takes it before its server binds it)."""
-    first = _first_ephemeral()
+    first = ephemeral_ports()[0]
     for _ in range(200):
         p = random.randrange(10000, first - span)
         if all(_is_free(p + i) for i in range(span)):
             return p
     raise RuntimeError("no free port range")
-
-
-def _first_ephemeral() -> int:
-    try:  # Linux; macOS starts at 49152
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except OSError:
-        return 49152
 
 
 def _is_free(port: int) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlx_ring.gpu import on_metal, receive_apart_setting
+from mlx_ring.platform import boot_id
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -128,10 +129,9 @@ def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
 
 
 def machine() -> str:
-    """What names this machine's cores: Linux's boot id (one per running kernel, so containers and
+    """What names this machine's cores: its boot id (one per running kernel, so containers and
     network namespaces that share the cores share it), else the host name."""
-    boot = Path("/proc/sys/kernel/random/boot_id")
-    return boot.read_text().strip() if boot.exists() else socket.gethostname()
+    return boot_id() or socket.gethostname()
 
 
 def _share_cores(world: mx.distributed.Group) -> None:

@@ -65,7 +65,8 @@ def test_ssh_failures_become_one_sentence_naming_the_host(stderr, says):
 
 
 def test_facts_parse():
-    out = ("hostname=mac-b\nsystem=Darwin arm64\nmemory_kib=16777216 8388608\naddresses=10.0.0.2 127.0.0.1 \n"
+    out = ("hostname=mac-b\nsystem=Darwin arm64\nmeminfo<<\nMemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n>>\n"
+           "ip_addr<<\n1: lo    inet 127.0.0.1/8 scope host lo\n2: en0    inet 10.0.0.2/24 brd 10.0.0.255 scope global en0\n>>\n"
            "uv=/Users/me/.local/bin/uv\ncheckout=yes\nversions=0.32.4 0.32.2\nsums<<\nabc  server.py\ndef  mlx_ring/a b.py\n>>\n"
            "blobs=aa.safetensors bb.safetensors\nhosted=m1 ff\n")
     f = parse("mac-b", out)

@@ -1,0 +1,271 @@
+"""Every Linux/macOS difference the runtime and the host checks need, in one place: pure parsers
+over each command's output (tested on recorded macOS outputs, tests/data/macos/), and thin readers
+that run the command, or read the file, on this machine.
+
+Memory, addresses per interface, a boot id, the ephemeral port range, resident memory, the
+Application Firewall, keeping a Mac awake, and Local Network privacy.
+"""
+
+import ctypes
+import ctypes.util
+import platform
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+MACOS = sys.platform == "darwin"
+LINUX = sys.platform.startswith("linux")
+SOCKETFILTERFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
+
+# --- memory: (total, available) bytes ---------------------------------------------------------
+
+
+def parse_meminfo(text: str) -> tuple[int, int]:
+    """(total, available) bytes from /proc/meminfo (MemFree where a kernel lacks MemAvailable)."""
+    info = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if rest.split():
+            info[key.strip()] = int(rest.split()[0]) * 1024
+    if "MemTotal" not in info:
+        raise ValueError("no MemTotal in /proc/meminfo's text")
+    return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
+
+
+def parse_vm_stat(text: str) -> tuple[int, dict[str, int]]:
+    """(page size, {"free": pages, "inactive": pages, ...}) from macOS's `vm_stat`."""
+    m = re.search(r"page size of (\d+) bytes", text)
+    if not m:
+        raise ValueError("no page size in vm_stat's header")
+    pages = {k.strip().lower(): int(v) for k, v in re.findall(r"^Pages ([^:]+):\s+(\d+)\.?\s*$", text, re.MULTILINE)}
+    return int(m.group(1)), pages
+
+
+def parse_macos_memory(memsize: str, vm_stat: str) -> tuple[int, int]:
+    """(total, available) bytes from `sysctl -n hw.memsize` and `vm_stat`: available counts free,
+    inactive, speculative and purgeable pages (what the system hands back on demand)."""
+    page, pages = parse_vm_stat(vm_stat)
+    free = sum(pages.get(k, 0) for k in ("free", "inactive", "speculative", "purgeable"))
+    return int(memsize.split()[0]), free * page
+
+
+def memory() -> tuple[int, int]:
+    """(total, available) bytes of this machine."""
+    if Path("/proc/meminfo").exists():
+        return parse_meminfo(Path("/proc/meminfo").read_text())
+    if MACOS:
+        return parse_macos_memory(_run(["sysctl", "-n", "hw.memsize"]), _run(["vm_stat"]))
+    raise ValueError("cannot read this machine's memory (neither /proc/meminfo nor macOS sysctl); "
+                     "declare memory_gb for it in hosts.json or MLX_RING_CAPS")
+
+
+# --- IPv4 addresses per interface -------------------------------------------------------------
+
+
+def parse_ip_addr(text: str) -> list[tuple[str, str]]:
+    """(interface, address) pairs from Linux's `ip -o -4 addr show`."""
+    pairs = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] == "inet":
+            pairs.append((f[1].split("@")[0], f[3].split("/")[0]))
+    return pairs
+
+
+def parse_ifconfig(text: str) -> list[tuple[str, str]]:
+    """(interface, address) pairs from `ifconfig` (macOS and BSD, `-v` too; net-tools' `inet addr:` too)."""
+    pairs, name = [], None
+    for line in text.splitlines():
+        if line and not line[0].isspace():  # an interface's first line: "en0: flags=..." or "eth0  Link encap"
+            name = line.split()[0].rstrip(":")
+            continue
+        f = line.split()
+        if name and len(f) >= 2 and f[0] == "inet":
+            pairs.append((name, f[1].removeprefix("addr:")))
+    return pairs
+
+
+def interface_addresses() -> list[tuple[str, str]]:
+    """This machine's (interface, IPv4 address) pairs."""
+    if LINUX:
+        try:
+            return parse_ip_addr(_run(["ip", "-o", "-4", "addr", "show"]))
+        except (OSError, subprocess.CalledProcessError):
+            pass  # no iproute2 (a minimal container): ifconfig below, if any
+    return parse_ifconfig(_run(["ifconfig"]))
+
+
+def link_local(address: str) -> bool:
+    """Whether `address` is self-assigned (169.254/16): what cabled Macs get without a DHCP server."""
+    return address.startswith("169.254.")
+
+
+# --- boot id: one per running kernel --------------------------------------------------------
+
+UUID = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+
+
+def parse_boot_id(text: str) -> str:
+    """The boot id in lower case, from Linux's boot_id file or `sysctl -n kern.bootsessionuuid`."""
+    value = text.strip()
+    if not UUID.match(value):
+        raise ValueError(f"not a boot id: {value[:60]!r}")
+    return value.lower()
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (shared by its containers and network namespaces), None where unknown."""
+    try:
+        if LINUX:
+            return parse_boot_id(Path("/proc/sys/kernel/random/boot_id").read_text())
+        if MACOS:
+            return parse_boot_id(_run(["sysctl", "-n", "kern.bootsessionuuid"]))
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        pass
+    return None
+
+
+# --- ephemeral ports --------------------------------------------------------------------------
+
+DEFAULT_EPHEMERAL = (49152, 65535)  # IANA's dynamic ports: macOS's default
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """(first, last) from Linux's ip_local_port_range or macOS's two portrange sysctls."""
+    f = text.split()
+    if len(f) != 2 or not all(x.isdigit() for x in f):
+        raise ValueError(f"not a port range: {text.strip()[:60]!r}")
+    return int(f[0]), int(f[1])
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections on this machine."""
+    try:
+        if LINUX:
+            return parse_port_range(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text())
+        if MACOS:
+            return parse_port_range(_run(["sysctl", "-n", "net.inet.ip.portrange.first", "net.inet.ip.portrange.last"]))
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        pass
+    return DEFAULT_EPHEMERAL
+
+
+# --- resident memory --------------------------------------------------------------------------
+
+MACH_TASK_BASIC_INFO = 20  # <mach/task_info.h>
+
+
+class MachTaskBasicInfo(ctypes.Structure):
+    """struct mach_task_basic_info of <mach/task_info.h> (declared under #pragma pack(4))."""
+    _pack_ = 4
+    _fields_ = [("virtual_size", ctypes.c_uint64), ("resident_size", ctypes.c_uint64),
+                ("resident_size_max", ctypes.c_uint64), ("user_time", ctypes.c_int32 * 2),
+                ("system_time", ctypes.c_int32 * 2), ("policy", ctypes.c_int32), ("suspend_count", ctypes.c_int32)]
+
+
+MACH_TASK_BASIC_INFO_COUNT = ctypes.sizeof(MachTaskBasicInfo) // 4  # in natural_t units, as the header defines it
+
+
+def parse_statm(text: str, page_size: int) -> int:
+    """Resident bytes from /proc/<pid>/statm (its second field, in pages)."""
+    return int(text.split()[1]) * page_size
+
+
+def maxrss_bytes(ru_maxrss: int, system: str) -> int:
+    """getrusage's ru_maxrss in bytes: Linux counts KiB, macOS bytes."""
+    return ru_maxrss if system == "Darwin" else ru_maxrss * 1024
+
+
+def _mach_resident() -> int:
+    # What psutil does (task_info(mach_task_self(), MACH_TASK_BASIC_INFO, ...)), through ctypes.
+    lib = ctypes.CDLL(ctypes.util.find_library("System") or "/usr/lib/libSystem.B.dylib")
+    task = ctypes.c_uint.in_dll(lib, "mach_task_self_").value  # mach_task_self() is a macro reading this
+    info, count = MachTaskBasicInfo(), ctypes.c_uint(MACH_TASK_BASIC_INFO_COUNT)
+    kr = lib.task_info(task, MACH_TASK_BASIC_INFO, ctypes.byref(info), ctypes.byref(count))
+    if kr != 0:
+        raise OSError(f"task_info failed: kern_return {kr}")
+    return info.resident_size
+
+
+def resident_bytes() -> int:
+    """Memory this process holds resident now (Linux /proc/self/statm, macOS Mach task info)."""
+    if MACOS:
+        return _mach_resident()
+    return parse_statm(Path("/proc/self/statm").read_text(), resource.getpagesize())
+
+
+def peak_resident_bytes() -> int:
+    """The most memory this process has held resident (ru_maxrss, in bytes on every system)."""
+    return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, platform.system())
+
+
+# --- macOS Application Firewall ---------------------------------------------------------------
+
+
+def parse_firewall(text: str) -> bool | None:
+    """Whether `socketfilterfw --getglobalstate` says the firewall is on (state 1, or 2: block all);
+    None for output it does not recognise (a managed Mac's refusal, nothing)."""
+    m = re.search(r"\(State = (\d+)\)", text)
+    if m:
+        return m.group(1) != "0"
+    low = text.lower()
+    if "is disabled" in low:
+        return False
+    if "is enabled" in low or "block" in low:
+        return True
+    return None
+
+
+def firewall_enabled() -> bool | None:
+    """This Mac's Application Firewall: on, off, or None (not a Mac, or unreadable)."""
+    if not Path(SOCKETFILTERFW).exists():
+        return None
+    try:
+        return parse_firewall(_run([SOCKETFILTERFW, "--getglobalstate"]))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def firewall_advice(enabled: bool | None, python: str) -> str | None:
+    """The sentence that tells how to let the environment's `python` accept the ring's connections
+    through a Mac's Application Firewall (which drops them silently for an unsigned Python; nobody
+    sees its prompt over ssh); None when the firewall is off or unknown (Linux)."""
+    if not enabled:
+        return None
+    fw = SOCKETFILTERFW
+    return (f"the macOS Application Firewall is on and will silently drop the ring's connections to {python}; "
+            f"allow it there: sudo {fw} --add {python} --unblockapp {python} "
+            "(if it blocks all incoming connections, also turn that off in System Settings > Network > Firewall)")
+
+
+# --- keeping a Mac awake, Local Network privacy ----------------------------------------------
+
+
+def keep_awake(pid: int) -> subprocess.Popen | None:
+    """On macOS, hold an idle-sleep power assertion until process `pid` exits (`caffeinate -i -w`),
+    so a host on default settings does not sleep under the ring; nothing elsewhere."""
+    if not MACOS:
+        return None
+    try:
+        return subprocess.Popen(["caffeinate", "-i", "-w", str(pid)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def local_network_hint(system: str | None = None, mac_version: str | None = None) -> str | None:
+    """What to check when this Mac gets "No route to host" from a machine on its network: macOS 15's
+    Local Network privacy can deny a terminal app's programs the local network. None elsewhere.
+    `system` and `mac_version` (platform.system(), platform.mac_ver()[0]) default to this machine's."""
+    system = system or platform.system()
+    version = mac_version if mac_version is not None else platform.mac_ver()[0]
+    if system != "Darwin" or not version or int(version.split(".")[0]) < 15:
+        return None
+    return ("macOS's Local Network privacy may be denying the terminal app on this Mac: allow it in "
+            "System Settings > Privacy & Security > Local Network")
+
+
+def _run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout
