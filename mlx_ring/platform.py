@@ -13,6 +13,7 @@ import re
 import resource
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MACOS = sys.platform == "darwin"
@@ -74,17 +75,35 @@ def parse_ip_addr(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_ifconfig(text: str) -> list[tuple[str, str]]:
-    """(interface, address) pairs from `ifconfig` (macOS and BSD, `-v` too; net-tools' `inet addr:` too)."""
-    pairs, name = [], None
+@dataclass
+class Interface:
+    name: str
+    up: bool = False  # UP among its flags (bridge0 after `ifconfig bridge0 down` is not)
+    addresses: list[str] = field(default_factory=list)  # IPv4
+    members: list[str] = field(default_factory=list)  # a bridge's member ports (macOS bridge0: Thunderbolt)
+
+
+def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
+    """`ifconfig` by interface (macOS and BSD, `-v` too; net-tools' `inet addr:` too): UP flag, IPv4
+    addresses, bridge members."""
+    out, cur = {}, None
     for line in text.splitlines():
-        if line and not line[0].isspace():  # an interface's first line: "en0: flags=..." or "eth0  Link encap"
+        if line and not line[0].isspace():  # an interface's first line: "en0: flags=8863<UP,...>" or "eth0  Link encap"
             name = line.split()[0].rstrip(":")
+            flags = line.partition("<")[2].partition(">")[0].split(",") if ": flags=" in line else []
+            cur = out[name] = Interface(name, "UP" in flags)
             continue
         f = line.split()
-        if name and len(f) >= 2 and f[0] == "inet":
-            pairs.append((name, f[1].removeprefix("addr:")))
-    return pairs
+        if cur and len(f) >= 2 and f[0] == "inet":
+            cur.addresses.append(f[1].removeprefix("addr:"))
+        elif cur and len(f) >= 2 and f[0] == "member:":
+            cur.members.append(f[1])
+    return out
+
+
+def parse_ifconfig(text: str) -> list[tuple[str, str]]:
+    """(interface, address) pairs from `ifconfig`."""
+    return [(i.name, a) for i in parse_ifconfig_interfaces(text).values() for a in i.addresses]
 
 
 def interface_addresses() -> list[tuple[str, str]]:

@@ -36,7 +36,9 @@ echo "uv=$u"
 if [ -f "$root/launch.sh" ]; then
   echo "checkout=yes"
   if [ -x "$root/.venv/bin/python" ]; then
-    echo "versions=$("$root/.venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mlx"), m.version("mlx-lm"))' 2>/dev/null)"
+    # The real binary behind the environment's python: what a Mac's firewall must be told to allow.
+    "$root/.venv/bin/python" -c 'import importlib.metadata as m, os, sys
+print("python=" + os.path.realpath(sys.executable)); print("versions=%s %s" % (m.version("mlx"), m.version("mlx-lm")))' 2>/dev/null
   fi
   echo "sums<<"
   cd "$root" && tr '\n' '\0' | xargs -0 sh -c 'for f; do [ -f "$f" ] && echo "$f"; done' sh | tr '\n' '\0' | xargs -0 sh -c '(sha256sum "$@" 2>/dev/null || shasum -a 256 "$@")' sh
@@ -57,12 +59,13 @@ class Facts:
     memory_gb: float = 0.0
     free_gb: float = 0.0
     addresses: tuple[str, ...] = ()  # every IPv4 address it holds, sorted
-    interfaces: dict = field(default_factory=dict)  # interface name -> its IPv4 addresses
+    interfaces: dict = field(default_factory=dict)  # interface name -> platform.Interface (IPv4 addresses, UP, members)
     firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
     uv: str = ""
     openblas: bool = False
     checkout: bool = False
     versions: str = ""  # "mlx mlx-lm", empty without an environment
+    python: str = ""  # the environment's Python binary, symlinks resolved
     sums: dict = field(default_factory=dict)  # tracked file -> sha256 there
     blobs: set = field(default_factory=set)  # weight pieces it holds, by file name
     hosted: dict = field(default_factory=dict)  # model id -> sha256 of the manifest of the slice it holds
@@ -100,11 +103,12 @@ def parse(host: str, out: str) -> Facts:
         f.memory_gb, f.free_gb = total / 2**30, free / 2**30
     except (ValueError, IndexError):
         pass  # left at 0: the table shows it, and planning measures memory on the rank itself
-    pairs = platform.parse_ip_addr(raw["ip_addr"]) if "ip_addr" in raw else platform.parse_ifconfig(raw.get("ifconfig", ""))
-    for name, address in pairs:
-        f.interfaces.setdefault(name, []).append(address)
-    f.interfaces = {k: tuple(v) for k, v in f.interfaces.items()}
-    f.addresses = tuple(sorted({a for _, a in pairs}))
+    if "ip_addr" in raw:
+        for name, address in platform.parse_ip_addr(raw["ip_addr"]):
+            f.interfaces.setdefault(name, platform.Interface(name, True)).addresses.append(address)
+    else:
+        f.interfaces = platform.parse_ifconfig_interfaces(raw.get("ifconfig", ""))
+    f.addresses = tuple(sorted({a for i in f.interfaces.values() for a in i.addresses}))
     f.firewall = platform.parse_firewall(raw["firewall"]) if "firewall" in raw else None
     for line in plain:
         key, _, value = line.partition("=")
@@ -112,7 +116,7 @@ def parse(host: str, out: str) -> Facts:
             f.hosted[value.split()[0]] = value.split()[1]
         elif key == "blobs":
             f.blobs = set(value.split())
-        elif key in ("hostname", "system", "uv", "versions"):
+        elif key in ("hostname", "system", "uv", "versions", "python"):
             setattr(f, key, value.strip())
         elif key in ("openblas", "checkout"):
             setattr(f, key, value == "yes")

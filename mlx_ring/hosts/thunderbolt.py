@@ -20,6 +20,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries, this_machine
+from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
     from mlx._distributed_utils import config as mlx_config
@@ -43,14 +44,6 @@ echo "--- ifconfig"; ifconfig 2>/dev/null
 
 
 @dataclass
-class Interface:
-    name: str
-    up: bool  # UP among its flags (bridge0 after `ifconfig bridge0 down` is not)
-    addresses: list[str] = field(default_factory=list)  # IPv4
-    members: list[str] = field(default_factory=list)  # a bridge's member ports
-
-
-@dataclass
 class MacFacts:
     host: str  # as ssh names it
     system: str  # uname -s
@@ -65,21 +58,6 @@ class Proposal:
     entries: list[dict]  # the hosts.json to write
     commands: dict[str, list[str]]  # ssh name -> commands, as MLX's IPConfigurator.setup prints them
     cables: list[tuple[str, str, str, str]]  # (host, iface, peer host, peer iface) per ring neighbour pair
-
-
-def parse_ifconfig(text: str) -> dict[str, Interface]:
-    """macOS `ifconfig` output by interface: UP flag, IPv4 addresses, bridge members."""
-    out, cur = {}, None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and ": flags=" in line:
-            name, _, rest = line.partition(": flags=")
-            flags = rest.partition("<")[2].partition(">")[0].split(",")
-            cur = out[name] = Interface(name, "UP" in flags)
-        elif cur and line.strip().startswith("inet "):
-            cur.addresses.append(line.split()[1])
-        elif cur and line.strip().startswith("member: "):
-            cur.members.append(line.split()[1])
-    return out
 
 
 def parse_facts(host: str, out: str) -> MacFacts:
@@ -99,7 +77,7 @@ def parse_facts(host: str, out: str) -> MacFacts:
         raise ValueError(f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
                          "by hand to see why") from None
     return MacFacts(host, head.get("system", "").strip(), profile, "\n".join(sections.get("ports", [])),
-                    parse_ifconfig("\n".join(sections.get("ifconfig", []))))
+                    parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))))
 
 
 def _mlx():
@@ -231,7 +209,7 @@ def hostfile_warnings(hosts: list[Host], interfaces: dict[str, dict[str, Interfa
 
 def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
     """`parse_ifconfig` of `host` (this machine when `local`); empty where there is no ifconfig."""
-    return parse_ifconfig(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
+    return parse_ifconfig_interfaces(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
 
 
 def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:

@@ -28,6 +28,7 @@ from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, wi
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, plan_layers, summary
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.platform import firewall_advice
 
 log = logging.getLogger("up")
 
@@ -95,6 +96,17 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
         ring.problems.append(f"{macs[0]} is a Mac, where {ROOT} is closed to ssh by macOS privacy controls; "
                              f"{provision.location_advice(ROOT)}")
     return ring
+
+
+def warnings(ring: Ring) -> list[str]:
+    """What may stop the ring yet is not certain to: ring addresses that misroute on cabled Macs, and a
+    Mac's firewall, which drops the ring's connections unless it allows the environment's Python."""
+    out = hostfile_warnings(ring.hosts, {n: f.interfaces for n, f in ring.facts.items()})
+    for name, f in sorted(ring.facts.items()):
+        advice = firewall_advice(f.firewall, f.python or ssh.env_python(ROOT))
+        if advice:
+            out.append(f"{'this machine' if name == '127.0.0.1' else name}: {advice}")
+    return out
 
 
 def compare(ring: Ring, sums: dict[str, str]) -> None:
@@ -253,7 +265,7 @@ def run(a, cfg: Config, opts: Launch) -> Ring:
     files = runtime_files(ROOT)
     sums = file_sums(ROOT, files)
     ring = gather(cfg, opts, files)
-    for warning in hostfile_warnings(ring.hosts):
+    for warning in warnings(ring):
         log.warning("warning: %s", warning)
     if a.command == "up" and opts.provision and not ring.problems:
         bring_up(ring, sums, f"{platform.system()} {platform.machine()}")

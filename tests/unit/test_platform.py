@@ -177,7 +177,7 @@ def test_facts_script_on_this_machine(shell, tmp_path):
     f = parse("here", p.stdout)
     total, _ = platform.parse_meminfo(Path("/proc/meminfo").read_text())
     assert f.memory_gb == total / 2**30 and 0 < f.free_gb <= f.memory_gb
-    assert f.interfaces.get("lo") == ("127.0.0.1",) and set(f.addresses) == {a for _, a in platform.interface_addresses()}
+    assert f.interfaces["lo"].addresses == ["127.0.0.1"] and set(f.addresses) == {a for _, a in platform.interface_addresses()}
     assert f.firewall is None and f.system.startswith("Linux") and f.checkout
     assert f.sums == {"a.txt": "87428fc522803d31065e7bce3cf03fe475096631e5e07bbd7a0fde60c4cf25c7"}
 
@@ -196,7 +196,7 @@ def test_facts_script_on_a_mac_replaying_its_commands(shell, tmp_path):
     p = run_script(shell, tmp_path, f"{shims}:{os.environ['PATH']}")
     f = parse("mac-b", p.stdout)
     assert (f.system, f.memory_gb, f.free_gb) == ("Darwin arm64", 16.0, (3857 + 443760 + 1075 + 17340) * 16384 / 2**30)
-    assert f.interfaces == {"lo0": ("127.0.0.1",), "bridge0": ("10.25.0.1",)} and f.addresses == ("10.25.0.1", "127.0.0.1")
+    assert {k: i.addresses for k, i in f.interfaces.items() if i.addresses} == {"lo0": ["127.0.0.1"], "bridge0": ["10.25.0.1"]} and f.addresses == ("10.25.0.1", "127.0.0.1")
     assert not f.checkout and f.firewall is None  # no socketfilterfw on this machine
 
 
@@ -205,7 +205,8 @@ def test_facts_parse_every_section():
            f"vm_stat<<\n{rec('vm_stat_intel.txt')}>>\nifconfig<<\n{rec('ifconfig_v_link_local.txt')}>>\n"
            f"firewall<<\n{rec('firewall_enabled.txt')}>>\nuv=/Users/me/.local/bin/uv\n")
     f = parse("mac-b", out)
-    assert f.memory_gb == 16.0 and f.interfaces == {"lo0": ("127.0.0.1",), "en1": ("169.254.243.94",)}
+    assert f.memory_gb == 16.0 and {k: i.addresses for k, i in f.interfaces.items() if i.addresses} == {
+        "lo0": ["127.0.0.1"], "en1": ["169.254.243.94"]}
     assert f.firewall is True and f.uv == "/Users/me/.local/bin/uv"
     bare = parse("mac-c", "hostname=mac-c\nmemsize<<\n>>\nvm_stat<<\n>>\n")  # sysctl and vm_stat said nothing
     assert (bare.memory_gb, bare.addresses, bare.firewall) == (0.0, (), None)
@@ -219,6 +220,7 @@ def test_link_probe_runs_the_environment_python_and_knows_a_busy_port():
     assert measure_pair(None, a, b, mb=4, root="/nonexistent") == {
         "error": "no project environment at /nonexistent/.venv/bin/python (./launch.sh setup there)"}
     with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the probe's own listener may be in TIME_WAIT
         busy.bind(("127.0.0.1", b.port))
         busy.listen()
         assert "is the ring running? ./launch.sh stop" in measure_pair(None, a, b, mb=4)["error"]  # EADDRINUSE, 48 or 98

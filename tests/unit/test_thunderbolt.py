@@ -139,8 +139,8 @@ def test_without_mlx_config_says_so(monkeypatch):
 
 
 def test_ifconfig_parse_sees_bridge_members_and_state():
-    before = tb.parse_ifconfig((DATA / "three-macs/mini-b.ifconfig.txt").read_text())
-    after = tb.parse_ifconfig((DATA / "three-macs/mini-b.ifconfig-applied.txt").read_text())
+    before = tb.parse_ifconfig_interfaces((DATA / "three-macs/mini-b.ifconfig.txt").read_text())
+    after = tb.parse_ifconfig_interfaces((DATA / "three-macs/mini-b.ifconfig-applied.txt").read_text())
     assert (before["bridge0"].up, before["bridge0"].addresses, before["bridge0"].members) == \
         (True, ["169.254.77.3"], ["en2", "en3", "en4"])
     assert not after["bridge0"].up and after["en3"].addresses == ["192.168.0.2"] and after["en0"].up
