@@ -7,6 +7,8 @@ import json
 import openai
 import pytest
 from apiutil import ANSWER, MODEL, FakeEngine, client, served_model
+from fuzzbodies import bodies
+from hypothesis import HealthCheck, given, settings
 from mlx_lm.utils import load_tokenizer
 from ringutil import tool_model
 
@@ -249,3 +251,27 @@ def test_a_full_queue_or_a_closed_engine_is_a_503_with_retry_after(http, engine,
         r = http.post("/v1/chat/completions", json={"messages": QUESTION, "stream": stream})
         assert r.status_code == 503 and r.headers["retry-after"] == retry and r.json()["error"]["type"] == kind
         assert str(refusal) in r.json()["error"]["message"]
+
+
+def test_generated_requests_get_an_answer_or_an_openai_error(engine, served):
+    """Every generated body is answered (200), refused in OpenAI's shape (400, 404) or streamed to
+    its [DONE]; never a server error. The ring's version checks that none harms the ranks."""
+    counts = {}
+    with client(engine, served, default_max_tokens=2, max_tokens_limit=64) as http:
+        @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+        @given(bodies())
+        def case(path_body):
+            path, body = path_body
+            r = http.post(path, content=json.dumps(body))
+            counts[r.status_code] = counts.get(r.status_code, 0) + 1
+            assert r.status_code in (200, 400, 404), (path, body, r.status_code, r.text[:500])
+            if r.status_code != 200:
+                error = r.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["message"], r.text
+            elif body.get("stream") is True:
+                assert r.text.endswith("data: [DONE]\n\n") and '"error"' not in r.text, (body, r.text[-500:])
+            else:
+                assert r.json()["choices"] and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
+        case()
+    assert counts.get(200) and counts.get(400)  # both kinds were exercised
