@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from fastapi.testclient import TestClient
 from mlx_lm.utils import load_config
+from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_ring.api.app import make_app
 from mlx_ring.api.served import Cluster, ServedModel
@@ -115,3 +116,9 @@ def served_model(model, tokenizer) -> ServedModel:
 def client(engine: FakeEngine, served: ServedModel, keys=(), **changes) -> TestClient:
     """A client of the app in process; `changes`: ServedModel fields to change."""
     return TestClient(make_app(engine, replace(served, **changes) if changes else served, list(keys)))
+
+
+def samples(metrics_text: str) -> dict:
+    """/metrics parsed by prometheus_client's own parser: {(name, sorted labels): value}."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(metrics_text) for s in fam.samples}

@@ -7,8 +7,8 @@ import socket
 import httpx
 import openai
 import pytest
+from apiutil import samples
 from mlx_lm.utils import load_tokenizer
-from prometheus_client.parser import text_string_to_metric_families
 from ringutil import mlx_lm_answer
 from serverutil import running_server
 
@@ -76,10 +76,7 @@ def test_health_and_cluster_status(server):
 
 
 def scrape(url: str) -> dict:
-    """/metrics parsed by prometheus_client's own parser: {(name, labels): value}."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return samples(httpx.get(f"{url}/metrics", timeout=30).text)
 
 
 def test_metrics_parse_and_move_with_requests(client, server):

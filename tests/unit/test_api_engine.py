@@ -2,6 +2,7 @@
 (a ring of one: no mlx.launch): what `stats()` and `ping()` report, and what `cancel()` does."""
 
 import threading
+import time
 
 import mlx.core as mx
 import pytest
@@ -62,7 +63,9 @@ def test_stats_and_ping_report_the_steps_taken(engine):
 
 def test_cancel_fails_a_running_request_and_frees_it(engine):
     req, events, done = ask(engine, [1, 2, 3], 10_000)
-    while not events:  # generating
+    deadline = time.monotonic() + 60
+    while not events:  # until it generates
+        assert time.monotonic() < deadline, "no token within 60 s"
         done.wait(0.01)
     engine.cancel(req)
     assert done.wait(60) and events[-1] == Failed("cancelled by the client", 499, "cancelled")

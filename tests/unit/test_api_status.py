@@ -5,9 +5,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from apiutil import HOSTS, MODEL, FakeEngine, client, rank_row, served_model
+from apiutil import HOSTS, MODEL, FakeEngine, client, rank_row, samples, served_model
 from mlx_lm.utils import load_tokenizer
-from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_ring.api.keys import load_keys
 from mlx_ring.serving.port import QueueFull
@@ -26,10 +25,9 @@ def engine(served):
 
 
 def scrape(http) -> dict:
-    """/metrics parsed by prometheus_client's own parser: {(name, labels): value}."""
     r = http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    return samples(r.text)
 
 
 def keys_file(tmp_path, rows) -> list:
