@@ -54,10 +54,10 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, model_path, world: mx.distributed.Group) -> tuple[LayerPlan, dict]:
+def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
     computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts."""
-    plan, _, predicted = plan_ring(cfg, spec_from_folder(model_path), world)
+    plan, _, predicted = plan_ring(cfg, spec, world)
     return plan, predicted
 
 
@@ -95,7 +95,7 @@ def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
     return chunk
 
 
-def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> PrefixIndex | None:
+def prompt_cache(cfg: Config, shard: Shard, spec, cluster: dict) -> PrefixIndex | None:
     """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
     memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
     tokens is what the tightest rank holds. None when off or when the caches are not plain KV caches."""
@@ -103,7 +103,7 @@ def prompt_cache(cfg: Config, shard: Shard, model_path, cluster: dict) -> Prefix
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
-    per_token = spec_from_folder(model_path).kv_bytes_per_token  # one layer's
+    per_token = spec.kv_bytes_per_token  # one layer's
     kept = [r.get("prompt_cache_gb", cfg.prompt_cache_gb) for r in cluster["ranks"]]
     budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
     log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
@@ -124,12 +124,12 @@ def draft_model(cfg: Config, vocab: int):
     return model
 
 
-def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict) -> None:
+def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: dict) -> None:
     import uvicorn
 
+    from mlx_ring.api.app import make_app
     from mlx_ring.api.keys import load_keys
-    from mlx_ring.api.routes import make_app
-    from mlx_ring.api.served import ServedModel
+    from mlx_ring.api.served import Cluster, ServedModel
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
@@ -146,7 +146,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        cluster=cluster,
+        cluster=Cluster(**cluster),
         grammars=grammars,
     )
     if not shard.batches:
@@ -154,9 +154,9 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, cluster: dict
                  UNBATCHED[model_config["model_type"]], cfg.groups)
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
-    chunk = prefill_chunk(cfg, cluster, spec_from_folder(model_path).layer_flops)
+    chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=chunk,
-                      prefix=prompt_cache(cfg, shard, model_path, cluster),
+                      prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
@@ -219,7 +219,8 @@ def main() -> None:
         return
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
-    plan, predicted = make_plan(cfg, model_path, world)
+    spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
+    plan, predicted = make_plan(cfg, spec, world)
     if rank == 0:
         log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
@@ -232,7 +233,7 @@ def main() -> None:
         log.info("receiving prefill payloads before building the stage on them (RECEIVE_APART=%s)",
                  "auto, on Metal" if cfg.receive_apart is None else "on")
     if rank == 0:
-        serve_rank0(cfg, shard, ring, model_path, cluster)
+        serve_rank0(cfg, shard, ring, model_path, spec, cluster)
     else:
         # A worker leaves when rank 0's shutdown step passes by or the ring breaks; a SIGTERM alone
         # would cut the ring under requests rank 0 is still draining.

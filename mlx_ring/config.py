@@ -48,11 +48,9 @@ class Config:
     receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
 
 
-# Every setting that shapes a rank; the launcher gives rank 0's values to every rank, local or ssh.
-SETTINGS = ("MODEL", "WEIGHTS", "HOST", "PORT", "CACHE_DIR", "LOG_DIR", "LAYERS", "MAX_QUEUE", "MAX_ACTIVE",
-            "MAX_TOKENS", "MAX_TOKENS_LIMIT", "LOG_LEVEL", "STEP_TIMEOUT", "DRAIN_TIMEOUT", "GROUPS", "PREFILL_CHUNK",
-            "STRATEGY", "KV_TOKENS", "PROMPT_CACHE_GB", "DRAFT_TOKENS", "DRAFT_MODEL", "HOSTFILE", "RING_SOCKET_BUFFER", "API_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK",
-            "TLS_CERT", "TLS_KEY", "API_KEYS_FILE", "RECEIVE_APART")
+# Settings read from the environment only, with no flag: secrets kept off command lines, and what
+# only tests and multi-GPU hosts set. Every flag of `_parser` is a setting too, under its own name.
+ENV_ONLY = ("API_KEY", "API_KEYS_FILE", "TLS_CERT", "TLS_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK", "RECEIVE_APART")
 
 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
@@ -71,10 +69,16 @@ def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) ->
     return rows
 
 
+def setting_names() -> tuple[str, ...]:
+    """Every setting that shapes a rank: each flag's variable (--max-queue: MAX_QUEUE) and ENV_ONLY."""
+    flags = [a.dest.upper() for a in _parser()._actions if a.option_strings and a.dest not in ("help", "prepare")]
+    return (*flags, *ENV_ONLY)
+
+
 def settings_to_forward() -> dict[str, str]:
-    """SETTINGS as this machine has them; call after `parse_config`, which loads `.env` into the
-    environment (the environment wins)."""
-    return {k: os.environ[k] for k in SETTINGS if os.environ.get(k)}
+    """The settings as this machine has them, which the launcher gives every rank; call after
+    `parse_config`, which loads `.env` into the environment (the environment wins)."""
+    return {k: os.environ[k] for k in setting_names() if os.environ.get(k)}
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -82,9 +86,8 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
-def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
-    """(config, prepare_only). Flags win over environment variables, which win over `.env`."""
-    load_dotenv(ROOT / ".env", override=False)
+def _parser() -> argparse.ArgumentParser:
+    """The flags, each defaulting to the environment variable of its name."""
     p = argparse.ArgumentParser(description="Serve one model split across the ranks of an MLX ring.")
     p.add_argument("--model", default=_env("MODEL"), help="MLX folder, .gguf file or HF repo id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--weights", default=_env("WEIGHTS", "auto"), choices=["auto", "float32", "keep"],
@@ -122,7 +125,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
     p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
                    help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
+    """(config, prepare_only). Flags win over environment variables, which win over `.env`."""
+    load_dotenv(ROOT / ".env", override=False)
+    a = _parser().parse_args(argv)
     try:
         layers = tuple(int(x) for x in a.layers.split(",")) if a.layers else None
     except ValueError:

@@ -15,7 +15,7 @@ from mlx_ring.api.metrics import Clock, RingMetrics
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.served import ServedModel, limit_tokens
 from mlx_ring.api.toolcalls import ToolCallText
-from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from mlx_ring.serving.port import Delta, Done, EnginePort, Failed, QueueFull, Request, Unavailable
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Choice:
 
 
 class Answers:
-    def __init__(self, engine: Engine, served: ServedModel, metrics: RingMetrics):
+    def __init__(self, engine: EnginePort, served: ServedModel, metrics: RingMetrics):
         self.engine, self.served, self.metrics = engine, served, metrics
 
     def token_text(self, tid: int) -> str:
@@ -84,8 +84,7 @@ class Answers:
             # The body is already read, so the next ASGI message is the client hanging up.
             while (await http.receive())["type"] != "http.disconnect":
                 pass
-            for r in reqs:
-                r.cancelled.set()
+            self.engine.cancel(*reqs)
 
         watcher = asyncio.create_task(watch_disconnect())
         clocks, running, used, failed = [Clock(self.metrics) for _ in reqs], set(range(len(reqs))), len(reqs[0].prompt), True
@@ -107,8 +106,7 @@ class Answers:
             if reservation:  # failed or cancelled: what the choices used is unknown, the prompt is counted
                 settle(reservation, len(reqs[0].prompt) if failed else used)
             watcher.cancel()
-            for r in reqs:
-                r.cancelled.set()
+            self.engine.cancel(*reqs)
 
     async def respond(self, body, prompt: list[int], http: HttpRequest, chat: bool, grammar: str | None = None,
                       tools: dict | None = None):

@@ -1,8 +1,10 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, 400 (never 422) for
 a bad request, with the field named."""
 
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 
 class ApiError(Exception):
@@ -29,6 +31,22 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
         msg = "the request body must be a JSON object"
     text = f"{'.'.join(loc)}: {msg}" if loc else msg
     return JSONResponse(error_body(text, "invalid_request_error", param), status_code=400)
+
+
+def api_error(_, exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status, headers=exc.headers)
+
+
+def http_error(_, exc: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+def answer_errors_as_openai(app: FastAPI) -> None:
+    """Every error the app answers, in OpenAI's shape: bad requests, refusals, unknown paths."""
+    app.add_exception_handler(RequestValidationError, lambda _, exc: validation_error(exc))
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
 
 
 ERROR_SCHEMA = {

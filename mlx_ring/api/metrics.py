@@ -1,23 +1,27 @@
 """`GET /metrics` in Prometheus' text format (prometheus_client), on rank 0.
 
-Rank 0's own figures are counted as they happen (requests, tokens, time to first token, inter-token
-latency, ring steps). Every rank's live figures (memory, KV cache, stage time, busy time) come from
-one STATUS step round the ring per scrape, taken between generation steps, labelled `rank` and `host`.
+Rank 0's HTTP figures are counted as they happen (requests, tokens, time to first token, inter-token
+latency); the engine's (queue, ring steps, prompt cache, drafts) come from its stats snapshot. Every
+rank's live figures (memory, KV cache, stage time, busy time) come from one STATUS step round the ring
+per scrape, taken between generation steps, labelled `rank` and `host`.
 """
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+from mlx_ring.serving.port import STEP_BUCKETS, Stats
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-STEP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class RingMetrics:
-    """The registry /metrics serves; `ranks` is refreshed by the route before each scrape."""
+    """The registry /metrics serves: rank 0's HTTP figures counted here as they happen, the engine's
+    and every rank's figures given to `render` at each scrape."""
 
-    def __init__(self, engine, served, restarts: int = 0):
+    def __init__(self, hosts: dict[int, str], restarts: int = 0):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("mlx_ring_requests", "HTTP requests answered, by endpoint and status code",
@@ -28,32 +32,51 @@ class RingMetrics:
                               buckets=LATENCY, registry=r)
         self.itl = Histogram("mlx_ring_inter_token_latency_seconds", "time between a stream's tokens",
                              buckets=LATENCY, registry=r)
-        self.step = Histogram("mlx_ring_step_seconds", "one ring step on rank 0, waits on the other ranks included",
-                              buckets=STEP, registry=r)
-        Gauge("mlx_ring_queue_depth", "requests waiting for a place", registry=r).set_function(engine.requests.qsize)
-        Gauge("mlx_ring_active_sequences", "sequences generating", registry=r).set_function(lambda: len(engine.active))
         Gauge("mlx_ring_restarts", "times the launcher restarted the ring before this run", registry=r).set(restarts)
-        Gauge("mlx_ring_up", "1 while the ring serves", registry=r).set_function(lambda: 0 if engine.broken else 1)
-        prefix = engine.sched.prefix
-        if prefix is not None:
-            Gauge("mlx_ring_prompt_cache_hit_tokens", "prompt tokens not prefilled thanks to the prompt cache, since the "
-                  "start", registry=r).set_function(lambda: prefix.hit_tokens)
-            Gauge("mlx_ring_prompt_cache_tokens", "tokens held in the prompt cache (on every rank, for its own layers)",
-                  registry=r).set_function(lambda: prefix.held)
-        sched = engine.sched
-        if sched.draft_tokens:
-            Gauge("mlx_ring_draft_tokens", "draft tokens verified by the target model, since the start",
-                  registry=r).set_function(lambda: sched.drafted)
-            Gauge("mlx_ring_draft_tokens_accepted", "draft tokens the target model kept, since the start",
-                  registry=r).set_function(lambda: sched.accepted)
-        engine.on_step = self.step.observe
-        self.hosts = {x["rank"]: x["host"] for x in served.cluster.get("ranks", [])}
+        self.hosts = hosts
+        self.stats: Stats | None = None
         self.ranks: list[dict] = []
+        r.register(_Engine(self))
         r.register(_Ranks(self))
 
-    def render(self, ranks: list[dict]) -> bytes:
-        self.ranks = ranks
+    def render(self, stats: Stats, ranks: list[dict]) -> bytes:
+        """The text format, with the engine's snapshot and the ranks' rows (none when the ring is down)."""
+        self.stats, self.ranks = stats, ranks
         return generate_latest(self.registry)
+
+
+class _Engine:
+    """Rank 0's engine figures from its latest snapshot."""
+
+    def __init__(self, metrics: RingMetrics):
+        self.m = metrics
+
+    def describe(self):
+        return []  # values exist only at scrape time
+
+    def collect(self):
+        s = self.m.stats
+        if s is None:
+            return
+        yield GaugeMetricFamily("mlx_ring_queue_depth", "requests waiting for a place", value=s.queued)
+        yield GaugeMetricFamily("mlx_ring_active_sequences", "sequences generating", value=s.active)
+        yield GaugeMetricFamily("mlx_ring_up", "1 while the ring serves", value=0 if s.broken else 1)
+        cumulative, buckets = 0, []
+        for le, n in zip([*map(floatToGoString, STEP_BUCKETS), "+Inf"], s.step_counts):
+            cumulative += n
+            buckets.append((le, cumulative))
+        yield HistogramMetricFamily("mlx_ring_step_seconds", "one ring step on rank 0, waits on the other ranks included",
+                                    buckets=buckets, sum_value=s.step_seconds)
+        if s.prompt_cache is not None:
+            yield GaugeMetricFamily("mlx_ring_prompt_cache_hit_tokens", "prompt tokens not prefilled thanks to the prompt "
+                                    "cache, since the start", value=s.prompt_cache.hit_tokens)
+            yield GaugeMetricFamily("mlx_ring_prompt_cache_tokens", "tokens held in the prompt cache (on every rank, for "
+                                    "its own layers)", value=s.prompt_cache.tokens)
+        if s.draft_tokens:
+            yield GaugeMetricFamily("mlx_ring_draft_tokens", "draft tokens verified by the target model, since the start",
+                                    value=s.drafted)
+            yield GaugeMetricFamily("mlx_ring_draft_tokens_accepted", "draft tokens the target model kept, since the start",
+                                    value=s.accepted)
 
 
 class _Ranks:

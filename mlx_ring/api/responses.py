@@ -4,7 +4,7 @@ import json
 import math
 from typing import Callable
 
-from mlx_ring.serving.engine import Done
+from mlx_ring.serving.port import Done
 
 
 def finite(lp: float) -> float:

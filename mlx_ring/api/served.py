@@ -6,6 +6,17 @@ from dataclasses import dataclass, field
 from mlx_ring.api.errors import ApiError
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The ring's static facts, gathered once at startup (server.gather_cluster)."""
+
+    ranks: list[dict] = field(default_factory=list)  # per rank: host, layers, bytes held, the planner's view
+    plan: dict = field(default_factory=dict)  # strategy, layer ranges, the planner's predictions
+
+    def hosts(self) -> dict[int, str]:
+        return {r["rank"]: r["host"] for r in self.ranks}
+
+
 @dataclass
 class ServedModel:
     id: str
@@ -14,7 +25,7 @@ class ServedModel:
     default_max_tokens: int
     vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
-    cluster: dict = field(default_factory=dict)  # static per-rank facts gathered at startup
+    cluster: Cluster = field(default_factory=Cluster)
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
 
 

@@ -6,15 +6,9 @@ import json
 import logging
 import uuid
 
+from mlx_ring.serving.textstream import partial_tail
+
 log = logging.getLogger(__name__)
-
-
-def _held_back(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that could start `marker` (kept until the next text)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ToolCallText:
@@ -32,7 +26,7 @@ class ToolCallText:
             if not self.inside:
                 i = self.buf.find(self.start)
                 if i < 0:
-                    keep = _held_back(self.buf, self.start)
+                    keep = partial_tail(self.buf, [self.start])
                     content, self.buf = content + self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
                     return content, calls
                 content, self.buf, self.inside = content + self.buf[:i], self.buf[i + len(self.start) :], True

@@ -41,7 +41,7 @@ class Launch:
     ssh_config: str | None  # RING_SSH_CONFIG: the ssh config the ring's own one includes
     provision: bool  # PROVISION: bring hosts up to date, else only check them
     caps_env: str  # MLX_RING_CAPS, for the probes (tests, or to pretend)
-    settings: dict  # rank 0's settings, which every rank gets (config.SETTINGS)
+    settings: dict  # rank 0's settings, which every rank gets (config.setting_names)
 
 
 @dataclass

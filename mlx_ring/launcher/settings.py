@@ -1,5 +1,5 @@
 """The launcher's own settings, read once from the environment and `.env` (the environment wins).
-The ranks' settings (config.SETTINGS) are read by server.py; these are the ones the launcher needs
+The ranks' settings (config.setting_names) are read by server.py; these are the ones the launcher needs
 before any rank exists."""
 
 import os

@@ -5,6 +5,7 @@ which shares forward steps among them; this module ends them (end token, length,
 `TextStream`), and results and errors travel back as values through `Request.emit`.
 """
 
+import bisect
 import itertools
 import logging
 import os
@@ -12,58 +13,27 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_ring.ring.pipeline import RingError
-from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.port import (
+    STEP_BUCKETS,
+    Delta,
+    Done,
+    Failed,
+    PromptCacheStats,
+    QueueFull,
+    Request,
+    Stats,
+    Unavailable,
+)
 from mlx_ring.serving.sampling import Token
 from mlx_ring.serving.scheduler import Scheduler, Sequence
 from mlx_ring.serving.textstream import Piece, TextStream
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Delta:
-    text: str
-    tokens: list[Token]
-
-
-@dataclass
-class Done:
-    finish_reason: str  # "stop" or "length"
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class Failed:
-    message: str
-    status: int = 500
-    type: str = "server_error"
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    params: SamplingParams
-    emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
-    stop: list[str] = field(default_factory=list)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    after: "Request | None" = None  # another choice of the same prompt: start from its cached prompt
-    sequence: Sequence | None = None  # set once admitted
-
-
-class QueueFull(Exception):
-    pass
-
-
-class Unavailable(Exception):
-    """The engine takes no new work: it is draining for shutdown, or the ring is broken."""
 
 
 class _Active:
@@ -77,11 +47,13 @@ class _Active:
 
 
 class Engine:
+    """Rank 0's engine; the HTTP side sees it through `port.EnginePort` (submit, cancel, stats, ping)."""
+
     def __init__(self, sched: Scheduler, tokenizer: TokenizerWrapper, *, max_queue: int = 64, max_active: int = 16,
                  step_timeout: float = 60.0, drain_timeout: float = 30.0, constrain: Callable | None = None):
         self.sched, self.pipe, self.tokenizer = sched, sched.pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
-        self.calls: queue.Queue[tuple[str, Future]] = queue.Queue()
+        self.calls: queue.Queue[Future] = queue.Queue()  # pings waiting for a STATUS step
         self.active: dict[int, _Active] = {}
         self.max_active = max_active
         self.seq_ids = itertools.count(1)
@@ -93,7 +65,8 @@ class Engine:
         self._gate = threading.Lock()
         self.closed: str | None = None  # why no request is taken any more
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
-        self.on_step: Callable[[float], None] = lambda seconds: None  # each ring step's time (metrics)
+        self.busy_s = 0.0  # rank 0's time in ring steps, its waits on the other ranks included
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # ring steps by time (port.STEP_BUCKETS)
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
 
     # -- called from the HTTP thread ----------------------------------------------------------------
@@ -108,21 +81,30 @@ class Engine:
             for req in reqs:
                 self.requests.put_nowait(req)
 
+    def cancel(self, *reqs: Request) -> None:
+        """Stop and free `reqs` (the engine thread finishes them before its next step)."""
+        for r in reqs:
+            r.cancelled.set()
+
     def ping(self) -> Future:
-        """A round trip through every rank, between generation steps; resolves to None."""
-        return self._call("ping")
-
-    def status(self) -> Future:
-        """Resolves to one dict per rank: memory, open sequences, cached tokens, stage time."""
-        return self._call("status")
-
-    def _call(self, what: str) -> Future:
+        """A STATUS step round every rank, between generation steps; resolves to one dict per rank:
+        memory, open sequences, cached tokens, stage and busy time."""
         fut: Future = Future()
         if self.broken:
             fut.set_exception(RingError(self.broken))
         else:
-            self.calls.put((what, fut))
+            self.calls.put(fut)
         return fut
+
+    def stats(self) -> Stats:
+        """Rank 0's own figures now (ints the engine thread updates, read without a lock)."""
+        sched, prefix = self.sched, self.sched.prefix
+        cache = None if prefix is None else PromptCacheStats(len(prefix.entries), prefix.held, prefix.budget,
+                                                             prefix.hits, prefix.hit_tokens)
+        return Stats(queued=self.requests.qsize(), active=len(self.active), broken=self.broken,
+                     stopping=self.stopping.is_set(), prompt_cache=cache, draft_tokens=sched.draft_tokens,
+                     drafted=sched.drafted, accepted=sched.accepted, step_counts=tuple(self.step_counts),
+                     step_seconds=self.busy_s)
 
     # -- the engine thread --------------------------------------------------------------------------
     def run(self) -> None:
@@ -160,8 +142,8 @@ class Engine:
         results = self.sched.step()
         if busy:  # rank 0's busy time: its steps, waits on the other ranks included
             took = time.perf_counter() - t0
-            self.pipe.stage.busy_s += took
-            self.on_step(took)
+            self.busy_s += took
+            self.step_counts[bisect.bisect_left(STEP_BUCKETS, took)] += 1
         for seq, token in results:  # a token, or the error that sampling it raised
             if seq.id in self.active:  # a sequence given several tokens at once may end before the last
                 self._advance(self.active[seq.id], token)
@@ -204,7 +186,7 @@ class Engine:
         for a in active:
             a.req.emit(failed)
         self._close(failed.message, failed)
-        for _, fut in list(self.calls.queue):
+        for fut in list(self.calls.queue):
             if not fut.done():
                 fut.set_exception(RingError(reason))
         self.exit(75)
@@ -212,11 +194,15 @@ class Engine:
     def _take_calls(self) -> None:
         while True:
             try:
-                what, fut = self.calls.get_nowait()
+                fut = self.calls.get_nowait()
             except queue.Empty:
                 return
             if fut.set_running_or_notify_cancel():
-                getattr(self.sched, what)(fut.set_result)  # ping or status, between the other steps
+                self.sched.status(lambda rows, fut=fut: fut.set_result(self._with_busy(rows)))  # between the other steps
+
+    def _with_busy(self, rows: list[dict]) -> list[dict]:
+        rows[0]["busy_cs"] = int(self.busy_s * 100)  # rank 0's steps are timed here, not by its stage
+        return rows
 
     def _admit(self, block: bool) -> None:
         while len(self.active) < self.max_active:

@@ -4,6 +4,18 @@ and the end of a sequence. Pure Python over mlx-lm's detokenizers; no MLX, no ri
 from dataclasses import dataclass, field
 
 
+def partial_tail(text: str, markers: list[str]) -> int:
+    """Length of the longest end of `text` that could still grow into one of `markers` (a stop
+    string, a tool-call marker): text to hold back until more arrives."""
+    keep = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), keep, -1):
+            if text.endswith(m[:n]):
+                keep = n
+                break
+    return keep
+
+
 @dataclass
 class Piece:
     """Text ready to send, and the tokens it came from (for logprobs)."""
@@ -56,14 +68,7 @@ class TextStream:
         return bool(hits)
 
     def _flush(self, final: bool) -> Piece | None:
-        keep = 0
-        if not final:
-            # Hold back the longest tail that could still grow into a stop string.
-            for s in self.stop:
-                for n in range(min(len(s) - 1, len(self.held)), keep, -1):
-                    if self.held.endswith(s[:n]):
-                        keep = n
-                        break
+        keep = 0 if final else partial_tail(self.held, self.stop)
         text = self.held[: len(self.held) - keep]
         if not (text or (final and self.held_tokens)):
             return None

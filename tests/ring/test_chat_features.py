@@ -1,6 +1,7 @@
 """What chat apps and agent frameworks send, through the official `openai` client against the real
 2-rank server: tool calls, JSON and JSON-schema answers, n choices, follow-up turns that start from
-the prompt cache, the fields clients add, and speculative decoding. The model is the default one (real weights) under a
+the prompt cache, and speculative decoding. (What is refused, the fields clients add and the shape of
+tool calls: tests/unit/test_api_app.py, in process.) The model is the default one (real weights) under a
 Qwen2.5-style template that offers tools (tests/data/tools_chat_template.jinja)."""
 
 import json
@@ -62,16 +63,20 @@ def test_required_calls_one_of_the_tools_and_none_answers_in_text(client):
     [call] = r.choices[0].message.tool_calls
     jsonschema.validate(json.loads(call.function.arguments), {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name])
     r = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=12, temperature=0)
-    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    # none: the template offers no tools and the answer is text (single-process mlx-lm's greedy one)
+    assert r.choices[0].message.tool_calls is None
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("Paris, the City of Light, is a city renowned for", "length")
 
 
-def test_a_tool_result_turn_is_taken(client):
-    turns = ASK + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}]
-    r = client.chat.completions.create(model="default", messages=turns, tools=TOOLS, max_tokens=16, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+def test_a_tool_result_turn_is_answered_as_mlx_lm(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}
+    r = client.chat.completions.create(model="default", messages=ASK + [{"role": "assistant", "content": None, "tool_calls": [call]}, result],
+                                       tools=TOOLS, max_tokens=16, temperature=0)
+    # single-process mlx-lm's greedy answer to the same template (the call's arguments as an object):
+    # text that starts like a tool-call marker and is not one
+    assert r.choices[0].message.tool_calls is None
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ('<tool_response>\n{"type": "response", "data": {', "length")
 
 
 SCHEMAS = [
@@ -103,27 +108,7 @@ def test_json_schema_answers_validate_also_eight_at_once(client):
                                        messages=[{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}])
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
     r = client.chat.completions.create(model="default", messages=ASK, response_format={"type": "text"}, max_tokens=4, temperature=0)
-    assert r.choices[0].message.content
-
-
-def test_what_cannot_be_enforced_is_refused_by_name(client, served):
-    for schema, name in (({"type": "array", "uniqueItems": True}, "uniqueItems"), ({"$dynamicRef": "#x"}, "$dynamicRef")):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="default", messages=ASK, max_tokens=4,
-                                           response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
-        assert e.value.body["param"] == "response_format" and name in e.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="default", messages=[{"role": "user", "content": [
-            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
-    assert "image_url parts are not supported: this model reads text only" in e.value.body["message"]
-    assert status(served[0])["queued_requests"] == 0
-
-
-def test_fields_clients_add_are_accepted(client):
-    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-                                       max_tokens=3, temperature=0, store=True, metadata={"app": "test"}, user="u-1",
-                                       service_tier="auto", prompt_cache_key="k", parallel_tool_calls=False, tools=TOOLS)
-    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+    assert r.choices[0].message.content == "Paris, the City"
 
 
 def test_n_choices_share_one_prefill(client, served):

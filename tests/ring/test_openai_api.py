@@ -1,12 +1,14 @@
-"""The real `openai` client against the real server: 2 ranks under mlx.launch, default model."""
+"""The real `openai` client against the real server: 2 ranks under mlx.launch, default model. What the
+ring does end to end: answers as mlx-lm's, limits, stop strings, logprobs, seeds, every rank's figures.
+(Request checks and response shapes: tests/unit/test_api_app.py, in process.)"""
 
 import socket
 
 import httpx
 import openai
 import pytest
+from apiutil import samples
 from mlx_lm.utils import load_tokenizer
-from prometheus_client.parser import text_string_to_metric_families
 from ringutil import mlx_lm_answer
 from serverutil import running_server
 
@@ -35,18 +37,6 @@ def test_chat_answers_like_single_process_mlx_lm(client, default_model):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
-def test_stream_joined_equals_non_streamed(client):
-    ask = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Name three colours."}], temperature=0, max_tokens=24)
-    whole = client.chat.completions.create(**ask)
-    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
-    assert chunks[0].choices[0].delta.role == "assistant"
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert text == whole.choices[0].message.content
-    assert finishes == [whole.choices[0].finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-
-
 def test_length_limit_and_max_completion_tokens(client):
     r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_completion_tokens=3)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
@@ -60,11 +50,11 @@ def test_stop_string_cuts_text(client):
     assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == "The capital of France is"
 
 
-def test_completions_and_models(client):
+def test_completions_with_logprobs(client):
     r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
-    assert r.object == "text_completion" and r.choices[0].text.lstrip().startswith("Paris")
+    # single-process mlx-lm's greedy tokens, through its streaming detokenizer (which drops the leading space)
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("Paris.\n\n", "length", 4)
     assert len(r.choices[0].logprobs.tokens) == 4 and all(len(t) == 2 for t in r.choices[0].logprobs.top_logprobs)
-    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
 
 
 def test_chat_logprobs_and_seeded_sampling(client):
@@ -74,28 +64,6 @@ def test_chat_logprobs_and_seeded_sampling(client):
     assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token and c.logprob <= 0 for c in content)
     ask = dict(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=1.0, top_p=0.9, max_tokens=12, seed=7)
     assert client.chat.completions.create(**ask).choices[0].message.content == client.chat.completions.create(**ask).choices[0].message.content
-
-
-def test_bad_requests_get_openai_errors_and_the_server_keeps_working(client, server):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=5)
-    assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[])
-    with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="gpt-17", messages=QUESTION)
-    assert e.value.body["code"] == "model_not_found"
-    raw = httpx.post(f"{server}/v1/chat/completions", content=b"{not json", timeout=30)
-    assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
-    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=8)
-    assert r.choices[0].message.content.startswith("The capital of France")
-
-
-def test_tools_on_a_model_whose_template_has_none_get_a_400_that_says_so(client):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, tools=tools)
-    assert e.value.body["param"] == "tools" and "chat template has no tool support" in e.value.body["message"]
 
 
 def test_health_and_cluster_status(server):
@@ -108,22 +76,17 @@ def test_health_and_cluster_status(server):
 
 
 def scrape(url: str) -> dict:
-    """/metrics parsed by prometheus_client's own parser: {(name, labels): value}."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return samples(httpx.get(f"{url}/metrics", timeout=30).text)
 
 
 def test_metrics_parse_and_move_with_requests(client, server):
     before = scrape(server)
     chat = ("mlx_ring_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "200")))
-    bad = ("mlx_ring_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "400")))
     stream = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=12, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     used = [c.usage for c in stream if c.usage][0]
-    assert httpx.post(f"{server}/v1/chat/completions", json={"messages": []}, timeout=30).status_code == 400
     after = scrape(server)
-    assert after[chat] == before.get(chat, 0) + 1 and after[bad] == before.get(bad, 0) + 1
+    assert after[chat] == before.get(chat, 0) + 1
     for name, grew in (("mlx_ring_completion_tokens_total", used.completion_tokens), ("mlx_ring_prompt_tokens_total", used.prompt_tokens),
                        ("mlx_ring_time_to_first_token_seconds_count", 1)):
         assert after[(name, ())] == before.get((name, ()), 0) + grew, name

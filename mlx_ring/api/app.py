@@ -1,0 +1,31 @@
+"""The HTTP app on rank 0 (FastAPI), built around the engine's port: it never touches MLX, so tests
+build it in process around a stand-in engine."""
+
+from fastapi import FastAPI
+
+from mlx_ring.api.answers import Answers
+from mlx_ring.api.errors import answer_errors_as_openai
+from mlx_ring.api.keys import Key
+from mlx_ring.api.metrics import CountRequests, RingMetrics
+from mlx_ring.api.middleware import JsonBodies, KeyAuth
+from mlx_ring.api.openapi import document
+from mlx_ring.api.prompts import Prompts
+from mlx_ring.api.routes import openai_routes
+from mlx_ring.api.served import ServedModel
+from mlx_ring.api.status import status_routes
+from mlx_ring.serving.port import EnginePort
+
+
+def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0) -> FastAPI:
+    """The OpenAI API and the ring's status routes; `keys`: the API keys /v1/* needs (none: open)."""
+    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
+    metrics = RingMetrics(served.cluster.hosts(), restarts)
+    app.include_router(openai_routes(served, Prompts(served), Answers(engine, served, metrics)))
+    app.include_router(status_routes(engine, served, metrics))
+    answer_errors_as_openai(app)
+    app.add_middleware(JsonBodies)
+    if keys:
+        app.add_middleware(KeyAuth, keys=list(keys))
+    app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
+    app.openapi = lambda: document(app, served)
+    return app

@@ -1,0 +1,100 @@
+"""What the HTTP side may ask of rank 0's engine, and the values that travel between them: requests
+in, events out, one stats snapshot. Plain data, no MLX: the API imports only this, and its tests
+serve it with a stand-in engine."""
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from mlx_ring.serving.params import SamplingParams
+
+# Upper bounds (seconds) of the ring-step histogram the engine keeps (Prometheus' `le`).
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+@dataclass
+class Delta:
+    text: str
+    tokens: list  # serving.sampling.Token: id, logprob, top alternatives
+
+
+@dataclass
+class Done:
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    message: str
+    status: int = 500
+    type: str = "server_error"
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
+    stop: list[str] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    after: "Request | None" = None  # another choice of the same prompt: start from its cached prompt
+    sequence: object = None  # the engine's scheduler.Sequence, once admitted
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Unavailable(Exception):
+    """The engine takes no new work: it is draining for shutdown, or the ring is broken."""
+
+
+@dataclass(frozen=True)
+class PromptCacheStats:
+    entries: int
+    tokens: int
+    budget_tokens: int
+    hits: int
+    hit_tokens: int  # prompt tokens not prefilled thanks to the cache, since the start
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Rank 0's engine at one moment: what /metrics, /cluster/status and the page show of it."""
+
+    queued: int  # requests waiting for a place
+    active: int  # sequences generating
+    broken: str | None  # why the ring is unusable, else None
+    stopping: bool  # draining for shutdown
+    prompt_cache: PromptCacheStats | None  # None: no prompt cache
+    draft_tokens: int  # most tokens drafted a step (0: no speculative decoding)
+    drafted: int  # draft tokens verified, since the start
+    accepted: int  # draft tokens kept, since the start
+    step_counts: tuple[int, ...]  # ring steps per STEP_BUCKETS bucket (not cumulative), the last one past them all
+    step_seconds: float  # time of all ring steps
+
+    @property
+    def serving(self) -> bool:
+        return self.broken is None and not self.stopping
+
+
+class EnginePort(Protocol):
+    """The engine as the routes see it; every method is safe to call from the HTTP thread."""
+
+    def submit(self, *reqs: Request) -> None:
+        """Queue the choices of one API request, all or none; QueueFull or Unavailable otherwise.
+        Events come back through each request's `emit`, ending with Done or Failed."""
+
+    def cancel(self, *reqs: Request) -> None:
+        """The client has gone: stop and free these requests (a no-op for finished ones)."""
+
+    def stats(self) -> Stats:
+        """A snapshot of the engine's own figures; no trip round the ring."""
+
+    def ping(self) -> Future:
+        """A trip round every rank between generation steps; resolves to one dict per rank
+        (memory, open sequences, cached tokens, stage and busy time), or fails with the ring."""
