@@ -48,7 +48,7 @@ class Ring:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout)
 
     def answer(self) -> str:
-        r = self.client().chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=24)
+        r = self.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=24)
         return r.choices[0].message.content
 
     def wait_answer(self, within: float) -> float:
@@ -69,7 +69,7 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
     out["tokens"] = 0
     try:
         for chunk in ring.client(timeout=STEP_TIMEOUT + 60).chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2000,
+                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2000,
                 logit_bias={"2": -100}, stream=True):  # SmolLM2's end token banned: it runs until the fault
             if chunk.choices and chunk.choices[0].delta.content:
                 out["tokens"] += 1
