@@ -153,7 +153,12 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
             assert all(victim.name in e for e in errors), f"{kind} on {victim.name}: errors {errors}"
             if kind == "cut":
                 time.sleep(max(0.0, CUT_FOR - (time.monotonic() - t_fault)))
-                said = ring.sh("status")  # the supervisor waits for the host, and says so
+                deadline = time.monotonic() + 40  # the ring's exit, then one look at the hosts (ssh's 5 s)
+                while True:  # the supervisor waits for the host, and says so
+                    said = ring.sh("status")
+                    if f"waiting for {victim.name}" in said.stderr or time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
                 assert said.returncode == 1 and f"waiting for {victim.name}" in said.stderr, said.stderr
                 health = httpx.get(f"{ring.url}/health", timeout=5)
                 assert health.status_code == 503 and victim.name in health.json()["detail"], health.text
