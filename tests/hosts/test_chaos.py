@@ -27,6 +27,7 @@ STEP_TIMEOUT = 10
 BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}  # seconds from the fault to every stream's end
 CUT_FOR = 20  # seconds a link stays down: past ssh's keepalives, so the ring must wait for the host
 RECOVER_WITHIN = 90  # seconds from the host's return to an answer (ring restart and model load on 2 cores)
+FAILOVER_AFTER = 25  # seconds: past a cut phase's wait, so only the last phase fails over
 
 
 class Ring:
@@ -34,7 +35,8 @@ class Ring:
         self.tmp, self.hosts, self.port = tmp, hosts, free_port()
         self.env = {**os.environ, "RING_SSH_CONFIG": str(hosts.ssh_config), "HOSTFILE": str(tmp / "hosts.json"),
                     "PORT": str(self.port), "RING_PORT": str(free_port(4)), "LOG_DIR": str(tmp / "logs"),
-                    "STARTUP_TIMEOUT": "180", "STEP_TIMEOUT": str(STEP_TIMEOUT), "MAX_RESTARTS": "10"}
+                    "STARTUP_TIMEOUT": "180", "STEP_TIMEOUT": str(STEP_TIMEOUT), "MAX_RESTARTS": "10",
+                    "FAILOVER_AFTER": str(FAILOVER_AFTER)}
         # Rank 0 on this machine, on the bridge's address; ranks 1 and 2 on the namespace hosts.
         entries = [{"ssh": "127.0.0.1", "ips": [hosts.gateway]}, *(h.entry() for h in hosts.hosts)]
         (tmp / "hosts.json").write_text(json.dumps(entries))
@@ -173,6 +175,31 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
                                      "serving_again_s": round(recovered, 1), "since": "host back" if kind == "cut"
                                      else "resumed" if kind == "stop" else "fault", "error": errors[0][:200]})
             assert took <= BOUND[kind], report
+        # A host that stays away: the ring serves without it, the same answers, and takes it back.
+        victim = rng.choice(hosts.hosts)
+        sh(f"ip link set {victim.veth} down")
+        t_cut = time.monotonic()
+        deadline = t_cut + FAILOVER_AFTER + 120
+        while time.monotonic() < deadline:
+            said = ring.sh("status")
+            if said.returncode == 0 and f"serving without {victim.name}" in said.stdout:
+                break
+            time.sleep(2)
+        assert f"serving without {victim.name}" in said.stdout, said.stdout + said.stderr
+        assert victim.name not in said.stdout.split("serving without")[0]  # the plan's rows lack it
+        failed_over = time.monotonic() - t_cut
+        assert ring.answer() == before
+        sh(f"ip link set {victim.veth} up")
+        t_back, deadline = time.monotonic(), time.monotonic() + 180
+        while time.monotonic() < deadline:
+            said = ring.sh("status")
+            if said.returncode == 0 and "serving without" not in said.stdout and victim.name in said.stdout:
+                break
+            time.sleep(2)
+        assert victim.name in said.stdout and "serving without" not in said.stdout, said.stdout + said.stderr
+        assert ring.answer() == before
+        report["faults"].append({"kind": "away past FAILOVER_AFTER", "host": victim.name,
+                                 "failed_over_s": round(failed_over, 1), "taken_back_s": round(time.monotonic() - t_back, 1)})
     finally:
         print(json.dumps(report, indent=1))
         (Path(ROOT) / "bench-results").mkdir(exist_ok=True)
