@@ -22,13 +22,14 @@ from mlx_lm.utils import load_config, load_model, load_tokenizer
 
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.identity import disagreement, identity
-from mlx_ring.hosts.weights import manifest
+from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
+from mlx_ring.ring.leftovers import tidy
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.serving.prefix import PrefixIndex
 from shard import Shard, load_shard, serve_worker
@@ -161,6 +162,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
+    engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files
@@ -173,8 +175,18 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         log.info("signal %d: draining (up to %.0f s), then shutting down every rank", signum, cfg.drain_timeout)
         engine.stop()  # HTTP stays up meanwhile, answering 503 to new requests
 
+    def on_peer_lost(_signum, _frame):
+        # The launcher saw a rank's host go (its ssh session ended): fail the requests now, naming it,
+        # rather than after STEP_TIMEOUT. Off this thread: the engine may hold its lock right now.
+        try:
+            why = (cfg.log_dir / "ring.broken").read_text().strip()
+        except OSError:
+            why = "a rank left the ring"
+        threading.Thread(target=engine.fail, args=(why,), daemon=True).start()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, on_peer_lost)
     web.start()
     while not http.started and web.is_alive():
         web.join(0.05)
@@ -190,10 +202,15 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     web.join(5)
 
 
-def local_model(cfg: Config) -> Path:
-    """The slice the launcher sent this host (RING_MODEL_ID), else the model resolved here."""
-    hosted = cfg.cache_dir / "hosted" / (cfg.model_id or "-")
-    return hosted if cfg.model_id and hosted.is_dir() else resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
+def local_model(cfg: Config, rank: int) -> Path:
+    """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID, RING_PLAN),
+    whatever other slices the cache holds; else the model resolved here (rank 0's own machine)."""
+    if cfg.model_id and cfg.plan and rank < len(cfg.plan[1]):
+        start = sum(cfg.plan[1][:rank])
+        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + cfg.plan[1][rank]), rank == 0))
+        if found:
+            return found
+    return resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
 
 
 def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) -> None:
@@ -213,7 +230,8 @@ def main() -> None:
     world = init_world(cfg.ring_socket_buffer)
     rank = world.rank()
     setup_logging(cfg, rank)
-    model_path = local_model(cfg)
+    tidy(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files: the hostfile now, the pid file once gone
+    model_path = local_model(cfg, rank)
     if prepare_only:
         print(model_path)
         return

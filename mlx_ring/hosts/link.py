@@ -3,13 +3,16 @@ listens on its own ring address and port (so the port is free there and reachabl
 connects from its host, times small round trips, then streams a block of bytes."""
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 from mlx_ring.hosts import ssh
 
-BLOCK_MB = 64
+BLOCK_MB = 64  # the most a bandwidth measurement sends
+SECONDS = 2.0  # and the longest it sends for: a slow link is measured on less, not for longer
+SLOW_GBIT = 0.1  # below this a link is called slow
 ROOT = Path(__file__).resolve().parents[2]
 
 # PYTHON -c LINK serve ADDR PORT | PYTHON -c LINK measure ADDR PORT MB, with PYTHON the project's
@@ -34,8 +37,11 @@ if mode == "serve":
         c.sendall(c.recv(1))
     want, got = int.from_bytes(c.recv(8), "big"), 0
     while got < want:
-        got += len(c.recv(1 << 20))
-    c.sendall(b"k")
+        chunk = c.recv(1 << 20)
+        if not chunk:  # the sender's time was up: a slow link sends less, not for longer
+            break
+        got += len(chunk)
+    c.sendall(got.to_bytes(8, "big"))
 else:
     mb = int(sys.argv[4])
     deadline = time.time() + 10
@@ -50,14 +56,22 @@ else:
     rtts = []
     for _ in range(20):
         t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
-    block = bytes(1 << 20)
-    c.sendall((mb << 20).to_bytes(8, "big"))
-    t = time.perf_counter()
-    for _ in range(mb):
+    block, most, seconds = bytes(1 << 18), mb << 20, float(sys.argv[5])
+    c.sendall(most.to_bytes(8, "big"))
+    t, sent = time.perf_counter(), 0
+    while sent < most and time.perf_counter() - t < seconds:
         c.sendall(block)
-    c.recv(1)
-    dt = time.perf_counter() - t
-    print(json.dumps({"rtt_ms": sorted(rtts)[len(rtts) // 2] * 1e3, "gbit_s": mb * 8 * 1.048576e6 / dt / 1e9}))
+        sent += len(block)
+    c.shutdown(socket.SHUT_WR)
+    c.settimeout(60)
+    got = b""
+    while len(got) < 8:
+        more = c.recv(8 - len(got))
+        if not more:
+            print(json.dumps({"error": f"{addr}:{port} closed the link mid-measurement"})); sys.exit(0)
+        got += more
+    dt, got = time.perf_counter() - t, int.from_bytes(got, "big")
+    print(json.dumps({"rtt_ms": sorted(rtts)[len(rtts) // 2] * 1e3, "gbit_s": got * 8 / dt / 1e9, "mb": got / 2**20}))
 '''
 
 
@@ -66,27 +80,32 @@ RUN = ('py=$1; shift; [ -x "$py" ] || { printf \'{"error": "no project environme
        'exit 0; }; exec "$py" -c "$@"')
 
 
-def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT) -> dict:
-    """{rtt_ms, gbit_s} from `sender`'s host to `receiver`'s ring address, or {error}; the probes run
-    under the project's environment at `root` on each host."""
+def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT, seconds: float = SECONDS) -> dict:
+    """{rtt_ms, gbit_s, mb} from `sender`'s host to `receiver`'s ring address, or {error}; the probes
+    run under the project's environment at `root` on each host, for about `seconds` at most."""
     result, python = {}, ssh.env_python(root)
 
+    def run(node, *args, timeout):
+        try:
+            p = ssh.run_on(conf, node.ssh, node.local, RUN, (python, LINK, *args), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return [{"error": f"{node.ssh} did not finish the link measurement within {timeout} s"}], ""
+        except ValueError as e:  # ssh.SshError: the host itself did not answer
+            return [{"error": str(e)}], ""
+        return [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")], p.stderr
+
     def serve():
-        p = ssh.run_on(conf, receiver.ssh, receiver.local, RUN, (python, LINK, "serve", receiver.address, receiver.port),
-                       timeout=40)
-        lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        lines, _ = run(receiver, "serve", receiver.address, receiver.port, timeout=40)
         result["serve"] = next((x for x in lines if "error" in x), None)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     time.sleep(0.5)  # the listener's ssh session starts first; the client retries meanwhile anyway
-    p = ssh.run_on(conf, sender.ssh, sender.local, RUN, (python, LINK, "measure", receiver.address, receiver.port, mb),
-                   timeout=60)
+    lines, err = run(sender, "measure", receiver.address, receiver.port, mb, seconds, timeout=60)
     t.join(30)
     if result.get("serve"):
         return result["serve"]
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-    return lines[-1] if lines else {"error": (p.stderr.strip() or "no answer")[-200:]}
+    return lines[-1] if lines else {"error": (err.strip() or "no answer")[-200:]}
 
 
 def measure_links(ring) -> tuple[str, list[tuple[float, float]]]:
@@ -105,7 +124,9 @@ def measure_links(ring) -> tuple[str, list[tuple[float, float]]]:
                                  f"{r['error']}; check the address in hosts.json and that no firewall blocks the port")
             lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): FAILED, {r['error']}")
         else:
+            slow = (f" (slow: below {SLOW_GBIT * 1000:.0f} Mbit/s, prompts take long to cross it; a wired or "
+                    "Thunderbolt link is faster)") if r["gbit_s"] < SLOW_GBIT else ""
             lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): round trip "
-                         f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s")
+                         f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s{slow}")
             hops += [(r["rtt_ms"], r["gbit_s"])] * (2 if len(hosts) == 2 else 1)
     return "\n".join(lines), hops

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.facts import Facts
-from mlx_ring.hosts.weights import MANIFEST, piece_bytes, small_files
+from mlx_ring.hosts.weights import MANIFEST, piece_bytes, slice_folder, small_files
 
 log = logging.getLogger("provision")
 
 UV_INSTALLER = "curl -LsSf https://astral.sh/uv/install.sh | sh"
 
-# $1 cache folder (empty: the host's default), $2 model id; stdin: a tar of blobs/ and hosted/<id>/.
+# $1 cache folder (empty: the host's default), $2 the slice's folder name; stdin: a tar of blobs/ and hosted/<name>/.
 RECEIVE = r'''
 set -e
 cache=${1:-$HOME/.cache/mlx-ring}; id=$2
@@ -160,10 +160,11 @@ def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: 
     exactly `needed`; the bytes sent."""
     mid, pieces = manifest["id"], manifest["pieces"]
     send = [g for g in needed if f"{pieces[g]['sha']}.safetensors" not in facts.blobs]
-    hosted = f"hosted/{mid}"
+    name = slice_folder(mid, needed)
+    hosted = f"hosted/{name}"
     meta = json.dumps({k: manifest[k] for k in ("id", "files", "tensors")} |
                       {"pieces": {g: {k: p[k] for k in ("sha", "size")} for g, p in pieces.items()}, "present": needed}).encode()
-    if not send and facts.hosted.get(mid) == hashlib.sha256(meta).hexdigest():
+    if not send and facts.hosted.get(name) == hashlib.sha256(meta).hexdigest():
         return 0  # this slice, as it is, is there already
 
     def add(tar: tarfile.TarFile):
@@ -181,7 +182,7 @@ def send_pieces(conf: Path, facts: Facts, folder: Path, manifest: dict, needed: 
         info.size = len(meta)
         tar.addfile(info, io.BytesIO(meta))
 
-    return _send_tar(conf, facts.host, RECEIVE, (cache, mid), add, progress, via)
+    return _send_tar(conf, facts.host, RECEIVE, (cache, name), add, progress, via)
 
 
 def probe(conf: Path, host: str, local: bool, root: Path, dtype: str, rank: int, caps_env: str) -> dict:

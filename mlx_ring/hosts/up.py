@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -53,6 +53,7 @@ class Ring:
     conf: Path
     facts: dict  # ssh name -> Facts
     problems: list[str]
+    unreachable: list[str] = field(default_factory=list)  # ssh names that did not answer: they may come back
     plan: LayerPlan | None = None
     caps: list[Capabilities] | None = None
     model: Path | None = None
@@ -70,6 +71,8 @@ def each_host(ring: Ring, fn) -> dict:
                 out[name] = fut.result()
             except ValueError as e:  # ssh.SshError included
                 ring.problems.append(str(e))
+                if isinstance(e, ssh.SshError):
+                    ring.unreachable.append(name)
     return out
 
 
@@ -305,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
+    if a.out:  # for the supervisor: a host that did not answer is waited for, other problems are not
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "problems.json").write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable}))
     for problem in ring.problems:
         print(f"cannot start: {problem}", file=sys.stderr)
     if a.command == "check":

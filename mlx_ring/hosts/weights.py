@@ -122,3 +122,22 @@ def missing_pieces(folder: Path, needed: list[str]) -> list[str]:
         return []
     present = set(json.loads(own.read_text()).get("present", []))
     return [p for p in needed if p not in present]
+
+
+def slice_folder(model_id: str, needed: list[str]) -> str:
+    """The hosted folder's name for a slice: one per set of pieces, so a host that held another rank's
+    slice, or hosts that share a home folder, keep each slice apart."""
+    return f"{model_id}-{hashlib.sha256(' '.join(sorted(needed)).encode()).hexdigest()[:12]}"
+
+
+def find_slice(cache_dir: Path, model_id: str, needed: list[str]) -> Path | None:
+    """A hosted folder of `model_id` that holds every piece of `needed` (this rank's slice for this
+    plan), whatever else the cache holds; None if there is none."""
+    for m in sorted((Path(cache_dir) / "hosted").glob(f"{model_id}*/{MANIFEST}")):
+        try:
+            meta = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("id") == model_id and set(needed) <= set(meta.get("present", [])):
+            return m.parent
+    return None

@@ -11,6 +11,7 @@ from mlx_ring.config import ROOT
 from mlx_ring.launcher import environment, supervisor
 from mlx_ring.launcher.settings import LaunchSettings, read_settings
 from mlx_ring.launcher.status import status_text
+from mlx_ring.launcher.waiting import describe, read_state
 
 log = logging.getLogger("launcher")
 
@@ -53,9 +54,16 @@ def status(s: LaunchSettings) -> int:
         return 1
     text = status_text(s.url)
     if text is None:
-        log.info("launcher pid %d is up but %s/health does not answer", pid, s.url)
+        state = read_state(s.state_file)
+        if state and state["state"] in ("waiting", "restarting"):
+            log.info("%s", describe(state))
+        else:
+            log.info("launcher pid %d is up but %s/health does not answer", pid, s.url)
         return 1
     print(text, flush=True)
+    state = read_state(s.state_file)
+    if state and state["state"] == "failed_over":
+        print(describe(state), flush=True)
     return 0
 
 

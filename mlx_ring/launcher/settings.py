@@ -22,11 +22,18 @@ class LaunchSettings:
     max_restarts: int
     log_dir: Path  # relative to the checkout unless absolute, as on every host
     cuda: bool  # CUDA=1: the environment gets mlx[cuda13]
+    failover_after: float = 0  # FAILOVER_AFTER: seconds a host may stay away before the ring serves without it (0: never)
+    tls: tuple[str, str] | None = None  # TLS_CERT, TLS_KEY: rank 0's HTTPS, which the stand-in serves too
 
     @property
     def planned(self) -> Path:
         """What `hosts.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
         return self.log_dir / "launch"
+
+    @property
+    def state_file(self) -> Path:
+        """The supervisor's state: serving, waiting for a host, ... (launcher/waiting.py)."""
+        return self.planned / "state.json"
 
     @property
     def url(self) -> str:
@@ -58,4 +65,6 @@ def read_settings(env: dict | None = None, root: Path = ROOT) -> LaunchSettings:
         startup_timeout=_number("STARTUP_TIMEOUT", get("STARTUP_TIMEOUT", "600"), float),
         drain_timeout=_number("DRAIN_TIMEOUT", get("DRAIN_TIMEOUT", "30"), float),
         max_restarts=_number("MAX_RESTARTS", get("MAX_RESTARTS", "5")),
-        log_dir=root / get("LOG_DIR", "logs"), cuda=get("CUDA", "0") == "1")
+        log_dir=root / get("LOG_DIR", "logs"), cuda=get("CUDA", "0") == "1",
+        failover_after=_number("FAILOVER_AFTER", get("FAILOVER_AFTER", "0"), float),
+        tls=(get("TLS_CERT", ""), get("TLS_KEY", "")) if get("TLS_CERT", "") and get("TLS_KEY", "") else None)

@@ -2,8 +2,11 @@
 bounded number of times), drain it on stop. Plain `subprocess` and signals, the same on macOS and
 Linux (no setsid, pkill or timeout: a stock Mac has none of them)."""
 
+import contextlib
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +18,9 @@ from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.settings import LaunchSettings
+from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
+from mlx_ring.launcher.waiting import write_state
+from mlx_ring.ring.leftovers import sweep
 
 log = logging.getLogger("launcher")
 
@@ -41,12 +47,6 @@ def supervisor_pid(s: LaunchSettings) -> int | None:
     """The running supervisor's pid, or None."""
     pid = read_pid(s.log_dir / "launcher.pid")
     return pid if pid and alive(pid) else None
-
-
-def hosts_up(s: LaunchSettings, args: list[str]) -> int:
-    """Check and provision every host, plan, and write mlx.launch's inputs (hosts/up.py)."""
-    return subprocess.run([PYTHON, "-m", "mlx_ring.hosts.up", "up", "--ring-port", str(s.ring_port),
-                           "--out", str(s.planned), *args], cwd=ROOT).returncode
 
 
 def drain_rank0(s: LaunchSettings) -> None:
@@ -81,8 +81,38 @@ def feed(pipe) -> None:
         pass
 
 
-def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event) -> tuple[int, str]:
-    """One attempt: mlx.launch over the planned hostfile until it exits; (exit code, its output)."""
+LEFT = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+
+
+def rank_hosts(s: LaunchSettings) -> list[str]:
+    try:
+        return [h["ssh"] for h in json.loads((s.planned / "hosts.json").read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+def why_left(rank: int, host: str, code: int | None) -> str:
+    """A sentence for the clients of a ring whose rank `rank` on `host` left, from mlx.launch's word."""
+    if code == 255:  # ssh's own failure: the keepalives went unanswered, or the connection was cut
+        return (f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, asleep or "
+                "off the network); the ring restarts once it is back")
+    return f"rank {rank} on {host} exited ({'killed' if code is None else f'code {code}'}); the ring restarts"
+
+
+def tell_rank0(s: LaunchSettings, reason: str) -> None:
+    """Rank 0 fails its requests with `reason` at once (its SIGUSR1), instead of waiting out STEP_TIMEOUT
+    on a peer that will not answer. Only a rank 0 on this machine can be told."""
+    pid = read_pid(s.log_dir / "rank0.pid")
+    if pid and (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1":
+        (s.log_dir / "ring.broken").write_text(reason + "\n")
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+
+def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event) -> tuple[dict, str]:
+    """One attempt: mlx.launch over the planned hostfile until it exits; ({rank: exit code}, its output)."""
     planned, attempt = s.planned, s.log_dir / "attempt.log"
     envs = [x for line in (planned / "env").read_text().splitlines() if line for x in ("--env", line)]
     envs += ["--env", f"RING_RESTARTS={restarts}"]  # /metrics reports it
@@ -91,6 +121,8 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
            "RING_SSH_FILE": str((s.log_dir / "ssh_config").resolve())}
     argv = [str(Path(PYTHON).parent / "mlx.launch"), "--backend", "ring", "--hostfile", str(planned / "hosts.json"),
             "--starting-port", str(s.ring_port), "--cwd", str(ROOT), *envs, "--", str(ROOT / "launch.sh"), "rank", *args]
+    hosts, codes, seen = rank_hosts(s), {}, 0
+    (s.log_dir / "ring.broken").unlink(missing_ok=True)
     with open(attempt, "wb") as out:
         # A process group of its own, so a ring that cannot exit is killed whole, local ranks included.
         p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
@@ -99,6 +131,15 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
         threading.Thread(target=feed, args=(p.stdin,), daemon=True).start()
         gone_since = None
         while p.poll() is None:
+            text = attempt.read_bytes()[seen:].decode(errors="replace")
+            seen += len(text.encode(errors="replace"))
+            for m in LEFT.finditer(text):
+                rank, code = int(m.group(1)), m.group(2) and int(m.group(2))
+                if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
+                    reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code)
+                    log.info("%s", reason)
+                    tell_rank0(s, reason)
+                codes[rank] = code
             # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung): force it.
             r0 = read_pid(s.log_dir / "rank0.pid")
             if r0 and not alive(r0):
@@ -107,7 +148,36 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
                     log.info("a rank did not exit after rank 0 left; killing the ring")
                     kill_group(p.pid)
             time.sleep(0.5 if not stopping.is_set() else 0.2)
-    return p.returncode, attempt.read_text(errors="replace")
+    output = attempt.read_text(errors="replace")
+    codes |= {int(m.group(1)): m.group(2) and int(m.group(2)) for m in LEFT.finditer(output) if int(m.group(1)) not in codes}
+    return codes, output
+
+
+def sweep_hosts(s: LaunchSettings) -> None:
+    """mlx.launch's temporary files of the ranks that are gone, removed on every host (ring/leftovers.py);
+    a host that does not answer is swept by its next rank instead."""
+    notes = s.log_dir / "tempfiles"
+    sweep(notes)
+    remote = sorted({h for h in rank_hosts(s) if h != "127.0.0.1"})
+    script = 'cd "$1" && exec .venv/bin/python -m mlx_ring.ring.leftovers "$2"'
+
+    def one(host):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(ssh.argv(s.log_dir / "ssh_config", host, script, (ROOT, notes)), timeout=20,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in remote]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(25)
+
+
+def exit_codes(codes: dict, hosts: list[str]) -> str:
+    """The ranks' real exit codes (mlx.launch's own is 0 whatever they did)."""
+    named = [f"rank {r}{f' on {hosts[r]}' if r < len(hosts) and hosts[r] != '127.0.0.1' else ''}: "
+             f"{'killed' if c is None else f'code {c}'}" for r, c in sorted(codes.items())]
+    return ", ".join(named) or "no rank reported"
 
 
 def kill_group(pgid: int) -> None:
@@ -127,31 +197,43 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    tries = 0
+    tries, away, take_back = 0, Away(), False
     while True:
         (s.log_dir / "rank0.pid").unlink(missing_ok=True)
-        # Before a restart, the hosts again: one that went away is named in a sentence, not retried.
-        if tries > 0 and hosts_up(s, args):
-            log.info("not restarting: a host is not ready (above)")
-            return 3
+        if (tries > 0 or take_back) and not restart_hosts(s, args, stopping, away):
+            write_state(s.state_file, "stopped" if stopping.is_set() else "failed", why="a host is not ready")
+            return 0 if stopping.is_set() else 3
+        if not away.hosts:
+            write_state(s.state_file, "running", restarts=tries)
+        else:  # failed over: take the host back once it answers
+            threading.Thread(target=watch_away, args=(s, away, stopping, lambda: drain_rank0(s)), daemon=True).start()
         t0 = time.monotonic()
-        rc, out = run_ring(s, args, tries, stopping)
+        codes, out = run_ring(s, args, tries, stopping)
         sys.stdout.write(out)  # into launcher.log
         sys.stdout.flush()
+        sweep_hosts(s)
         if stopping.is_set():
+            write_state(s.state_file, "stopped")
             log.info("ring stopped")
             return 0
+        take_back = away.back.is_set()  # drained on purpose, to restart with every host: no failure
+        if take_back:
+            continue
         # A rank that cannot start (a setting, a model, a host that differs) fails the same way again.
         why = next((line[line.index("cannot start: "):] for line in out.splitlines() if "cannot start: " in line), None)
         if why:
+            write_state(s.state_file, "failed", why=why)
             log.info("not restarting: %s", why)
             return 3
         tries = 1 if time.monotonic() - t0 > SERVED_A_WHILE else tries + 1
+        said = exit_codes(codes, rank_hosts(s))
         if tries > s.max_restarts:
-            log.info("the ring failed %d times in a row (exit %d); giving up", tries, rc)
+            write_state(s.state_file, "failed", why=f"the ring failed {tries} times in a row ({said})")
+            log.info("the ring failed %d times in a row (%s); giving up", tries, said)
             return 1
-        log.info("the ring exited with code %d; restart %d of %d in 2 s", rc, tries, s.max_restarts)
-        time.sleep(2)
+        log.info("the ring exited (%s); restart %d of %d in 2 s", said, tries, s.max_restarts)
+        write_state(s.state_file, "restarting", why=said)
+        stopping.wait(2)
 
 
 def start(s: LaunchSettings, args: list[str]) -> int:

@@ -67,6 +67,7 @@ class Engine:
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
         self.busy_s = 0.0  # rank 0's time in ring steps, its waits on the other ranks included
         self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # ring steps by time (port.STEP_BUCKETS)
+        self.peers = ""  # the other ranks and their hosts, named in ring errors (server.py sets it)
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
 
     # -- called from the HTTP thread ----------------------------------------------------------------
@@ -171,11 +172,12 @@ class Engine:
             if started is not None and time.monotonic() - started > self.step_timeout:
                 self._die(f"a ring step got no answer within {self.step_timeout:.0f} s (a rank is stopped, hung or unreachable)")
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, named: bool = False) -> None:
         """The ring cannot be trusted any more: fail every request with a clear error, then exit so
         that mlx.launch stops the other ranks and the launcher restarts the ring. The engine thread
-        and the watchdog may both call it; the first one does it."""
-        failed = Failed(f"ring failure: {reason}", 503, "service_unavailable")
+        and the watchdog may both call it; the first one does it. `named`: the reason names the rank."""
+        where = f" (the ring's other ranks: {self.peers})" if self.peers and not named else ""
+        failed = Failed(f"ring failure: {reason}{where}", 503, "service_unavailable")
         with self._gate:
             if self.broken:
                 return
@@ -190,6 +192,10 @@ class Engine:
             if not fut.done():
                 fut.set_exception(RingError(reason))
         self.exit(75)
+
+    def fail(self, reason: str) -> None:
+        """The launcher's word that a rank's host went, naming it (server.py's SIGUSR1)."""
+        self._die(reason, named=True)
 
     def _take_calls(self) -> None:
         while True:

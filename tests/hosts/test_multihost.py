@@ -147,6 +147,17 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert "network hops" in r.stdout and "all hosts ready" in r.stderr
     nothing_left(hosts)
 
+    # On a slow link the same check is as quick: the bandwidth probe is bounded in time, not bytes
+    # (64 MB at 10 Mbit/s would take 54 s), and the link is called slow.
+    hosts.shape("10mbit")
+    try:
+        r = ring.sh("check")
+    finally:
+        hosts.shape(None)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr[-3000:]
+    assert r.seconds < 30 and "Gbit/s (slow: below 100 Mbit/s" in r.stdout, (r.seconds, r.stdout)
+    nothing_left(hosts)
+
 
 def failure(hosts: NetnsHosts, tmp: Path, entries: list[dict], **env) -> str:
     """Start a ring that must not start: within 20 s, a sentence per problem, nothing left running."""

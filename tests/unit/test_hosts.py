@@ -2,6 +2,7 @@
 reports, weight pieces that rebuild the model exactly, and the ranks' agreement check."""
 
 import json
+import os
 
 import mlx.core as mx
 import pytest
@@ -173,3 +174,51 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
     assert len(said) == 2 and "169.254.7.2" in said[0]
     assert said[1].startswith("mini-2.local: the macOS Application Firewall is on") and \
         "--add /Users/Shared/py/bin/python3.11 --unblockapp /Users/Shared/py/bin/python3.11" in said[1]
+
+
+def test_a_rank_finds_its_own_slice_whatever_else_the_cache_holds(tmp_path):
+    from mlx_ring.hosts.weights import MANIFEST, find_slice, slice_folder
+
+    def hosted(needed, model="m1"):
+        folder = tmp_path / "hosted" / slice_folder(model, needed)
+        folder.mkdir(parents=True)
+        (folder / MANIFEST).write_text(json.dumps({"id": model, "present": needed}))
+        return folder
+
+    stale = hosted(pieces_for(range(12, 30), False))  # another rank's slice, once held here
+    both = hosted(pieces_for(range(0, 12), True) + pieces_for(range(12, 20), False))  # two ranks on one host
+    hosted(pieces_for(range(0, 30), True), model="m2")  # another model
+    assert slice_folder("m1", ["a", "b"]) == slice_folder("m1", ["b", "a"]) != slice_folder("m1", ["a"])
+    assert find_slice(tmp_path, "m1", pieces_for(range(0, 12), True)) == both
+    assert find_slice(tmp_path, "m1", pieces_for(range(20, 30), False)) == stale
+    assert find_slice(tmp_path, "m1", pieces_for(range(0, 4), True) + pieces_for(range(25, 30), False)) is None
+    assert find_slice(tmp_path, "m1", pieces_for(range(0, 30), True)) is None  # none holds it all: resolve it
+
+
+def test_a_rank_leaves_no_temporary_file_of_mlx_launch_behind(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from mlx_ring.ring.leftovers import own_files, sweep, tidy
+
+    # As mlx.launch makes them: a pid file holding the rank's pid, and the ring's hostfile.
+    pidfile, hostfile, other = tmp_path / "tmp.Ab12", tmp_path / "tmp.Cd34", tmp_path / "tmp.Ef56"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    pidfile.write_text(f"{dead}\n")
+    hostfile.write_text('[["10.0.0.1:5000"]]')
+    other.write_text("1\n")  # someone else's
+    assert own_files(int(dead), str(hostfile)) == [hostfile, pidfile]
+    notes = tmp_path / "tempfiles"
+    notes.mkdir()
+    (notes / dead).write_text(f"{pidfile}\n{hostfile}\n")  # a rank that is gone
+    mine_pid, mine_host = tmp_path / "tmp.Gh78", tmp_path / "tmp.Ij90"
+    mine_pid.write_text(f"{os.getpid()}\n")
+    mine_host.write_text('[["10.0.0.2:5000"]]')
+    monkeypatch.setenv("MLX_HOSTFILE", str(mine_host))
+    tidy(notes)  # a new rank: the gone one's files go, its own hostfile too (read at init), its pid file is noted
+    assert not pidfile.exists() and not hostfile.exists() and other.exists() and not (notes / dead).exists()
+    assert not mine_host.exists() and mine_pid.exists()
+    assert sweep(notes) == []  # while this rank lives its pid file stays: mlx.launch stops the rank with it
+    (notes / dead).write_text((notes / str(os.getpid())).read_text())  # as if it were gone
+    assert sweep(notes) == [mine_pid, notes / dead] and other.exists()

@@ -216,7 +216,9 @@ def test_link_probe_runs_the_environment_python_and_knows_a_busy_port():
     # Both ends on this machine, as for a ring's local ranks; the probe is the one `check` runs on hosts.
     port = free_port(2)
     a, b = (SimpleNamespace(ssh=n, local=True, address="127.0.0.1", port=p) for n, p in (("a", port), ("b", port + 1)))
-    assert set(measure_pair(None, a, b, mb=4)) == {"rtt_ms", "gbit_s"}
+    got = measure_pair(None, a, b, mb=4)
+    assert set(got) == {"rtt_ms", "gbit_s", "mb"} and got["mb"] == 4  # loopback sends it all within the time
+    assert measure_pair(None, a, b, mb=4, seconds=0)["mb"] == 0  # out of time: it sends no more
     assert measure_pair(None, a, b, mb=4, root="/nonexistent") == {
         "error": "no project environment at /nonexistent/.venv/bin/python (./launch.sh setup there)"}
     with socket.socket() as busy:

@@ -1,0 +1,107 @@
+"""Bringing the hosts back before a restart: a host that went away is waited for as long as the
+supervisor runs; with FAILOVER_AFTER set, the ring serves without it meanwhile (when the others can
+hold the model), and takes it back once it answers."""
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlx_ring.config import ROOT
+from mlx_ring.hosts.hostfile import load_entries
+from mlx_ring.launcher.settings import LaunchSettings
+from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, write_state
+
+log = logging.getLogger("launcher")
+
+
+@dataclass
+class Away:
+    """Hosts the ring serves without (failed over), and whether they are back."""
+    hosts: list[str] = field(default_factory=list)
+    back: threading.Event = field(default_factory=threading.Event)
+
+
+def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
+    """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write mlx.launch's inputs."""
+    env = {**os.environ, **({"HOSTFILE": str(hostfile)} if hostfile else {})}
+    return subprocess.run([sys.executable, "-m", "mlx_ring.hosts.up", "up", "--ring-port", str(s.ring_port),
+                           "--out", str(s.planned), *args], cwd=ROOT, env=env).returncode
+
+
+def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
+    """A hostfile of HOSTFILE's entries less `hosts`' (None if none is left)."""
+    entries = [e for e in load_entries(ROOT / s.hostfile) if e["ssh"] not in hosts]
+    if not entries:
+        return None
+    path = s.planned / "hosts.failover.json"
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def fail_over(s: LaunchSettings, args: list[str], hosts: list[str], why: str) -> bool:
+    """Plan and provision the ring without `hosts`; True when the others can hold the model."""
+    reduced = without(s, hosts)
+    if reduced is None or hosts_up(s, args, reduced):
+        log.info("no failover: the ring cannot serve without %s (above); still waiting for it", ", ".join(hosts))
+        return False
+    log.info("failing over: serving without %s until it answers again (%s)", ", ".join(hosts), why)
+    write_state(s.state_file, "failed_over", hosts=hosts, why=why)
+    return True
+
+
+def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event, away: Away) -> bool:
+    """The hosts again before a restart. A host that does not answer is waited for, for as long as the
+    supervisor runs (the API's port says so meanwhile), or failed over after FAILOVER_AFTER seconds;
+    any other problem ends the supervision: it would fail the same way again. False: do not restart."""
+    local_rank0 = (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1"
+    away.hosts, tried_failover = [], False
+    while not stopping.is_set():
+        (s.planned / "problems.json").unlink(missing_ok=True)
+        if hosts_up(s, args) == 0:
+            return True
+        found = read_state(s.planned / "problems.json") or {"problems": [], "unreachable": []}
+        if not found["unreachable"]:
+            log.info("not restarting: a host is not ready (above)")
+            return False
+        hosts = found["unreachable"]
+        why = next((p for p in found["problems"] if any(h in p for h in hosts)), found["problems"][0])
+        log.info("waiting for %s to answer again (tried every %d s): %s", ", ".join(hosts), POLL_S, why)
+        t0 = time.monotonic()
+        write_state(s.state_file, "waiting", hosts=hosts, why=why)
+        with StandIn(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
+            conf = s.log_dir / "ssh_config"
+            while not stopping.is_set() and not all(reachable(conf, h) for h in hosts):
+                if s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after:
+                    break
+                stopping.wait(POLL_S)
+        if stopping.is_set():
+            return False
+        if s.failover_after and not tried_failover and not all(reachable(conf, h) for h in hosts):
+            tried_failover = True
+            if fail_over(s, args, hosts, why):
+                away.hosts = hosts
+                away.back.clear()
+                return True
+            continue
+        log.info("%s answers again after %.0f s; restarting the ring", ", ".join(hosts), time.monotonic() - t0)
+    return False
+
+
+def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_back) -> None:
+    """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the ring,
+    which then restarts with every host)."""
+    conf = s.log_dir / "ssh_config"
+    while not stopping.is_set() and not away.back.is_set():
+        if away.hosts and all(reachable(conf, h) for h in away.hosts):
+            log.info("%s answers again; taking it back (the ring restarts with every host)", ", ".join(away.hosts))
+            away.back.set()
+            take_back()
+            return
+        stopping.wait(POLL_S)
