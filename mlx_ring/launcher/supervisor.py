@@ -19,7 +19,7 @@ from mlx_ring.hosts import ssh
 from mlx_ring.hosts.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
-from mlx_ring.launcher.waiting import write_state
+from mlx_ring.launcher.waiting import read_state, write_state
 from mlx_ring.ring.leftovers import sweep
 
 log = logging.getLogger("launcher")
@@ -111,11 +111,14 @@ def tell_rank0(s: LaunchSettings, reason: str) -> None:
             pass
 
 
-def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event) -> tuple[dict, str]:
+def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event,
+             away: dict | None = None) -> tuple[dict, str]:
     """One attempt: mlx.launch over the planned hostfile until it exits; ({rank: exit code}, its output)."""
     planned, attempt = s.planned, s.log_dir / "attempt.log"
     envs = [x for line in (planned / "env").read_text().splitlines() if line for x in ("--env", line)]
     envs += ["--env", f"RING_RESTARTS={restarts}"]  # /metrics reports it
+    if away:  # failed over: /health and /metrics say which hosts the ring serves without, since when and why
+        envs += ["--env", f"RING_AWAY={json.dumps(away)}"]
     # Its `ssh` is ours (bin/ssh, first on PATH): the ring's ssh options.
     env = {**os.environ, "PATH": f"{ssh.BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "RING_SSH_FILE": str((s.log_dir / "ssh_config").resolve())}
@@ -208,7 +211,8 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
         else:  # failed over: take the host back once it answers
             threading.Thread(target=watch_away, args=(s, away, stopping, lambda: drain_rank0(s)), daemon=True).start()
         t0 = time.monotonic()
-        codes, out = run_ring(s, args, tries, stopping)
+        state = read_state(s.state_file) if away.hosts else None
+        codes, out = run_ring(s, args, tries, stopping, state and {k: state[k] for k in ("hosts", "since", "why")})
         sys.stdout.write(out)  # into launcher.log
         sys.stdout.flush()
         sweep_hosts(s)
