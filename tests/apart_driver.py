@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import ring_driver
+
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring
 

@@ -5,8 +5,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -161,3 +163,16 @@ def mlx_lm_answer(model_path: Path, tokenizer, prompt: list[int], max_tokens: in
             break
         out.append(tok)
     return out
+
+
+def wait_healthy(url: str, within: float, log: Path) -> float:
+    """Seconds until `url`/health answers 200; the test fails with the end of `log` otherwise."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"not healthy within {within} s:\n{log.read_text()[-4000:] if log.exists() else ''}")

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_ring.config import ROOT

@@ -17,8 +17,8 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.ready import EXITED, READY, wait_ready
-from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
+from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import read_state, write_state
 from mlx_ring.ring.leftovers import sweep
 

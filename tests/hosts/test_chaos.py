@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from netns_hosts import NetnsHosts, sh, why_not
-from ringutil import ROOT, free_port
+from ringutil import ROOT, free_port, wait_healthy
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -55,15 +55,7 @@ class Ring:
 
     def wait_answer(self, within: float) -> float:
         """Seconds until the ring answers a request again."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < within:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"no answer within {within} s:\n{(self.tmp / 'logs/launcher.log').read_text()[-3000:]}")
+        return wait_healthy(self.url, within, self.tmp / "logs/launcher.log")
 
 
 def stream(ring: Ring, out: dict, started: threading.Event) -> None:

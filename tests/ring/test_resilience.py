@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from ringutil import ROOT, free_port, write_hostfile
+from ringutil import ROOT, free_port, wait_healthy, write_hostfile
 
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as we ask
 
@@ -37,15 +37,7 @@ class Launcher:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.env.get("API_KEY", "none"), max_retries=0, timeout=timeout)
 
     def wait_healthy(self, within: float) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < within:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"not healthy within {within} s:\n{(self.tmp / 'logs' / 'launcher.log').read_text()[-4000:]}")
+        return wait_healthy(self.url, within, self.tmp / "logs" / "launcher.log")
 
     def processes(self) -> list[str]:
         out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout

@@ -6,9 +6,9 @@ import os
 import subprocess
 
 import httpx
+import pytest
 from ringutil import ROOT, free_port, write_hostfile
 from stockmac import BASH_32, stock_path, stubs_called
-import pytest
 
 
 @pytest.mark.skipif(not BASH_32.exists(), reason=f"no bash 3.2 at {BASH_32} (the project's shared/mac folder)")
