@@ -11,12 +11,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_ring.config import json_objects
-from mlx_ring.planning.capabilities import HOST_KEYS
+from mlx_ring.planning.entries import host_keys, load_entries
 
 LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts a rank itself, without ssh, when its entry says 127.0.0.1
-KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)
-EXAMPLE = '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.local", "ips": ["192.168.1.11"]}]'
 
 
 @dataclass(frozen=True)
@@ -31,20 +28,6 @@ class Host:
     @property
     def local(self) -> bool:
         return self.ssh in LOCAL
-
-
-def load_entries(path: Path) -> list[dict]:
-    """The hostfile's entries (one per rank, ring order), checked for shape."""
-    entries = json_objects(path, "the hostfile", EXAMPLE, KNOWN_KEYS)
-    for i, e in enumerate(entries):
-        where = f"{path}: entry {i}"
-        if not isinstance(e.get("ssh"), str) or not e["ssh"].strip():
-            raise ValueError(f"{where} lacks \"ssh\", the name to ssh into (\"127.0.0.1\" for this machine), e.g. {EXAMPLE}")
-        ips = e.get("ips")
-        if not isinstance(ips, list) or not ips or not all(isinstance(a, str) and a.strip() for a in ips):
-            raise ValueError(f"{where} ({e['ssh']}) lacks \"ips\", a list with the address its ring sockets use "
-                             f"(on Macs, the Thunderbolt bridge address), e.g. {EXAMPLE}")
-    return entries
 
 
 def resolve(name: str) -> str:
@@ -99,7 +82,7 @@ def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machi
         if owner.setdefault(address, ssh) != ssh:
             raise ValueError(f"{path}: entries name ring address {address} for two hosts ({owner[address]} and "
                              f"{ssh}); give entry {i} its own machine's address")
-        hosts.append(Host(i, ssh, address, named, port, {k: e[k] for k in HOST_KEYS if k in e}))
+        hosts.append(Host(i, ssh, address, named, port, host_keys(e)))
         port += 1  # mlx.launch is given one address per rank (mlx_hostfile)
     local = [h for h in hosts if h.local]
     if local and len(local) != len(hosts) and any(h.address.startswith("127.") for h in local):

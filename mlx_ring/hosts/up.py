@@ -24,8 +24,9 @@ from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys
-from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, plan_layers, summary
+from mlx_ring.planning.assemble import plan_for
+from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, summary
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import firewall_advice
@@ -45,7 +46,7 @@ class Launch:
 
 
 @dataclass
-class Ring:
+class Preflight:
     """What the launcher learnt: hosts, their facts, the plan, and every problem found."""
     cfg: Config
     opts: Launch
@@ -61,7 +62,7 @@ class Ring:
     manifest: dict | None = None
 
 
-def each_host(ring: Ring, fn) -> dict:
+def each_host(ring: Preflight, fn) -> dict:
     """fn(host) for every distinct remote host at once; exceptions become that host's problem."""
     names = sorted({h.ssh for h in ring.hosts if not h.local})
     out = {}
@@ -76,14 +77,14 @@ def each_host(ring: Ring, fn) -> dict:
     return out
 
 
-def read_all(ring: Ring, files: list[str]) -> dict:
+def read_all(ring: Preflight, files: list[str]) -> dict:
     return each_host(ring, lambda n: read_facts(ring.conf, n, False, ROOT, ring.opts.remote_cache, files))
 
 
-def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
+def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
     hosts = load_hosts(cfg.hostfile, opts.ring_port)
     conf = ssh.write_config(cfg.log_dir / "ssh_config", opts.ssh_config)
-    ring = Ring(cfg, opts, hosts, conf, {}, [])
+    ring = Preflight(cfg, opts, hosts, conf, {}, [])
     ring.facts = read_all(ring, files)
     if any(h.local for h in hosts):
         ring.facts["127.0.0.1"] = read_facts(conf, "127.0.0.1", True, ROOT, str(cfg.cache_dir), [])
@@ -101,7 +102,7 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Ring:
     return ring
 
 
-def warnings(ring: Ring) -> list[str]:
+def warnings(ring: Preflight) -> list[str]:
     """What may stop the ring yet is not certain to: ring addresses that misroute on cabled Macs, and a
     Mac's firewall, which drops the ring's connections unless it allows the environment's Python."""
     out = hostfile_warnings(ring.hosts, {n: f.interfaces for n, f in ring.facts.items()})
@@ -112,7 +113,7 @@ def warnings(ring: Ring) -> list[str]:
     return out
 
 
-def compare(ring: Ring, sums: dict[str, str]) -> None:
+def compare(ring: Preflight, sums: dict[str, str]) -> None:
     """Problems where a remote host's code or environment differs from this machine's."""
     mine = " ".join(versions().values())
     for name, f in ring.facts.items():
@@ -135,7 +136,7 @@ def compare(ring: Ring, sums: dict[str, str]) -> None:
                                      "or update it there")
 
 
-def plan(ring: Ring) -> None:
+def plan(ring: Preflight) -> None:
     """The layer plan from every host's measured capabilities and hosts.json's keys."""
     cfg, spec = ring.cfg, ring.spec
     measured = {}
@@ -151,16 +152,15 @@ def plan(ring: Ring) -> None:
                 ring.problems.append(str(e))
     if ring.problems:
         return
-    caps = [with_host_keys(replace(Capabilities(**measured[h.rank]), host=h.ssh), h.keys) for h in ring.hosts]
-    ring.caps = set_aside(colocate(caps), cfg.prompt_cache_gb)[0]
-    strategy = "custom" if cfg.layers else cfg.strategy
+    caps = [replace(Capabilities(**measured[h.rank]), host=h.ssh) for h in ring.hosts]
     try:
-        ring.plan = plan_layers(spec, ring.caps, strategy, cfg.kv_tokens, list(cfg.layers) if cfg.layers else None)
+        ring.plan, ring.caps, _ = plan_for(spec, caps, [h.keys for h in ring.hosts], cfg.strategy, cfg.kv_tokens,
+                                           cfg.layers, cfg.prompt_cache_gb)
     except ValueError as e:
         ring.problems.append(f"{e} (free memory as measured on each host now)")
 
 
-def bring_up(ring: Ring, sums: dict[str, str], here: str) -> None:
+def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
     """Provision code and environment on every remote host, then the weights of each one's slice."""
     def code_and_env(name: str) -> str:
         f = ring.facts[name]
@@ -175,7 +175,7 @@ def bring_up(ring: Ring, sums: dict[str, str], here: str) -> None:
         log.info("%s", line)
 
 
-def send_weights(ring: Ring) -> dict:
+def send_weights(ring: Preflight) -> dict:
     """Each remote host's slice; what was sent, per host."""
     cache = ring.opts.remote_cache
     needed: dict[str, list[str]] = {}
@@ -217,7 +217,7 @@ def send_weights(ring: Ring) -> dict:
     return sent
 
 
-def launch_args(ring: Ring, out: Path) -> None:
+def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
@@ -231,7 +231,7 @@ def launch_args(ring: Ring, out: Path) -> None:
     (out / "url").write_text(f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
 
 
-def check_table(ring: Ring) -> str:
+def check_table(ring: Preflight) -> str:
     rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs")]
     needs = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
     for h in ring.hosts:
@@ -248,7 +248,7 @@ def check_table(ring: Ring) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def check(ring: Ring, as_json: bool) -> None:
+def check(ring: Preflight, as_json: bool) -> None:
     """The table, each neighbour link measured, and the plan's prediction with those hops."""
     from mlx_ring.hosts.link import measure_links
 
@@ -264,7 +264,7 @@ def check(ring: Ring, as_json: bool) -> None:
         print("\n".join(x for x in (table, text, predicted and format_summary(predicted)) if x))
 
 
-def run(a, cfg: Config, opts: Launch) -> Ring:
+def run(a, cfg: Config, opts: Launch) -> Preflight:
     files = runtime_files(ROOT)
     sums = file_sums(ROOT, files)
     ring = gather(cfg, opts, files)

@@ -12,18 +12,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
-from mlx_ring.hosts.hostfile import load_entries
-from mlx_ring.planning.capabilities import HOST_KEYS, Capabilities, colocate, declared, set_aside, with_host_keys
-from mlx_ring.planning.plan import (
-    GIB,
-    STRATEGIES,
-    LayerPlan,
-    ModelSpec,
-    format_summary,
-    layer_kv_bytes,
-    plan_layers,
-    summary,
-)
+from mlx_ring.planning.assemble import plan_for
+from mlx_ring.planning.capabilities import Capabilities, declared
+from mlx_ring.planning.entries import host_keys, load_entries
+from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, format_summary, layer_kv_bytes, summary
 from mlx_ring.planning.sizes import spec_from_folder
 
 log = logging.getLogger("planner")
@@ -48,7 +40,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
         if cfg.hostfile.is_file():
             entries = load_entries(cfg.hostfile)
             if len(entries) == size:
-                hosts = [{k: e[k] for k in HOST_KEYS if k in e} for e in entries]
+                hosts = [host_keys(e) for e in entries]
             else:
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
@@ -57,15 +49,8 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
     rows = exchange(mine, world)
     lead = rows[0]
     spec = ModelSpec(**lead["spec"])
-    caps = [Capabilities(**r["caps"]) for r in rows]
-    if lead["hosts"]:
-        caps = [with_host_keys(c, e) for c, e in zip(caps, lead["hosts"])]
-    caps, kept = set_aside(colocate(caps), lead["prompt_cache_gb"])
-    if lead["provisioned"]:
-        strategy, sizes = lead["provisioned"]
-        plan = replace(plan_layers(spec, caps, "custom", lead["kv_tokens"], sizes), strategy=strategy)
-    else:
-        plan = plan_layers(spec, caps, lead["strategy"], lead["kv_tokens"], lead["layers"])
+    plan, caps, kept = plan_for(spec, [Capabilities(**r["caps"]) for r in rows], lead["hosts"], lead["strategy"],
+                                lead["kv_tokens"], lead["layers"], lead["prompt_cache_gb"], lead["provisioned"])
     out = summary(spec, caps, plan, lead["kv_tokens"])
     for r, k in zip(out["ranks"], kept):
         r["prompt_cache_gb"] = round(k, 3)
@@ -74,9 +59,9 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
 
 # --- the dry run ------------------------------------------------------------------------------
 
-def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str]]:
-    """The model's sizes (config.json, or weight headers) and each host's capabilities: its
-    hosts.json keys, else this machine's probe. Returns notes for the reader too."""
+def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dict], list[str]]:
+    """The model's sizes (config.json, or weight headers), each host's capabilities as declared in
+    hosts.json or else probed on this machine, each host's hosts.json keys, and notes for the reader."""
     model = Path(cfg.model).expanduser() if cfg.model else None
     if model is None or not model.is_dir():
         from mlx_ring.models.source import (
@@ -95,26 +80,31 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[str
                 from mlx_ring.planning.probe import local_capabilities
 
                 here = local_capabilities(cfg.cache_dir, dtype_of(spec), i)
-            cap = with_host_keys(Capabilities(name, here.memory_gb, here.usable_gb, here.tflops, here.bandwidth_gbs,
-                                              here.device, source="probed here"), e)
+            cap = replace(here, host=name, source="probed here")  # a Mac's working set included
             probed.append(name)
         caps.append(cap)
     notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "
              "so measured on this machine"] if probed else []
-    return spec, set_aside(colocate(caps), cfg.prompt_cache_gb)[0], notes
+    return spec, caps, [host_keys(e) for e in entries], notes
 
 
 def dry_run(cfg: Config) -> dict:
-    spec, caps, notes = dry_run_inputs(cfg)
-    strategy = "custom" if cfg.layers else cfg.strategy
-    plan = plan_layers(spec, caps, strategy, cfg.kv_tokens, list(cfg.layers) if cfg.layers else None)
-    out = summary(spec, caps, plan, cfg.kv_tokens)
+    """What `./launch.sh plan` prints: the plan the ring would run, and every other strategy's."""
+    spec, measured, keys, notes = dry_run_inputs(cfg)
+
+    def plan(strategy: str, layers=None):
+        return plan_for(spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb)
+
+    chosen, caps, kept = plan(cfg.strategy, cfg.layers)
+    out = summary(spec, caps, chosen, cfg.kv_tokens)
+    for r, k in zip(out["ranks"], kept):
+        r["prompt_cache_gb"] = round(k, 3)
     others = {}
     for s in STRATEGIES:
-        if s in (strategy, "custom"):
+        if s in (chosen.strategy, "custom"):
             continue
         try:
-            p = plan_layers(spec, caps, s, cfg.kv_tokens)
+            p, _, _ = plan(s)
             o = summary(spec, caps, p, cfg.kv_tokens)
             others[s] = {"sizes": p.sizes, "predicted_tokens_per_s": o["predicted_tokens_per_s"], "slowest_stage_ms": o["slowest_stage_ms"]}
         except ValueError as e:

@@ -164,12 +164,12 @@ def test_install_locations_a_mac_closes_to_ssh_are_named():
 
 def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.hosts.up import Ring, warnings
+    from mlx_ring.hosts.up import Preflight, warnings
 
     mac = Facts("mini-2.local", system="Darwin arm64", firewall=True, python="/Users/Shared/py/bin/python3.11")
-    ring = Ring(None, None, hosts_from(tmp_path, [{"ssh": "mini-1", "ips": ["192.168.1.10"]},
-                                                  {"ssh": "mini-2.local", "ips": ["169.254.7.2"]}]),
-                None, {"mini-1": Facts("mini-1", system="Darwin arm64", firewall=False), "mini-2.local": mac}, [])
+    ring = Preflight(None, None, hosts_from(tmp_path, [{"ssh": "mini-1", "ips": ["192.168.1.10"]},
+                                                       {"ssh": "mini-2.local", "ips": ["169.254.7.2"]}]),
+                     None, {"mini-1": Facts("mini-1", system="Darwin arm64", firewall=False), "mini-2.local": mac}, [])
     said = warnings(ring)
     assert len(said) == 2 and "169.254.7.2" in said[0]
     assert said[1].startswith("mini-2.local: the macOS Application Firewall is on") and \

@@ -241,3 +241,42 @@ def test_the_prompt_cache_is_set_aside_up_to_a_quarter_of_a_rank():
     caps, kept = set_aside([Capabilities("studio", 64, 48, 30, 546), Capabilities("mini", 16, 2, 4, 120)], 1.0)
     assert kept == [1.0, 0.5] and [c.usable_gb for c in caps] == [47.0, 1.5]
     assert set_aside(caps, 0.0)[0] == caps
+
+
+def test_plan_for_applies_host_keys_then_shares_hosts_then_sets_the_prompt_cache_aside():
+    """The one assembly every caller runs: keys win, ranks on one host split it, the cache comes off."""
+    from mlx_ring.planning.assemble import plan_for
+
+    caps = [Capabilities("studio", 64, 48, 30, 546), Capabilities("mini", 16, 12, 4, 120), Capabilities("mini", 16, 12, 4, 120)]
+    plan, planned, kept = plan_for(LLAMA_8B, caps, [{"max_memory_gb": 20}, {}, {}], "balanced", 8192, prompt_cache_gb=1.0)
+    assert [c.usable_gb for c in planned] == [19.0, 5.0, 5.0] and kept == [1.0, 1.0, 1.0]  # 12 / 2 ranks, less 1
+    assert plan.strategy == "balanced" and sum(plan.sizes) == 32
+    assert plan_for(LLAMA_8B, caps, None, "balanced", 8192, layers=(20, 6, 6))[0].sizes == [20, 6, 6]
+    assert plan_for(LLAMA_8B, caps, None, "balanced", 8192, layers=(20, 6, 6))[0].strategy == "custom"
+    shipped, _, _ = plan_for(LLAMA_8B, caps, None, "uniform", 8192, provisioned=("balanced", [22, 5, 5]))
+    assert shipped.sizes == [22, 5, 5] and shipped.strategy == "balanced"  # the launcher's plan, as it shipped it
+    with pytest.raises(ValueError, match="names 2 hosts but the ring has 3"):
+        plan_for(LLAMA_8B, caps, [{}, {}], "balanced", 8192)
+    with pytest.raises(ValueError, match="mini"):
+        plan_for(LLAMA_8B, caps, None, "custom", 8192, layers=(2, 15, 15))  # 15 layers do not fit in 6 GB
+
+
+def test_dry_run_keeps_a_probed_macs_working_set(tmp_path, capsys, monkeypatch):
+    """A host probed here is planned as the ring would plan it: its GPU wires no more than Metal allows."""
+    from mlx_ring.planning.planner import main
+
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}))
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "mac", "ips": ["10.0.0.1"], "max_memory_gb": 50},
+                                 {"ssh": "mini", "ips": ["10.0.0.2"], "memory_gb": 16, "tflops": 3.5, "bandwidth_gbs": 100}]))
+    monkeypatch.setenv("MLX_RING_CAPS", json.dumps([{"memory_gb": 64, "usable_gb": 40, "working_set_gb": 30,
+                                                     "tflops": 10, "bandwidth_gbs": 400}]))
+    args = ["--hostfile", str(hosts), "--model", str(model), "--layers", "", "--prompt-cache-gb", "0",
+            "--cache-dir", str(tmp_path / "cache"), "--json"]
+    assert main(args) == 0
+    mac = json.loads(capsys.readouterr().out)["ranks"][0]
+    assert mac["host"] == "mac" and mac["working_set_gb"] == 30 and mac["usable_gb"] == 30

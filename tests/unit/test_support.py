@@ -19,5 +19,5 @@ def test_an_unsupported_type_is_refused_in_one_sentence_naming_the_supported(tmp
     assert str(e.value).startswith("model type 'falcon_h1' is not supported") and ", ".join(SUPPORTED) in str(e.value)
 
 
-def test_the_readme_lists_the_supported_types():
-    assert table() in (ROOT / "README.md").read_text()
+def test_the_models_page_lists_the_supported_types():
+    assert table() in (ROOT / "docs" / "models.md").read_text()
