@@ -11,7 +11,10 @@ that pass hidden states through. Three passes use it:
   final norm, the head and any logit scaling run as the model runs them.
 """
 
+import ast
 import copy
+import inspect
+import textwrap
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -35,16 +38,78 @@ class StandIn(nn.Module):
 
     def __init__(self, layer: nn.Module | None = None):
         super().__init__()
-        for k, v in (vars(layer) if layer is not None else {}).items():
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str)):
-                setattr(self, k, v)
+        self._passed = _passed_on(layer)
+        for k, v in _plain(layer).items():
+            setattr(self, k, v)
+        for k, child in (layer.items() if layer is not None else []):  # `layer.self_attn.is_local`, say
+            if isinstance(child, nn.Module) and not hasattr(self, k):
+                setattr(self, k, Attributes(_plain(child)))
+
+
+    def _out(self, h, args, kwargs):
+        """`h` as the layer would return it: alone, or with what it passes on to the next layer (the
+        arguments of the same names it was given: Gemma 4's shared KV, say)."""
+        if self._passed is None:
+            return h
+        sig, names = self._passed
+        bound = sig.bind(h, *args, **kwargs)
+        bound.apply_defaults()
+        return (h, *(bound.arguments[n] for n in names))
+
+
+def _passed_on(layer) -> tuple | None:
+    """For a layer whose forward returns a tuple `(h, a, b, ...)` where a, b, ... are arguments it
+    was called with: its signature and those names; None where it returns the hidden states alone.
+    ValueError where it returns something else beside them (state made in the layer: another rank's
+    layers could not get it)."""
+    if layer is None:
+        return None
+    try:
+        fn = type(layer).__call__
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    returns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
+    tuples = [r for r in returns if isinstance(r, ast.Tuple)]
+    if not tuples:
+        return None
+    sig = inspect.signature(fn)
+    params = list(sig.parameters)[1:]  # less self
+    names = [e.id if isinstance(e, ast.Name) else None for e in tuples[0].elts[1:]]
+    if None in names or not set(names) <= set(params):
+        raise ValueError(f"layers of {type(layer).__module__} return state beside the hidden states "
+                         f"({ast.unparse(tuples[0])}) that the next layer takes: it cannot cross ranks")
+    return inspect.Signature([p.replace() for p in list(sig.parameters.values())[1:]]), names
+
+
+class Attributes:
+    """A layer's part, as far as a forward reads it before calling the layer: its plain attributes."""
+
+    def __init__(self, values: dict):
+        vars(self).update(values)
+
+
+def _plain(m) -> dict:
+    """A module's attributes of plain values, its properties among them."""
+    if m is None:
+        return {}
+    out = {k: v for k, v in vars(m).items() if not k.startswith("_") and isinstance(v, (bool, int, float, str, Attributes))}
+    for k in dir(type(m)):
+        if isinstance(getattr(type(m), k, None), property) and not k.startswith("_") and not hasattr(nn.Module, k):
+            try:
+                v = getattr(m, k)
+            except Exception:  # a property of the weights, say: not a plain attribute
+                continue
+            if isinstance(v, (bool, int, float, str)):
+                out[k] = v
+    return out
 
 
 class Absent(StandIn):
     """A layer another rank holds: passes the hidden states through."""
 
     def __call__(self, h, *args, **kwargs):
-        return h
+        return self._out(h, args, kwargs)
 
 
 class Entry(StandIn):
@@ -67,7 +132,8 @@ class Exit(StandIn):
         self.layer = layer
 
     def __call__(self, *args, **kwargs):
-        raise Handoff(self.layer(*args, **kwargs))
+        out = self.layer(*args, **kwargs)
+        raise Handoff(out[0] if isinstance(out, tuple) else out)
 
 
 class Stop(StandIn):
@@ -85,7 +151,7 @@ class Inject(StandIn):
         self._relay = relay
 
     def __call__(self, h, *args, **kwargs):
-        return self._relay.h
+        return self._out(self._relay.h, args, kwargs)
 
 
 class Relay:
@@ -94,9 +160,9 @@ class Relay:
     h: mx.array | None = None
 
     def embed_tokens(self, tokens: mx.array) -> mx.array:
-        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros whose
-        # shape and dtype are the arriving hidden states' (masks read them), and its result is unused.
-        return mx.zeros_like(self.h)
+        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros shaped
+        # as the ids' embeddings in the arriving hidden states' dtype (masks read them), result unused.
+        return mx.zeros((*tokens.shape, self.h.shape[-1]), self.h.dtype)
 
 
 class FreshBatch:
@@ -117,29 +183,46 @@ class FreshBatch:
         return "causal"
 
 
-def layer_owner(model: nn.Module) -> nn.Module:
-    """The module whose `layers` list the forward loops over (`model.model`, or deeper, as in Gemma 3's
-    `language_model.model`)."""
-    first = model.layers[0]
+def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module whose layer list the forward loops over (`model.model`, or deeper, as in Gemma 3's
+    `language_model.model`), and that list's name (`layers`, or `h` in GPT-2-shaped models)."""
+    layers = model.layers
+    first = layers[0]
     for _, m in model.named_modules():
-        if isinstance(m.get("layers"), list) and m["layers"] and m["layers"][0] is first:
-            return m
+        for key, v in m.items():
+            if isinstance(v, list) and len(v) == len(layers) and v and v[0] is first:
+                return m, key
     raise ValueError(f"cannot find the layer list of {type(model).__module__}; this model type cannot be split")
 
 
-def _drop_all_but_layers(model: nn.Module, owner: nn.Module) -> None:
+def layer_owner(model: nn.Module) -> nn.Module:
+    """The module that holds the model's layer list (see `layer_list`)."""
+    return layer_list(model)[0]
+
+
+def _drop_all_but_layers(model: nn.Module, owner: nn.Module, key: str, embed) -> None:
     """Remove every weight outside the owner's layer list (modules without weights, such as a shared
-    rotary embedding, stay: the forward may use them before its layers)."""
+    rotary embedding, stay: the forward may use them before its layers); token or position embeddings
+    on the way to it, whatever the model names them, become `embed`."""
     path = next(name for name, m in model.named_modules() if m is owner).split(".") if owner is not model else []
     module = model
-    for part in path + ["layers"]:
+    for part in path + [key]:
         for name, child in list(module.items()):
             weights = tree_flatten(child.parameters() if isinstance(child, nn.Module) else child)
             if name != part and any(isinstance(w, mx.array) for _, w in weights):
                 module.pop(name)
-                if isinstance(child, nn.Module):  # a forward may look it up before its layers run
+                if _is_embedding(child):
+                    setattr(module, name, embed)
+                elif isinstance(child, nn.Module):  # a forward may look it up before its layers run
                     setattr(module, name, Elsewhere(name))
         module = module[part]
+
+
+def _is_embedding(m) -> bool:
+    """An embedding, or a module of nothing but embeddings (Phixtral's `embd`)."""
+    kinds = (nn.Embedding, nn.QuantizedEmbedding)
+    leaves = [v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))] if isinstance(m, nn.Module) else []
+    return isinstance(m, kinds) or (bool(leaves) and all(isinstance(v, kinds) for v in leaves))
 
 
 class Elsewhere:
@@ -162,8 +245,8 @@ class Slice:
 
     def __init__(self, model: nn.Module, start: int, end: int, ends: bool):
         self.model, self.start, self.end = model, start, end
-        self.owner = layer_owner(model)
-        layers = self.owner.layers
+        self.owner, self.key = layer_list(model)
+        layers = self.owner[self.key]
         n = len(layers)
         protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
         assert len(protos) == n, f"{len(protos)} caches for {n} layers"
@@ -185,10 +268,9 @@ class Slice:
         self.body = body
         self.embed_view = [Stop(layers[0])] + body[1:]
         self.head_view = [Absent(layer) for layer in layers[:-1]] + [Inject(layers[-1], self.relay)]
-        self.owner.layers = body
+        self.owner[self.key] = body
         if not ends:  # the embedding, final norm and head live on rank 0 only
-            _drop_all_but_layers(model, self.owner)
-            self.owner.embed_tokens = self.relay.embed_tokens
+            _drop_all_but_layers(model, self.owner, self.key, self.relay.embed_tokens)
 
     def new_caches(self) -> list:
         """Empty caches for the local layers, of the kinds the model makes for them."""
@@ -224,8 +306,8 @@ class Slice:
 
     @contextmanager
     def _using(self, view: list):
-        self.owner.layers = view
+        self.owner[self.key] = view
         try:
             yield
         finally:
-            self.owner.layers = self.body
+            self.owner[self.key] = self.body
