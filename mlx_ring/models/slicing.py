@@ -93,7 +93,8 @@ def _plain(m) -> dict:
     """A module's attributes of plain values, its properties among them."""
     if m is None:
         return {}
-    out = {k: v for k, v in vars(m).items() if not k.startswith("_") and isinstance(v, (bool, int, float, str, Attributes))}
+    out = {k: v for k, v in vars(m).items()
+           if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str, Attributes)))}
     for k in dir(type(m)):
         if isinstance(getattr(type(m), k, None), property) and not k.startswith("_") and not hasattr(nn.Module, k):
             try:
@@ -105,10 +106,19 @@ def _plain(m) -> dict:
     return out
 
 
+def _split(args: tuple, kwargs: dict) -> tuple:
+    """(hidden states, the other arguments), whether the forward passes them by position or by name."""
+    if args:
+        return args[0], args[1:], kwargs
+    name = next(iter(kwargs))
+    return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
+
+
 class Absent(StandIn):
     """A layer another rank holds: passes the hidden states through."""
 
-    def __call__(self, h, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        h, args, kwargs = _split(args, kwargs)
         return self._out(h, args, kwargs)
 
 
@@ -120,7 +130,8 @@ class Entry(StandIn):
         super().__init__(layer)
         self.layer, self._relay = layer, relay
 
-    def __call__(self, h, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        h, args, kwargs = _split(args, kwargs)
         return self.layer(self._relay.h, *args, **kwargs)
 
 
@@ -139,8 +150,8 @@ class Exit(StandIn):
 class Stop(StandIn):
     """The first layer in the embed pass: ends it."""
 
-    def __call__(self, h, *args, **kwargs):
-        raise Handoff(h)
+    def __call__(self, *args, **kwargs):
+        raise Handoff(_split(args, kwargs)[0])
 
 
 class Inject(StandIn):
@@ -150,7 +161,8 @@ class Inject(StandIn):
         super().__init__(layer)
         self._relay = relay
 
-    def __call__(self, h, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        _, args, kwargs = _split(args, kwargs)
         return self._out(self._relay.h, args, kwargs)
 
 
@@ -221,7 +233,9 @@ def _drop_all_but_layers(model: nn.Module, owner: nn.Module, key: str, embed) ->
 def _is_embedding(m) -> bool:
     """An embedding, or a module of nothing but embeddings (Phixtral's `embd`)."""
     kinds = (nn.Embedding, nn.QuantizedEmbedding)
-    leaves = [v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))] if isinstance(m, nn.Module) else []
+    if not isinstance(m, nn.Module):
+        return False
+    leaves = [v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))]
     return isinstance(m, kinds) or (bool(leaves) and all(isinstance(v, kinds) for v in leaves))
 
 
@@ -240,6 +254,46 @@ def cache_kind(cache) -> tuple:
     return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None)
 
 
+class _Probe:
+    """A cache in a dry run of the forward: the real (empty) one, marked with its place in the list."""
+
+    def __init__(self, j: int, cache):
+        self.j, self._cache = j, cache
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+class _Recorder(StandIn):
+    """A layer in a dry run of the forward: notes which cache it is given, computes nothing."""
+
+    def __init__(self, layer: nn.Module, i: int, seen: dict):
+        super().__init__(layer)
+        self._i, self._seen = i, seen
+
+    def __call__(self, *args, **kwargs):
+        for v in [*args, *kwargs.values()]:
+            if isinstance(v, _Probe):
+                self._seen.setdefault(v.j, self._i)
+        h, args, kwargs = _split(args, kwargs)
+        return self._out(h, args, kwargs)
+
+
+def _cache_owners(model: nn.Module, owner: nn.Module, key: str, protos: list) -> list[int]:
+    """The layer each of `protos` is given to, from a dry run of the model's forward (lazy: nothing
+    is computed or read) with recording stand-ins for its layers."""
+    layers, seen = owner[key], {}
+    owner[key] = [_Recorder(layer, i, seen) for i, layer in enumerate(layers)]
+    try:
+        model(mx.zeros((1, 1), mx.int32), cache=[_Probe(j, c) for j, c in enumerate(protos)])
+    finally:
+        owner[key] = layers
+    if sorted(seen) != list(range(len(protos))) or len(set(seen.values())) != len(seen):
+        raise ValueError(f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, not one a "
+                         "layer: this model type cannot be split")
+    return [seen[j] for j in range(len(protos))]
+
+
 class Slice:
     """Layers `[start, end)` of a model, its embedding and head where `ends` (rank 0)."""
 
@@ -249,16 +303,22 @@ class Slice:
         layers = self.owner[self.key]
         n = len(layers)
         protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
-        assert len(protos) == n, f"{len(protos)} caches for {n} layers"
+        # The layer each cache is for: cache i is layer i's, unless some layers keep none (Nemotron-H's
+        # feed-forward layers), where a dry run of the forward says which layer takes which.
+        owners = list(range(n)) if len(protos) == n else _cache_owners(model, self.owner, self.key, protos)
         self.plain_kv = plain_kv_caches(protos)  # every layer's (not only this slice's), so every rank agrees
-        self.protos = protos[start:end]  # fresh, empty: copied for each new prompt
+        mine = [j for j, i in enumerate(owners) if start <= i < end]
+        if not mine and protos:
+            raise ValueError(f"layers [{start}, {end}) of {type(model).__module__} keep no cache; give this rank "
+                             "other layers (LAYERS=)")
+        self.protos = [protos[j] for j in mine]  # fresh, empty: copied for each new prompt
         kinds = [cache_kind(c) for c in protos]
         # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
         # the same positions; a kind this slice lacks feeds only masks no local layer uses.
         local = {}
-        for i in range(start, end):
-            local.setdefault(kinds[i], i - start)
-        self.alias = [i - start if start <= i < end else local.get(kinds[i]) for i in range(n)]
+        for k, j in enumerate(mine):
+            local.setdefault(kinds[j], k)
+        self.alias = [mine.index(j) if j in mine else local.get(kinds[j]) for j in range(len(protos))]
         self.relay = Relay()
         body = [Absent(layer) for layer in layers]
         for i in range(start, end):

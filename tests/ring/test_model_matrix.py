@@ -10,8 +10,9 @@ write the file and docs/models.md's table anew with
 Startup is most of a ring run, so each rank count runs every type in one launch; a type whose run
 raises ends that launch, and the next launch goes on from the type after it. So that this is rare,
 every type first runs alone in one process (the same scheduler, the whole model on one rank, going on
-past a failure) and as the same cuts chained in this process (`Slice`s, as each rank holds them); a
-type that fails there is refused with that reason and does not go to the ring.
+past a failure) and as the same cuts chained in one process (`Slice`s, as each rank holds them); a
+type that fails there is refused with that reason and does not go to the ring. No model runs in this
+test's own process: a model may corrupt the memory of the process it runs in.
 """
 
 import json
@@ -22,16 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 from model_zoo import make, text_decoder_types
-from ringutil import ROOT, launch_cmd, reference_logits
+from ringutil import ROOT, launch_cmd
 
 from mlx_ring.models import support
-from mlx_ring.models.slicing import Slice
 
 DRIVER = str(ROOT / "tests" / "matrix_driver.py")
 # Three sequences: two at once (one longer than the tiny sliding windows), a third joining later.
@@ -73,13 +72,14 @@ def run_matrix(tmp: Path) -> dict:
         cases += [(kind, n, 0, folder) for n in RUNS]
         if any("expert" in k or "switch" in k for k, _ in tree_flatten(model.parameters())):
             cases.append((kind, QUANTIZED_RANKS, 4, make(kind, tmp / "models" / f"{kind}-4bit", bits=4)))
+    alone = {(kind, bits): tmp / "alone" / f"{kind}-{bits}" for kind, _, bits, _ in cases}
     for case, reason in screen(tmp / "alone", cases).items():
         kind = case[0]
         if reason and found[kind]["admitted"]:
             found[kind] = dict(found[kind], admitted=False, reason=reason)
     cases = [c for c in cases if found[c[0]]["admitted"]]
     for n in RUNS:
-        ran = run_launches(tmp / f"ranks{n}", n, [c for c in cases if c[1] == n])
+        ran = run_launches(tmp / f"ranks{n}", n, [c for c in cases if c[1] == n], alone)
         for (kind, _, bits, _), reason in ran.items():
             if reason and found[kind]["admitted"]:
                 found[kind] = dict(found[kind], admitted=False, reason=f"{n} ranks{f', {bits}-bit' if bits else ''}: {reason}")
@@ -96,12 +96,20 @@ def screen(tmp: Path, cases: list) -> dict:
     layers, groups, chunk = RUNS[2]
     left, stderr = list(zip(models, outs)), {}
     while left:  # a model that crashes the process (not an exception) ends it: go on after it
-        argv = [DRIVER, "--keep-going", "--model", *(str(m[2]) for m, _ in left), "--out", *(str(o) for _, o in left),
+        argv = [DRIVER, "--keep-going", "--cuts", RUNS[2][0], RUNS[3][0], "--model", *(str(m[2]) for m, _ in left),
+                "--out", *(str(o) for _, o in left),
                 "--layers", *["-"] * len(left), "--spec", json.dumps(SPEC), "--groups", str(groups), "--chunk", str(chunk)]
         proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=1200)
-        for o in [o for _, o in left if (o / "started0").exists()]:
+        died = [(m, o) for m, o in left if (o / "started0").exists() and not (o / "done0").exists()
+                and not (o / "error0.txt").exists()]
+        for m, o in died:  # a model that corrupted the process's memory may take the next one down: alone again
             stderr[o] = proc.stderr[-300:]
-        left = [(m, o) for m, o in left if not (o / "started0").exists()]
+            if len(left) > 1 and m != left[0][0]:
+                (o / "started0").unlink()
+                left = [(m, o)] + [x for x in left if x[0] != m and not (x[1] / "started0").exists()]
+                break
+        else:
+            left = [(m, o) for m, o in left if not (o / "started0").exists()]
     out = {}
     for (kind, bits, folder), o in zip(models, outs):
         quant = f", {bits}-bit" if bits else ""
@@ -110,46 +118,16 @@ def screen(tmp: Path, cases: list) -> dict:
         elif not (o / "done0").exists():
             reason = f"alone{quant}: the process died in it: {stderr[o]!r}"
         else:
-            reason = judge(o, folder, 1)
+            reason = judge(o, o, 1)
             reason = f"alone{quant}: {reason}" if reason else None
         if reason is None:
-            reason = next((f"cut {sizes}{quant}: {r}" for sizes in (RUNS[2][0], RUNS[3][0])
-                           if (r := chained_cuts(folder, [int(x) for x in sizes.split(",")]))), None)
+            cut = json.loads((o / "cuts.json").read_text())
+            reason = next((f"cut {sizes}{quant}: {r}" for sizes, r in cut.items() if r), None)
         out.update({c: reason for c in cases if (c[0], c[2]) == (kind, bits)})
     return out
 
 
-def chained_cuts(folder: Path, sizes: list[int]) -> str | None:
-    """Why the model's cuts, chained in this process (embed, each rank's layers, head), differ from
-    the whole model for one prompt and its cached decode steps, or None."""
-    try:
-        bounds = np.cumsum([0] + sizes).tolist()
-        ring = []
-        for r in range(len(sizes)):
-            model = load_model(folder, lazy=True)[0]
-            ring.append(Slice(model, bounds[r], bounds[r + 1], ends=r == 0))
-            mx.eval(model.parameters())
-        caches = [c.new_caches() for c in ring]
-
-        def step(tokens):
-            h = ring[0].embed(mx.array([tokens]))
-            for c, kv in zip(ring, caches):
-                h = c.forward(h, kv)
-            return ring[0].head(h)[0, -1]
-
-        prompt = SPEC[0]["prompt"]
-        want, _ = reference_logits(folder, prompt, steps=3)
-        logits, got = step(prompt), []
-        for _ in range(3):
-            got.append(np.array(logits.astype(mx.float32)))
-            logits = step([int(mx.argmax(logits).item())])
-    except Exception as e:  # noqa: BLE001 -- the reason this type is refused
-        return f"{type(e).__name__}: {_line(e)}"
-    err = float(np.abs(np.stack(got) - want).max())
-    return f"logits differ from the whole model's by {err}" if not err <= 1e-4 else None
-
-
-def run_launches(tmp: Path, n: int, cases: list) -> dict:
+def run_launches(tmp: Path, n: int, cases: list, alone: dict) -> dict:
     """{case: None, or why it failed} for cases on n ranks, as few launches as the failures allow."""
     tmp.mkdir(parents=True)
     left, out = list(cases), {}
@@ -159,16 +137,16 @@ def run_launches(tmp: Path, n: int, cases: list) -> dict:
             o.mkdir(exist_ok=True)
         layers, groups, chunk = RUNS[n]
         argv = [DRIVER, "--model", *(str(c[3]) for c in left), "--out", *map(str, outs), "--layers", *[layers] * len(left),
-                "--spec", json.dumps(SPEC), "--groups", str(groups), "--chunk", str(chunk)]
+                "--spec", json.dumps(SPEC), "--groups", str(groups), "--chunk", str(chunk), "--stall", str(STALL_S / 2)]
         proc = subprocess.Popen(launch_cmd(n, tmp, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         log = _wait(proc, outs, n)
         for case, o in list(zip(left, outs)):
             if all((o / f"done{r}").exists() for r in range(n)):
-                out[case] = judge(o, case[3], n)
+                out[case] = judge(o, alone[case[0], case[2]], n)
             elif any((o / f"started{r}").exists() for r in range(n)):
                 errors = [(o / f"error{r}.txt").read_text() for r in range(n) if (o / f"error{r}.txt").exists()]
-                out[case] = _line(errors[0]) if errors else f"the ring stopped in it: {log[-300:]!r}"
+                out[case] = _line(errors[0]) if errors else _stalled(o, n) or f"the ring stopped in it: {log[-300:]!r}"
             else:
                 continue
             left.remove(case)
@@ -193,11 +171,12 @@ def _wait(proc, outs: list, n: int) -> str:
     return proc.communicate()[0]
 
 
-def judge(out: Path, model: Path, n: int) -> str | None:
-    """Why this run differs from single-process mlx-lm, or None where it does not."""
+def judge(out: Path, alone: Path, n: int) -> str | None:
+    """Why this run differs from single-process mlx-lm (its logits, written by the alone run), or None."""
     result = json.loads((out / "result.json").read_text())
+    want_all = json.loads((alone / "want.json").read_text())
     for i, s in enumerate(SPEC):
-        want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
+        want, want_tokens = np.load(alone / f"want{i}.npy"), want_all[i]
         got = np.load(out / f"logits{i}.npy")
         if not np.isfinite(want).all():
             return "mlx-lm's own logits are not finite for the tiny model"
@@ -209,6 +188,17 @@ def judge(out: Path, model: Path, n: int) -> str | None:
     if not all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in result["status"]):
         return "caches not freed after every sequence left"
     return None
+
+
+def _stalled(out: Path, n: int) -> str:
+    """Where each rank waited when the driver's watchdog ended a model that took too long."""
+    where = []
+    for r in range(n):
+        stack = (out / f"stack{r}.txt").read_text() if (out / f"stack{r}.txt").exists() else ""
+        frames = [f"{ln.split(chr(34))[1].rsplit('/', 1)[-1]}:{ln.rsplit(' in ', 1)[-1]}" for ln in stack.splitlines()
+                  if ln.strip().startswith("File ")][:2]
+        where += [f"rank {r} in {' < '.join(frames)}"] if frames else []
+    return f"stalled: {'; '.join(where)}" if where else ""
 
 
 def _line(e) -> str:
