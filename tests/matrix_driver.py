@@ -55,19 +55,20 @@ def main():
 
 
 def references(model: Path, out: Path, spec: list, cuts: list[str]) -> None:
-    tokens = []
+    tokens, wants = [], []
     for i, s in enumerate(spec):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
         np.save(out / f"want{i}.npy", want)
         tokens.append(want_tokens)
+        wants.append(want)
     (out / "want.json").write_text(json.dumps(tokens))
-    (out / "cuts.json").write_text(json.dumps({c: chained_cuts(model, [int(x) for x in c.split(",")], spec[0]["prompt"])
-                                               for c in cuts}))
+    (out / "cuts.json").write_text(json.dumps({c: chained_cuts(model, [int(x) for x in c.split(",")], spec[0]["prompt"],
+                                                            wants[0]) for c in cuts}))
 
 
-def chained_cuts(folder: Path, sizes: list[int], prompt: list[int]) -> str | None:
+def chained_cuts(folder: Path, sizes: list[int], prompt: list[int], want: np.ndarray) -> str | None:
     """Why the model's cuts, chained in this process (embed, each rank's layers, head), differ from
-    the whole model for one prompt and its cached decode steps, or None."""
+    the whole model's logits `want` for one prompt and its cached decode steps, or None."""
     try:
         bounds = np.cumsum([0] + sizes).tolist()
         ring = []
@@ -83,9 +84,8 @@ def chained_cuts(folder: Path, sizes: list[int], prompt: list[int]) -> str | Non
                 h = c.forward(h, kv)
             return ring[0].head(h)[0, -1]
 
-        want, _ = reference_logits(folder, prompt, steps=3)
         logits, got = step(prompt), []
-        for _ in range(3):
+        for _ in range(len(want)):
             got.append(np.array(logits.astype(mx.float32)))
             logits = step([int(mx.argmax(logits).item())])
     except Exception as e:  # noqa: BLE001 -- the reason this type is refused
