@@ -39,3 +39,10 @@ def test_every_type_is_either_admitted_or_refused_and_the_docs_hold_the_table():
     docs = (ROOT / "docs" / "models.md").read_text()
     assert docs.count(support.table()) == 1 and support.summary() in docs
     assert "docs/models.md" in (ROOT / "README.md").read_text()
+
+
+def test_a_variant_the_matrix_does_not_test_is_refused():
+    """Gemma 4 E2B/E4B: per-layer inputs made from token ids would be wrong on every rank after the first."""
+    with pytest.raises(ValueError, match="'gemma4' is supported, but not with hidden_size_per_layer_input set"):
+        support.check_supported({"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 256}})
+    support.check_supported({"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 0}})
