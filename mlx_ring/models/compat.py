@@ -5,7 +5,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 from mlx_lm.generate import _merge_caches
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 from mlx_lm.utils import _get_classes
 
 
@@ -41,8 +41,11 @@ def trim_rows(cache: BatchKVCache, drops: list[int]) -> None:
 
 def positions(caches: list):
     """Tokens a slice's caches have seen: an int (a lone prompt's), one per row (a batch's, less its
-    left padding), or None where every layer keeps a fixed state instead (a convolution's, an SSM's)."""
-    return next((c.offset for c in caches if hasattr(c, "offset")), None)
+    left padding), or None where every layer keeps a fixed state instead (a convolution's, an SSM's).
+    A layer with several caches (a `CacheList`: attention beside a state, or beside an indexer) counts
+    by its parts."""
+    parts = (p for c in caches for p in (c.caches if isinstance(c, CacheList) else (c,)))
+    return next((p.offset for p in parts if hasattr(p, "offset")), None)
 
 
 def model_classes(config: dict) -> tuple[type, type]:

@@ -11,7 +11,10 @@ that pass hidden states through. Three passes use it:
   final norm, the head and any logit scaling run as the model runs them.
 """
 
+import ast
 import copy
+import inspect
+import textwrap
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -35,16 +38,88 @@ class StandIn(nn.Module):
 
     def __init__(self, layer: nn.Module | None = None):
         super().__init__()
-        for k, v in (vars(layer) if layer is not None else {}).items():
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str)):
-                setattr(self, k, v)
+        self._passed = _passed_on(layer)
+        for k, v in _plain(layer).items():
+            setattr(self, k, v)
+        for k, child in (layer.items() if layer is not None else []):  # `layer.self_attn.is_local`, say
+            if isinstance(child, nn.Module) and not hasattr(self, k):
+                setattr(self, k, Attributes(_plain(child)))
+
+
+    def _out(self, h, args, kwargs):
+        """`h` as the layer would return it: alone, or with what it passes on to the next layer (the
+        arguments of the same names it was given: Gemma 4's shared KV, say)."""
+        if self._passed is None:
+            return h
+        sig, names = self._passed
+        bound = sig.bind(h, *args, **kwargs)
+        bound.apply_defaults()
+        return (h, *(bound.arguments[n] for n in names))
+
+
+def _passed_on(layer) -> tuple | None:
+    """For a layer whose forward returns a tuple `(h, a, b, ...)` where a, b, ... are arguments it
+    was called with: its signature and those names; None where it returns the hidden states alone.
+    ValueError where it returns something else beside them (state made in the layer: another rank's
+    layers could not get it)."""
+    if layer is None:
+        return None
+    try:
+        fn = type(layer).__call__
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    returns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
+    tuples = [r for r in returns if isinstance(r, ast.Tuple)]
+    if not tuples:
+        return None
+    sig = inspect.signature(fn)
+    params = list(sig.parameters)[1:]  # less self
+    names = [e.id if isinstance(e, ast.Name) else None for e in tuples[0].elts[1:]]
+    if None in names or not set(names) <= set(params):
+        raise ValueError(f"layers of {type(layer).__module__} return state beside the hidden states "
+                         f"({ast.unparse(tuples[0])}) that the next layer takes: it cannot cross ranks")
+    return inspect.Signature([p.replace() for p in list(sig.parameters.values())[1:]]), names
+
+
+class Attributes:
+    """A layer's part, as far as a forward reads it before calling the layer: its plain attributes."""
+
+    def __init__(self, values: dict):
+        vars(self).update(values)
+
+
+def _plain(m) -> dict:
+    """A module's attributes of plain values, its properties among them."""
+    if m is None:
+        return {}
+    out = {k: v for k, v in vars(m).items()
+           if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str, Attributes)))}
+    for k in dir(type(m)):
+        if isinstance(getattr(type(m), k, None), property) and not k.startswith("_") and not hasattr(nn.Module, k):
+            try:
+                v = getattr(m, k)
+            except Exception:  # a property of the weights, say: not a plain attribute
+                continue
+            if isinstance(v, (bool, int, float, str)):
+                out[k] = v
+    return out
+
+
+def _split(args: tuple, kwargs: dict) -> tuple:
+    """(hidden states, the other arguments), whether the forward passes them by position or by name."""
+    if args:
+        return args[0], args[1:], kwargs
+    name = next(iter(kwargs))
+    return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
 
 
 class Absent(StandIn):
     """A layer another rank holds: passes the hidden states through."""
 
-    def __call__(self, h, *args, **kwargs):
-        return h
+    def __call__(self, *args, **kwargs):
+        h, args, kwargs = _split(args, kwargs)
+        return self._out(h, args, kwargs)
 
 
 class Entry(StandIn):
@@ -55,7 +130,8 @@ class Entry(StandIn):
         super().__init__(layer)
         self.layer, self._relay = layer, relay
 
-    def __call__(self, h, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
+        h, args, kwargs = _split(args, kwargs)
         return self.layer(self._relay.h, *args, **kwargs)
 
 
@@ -67,14 +143,15 @@ class Exit(StandIn):
         self.layer = layer
 
     def __call__(self, *args, **kwargs):
-        raise Handoff(self.layer(*args, **kwargs))
+        out = self.layer(*args, **kwargs)
+        raise Handoff(out[0] if isinstance(out, tuple) else out)
 
 
 class Stop(StandIn):
     """The first layer in the embed pass: ends it."""
 
-    def __call__(self, h, *args, **kwargs):
-        raise Handoff(h)
+    def __call__(self, *args, **kwargs):
+        raise Handoff(_split(args, kwargs)[0])
 
 
 class Inject(StandIn):
@@ -84,8 +161,9 @@ class Inject(StandIn):
         super().__init__(layer)
         self._relay = relay
 
-    def __call__(self, h, *args, **kwargs):
-        return self._relay.h
+    def __call__(self, *args, **kwargs):
+        _, args, kwargs = _split(args, kwargs)
+        return self._out(self._relay.h, args, kwargs)
 
 
 class Relay:
@@ -94,9 +172,9 @@ class Relay:
     h: mx.array | None = None
 
     def embed_tokens(self, tokens: mx.array) -> mx.array:
-        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros whose
-        # shape and dtype are the arriving hidden states' (masks read them), and its result is unused.
-        return mx.zeros_like(self.h)
+        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros shaped
+        # as the ids' embeddings in the arriving hidden states' dtype (masks read them), result unused.
+        return mx.zeros((*tokens.shape, self.h.shape[-1]), self.h.dtype)
 
 
 class FreshBatch:
@@ -117,29 +195,48 @@ class FreshBatch:
         return "causal"
 
 
-def layer_owner(model: nn.Module) -> nn.Module:
-    """The module whose `layers` list the forward loops over (`model.model`, or deeper, as in Gemma 3's
-    `language_model.model`)."""
-    first = model.layers[0]
+def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module whose layer list the forward loops over (`model.model`, or deeper, as in Gemma 3's
+    `language_model.model`), and that list's name (`layers`, or `h` in GPT-2-shaped models)."""
+    layers = model.layers
+    first = layers[0]
     for _, m in model.named_modules():
-        if isinstance(m.get("layers"), list) and m["layers"] and m["layers"][0] is first:
-            return m
+        for key, v in m.items():
+            if isinstance(v, list) and len(v) == len(layers) and v and v[0] is first:
+                return m, key
     raise ValueError(f"cannot find the layer list of {type(model).__module__}; this model type cannot be split")
 
 
-def _drop_all_but_layers(model: nn.Module, owner: nn.Module) -> None:
+def layer_owner(model: nn.Module) -> nn.Module:
+    """The module that holds the model's layer list (see `layer_list`)."""
+    return layer_list(model)[0]
+
+
+def _drop_all_but_layers(model: nn.Module, owner: nn.Module, key: str, embed) -> None:
     """Remove every weight outside the owner's layer list (modules without weights, such as a shared
-    rotary embedding, stay: the forward may use them before its layers)."""
+    rotary embedding, stay: the forward may use them before its layers); token or position embeddings
+    on the way to it, whatever the model names them, become `embed`."""
     path = next(name for name, m in model.named_modules() if m is owner).split(".") if owner is not model else []
     module = model
-    for part in path + ["layers"]:
+    for part in path + [key]:
         for name, child in list(module.items()):
             weights = tree_flatten(child.parameters() if isinstance(child, nn.Module) else child)
             if name != part and any(isinstance(w, mx.array) for _, w in weights):
                 module.pop(name)
-                if isinstance(child, nn.Module):  # a forward may look it up before its layers run
+                if _is_embedding(child):
+                    setattr(module, name, embed)
+                elif isinstance(child, nn.Module):  # a forward may look it up before its layers run
                     setattr(module, name, Elsewhere(name))
         module = module[part]
+
+
+def _is_embedding(m) -> bool:
+    """An embedding, or a module of nothing but embeddings (Phixtral's `embd`)."""
+    kinds = (nn.Embedding, nn.QuantizedEmbedding)
+    if not isinstance(m, nn.Module):
+        return False
+    leaves = [v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))]
+    return isinstance(m, kinds) or (bool(leaves) and all(isinstance(v, kinds) for v in leaves))
 
 
 class Elsewhere:
@@ -157,25 +254,71 @@ def cache_kind(cache) -> tuple:
     return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None)
 
 
+class _Probe:
+    """A cache in a dry run of the forward: the real (empty) one, marked with its place in the list."""
+
+    def __init__(self, j: int, cache):
+        self.j, self._cache = j, cache
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+class _Recorder(StandIn):
+    """A layer in a dry run of the forward: notes which cache it is given, computes nothing."""
+
+    def __init__(self, layer: nn.Module, i: int, seen: dict):
+        super().__init__(layer)
+        self._i, self._seen = i, seen
+
+    def __call__(self, *args, **kwargs):
+        for v in [*args, *kwargs.values()]:
+            if isinstance(v, _Probe):
+                self._seen.setdefault(v.j, self._i)
+        h, args, kwargs = _split(args, kwargs)
+        return self._out(h, args, kwargs)
+
+
+def _cache_owners(model: nn.Module, owner: nn.Module, key: str, protos: list) -> list[int]:
+    """The layer each of `protos` is given to, from a dry run of the model's forward (lazy: nothing
+    is computed or read) with recording stand-ins for its layers."""
+    layers, seen = owner[key], {}
+    owner[key] = [_Recorder(layer, i, seen) for i, layer in enumerate(layers)]
+    try:
+        model(mx.zeros((1, 1), mx.int32), cache=[_Probe(j, c) for j, c in enumerate(protos)])
+    finally:
+        owner[key] = layers
+    if sorted(seen) != list(range(len(protos))) or len(set(seen.values())) != len(seen):
+        raise ValueError(f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, not one a "
+                         "layer: this model type cannot be split")
+    return [seen[j] for j in range(len(protos))]
+
+
 class Slice:
     """Layers `[start, end)` of a model, its embedding and head where `ends` (rank 0)."""
 
     def __init__(self, model: nn.Module, start: int, end: int, ends: bool):
         self.model, self.start, self.end = model, start, end
-        self.owner = layer_owner(model)
-        layers = self.owner.layers
+        self.owner, self.key = layer_list(model)
+        layers = self.owner[self.key]
         n = len(layers)
         protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
-        assert len(protos) == n, f"{len(protos)} caches for {n} layers"
+        # The layer each cache is for: cache i is layer i's, unless some layers keep none (Nemotron-H's
+        # feed-forward layers), where a dry run of the forward says which layer takes which.
+        owners = list(range(n)) if len(protos) == n else _cache_owners(model, self.owner, self.key, protos)
         self.plain_kv = plain_kv_caches(protos)  # every layer's (not only this slice's), so every rank agrees
-        self.protos = protos[start:end]  # fresh, empty: copied for each new prompt
+        mine = [j for j, i in enumerate(owners) if start <= i < end]
+        if not mine and protos:
+            raise ValueError(f"layers [{start}, {end}) of {type(model).__module__} keep no cache; give this rank "
+                             "other layers (LAYERS=)")
+        self.protos = [protos[j] for j in mine]  # fresh, empty: copied for each new prompt
         kinds = [cache_kind(c) for c in protos]
         # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
         # the same positions; a kind this slice lacks feeds only masks no local layer uses.
         local = {}
-        for i in range(start, end):
-            local.setdefault(kinds[i], i - start)
-        self.alias = [i - start if start <= i < end else local.get(kinds[i]) for i in range(n)]
+        for k, j in enumerate(mine):
+            local.setdefault(kinds[j], k)
+        self.alias = [mine.index(j) if j in mine else local.get(kinds[j]) for j in range(len(protos))]
         self.relay = Relay()
         body = [Absent(layer) for layer in layers]
         for i in range(start, end):
@@ -185,10 +328,9 @@ class Slice:
         self.body = body
         self.embed_view = [Stop(layers[0])] + body[1:]
         self.head_view = [Absent(layer) for layer in layers[:-1]] + [Inject(layers[-1], self.relay)]
-        self.owner.layers = body
+        self.owner[self.key] = body
         if not ends:  # the embedding, final norm and head live on rank 0 only
-            _drop_all_but_layers(model, self.owner)
-            self.owner.embed_tokens = self.relay.embed_tokens
+            _drop_all_but_layers(model, self.owner, self.key, self.relay.embed_tokens)
 
     def new_caches(self) -> list:
         """Empty caches for the local layers, of the kinds the model makes for them."""
@@ -224,8 +366,8 @@ class Slice:
 
     @contextmanager
     def _using(self, view: list):
-        self.owner.layers = view
+        self.owner[self.key] = view
         try:
             yield
         finally:
-            self.owner.layers = self.body
+            self.owner[self.key] = self.body

@@ -1,44 +1,100 @@
-"""The model types this server splits exactly, and the sentence that refuses the others at startup.
+"""The model types this server splits, as the model matrix found them, and the sentence that refuses
+the others at startup.
 
 A rank runs the model's own forward (mlx-lm's code) on its cut of the layer list
-(`mlx_ring.models.slicing`), so masks, scales, soft-capping and cache kinds are mlx-lm's. A type is
-listed once a tiny random model of it, split unevenly over 2 and 3 ranks in batches, matches
-single-process mlx-lm (tests/ring/test_fidelity.py); others are refused before anything loads.
+(`mlx_ring.models.slicing`), so masks, scales, soft-capping and cache kinds are mlx-lm's. Which types
+that is right for is not written here but measured: tests/ring/test_model_matrix.py runs a tiny random
+model of every type mlx-lm ships split over 2 and 3 ranks against single-process mlx-lm, and
+`supported.json` beside this file records the result (admitted types with their cache kinds; refused
+types with the reason their run found). docs/models.md's table is made from the same file.
 """
 
-# model_type (config.json) -> the families it covers, for the README's table.
-SUPPORTED = {
-    "llama": "Llama 2, Llama 3.x, and Llama-shaped models (GGUF included)",
-    "mistral": "Mistral 7B and other Mistral-architecture models (mlx-lm runs them as Llama)",
-    "qwen2": "Qwen2, Qwen2.5",
-    "qwen3": "Qwen3 (dense)",
-    "qwen3_moe": "Qwen3 mixture of experts (every expert held by the rank of its layer)",
-    "phi3": "Phi-3, Phi-3.5, Phi-4 mini",
-    "gemma2": "Gemma 2 (logit soft-capping; one request per decode group, see below)",
-    "gemma3_text": "Gemma 3 1B and other text-only Gemma 3 (sliding-window layers)",
-    "gemma3": "Gemma 3 4B and up (text only: images are not served)",
-    "gpt_oss": "GPT-OSS (sliding-window layers, attention sinks, experts)",
-    "glm4": "GLM-4 (0414)",
-    "deepseek_v3": "DeepSeek-V3 and models that declare its type (latent attention, experts)",
-    "lfm2": "LFM2 (short-convolution layers with a fixed state beside attention layers)",
-}
+import json
+from pathlib import Path
+
+import mlx_lm
+
+RECORD = Path(__file__).with_name("supported.json")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+BEGIN, END = "<!-- model matrix: begin (generated) -->", "<!-- model matrix: end -->"
 
 
-# Supported types whose layers cannot take several rows at once: each decode group holds one request.
+def load() -> dict:
+    """The matrix's last recorded result: {"mlx_lm": version, "admitted": {type: {"caches": [...]}}, "refused": {type: reason}}."""
+    return json.loads(RECORD.read_text())
+
+
+_record = load()
+SUPPORTED: dict[str, dict] = _record["admitted"]
+REFUSED: dict[str, str] = _record["refused"]
+
+# Admitted types whose layers cannot take several rows at once: each decode group holds one request.
 UNBATCHED = {
     "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads",
 }
 
 
+# Config keys the matrix's tiny models leave off (tools/model_zoo.py sets them to 0), so a checkpoint
+# that turns one on is a variant no test has split: Gemma 4 E2B/E4B's per-layer inputs are made from the
+# token ids before the first layer, which ranks after the first never see.
+UNTESTED = {"hidden_size_per_layer_input": "per-layer inputs made from the token ids (Gemma 3n/4 E2B, E4B) "
+                                           "cannot reach the ranks after the first",
+            "num_kv_shared_layers": "layers that reuse another layer's keys and values cannot take them from another rank"}
+
+
 def check_supported(config: dict) -> None:
-    """ValueError naming the model type and the supported ones, unless it is one of them."""
+    """ValueError naming the model type and why it is refused, unless the matrix admitted it."""
     kind = config.get("model_type")
-    if kind not in SUPPORTED:
-        raise ValueError(f"model type {kind!r} is not supported: it is not tested split across ranks against "
-                         f"single-process mlx-lm; supported: {', '.join(SUPPORTED)}")
+    text = {**config.get("text_config", {}), **config}
+    on = [k for k in UNTESTED if text.get(k)]
+    if kind in SUPPORTED and on:
+        raise ValueError(f"model type {kind!r} is supported, but not with {on[0]} set: {UNTESTED[on[0]]}")
+    if kind in SUPPORTED:
+        return
+    why = (f"its test split across ranks fails: {REFUSED[kind]}" if kind in REFUSED else
+           f"mlx-lm {_record['mlx_lm']} has no such type, so it is not tested split across ranks")
+    raise ValueError(f"model type {kind!r} is not supported: {why}; the {len(SUPPORTED)} supported types are "
+                     "listed in docs/models.md")
+
+
+def plain_kv(caches: list[str]) -> bool:
+    """Whether a type's layers all keep plain KV caches (see `compat.plain_kv_caches`)."""
+    return caches == ["KVCache"]
 
 
 def table() -> str:
-    """The README's table of supported model types (tests check that the README holds it)."""
-    rows = ["| `model_type` | models |", "| --- | --- |"] + [f"| `{k}` | {v} |" for k, v in SUPPORTED.items()]
+    """docs/models.md's table of every type, made from supported.json."""
+    rows = ["| `model_type` | supported | cache kinds | prompts prefilled together | prompt cache, speculative decoding |",
+            "| --- | --- | --- | --- | --- |"]
+    for kind in sorted({**SUPPORTED, **REFUSED}):
+        if kind in SUPPORTED:
+            caches = SUPPORTED[kind]["caches"]
+            plain = plain_kv(caches)
+            together = "no (one request per decode group)" if kind in UNBATCHED else "yes" if plain else "no (each alone)"
+            rows.append(f"| `{kind}` | yes | {', '.join(caches)} | {together} | {'yes' if plain else 'no'} |")
+        else:
+            rows.append(f"| `{kind}` | no: {REFUSED[kind].replace('|', '/')} | | | |")
     return "\n".join(rows)
+
+
+def write(found: dict) -> None:
+    """Record the matrix's result (`{type: {"admitted", "reason", "caches"}}`) in supported.json and
+    docs/models.md; the module's tables then hold it."""
+    record = {"mlx_lm": mlx_lm.__version__,
+              "admitted": {k: {"caches": v["caches"]} for k, v in sorted(found.items()) if v["admitted"]},
+              "refused": {k: v["reason"] for k, v in sorted(found.items()) if not v["admitted"]}}
+    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    global _record
+    _record = record
+    SUPPORTED.clear(), SUPPORTED.update(record["admitted"])
+    REFUSED.clear(), REFUSED.update(record["refused"])
+    text = DOCS.read_text()
+    head, rest = text.split(BEGIN, 1)
+    DOCS.write_text(f"{head}{BEGIN}\n{summary()}\n\n{table()}\n{END}{rest.split(END, 1)[1]}")
+
+
+def summary() -> str:
+    """One line: how many of mlx-lm's types are admitted."""
+    n = len(SUPPORTED) + len(REFUSED)
+    return (f"{len(SUPPORTED)} of the {n} text-decoder types of mlx-lm {_record['mlx_lm']} are supported "
+            f"({100 * len(SUPPORTED) // n}%).")

@@ -1,8 +1,10 @@
 """How many bytes and FLOPs a model's layers hold, without loading a weight.
 
-From the safetensors headers when the folder has them (exact), else estimated from config.json
-(hidden and intermediate sizes, heads, experts, vocabulary, dtype or quantization), so the dry run
-`./launch.sh plan --model <folder>` works with only a config.json.
+From the safetensors headers when the folder has them (exact), else from config.json alone, so the dry
+run `./launch.sh plan --model <folder>` works with only a config.json: the tensors of the model mlx-lm
+builds for the config (built lazily, nothing allocated: routed and shared experts, latent attention,
+whatever the type has), at the dtype, or at the bits mlx-lm's quantization gives each layer (its
+per-layer `quantization` entries included); from hidden and intermediate sizes where mlx-lm cannot build it.
 """
 
 import json
@@ -11,6 +13,7 @@ import struct
 from collections import Counter
 from pathlib import Path
 
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_ring.models.compat import model_classes
@@ -79,9 +82,60 @@ def _quantization(c: dict) -> dict | None:
     return q if isinstance(q, dict) and q.get("bits") else None
 
 
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "top_k_experts", "num_experts_per_token", "moe_k")
+
+
+def _weight_bytes(path: str, size: int, ndim: int, q: dict | None, act: int) -> float:
+    """Bytes of one tensor as mlx-lm stores it: matrices at their layer's quantization (a per-layer
+    entry in `quantization` overrides the default; `false` keeps the layer in float), the rest in float."""
+    if not q or ndim < 2 or not path.endswith("weight"):
+        return size * act
+    own = q.get(path.rsplit(".", 1)[0], q)
+    if own is False:
+        return size * act
+    own = own if isinstance(own, dict) else q
+    return size * (own.get("bits", q["bits"]) / 8 + 4 / own.get("group_size", q.get("group_size", 64)))
+
+
+def tensor_sizes(c: dict) -> dict | None:
+    """Per-layer and end sizes from the tensors of the model mlx-lm builds for config `c` (lazily: no
+    weight is made): {"layers": [bytes per layer], "active": [bytes a token reads per layer],
+    "params_active": [active parameters per layer], "ends", "head", "embed"}; None where mlx-lm
+    cannot build it."""
+    try:
+        model_cls, args_cls = model_classes(c)
+        model = model_cls(args_cls.from_dict(c))
+        params = tree_flatten(model.parameters())
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError, NotImplementedError):
+        return None
+    text = _text(c)
+    act = DTYPE_BYTES.get(text.get("torch_dtype") or text.get("dtype") or "float16", 2)
+    q = _quantization(c)
+    k = next((text[n] for n in EXPERTS_PER_TOKEN if text.get(n)), 1)
+    n = len(model.layers)
+    layers, active, params_active = [0.0] * n, [0.0] * n, [0.0] * n
+    ends = head = embed = 0.0
+    for path, v in params:
+        b = _weight_bytes(path, v.size, v.ndim, q, act)
+        m = LAYER_KEY.search(path)
+        if m:
+            i = int(m.group(1))
+            # Routed experts: stacked along the first axis, k of them read per token.
+            share = min(1.0, k / v.shape[0]) if v.ndim == 3 and ("switch" in path or "experts" in path) else 1.0
+            layers[i] += b
+            active[i] += b * share
+            params_active[i] += v.size * share
+        else:
+            ends += b
+            head += b if "lm_head" in path else 0
+            embed += b if "embed" in path or "wte" in path else 0
+    return {"layers": layers, "active": active, "params_active": params_active, "ends": ends, "head": head, "embed": embed}
+
+
 def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     """An estimate from config.json alone: dense or MoE layers, tied or untied head, any dtype or
-    mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`)."""
+    mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`, per layer
+    where the config says so)."""
     n = _counts(c)
     text = _text(c)
     dtype = text.get("torch_dtype") or text.get("dtype") or "float16"
@@ -94,6 +148,14 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     ends = (n["embed"] + n["head"]) * per_weight + n["norm"] * act
     head_read = n["vocab_hidden"] * per_weight
     label = f"{q['bits']}-bit" if q else dtype
+    exact = tensor_sizes(c)
+    if exact:
+        L = len(exact["layers"])
+        layer, read, ends = sum(exact["layers"]) / L, sum(exact["active"]) / L, exact["ends"]
+        head_read = exact["head"] or exact["embed"]
+        flops = 2.0 * sum(exact["params_active"]) / L
+        return ModelSpec(L, layer, ends, head_read, n["kv"] * act, read, flops, 2.0 * n["vocab_hidden"], label, name,
+                         text["hidden_size"] * act, **cache_layout(c, act))
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
                      label, name, text["hidden_size"] * act, **cache_layout(c, act))
 

@@ -70,3 +70,40 @@ def test_an_unknown_type_reserves_for_every_token():
     spec = spec_from_config({"model_type": "no_such_model", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                              "num_attention_heads": 4, "vocab_size": 320})
     assert (spec.kv_window_share, spec.state_share) == (0.0, 0.0)
+
+
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+               "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256,
+               "n_shared_experts": 1, "num_experts_per_tok": 8, "kv_lora_rank": 512, "q_lora_rank": 1536,
+               "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "first_k_dense_replace": 3,
+               "n_group": 8, "topk_group": 4, "vocab_size": 129280, "torch_dtype": "bfloat16"}
+
+
+def test_experts_shared_experts_and_latent_attention_come_from_mlx_lms_own_tensors():
+    """DeepSeek-V3: 671B parameters, about 37B of them read per token (8 of 256 routed experts, the
+    shared expert, latent attention), as published."""
+    spec = spec_from_config(DEEPSEEK_V3)
+    params = (spec.n_layers * spec.layer_bytes + spec.ends_bytes) / 2
+    assert 665e9 < params < 675e9
+    active = (spec.n_layers * spec.layer_read_bytes + spec.ends_bytes) / 2
+    assert 36e9 < active < 40e9
+
+
+def test_per_layer_quantization_entries_size_their_layers():
+    """mlx-lm's mixed quantization: a per-layer entry overrides the default bits, `false` keeps float."""
+    q4 = spec_from_config({**DEEPSEEK_V3, "quantization": {"group_size": 64, "bits": 4}})
+    mixed = spec_from_config({**DEEPSEEK_V3, "quantization": {
+        "group_size": 64, "bits": 4, **{f"model.layers.{i}.mlp.switch_mlp.{p}": {"group_size": 64, "bits": 8}
+                                       for i in range(3, 61) for p in ("gate_proj", "up_proj", "down_proj")},
+        "lm_head": False}})
+    experts = 58 * 3 * 256 * 2048 * 7168  # routed expert weights of the 58 MoE layers
+    assert mixed.n_layers * (mixed.layer_bytes - q4.layer_bytes) == pytest.approx(experts * 4 / 8, rel=1e-6)
+    assert mixed.ends_bytes - q4.ends_bytes == pytest.approx(129280 * 7168 * (2 - 4 / 8 - 4 / 64), rel=1e-6)
+
+
+def test_the_docs_hold_the_dry_run_plans_of_the_big_models():
+    """docs/models.md's plan table is what the planner says now for the published configs."""
+    from model_plans import table
+    from ringutil import ROOT
+
+    assert table() in (ROOT / "docs" / "models.md").read_text()
