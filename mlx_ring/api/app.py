@@ -10,6 +10,7 @@ from mlx_ring.api.errors import answer_errors_as_openai
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import JsonBodies, KeyAuth
+from mlx_ring.api.ollama import ollama_routes
 from mlx_ring.api.openapi import document
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.responses_api import Kept, responses_routes
@@ -28,6 +29,7 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
     dialect = Engine(served, prompts, answers)  # the other dialects: thin adapters over the same request
     app.include_router(anthropic_routes(dialect))
     app.include_router(responses_routes(dialect, Kept()))
+    app.include_router(ollama_routes(dialect))
     app.include_router(status_routes(engine, served, metrics))
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)

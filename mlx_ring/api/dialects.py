@@ -17,17 +17,17 @@ from mlx_ring.api.answers import Answers, Choice
 from mlx_ring.api.chat import tool_calls
 from mlx_ring.api.errors import ApiError, validation_error
 from mlx_ring.api.prompts import Prompts
-from mlx_ring.api.schema import ChatCompletionRequest
+from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import ServedModel, check_model, check_sampling
 from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.port import Delta, Done, Failed
 
 
-def chat_request(fields: dict, where: dict | None = None) -> ChatCompletionRequest:
-    """The internal request from a dialect's translated fields; a 400 when they break one of its rules
-    (`where`: internal field name -> the dialect's name for it, so the message names the client's field)."""
+def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionRequest):
+    """The internal request (`kind`: chat, or a completion) from a dialect's translated fields; a 400 when they
+    break one of its rules (`where`: internal field name -> the dialect's name for it, so the message names the client's field)."""
     try:
-        return ChatCompletionRequest.model_validate(fields)
+        return kind.model_validate(fields)
     except ValidationError as e:
         first = e.errors()[0]
         loc = [str(p) for p in first["loc"]]
@@ -59,6 +59,13 @@ class Engine:
         prompt, grammar, tools = await self.prompt(body)
         flow = self.answers.start(body, prompt, http, grammar)
         return len(prompt), _events(flow, Choice(0, ToolCallText(**tools) if tools else None))
+
+    async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
+        """As `events`, for a prompt sent as it is: tokenized, no chat template."""
+        check_model(self.served, body.model)
+        check_sampling(self.served, body)
+        prompt = await self.prompts.completion(body)
+        return len(prompt), _events(self.answers.start(body, prompt, http), Choice(0, None))
 
 
 async def _events(flow, choice: Choice):
