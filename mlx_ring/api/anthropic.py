@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlx_ring.api.dialects import Engine, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.errors import error_body
 from mlx_ring.api.schema import MAX_STOP, NAME, _Strict
 
 # Anthropic's error types, by status code.
@@ -19,8 +20,8 @@ KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
          413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
-def error_shape(status: int, message: str, _type: str = "") -> dict:
-    return {"type": "error", "error": {"type": KINDS.get(status, "api_error"), "message": message}}
+def error_shape(status: int, openai: dict) -> dict:
+    return {"type": "error", "error": {"type": KINDS.get(status, "api_error"), "message": openai["error"]["message"]}}
 
 
 class _Block(_Strict):
@@ -234,7 +235,7 @@ async def stream(head: dict, used: int, events):
             yield named_sse({"type": "content_block_stop", "index": index})
             index += 1
         elif kind == "failed":
-            yield named_sse(error_shape(value.status, value.message))
+            yield named_sse(error_shape(value.status, error_body(value.message, value.type)))
             return
         else:
             yield named_sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(value.finish_reason, calls), "stop_sequence": None},

@@ -9,13 +9,13 @@ from typing import AsyncIterator, Callable
 
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from mlx_ring.api.answers import Answers, Choice
 from mlx_ring.api.chat import tool_calls
-from mlx_ring.api.errors import ApiError, validation_error
+from mlx_ring.api.errors import ApiError, error_body, validation_error
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import ServedModel, check_model, check_sampling
@@ -108,9 +108,13 @@ def arguments(call: dict) -> dict:
     return args if isinstance(args, dict) else {}
 
 
-def error_routes(shape: Callable[[int, str, str], dict]) -> type[APIRoute]:
+def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
     """A route class whose errors (bad bodies, refusals) answer in a dialect's own shape:
-    `shape(status, message, OpenAI error type)` -> the JSON body."""
+    `shape(status, the OpenAI error body)` -> the dialect's body."""
+
+    def answer(status: int, body: dict, headers=None) -> Response:
+        # ASCII JSON: a message that quotes a lone surrogate from the request still encodes
+        return Response(json.dumps(shape(status, body)), status, headers, media_type="application/json")
 
     class Reshaped(APIRoute):
         def get_route_handler(self):
@@ -120,10 +124,9 @@ def error_routes(shape: Callable[[int, str, str], dict]) -> type[APIRoute]:
                 try:
                     return await handler(request)
                 except RequestValidationError as e:
-                    message = json.loads(validation_error(e).body)["error"]["message"]
-                    return JSONResponse(shape(400, message, "invalid_request_error"), status_code=400)
+                    return answer(400, json.loads(validation_error(e).body))
                 except ApiError as e:
-                    return JSONResponse(shape(e.status, e.message, e.type), status_code=e.status, headers=e.headers)
+                    return answer(e.status, error_body(e.message, e.type, e.param, e.code), e.headers)
 
             return reshaped
 

@@ -175,7 +175,7 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
 
 
 def ollama_routes(engine: Engine) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, message, _: {"error": message}), include_in_schema=False)  # out of /openapi.json: see anthropic.py
+    router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=False)  # out of /openapi.json: see anthropic.py
     served = engine.served
 
     @router.post("/api/chat")
