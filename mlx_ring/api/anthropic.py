@@ -11,7 +11,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mlx_ring.api.dialects import Engine, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.schema import MAX_STOP, NAME, _Strict
 
@@ -182,7 +182,7 @@ def tool_use(call: dict) -> dict:
 
 
 def anthropic_routes(engine: Engine) -> APIRouter:
-    router = APIRouter(route_class=error_routes(error_shape), include_in_schema=False)  # out of /openapi.json until it documents this dialect (schemathesis checks it)
+    router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
 
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, http: HttpRequest):

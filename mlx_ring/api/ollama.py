@@ -13,7 +13,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
-from mlx_ring.api.dialects import Engine, arguments, chat_request, collect, error_routes
+from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import CompletionRequest, _Strict
 from mlx_ring.api.served import ServedModel, check_model
@@ -175,7 +175,7 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
 
 
 def ollama_routes(engine: Engine) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=False)  # out of /openapi.json: see anthropic.py
+    router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=OPENAPI)
     served = engine.served
 
     @router.post("/api/chat")

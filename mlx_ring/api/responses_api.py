@@ -14,7 +14,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from mlx_ring.api.dialects import Engine, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import NAME, _Strict
 
@@ -231,7 +231,7 @@ class Answer:
 
 
 def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=False)  # out of /openapi.json until it documents this dialect (schemathesis checks it)
+    router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=OPENAPI)
 
     @router.post("/v1/responses")
     async def create(body: ResponsesRequest, http: HttpRequest):
