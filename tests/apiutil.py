@@ -4,6 +4,7 @@ without a ring. The real engine is covered end to end by the ring tests."""
 from concurrent.futures import Future
 from dataclasses import replace
 
+import httpx
 from fastapi.testclient import TestClient
 from mlx_lm.utils import load_config
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,3 +123,27 @@ def samples(metrics_text: str) -> dict:
     """/metrics parsed by prometheus_client's own parser: {(name, sorted labels): value}."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(metrics_text) for s in fam.samples}
+
+
+class Bridge(httpx.BaseTransport):
+    """An httpx transport (for clients that build their own httpx.Client, as ollama's does) that carries
+    each request through the in-process app's TestClient, which speaks starlette's httpx2, streaming."""
+
+    def __init__(self, test_client: TestClient):
+        self.tc = test_client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        sent = self.tc.build_request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        r = self.tc.send(sent, stream=True)
+        return httpx.Response(r.status_code, headers=r.headers.multi_items(), stream=_Body(r))
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, response):
+        self.response = response
+
+    def __iter__(self):
+        yield from self.response.iter_raw()
+
+    def close(self) -> None:
+        self.response.close()

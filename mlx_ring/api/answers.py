@@ -108,6 +108,18 @@ class Answers:
             watcher.cancel()
             self.engine.cancel(*reqs)
 
+    def start(self, body, prompt: list[int], http: HttpRequest, grammar: str | None = None):
+        """Queue a checked request for an answer in another dialect's shape: the flow of (index, event)
+        that `respond` reads, ending with Done or Failed. A 429 or 503 ApiError before anything is queued."""
+        reservation = self._reserve(http, body, prompt)
+        try:
+            reqs, events = self._submit(body, prompt, grammar)
+        except ApiError:
+            if reservation:
+                settle(reservation, 0)
+            raise
+        return self._run(reqs, events, http, reservation)
+
     async def respond(self, body, prompt: list[int], http: HttpRequest, chat: bool, grammar: str | None = None,
                       tools: dict | None = None):
         """The answer to a checked request. `tools`: keyword arguments of `ToolCallText` when the

@@ -4,12 +4,16 @@ build it in process around a stand-in engine."""
 from fastapi import FastAPI
 
 from mlx_ring.api.answers import Answers
+from mlx_ring.api.anthropic import anthropic_routes
+from mlx_ring.api.dialects import Engine
 from mlx_ring.api.errors import answer_errors_as_openai
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import JsonBodies, KeyAuth
+from mlx_ring.api.ollama import ollama_routes
 from mlx_ring.api.openapi import document
 from mlx_ring.api.prompts import Prompts
+from mlx_ring.api.responses_api import Kept, responses_routes
 from mlx_ring.api.routes import openai_routes
 from mlx_ring.api.served import ServedModel
 from mlx_ring.api.status import status_routes
@@ -20,7 +24,12 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
     """The OpenAI API and the ring's status routes; `keys`: the API keys /v1/* needs (none: open)."""
     app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
     metrics = RingMetrics(served.cluster.hosts(), restarts)
-    app.include_router(openai_routes(served, Prompts(served), Answers(engine, served, metrics)))
+    prompts, answers = Prompts(served), Answers(engine, served, metrics)
+    app.include_router(openai_routes(served, prompts, answers))
+    dialect = Engine(served, prompts, answers)  # the other dialects: thin adapters over the same request
+    app.include_router(anthropic_routes(dialect))
+    app.include_router(responses_routes(dialect, Kept()))
+    app.include_router(ollama_routes(dialect))
     app.include_router(status_routes(engine, served, metrics))
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)

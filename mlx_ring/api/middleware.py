@@ -21,7 +21,7 @@ class JsonBodies:
 
 
 class KeyAuth:
-    """ASGI middleware: with keys set, /v1/* needs `Authorization: Bearer <key>` (401), within the
+    """ASGI middleware: with keys set, /v1/* and /api/* need `Authorization: Bearer <key>` or `x-api-key: <key>` (401), within the
     key's requests per minute (429 with Retry-After); /health and /metrics stay open. The key found
     rides in the request's state, for its token limit; only its name is ever shown."""
 
@@ -29,8 +29,10 @@ class KeyAuth:
         self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            key = find(self.keys, dict(scope["headers"]).get(b"authorization", b""))
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/api/")):  # /api/: Ollama's routes
+            headers = dict(scope["headers"])
+            # Anthropic's clients send the key as `x-api-key`: the same keys, the same limits.
+            key = find(self.keys, headers.get(b"authorization") or (b"Bearer " + headers[b"x-api-key"] if b"x-api-key" in headers else b""))
             if key is None:
                 body = error_body("missing or wrong API key; send Authorization: Bearer <key>", "authentication_error", code="invalid_api_key")
                 return await JSONResponse(body, status_code=401)(scope, receive, send)

@@ -1,10 +1,13 @@
 """The real `openai` client against the real server: 2 ranks under mlx.launch, default model. What the
 ring does end to end: answers as mlx-lm's, limits, stop strings, logprobs, seeds, every rank's figures.
-(Request checks and response shapes: tests/unit/test_api_app.py, in process.)"""
+The other dialects (Anthropic Messages, OpenAI Responses, Ollama) through their own clients: the same
+greedy text. (Request checks and response shapes: tests/unit/test_api_*.py, in process.)"""
 
 import socket
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 from apiutil import samples
@@ -101,3 +104,33 @@ def test_metrics_parse_and_move_with_requests(client, server):
         assert after[("mlx_ring_rank_prefill_tokens_total", who)] > before.get(("mlx_ring_rank_prefill_tokens_total", who), 0)
         assert after[("mlx_ring_rank_prompt_cache_bytes", who)] > 0  # the request left its prompt and answer
     assert after[("mlx_ring_prompt_cache_tokens", ())] > 0
+
+
+def test_every_dialect_answers_as_chat_completions(client, server):
+    model, n = "SmolLM2-135M-Instruct", 32
+    want = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=n).choices[0].message.content
+    assert want == "The capital of France is Paris."
+    ant = anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0, timeout=120)
+    assert ant.messages.create(model=model, max_tokens=n, messages=QUESTION, extra_body={"temperature": 0}).content[0].text == want
+    with ant.messages.stream(model=model, max_tokens=n, messages=QUESTION, extra_body={"temperature": 0}) as s:
+        assert "".join(s.text_stream) == want
+    assert ant.messages.count_tokens(model=model, messages=QUESTION).input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError):
+        ant.messages.create(model=model, max_tokens=0, messages=QUESTION)
+    r = client.responses.create(model=model, input=QUESTION[0]["content"], temperature=0, max_output_tokens=n)
+    assert r.output_text == want
+    follow = client.responses.create(model=model, input="And of Italy?", previous_response_id=r.id, temperature=0, max_output_tokens=n)
+    assert follow.status == "completed" and follow.usage.input_tokens > r.usage.input_tokens
+    streamed = client.responses.create(model=model, input=QUESTION, temperature=0, max_output_tokens=n, stream=True)
+    assert "".join(e.delta for e in streamed if e.type == "response.output_text.delta") == want
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=model, input=QUESTION, max_output_tokens=0)
+    ol = ollama.Client(host=server, timeout=120)
+    assert ol.chat(model=model, messages=QUESTION, options={"temperature": 0, "num_predict": n}).message.content == want
+    parts = ol.chat(model=model, messages=QUESTION, options={"temperature": 0, "num_predict": n}, stream=True)
+    assert "".join(p.message.content for p in parts) == want
+    assert ol.generate(model=model, prompt=QUESTION[0]["content"], options={"temperature": 0, "num_predict": n}).response == want
+    assert [m.model for m in ol.list().models] == [model]
+    with pytest.raises(ollama.ResponseError):
+        ol.chat(model=model, messages=QUESTION, options={"temperature": 5})
+    assert httpx.get(f"{server}/cluster/status", timeout=30).json()["ranks"][1]["open_sequences"] == 0  # all freed

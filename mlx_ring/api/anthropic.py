@@ -1,0 +1,243 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a thin adapter: its
+typed request becomes the one internal chat request, the engine's events become Anthropic's message
+or its stream of named events, errors come back in Anthropic's shape."""
+
+import json
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.errors import error_body
+from mlx_ring.api.schema import MAX_STOP, NAME, _Strict
+
+# Anthropic's error types, by status code.
+KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+         413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_shape(status: int, openai: dict) -> dict:
+    return {"type": "error", "error": {"type": KINDS.get(status, "api_error"), "message": openai["error"]["message"]}}
+
+
+class _Block(_Strict):
+    cache_control: dict | None = Field(None, description="Accepted and ignored: the prompt cache finds shared prefixes itself.")
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+    citations: list | None = None
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or [])
+        return f"Error: {text}" if self.is_error else text
+
+
+class OtherBlock(BaseModel):
+    """Blocks recognised only to be refused (media) or dropped (thinking, which this server does not do)."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image", "document", "thinking", "redacted_thinking"]
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock, Field(discriminator="type")]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @model_validator(mode="after")
+    def _check(self):
+        for b in self.content if isinstance(self.content, list) else []:
+            if b.type in ("image", "document"):
+                raise ValueError(f"{b.type} blocks are not supported: this model reads text only; send text blocks")
+            if b.type == "tool_use" and self.role != "assistant":
+                raise ValueError("tool_use blocks belong in assistant messages")
+            if b.type == "tool_result" and self.role != "user":
+                raise ValueError("tool_result blocks belong in user messages")
+        return self
+
+
+class ToolDef(_Strict):
+    type: Literal["custom"] | None = None
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    input_schema: dict = Field(description="A JSON Schema of the tool's input object.")
+    cache_control: dict | None = None
+
+
+class _Choice(_Strict):
+    disable_parallel_tool_use: bool | None = None
+
+
+class AutoChoice(_Choice):
+    type: Literal["auto"]
+
+
+class AnyChoice(_Choice):
+    type: Literal["any"]
+
+
+class ToolChoiceNamed(_Choice):
+    type: Literal["tool"]
+    name: str
+
+
+class NoneChoice(_Strict):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[AutoChoice | AnyChoice | ToolChoiceNamed | NoneChoice, Field(discriminator="type")]
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class CountTokensRequest(_Strict):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+
+    def system_text(self) -> str:
+        return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+
+    def chat(self, **more) -> dict:
+        """The internal chat request's fields."""
+        fields = {"model": self.model, "messages": chat_messages(self.system_text(), self.messages)} | more
+        if self.tools:
+            fields["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+                               for t in self.tools]
+        c = self.tool_choice
+        if c is not None:
+            fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(c.type) or {"type": "function", "function": {"name": c.name}}
+            if getattr(c, "disable_parallel_tool_use", None):
+                fields["parallel_tool_calls"] = False
+        return fields
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
+    stream: bool = False
+    temperature: float = Field(1.0, ge=0.0, le=1.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0: off.")
+    metadata: Metadata | None = Field(None, description="Accepted and ignored.")
+    service_tier: str | None = Field(None, description="Accepted and ignored.")
+
+
+def chat_messages(system: str, messages: list[Message]) -> list[dict]:
+    """Anthropic's conversation as chat messages: tool results become tool messages (before the user's
+    text that came with them), an assistant's tool_use blocks its tool calls."""
+    out = [{"role": "system", "content": system}] if system else []
+    for m in messages:
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        texts, calls = [], []
+        for b in m.content:
+            if b.type == "text":
+                texts.append(b.text)
+            elif b.type == "tool_use":
+                calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}})
+            elif b.type == "tool_result":
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()})
+        if m.role == "assistant":
+            out.append({"role": "assistant", "content": "".join(texts)} | ({"tool_calls": calls} if calls else {}))
+        elif texts or not any(b.type == "tool_result" for b in m.content):
+            out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def stop_reason(finish: str, calls: list) -> str:
+    if finish == "length":
+        return "max_tokens"
+    return "tool_use" if calls else "end_turn"
+
+
+def tool_use(call: dict) -> dict:
+    return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
+
+
+def anthropic_routes(engine: Engine) -> APIRouter:
+    router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
+
+    @router.post("/v1/messages")
+    async def messages(body: MessagesRequest, http: HttpRequest):
+        chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
+                            {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice"})
+        used, events = await engine.events(chat, http)
+        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
+        if body.stream:
+            return StreamingResponse(stream(head, used, events), media_type="text/event-stream")
+        text, calls, done = await collect(events)
+        content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
+        return head | {"content": content, "stop_reason": stop_reason(done.finish_reason, calls), "stop_sequence": None,
+                       "usage": {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens}}
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest):
+        prompt, _, _ = await engine.prompt(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
+        return {"input_tokens": len(prompt)}
+
+    return router
+
+
+async def stream(head: dict, used: int, events):
+    """Anthropic's event sequence: message_start, ping, each content block's start, deltas and stop,
+    message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error` event."""
+    yield named_sse({"type": "message_start", "message": head | {"content": [], "stop_reason": None, "stop_sequence": None,
+                                                                  "usage": {"input_tokens": used, "output_tokens": 0}}})
+    yield named_sse({"type": "ping"})
+    index, text_open, blank, calls = 0, False, "", []
+    async for kind, value in events:
+        if kind == "text":
+            if not text_open and not (blank + value).strip():
+                blank += value  # whitespace before a tool call opens no block
+                continue
+            if not text_open:
+                yield named_sse({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+                text_open, value, blank = True, blank + value, ""
+            yield named_sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": value}})
+            continue
+        if text_open:
+            yield named_sse({"type": "content_block_stop", "index": index})
+            index, text_open = index + 1, False
+        if kind == "call":
+            calls.append(value)
+            block = tool_use(value)
+            yield named_sse({"type": "content_block_start", "index": index, "content_block": block | {"input": {}}})
+            yield named_sse({"type": "content_block_delta", "index": index,
+                             "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
+            yield named_sse({"type": "content_block_stop", "index": index})
+            index += 1
+        elif kind == "failed":
+            yield named_sse(error_shape(value.status, error_body(value.message, value.type)))
+            return
+        else:
+            yield named_sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(value.finish_reason, calls), "stop_sequence": None},
+                             "usage": {"output_tokens": value.completion_tokens}})
+            yield named_sse({"type": "message_stop"})

@@ -1,0 +1,304 @@
+"""OpenAI's Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`) as a thin adapter: its typed
+request (input text or items, instructions, function tools and their outputs, text.format) becomes the
+one internal chat request; the engine's events become a response object or its stream of named events.
+`previous_response_id` continues a conversation kept on rank 0, in a bounded store: the prompt cache
+then finds the shared prefix, so only the new turn is prefilled."""
+
+import time
+import uuid
+from collections import OrderedDict
+from typing import Annotated, Literal
+
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.errors import ApiError
+from mlx_ring.api.schema import NAME, _Strict
+
+KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
+
+
+class TextContent(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list | None = None
+    logprobs: list | None = None
+
+
+class MediaContent(BaseModel):
+    """Recognised only to be refused with a clear message."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_image", "input_file", "input_audio"]
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Annotated[TextContent | MediaContent, Field(discriminator="type")]]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        media = [p.type for p in self.content if isinstance(p, MediaContent)]
+        if media:
+            raise ApiError(400, f"input: {media[0]} content is not supported: this model reads text only; send input_text", param="input")
+        return "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextContent]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+def _item_type(v) -> str:
+    return (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) or "message"
+
+
+Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")], Discriminator(_item_type)]
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object"]
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    name: str = Field(pattern=NAME)
+    schema_: dict = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: Annotated[TextFormat | JsonSchemaFormat, Field(discriminator="type")] | None = None
+    verbosity: str | None = Field(None, description="Accepted and ignored.")
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[Item], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    store: bool = Field(True, description="false: not kept for previous_response_id.")
+    # Accepted and ignored: they do not change the answer.
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+
+    def chat(self, history: list[dict]) -> dict:
+        """The internal chat request's fields, after `history` (the conversation so far)."""
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        messages += history + input_messages(self.input)
+        fields = {"model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "temperature": self.temperature,
+                  "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
+        if self.tools:
+            fields["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in self.tools]
+        if isinstance(self.tool_choice, NamedFunction):
+            fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            fields["tool_choice"] = self.tool_choice
+        fmt = self.text.format if self.text else None
+        if isinstance(fmt, JsonSchemaFormat):
+            spec = {"name": fmt.name, "schema": fmt.schema_} | ({"strict": fmt.strict} if fmt.strict is not None else {})
+            fields["response_format"] = {"type": "json_schema", "json_schema": spec}
+        elif fmt is not None:
+            fields["response_format"] = {"type": fmt.type}
+        return fields
+
+
+def input_messages(items: str | list) -> list[dict]:
+    """Input items as chat messages: function calls join the assistant turn before them, their outputs
+    become tool messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out = []
+    for it in items:
+        if isinstance(it, MessageItem):
+            out.append({"role": it.role, "content": it.text()})
+        elif isinstance(it, FunctionCallItem):
+            call = {"id": it.call_id, "type": "function", "function": {"name": it.name, "arguments": it.arguments}}
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(call)
+        else:
+            out.append({"role": "tool", "tool_call_id": it.call_id, "content": it.text()})
+    return out
+
+
+class Kept:
+    """The last `size` responses (their conversations and bodies), for previous_response_id and GET."""
+
+    def __init__(self, size: int = KEPT):
+        self.size, self.items = size, OrderedDict()
+
+    def get(self, rid: str) -> tuple[list[dict], dict]:
+        if rid not in self.items:
+            raise ApiError(404, f"previous_response_id: no response {rid!r} is kept here (this server keeps its last {self.size} "
+                           "stored responses, and none across restarts); send the whole conversation as input instead",
+                           param="previous_response_id", code="previous_response_not_found")
+        self.items.move_to_end(rid)
+        return self.items[rid]
+
+    def put(self, rid: str, conversation: list[dict], response: dict) -> None:
+        self.items[rid] = (conversation, response)
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+
+def message_item(mid: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
+
+
+def call_item(call: dict, status: str = "completed") -> dict:
+    f = call["function"]
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"], "name": f["name"],
+            "arguments": f["arguments"] if status == "completed" else "", "status": status}
+
+
+class Answer:
+    """One response being made: its object, filled in as the events come."""
+
+    def __init__(self, body: ResponsesRequest, model: str, history: list[dict]):
+        self.body, self.conversation = body, history + input_messages(body.input)
+        self.object = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response", "created_at": int(time.time()),
+                       "status": "in_progress", "error": None, "incomplete_details": None, "instructions": body.instructions,
+                       "max_output_tokens": body.max_output_tokens, "model": model, "output": [],
+                       "parallel_tool_calls": body.parallel_tool_calls is not False,
+                       "previous_response_id": body.previous_response_id, "temperature": body.temperature, "top_p": body.top_p,
+                       "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction) else body.tool_choice or "auto",
+                       "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+                       "text": body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
+                       "store": body.store, "metadata": body.metadata or {}, "usage": None}
+
+    def finish(self, text: str, calls: list[dict], done, kept: Kept, output: list[dict]) -> dict:
+        length = done.finish_reason == "length"
+        self.object |= {"status": "incomplete" if length else "completed", "output": output,
+                        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+                        "usage": {"input_tokens": done.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                                  "output_tokens": done.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                                  "total_tokens": done.prompt_tokens + done.completion_tokens}}
+        if self.body.store:
+            said = {"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})
+            kept.put(self.object["id"], self.conversation + [said], self.object)
+        return self.object
+
+
+def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
+    router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=OPENAPI)
+
+    @router.post("/v1/responses")
+    async def create(body: ResponsesRequest, http: HttpRequest):
+        history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
+        chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
+        answer = Answer(body, engine.served.id, history)
+        _, events = await engine.events(chat, http)
+        if body.stream:
+            return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
+        text, calls, done = await collect(events)
+        output = ([message_item(f"msg_{uuid.uuid4().hex[:24]}", text.strip() if calls else text)] if text.strip() or not calls else [])
+        return answer.finish(text, calls, done, kept, output + [call_item(c) for c in calls])
+
+    @router.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str):
+        try:
+            return kept.get(response_id)[1]
+        except ApiError as e:
+            raise ApiError(404, e.message.replace("previous_response_id: ", ""), param="response_id", code="response_not_found") from None
+
+    return router
+
+
+async def stream(answer: Answer, events, kept: Kept):
+    """response.created, response.in_progress, each output item's added, deltas and done events,
+    then response.completed (or .incomplete, or .failed)."""
+    seq = iter(range(1 << 62))
+
+    def ev(kind: str, **fields) -> str:
+        return named_sse({"type": kind, "sequence_number": next(seq)} | fields)
+
+    yield ev("response.created", response=answer.object)
+    yield ev("response.in_progress", response=answer.object)
+    output, text, said, blank, calls, mid = [], None, [], "", [], ""
+    async for kind, value in events:
+        if kind == "text":
+            if text is None and not (blank + value).strip():
+                blank += value  # whitespace before a tool call opens no message
+                continue
+            if text is None:
+                text, value, blank, mid = [], blank + value, "", f"msg_{uuid.uuid4().hex[:24]}"
+                yield ev("response.output_item.added", output_index=len(output), item=message_item(mid, "", "in_progress"))
+                yield ev("response.content_part.added", item_id=mid, output_index=len(output), content_index=0,
+                         part={"type": "output_text", "text": "", "annotations": []})
+            text.append(value)
+            said.append(value)
+            yield ev("response.output_text.delta", item_id=mid, output_index=len(output), content_index=0, delta=value, logprobs=[])
+            continue
+        if text is not None:
+            item, at = message_item(mid, "".join(text)), len(output)
+            yield ev("response.output_text.done", item_id=mid, output_index=at, content_index=0, text=item["content"][0]["text"], logprobs=[])
+            yield ev("response.content_part.done", item_id=mid, output_index=at, content_index=0, part=item["content"][0])
+            yield ev("response.output_item.done", output_index=at, item=item)
+            output.append(item)
+            text = None
+        if kind == "call":
+            calls.append(value)
+            item, at = call_item(value), len(output)
+            yield ev("response.output_item.added", output_index=at, item=item | {"arguments": "", "status": "in_progress"})
+            yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
+            yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=item["arguments"])
+            yield ev("response.output_item.done", output_index=at, item=item)
+            output.append(item)
+        elif kind == "failed":
+            answer.object |= {"status": "failed", "output": output, "error": {"code": "server_error", "message": value.message}}
+            yield ev("response.failed", response=answer.object)
+            return
+        else:
+            obj = answer.finish("".join(said), calls, value, kept, output)
+            yield ev("response.incomplete" if obj["status"] == "incomplete" else "response.completed", response=obj)
