@@ -29,7 +29,7 @@ from mlx_ring.planning.plan import LayerPlan, format_summary
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
-from mlx_ring.ring.leftovers import tidy
+from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.serving.prefix import PrefixIndex
 from shard import Shard, load_shard, serve_worker
@@ -227,10 +227,11 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
 def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
+    note(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files, removed once this rank is gone
     world = init_world(cfg.ring_socket_buffer)
+    drop_hostfile()
     rank = world.rank()
     setup_logging(cfg, rank)
-    tidy(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files: the hostfile now, the pid file once gone
     model_path = local_model(cfg, rank)
     if prepare_only:
         print(model_path)

@@ -7,6 +7,7 @@ the launcher must provision it. uv's download cache is shared with the hosts, as
 mirror would be: the namespaces have no internet, and uv still builds each host's own environment.
 """
 
+import itertools
 import os
 import shutil
 import signal
@@ -58,14 +59,19 @@ class NetnsHost:
         return {"ssh": self.name, "ips": [self.address], **keys}
 
 
+SERIAL = itertools.count()
+
+
 class NetnsHosts:
     """`n` hosts on a bridge; `close()` removes everything, whatever state the tests left."""
 
     def __init__(self, n: int, tmp: Path):
-        tag = f"{os.getpid() % 10000}"
+        # Names and addresses of their own for each set (several may live in one test process).
+        serial = next(SERIAL)
+        tag = f"{os.getpid() % 10000}{serial}"
         self.tmp, self.bridge = Path(tmp), f"mrb{tag}"
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.net = f"10.{200 + (os.getpid() + serial) % 50}.{(os.getpid() + 7 * serial) % 250}"
         self.gateway = f"{self.net}.1"
         self.hosts: list[NetnsHost] = []
         self.ssh_config = self.tmp / "ssh_config"

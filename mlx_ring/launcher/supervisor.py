@@ -160,7 +160,7 @@ def sweep_hosts(s: LaunchSettings) -> None:
     """mlx.launch's temporary files of the ranks that are gone, removed on every host (ring/leftovers.py);
     a host that does not answer is swept by its next rank instead."""
     notes = s.log_dir / "tempfiles"
-    sweep(notes)
+    sweep(notes, wait=5)
     remote = sorted({h for h in rank_hosts(s) if h != "127.0.0.1"})
     script = 'cd "$1" && exec .venv/bin/python -m mlx_ring.ring.leftovers "$2"'
 

@@ -1,7 +1,7 @@
 """mlx.launch leaves two temporary files per rank on its host at every start: the ring's hostfile
-(MLX_HOSTFILE) and the pid file it reads to stop the rank. A rank removes the hostfile once MLX has
-read it and notes its pid file; once the rank is gone, the launcher's sweep (after every run, on every
-host) or the next rank on that host removes it. A rank's own exit cannot: mlx.launch may still run its
+(MLX_HOSTFILE) and the pid file it reads to stop the rank. A rank notes both as it starts and removes the
+hostfile once MLX has read it; once the rank is gone, the launcher's sweep (after every run, on every
+host) or the next rank on that host removes what is left. A rank's own exit cannot: mlx.launch may still run its
 stop script, which fails on a missing pid file."""
 
 import os
@@ -35,11 +35,18 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def sweep(notes: Path) -> list[Path]:
-    """Remove the files noted in `notes` (a folder, one note per rank's pid) by ranks that are gone."""
-    removed = []
-    for note in notes.iterdir() if notes.is_dir() else ():
-        if note.name.isdigit() and not _alive(int(note.name)):
+def sweep(notes: Path, wait: float = 0.0) -> list[Path]:
+    """Remove the files noted in `notes` (a folder, one note per rank's pid) by ranks that are gone;
+    `wait`: seconds to give ranks that are exiting right now."""
+    import time
+
+    deadline, removed = time.monotonic() + wait, []
+    for note in sorted(notes.iterdir()) if notes.is_dir() else ():
+        if not note.name.isdigit():
+            continue
+        while _alive(int(note.name)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _alive(int(note.name)):
             for name in [*note.read_text().splitlines(), str(note)]:
                 if name and Path(name).exists():
                     Path(name).unlink(missing_ok=True)
@@ -47,17 +54,19 @@ def sweep(notes: Path) -> list[Path]:
     return removed
 
 
-def tidy(notes: Path) -> None:
-    """At a rank's start, after MLX has read its hostfile: sweep what gone ranks left, remove the
-    hostfile, and note the pid file for the sweep after this rank."""
+def note(notes: Path) -> None:
+    """At a rank's start, before MLX reads its hostfile: sweep what gone ranks left, and note this rank's
+    files, so the sweep after it removes them even if it dies while it starts."""
     notes.mkdir(parents=True, exist_ok=True)
     sweep(notes)
-    files = own_files()
-    for p in files:
-        if str(p) == os.environ.get("MLX_HOSTFILE"):
-            p.unlink(missing_ok=True)  # read once, at init
-    (notes / str(os.getpid())).write_text("".join(f"{p}\n" for p in files))
+    (notes / str(os.getpid())).write_text("".join(f"{p}\n" for p in own_files()))
+
+
+def drop_hostfile() -> None:
+    """Once MLX has read it (at init), the ring's hostfile is of no more use."""
+    if os.environ.get("MLX_HOSTFILE"):
+        Path(os.environ["MLX_HOSTFILE"]).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the launcher's sweep on a host: python -m mlx_ring.ring.leftovers NOTES
-    sweep(Path(sys.argv[1]))
+    sweep(Path(sys.argv[1]), wait=5)

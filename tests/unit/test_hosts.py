@@ -199,7 +199,7 @@ def test_a_rank_leaves_no_temporary_file_of_mlx_launch_behind(tmp_path, monkeypa
     import subprocess
     import sys
 
-    from mlx_ring.ring.leftovers import own_files, sweep, tidy
+    from mlx_ring.ring.leftovers import drop_hostfile, note, own_files, sweep
 
     # As mlx.launch makes them: a pid file holding the rank's pid, and the ring's hostfile.
     pidfile, hostfile, other = tmp_path / "tmp.Ab12", tmp_path / "tmp.Cd34", tmp_path / "tmp.Ef56"
@@ -211,14 +211,16 @@ def test_a_rank_leaves_no_temporary_file_of_mlx_launch_behind(tmp_path, monkeypa
     assert own_files(int(dead), str(hostfile)) == [hostfile, pidfile]
     notes = tmp_path / "tempfiles"
     notes.mkdir()
-    (notes / dead).write_text(f"{pidfile}\n{hostfile}\n")  # a rank that is gone
+    (notes / dead).write_text(f"{pidfile}\n{hostfile}\n")  # a rank that died as it started
     mine_pid, mine_host = tmp_path / "tmp.Gh78", tmp_path / "tmp.Ij90"
     mine_pid.write_text(f"{os.getpid()}\n")
     mine_host.write_text('[["10.0.0.2:5000"]]')
     monkeypatch.setenv("MLX_HOSTFILE", str(mine_host))
-    tidy(notes)  # a new rank: the gone one's files go, its own hostfile too (read at init), its pid file is noted
+    note(notes)  # a new rank: the gone one's files go, its own are noted
     assert not pidfile.exists() and not hostfile.exists() and other.exists() and not (notes / dead).exists()
-    assert not mine_host.exists() and mine_pid.exists()
+    assert mine_host.exists() and mine_pid.exists()
+    drop_hostfile()  # read at init
+    assert not mine_host.exists()
     assert sweep(notes) == []  # while this rank lives its pid file stays: mlx.launch stops the rank with it
     (notes / dead).write_text((notes / str(os.getpid())).read_text())  # as if it were gone
     assert sweep(notes) == [mine_pid, notes / dead] and other.exists()
