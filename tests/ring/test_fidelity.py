@@ -43,7 +43,7 @@ def read_probe(out_dir, n, spec):
 
 # The families whose forwards differ most run split unevenly on 2 and 3 ranks at more length than the
 # model matrix's (test_model_matrix.py, which admits every type): alone here (logits within 1e-5), and
-# in a batch with other sequences (BATCHED, FAMILIES, below).
+# in a batch with other sequences (BATCHED, below; every other type in tests/ring/test_model_matrix.py).
 # (type, ranks, layers per rank or None for an even split, quantized bits or 0)
 TESTED = [
     ("llama", 3, None, 0),       # 7 layers as 3,2,2
@@ -56,12 +56,6 @@ TESTED = [
     ("llama", 2, "5,2", 4), ("qwen3_moe", 3, "2,3,2", 8),  # mlx-lm's quantized layers too
 ]
 BATCHED = [("qwen3", 2, 1, 4), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4)]
-# Every other type in the batching test on 2 and 3 ranks, among them the families whose forward does
-# more than the Llama family's (embedding scale, soft-capping, masks by layer kind, attention sinks,
-# latent attention, a convolution's state): one launch per (ranks, groups, chunk) runs them one after
-# another, as startup is most of a run.
-FAMILIES = ["qwen2", "mistral", "phi3", "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "glm4", "deepseek_v3", "lfm2"]
-FAMILY_RUNS = [(2, 2, 16), (3, 1, 4)]
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -153,15 +147,6 @@ def test_batched_sequences_match_each_run_alone(tmp_path, kind, n, groups, chunk
     model = make_tiny_model(tmp_path / "model", kind)
     run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=chunk)
     check_batched(tmp_path, n, kind, model, chunk)
-
-
-@pytest.mark.parametrize("n,groups,chunk", FAMILY_RUNS)
-def test_other_families_batched_match_each_run_alone(tmp_path, n, groups, chunk):
-    """The same for every type in FAMILIES, one after another in one launch."""
-    models = [make_tiny_model(tmp_path / kind / "model", kind) for kind in FAMILIES]
-    run_probe(tmp_path, n, models, MIXED, groups=groups, chunk=chunk, outs=[tmp_path / kind for kind in FAMILIES])
-    for kind, model in zip(FAMILIES, models):
-        check_batched(tmp_path / kind, n, kind, model, chunk)
 
 
 def check_batched(out_dir, n, kind, model, chunk):
