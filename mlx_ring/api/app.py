@@ -4,10 +4,11 @@ build it in process around a stand-in engine."""
 from fastapi import FastAPI
 
 from mlx_ring.api.answers import Answers
+from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import answer_errors_as_openai
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
-from mlx_ring.api.middleware import JsonBodies, KeyAuth
+from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
 from mlx_ring.api.openapi import document
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.routes import openai_routes
@@ -16,14 +17,19 @@ from mlx_ring.api.status import status_routes
 from mlx_ring.serving.port import EnginePort
 
 
-def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0) -> FastAPI:
-    """The OpenAI API and the ring's status routes; `keys`: the API keys /v1/* needs (none: open)."""
-    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
-    metrics = RingMetrics(served.cluster.hosts(), restarts)
-    app.include_router(openai_routes(served, Prompts(served), Answers(engine, served, metrics)))
-    app.include_router(status_routes(engine, served, metrics))
+def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0,
+             max_body_bytes: int = MAX_BODY_BYTES, away: dict | None = None) -> FastAPI:
+    """The OpenAI API and the ring's status routes; `keys`: the API keys /v1/* needs (none: open);
+    `away`: the hosts a failed-over ring serves without (RING_AWAY), else None."""
+    bodies = Bodies()
+    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.",
+                  on_shutdown=[bodies.close])
+    metrics = RingMetrics(served.cluster.hosts(), restarts, away)
+    app.include_router(openai_routes(served, Prompts(served), Answers(engine, served, metrics), bodies))
+    app.include_router(status_routes(engine, served, metrics, away))
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     if keys:
         app.add_middleware(KeyAuth, keys=list(keys))
     app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
