@@ -16,7 +16,7 @@ from mlx_ring.ring.protocol import StatusRow
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.port import STEP_BUCKETS, Delta, Done, Failed, PromptCacheStats, Request, Stats
 from mlx_ring.serving.sampling import Token
-from mlx_ring.serving.textstream import TextStream
+from mlx_ring.serving.textstream import Piece, TextStream
 
 MODEL = "SmolLM2-135M-Instruct"
 ANSWER = "The capital of France is Paris."
@@ -91,7 +91,12 @@ class FakeEngine:
         for n, tid in enumerate([*self.answer_ids(), eos], 1):
             if self.fail_after is not None and n > self.fail_after:
                 return emit(self.failure)
-            piece = text.end() if tid == eos else text.add(tid, Token(tid, -0.5, [(tid + k, -0.5 - k) for k in range(r.params.top_logprobs)]))
+            token = Token(tid, -0.5, [(tid + k, -0.5 - k) for k in range(r.params.top_logprobs)])
+            if tid == eos:  # the end token has no text but is counted, so it has its logprobs entry
+                end = text.end() or Piece("", [])
+                piece = Piece(end.text, [*end.tokens, token])
+            else:
+                piece = text.add(tid, token)
             if piece is not None:
                 emit(Delta(piece.text, piece.tokens))
             if tid == eos:

@@ -145,3 +145,14 @@ def test_hostile_bodies_do_not_hold_the_event_loop_or_a_running_stream(served):
     assert statuses == [status for *_, status in hostile]
     assert running and len(gaps) > 50, "the stream ran throughout"
     assert max(gaps) < 1.0 + engine.pace, f"the stream stalled for {max(gaps):.2f} s"
+
+
+def test_logprobs_have_an_entry_for_every_token_counted_in_usage(engine, served):
+    with client(engine, served) as http:
+        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
+        r = oa.chat.completions.create(model=MODEL, messages=QUESTION, logprobs=True)
+        assert r.choices[0].finish_reason == "stop"
+        entries = r.choices[0].logprobs.content
+        assert len(entries) == r.usage.completion_tokens and entries[-1].token == served.tokenizer.decode([engine.tokenizer.eos_token_id])
+        c = oa.completions.create(model=MODEL, prompt="The capital of France", logprobs=1, max_tokens=50)
+        assert c.choices[0].finish_reason == "stop" and len(c.choices[0].logprobs.tokens) == c.usage.completion_tokens
