@@ -156,3 +156,34 @@ def test_logprobs_have_an_entry_for_every_token_counted_in_usage(engine, served)
         assert len(entries) == r.usage.completion_tokens and entries[-1].token == served.tokenizer.decode([engine.tokenizer.eos_token_id])
         c = oa.completions.create(model=MODEL, prompt="The capital of France", logprobs=1, max_tokens=50)
         assert c.choices[0].finish_reason == "stop" and len(c.choices[0].logprobs.tokens) == c.usage.completion_tokens
+
+
+def test_a_stream_whose_client_leaves_before_its_first_byte_is_cancelled(served):
+    """Straight through ASGI, as uvicorn calls the app: the client's disconnect is the message after
+    the body, so the response sees it before it first awaits the stream. Starlette then cancels the
+    stream's task, but only at its first real wait, which is inside the answer's own loop: its
+    clean-up runs and the request is released (a guard: this must stay so)."""
+    import asyncio
+
+    engine = FakeEngine(served.tokenizer, answer="word " * 500)
+    engine.pace = 0.01
+    app = make_app(engine, served)
+    body = json.dumps({"messages": QUESTION, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+
+    async def call():
+        messages = [{"type": "http.request", "body": body, "more_body": False}, {"type": "http.disconnect"}]
+
+        async def receive():
+            return messages.pop(0) if messages else await asyncio.Event().wait()
+
+        async def send(_):
+            pass
+
+        await asyncio.wait_for(app(scope, receive, send), 30)
+
+    asyncio.run(call())
+    [[req]] = engine.submitted
+    assert engine.cancelled == [req] and req.cancelled.is_set()
