@@ -252,10 +252,7 @@ def main() -> None:
                  "auto, on Metal" if cfg.receive_apart is None else "on")
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster)
-    else:
-        # A worker leaves when rank 0's shutdown step passes by or the ring breaks; a SIGTERM alone
-        # would cut the ring under requests rank 0 is still draining.
-        signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: leaving when rank 0 shuts the ring down"))
+    else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
         serve_worker(shard, ring)
     log.info("exiting")
 
