@@ -7,6 +7,7 @@ import asyncio
 import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,7 +52,12 @@ class Bodies:
         else:
             if self.pool is None:
                 self.pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
-            out = await asyncio.get_running_loop().run_in_executor(self.pool, read_body, model, raw)
+            try:
+                out = await asyncio.get_running_loop().run_in_executor(self.pool, read_body, model, raw)
+            except BrokenProcessPool:  # a worker was killed (out of memory, say): a new pool for the next body
+                self.pool = None
+                raise ApiError(503, "the server could not read this body (its reader process died); retry", "server_error",
+                               headers={"Retry-After": "1"}) from None
         if isinstance(out, dict):
             raise ApiError(400, out["message"], param=out["param"])
         return out

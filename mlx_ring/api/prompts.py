@@ -17,6 +17,7 @@ class Prompts:
         # One thread: a Hugging Face tokenizer is not safe to reconfigure from several threads at
         # once, and the chat template path may.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        served.max_prompt_chars  # reads the whole vocabulary once: now, not on the event loop
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

@@ -82,7 +82,7 @@ def test_generated_requests_never_harm_the_ring(ring):
     assert counts.get(200) and counts.get(400)  # both kinds were exercised
 
 
-def test_the_event_loop_streams_while_huge_prompts_are_tokenized(ring):
+def test_the_event_loop_streams_while_huge_and_misshapen_prompts_arrive(ring):
     client = openai.OpenAI(base_url=f"{ring.url}/v1", api_key="none", max_retries=0, timeout=120)
     arrivals = []
 
@@ -99,11 +99,14 @@ def test_the_event_loop_streams_while_huge_prompts_are_tokenized(ring):
         time.sleep(0.02)
     huge = {"messages": [{"role": "user", "content": "hello world, this is a test of many tokens. " * 10000}]}  # ~110k tokens
     t0 = time.monotonic()
+    wrong = json.dumps({"messages": [1] * 2_500_000})  # 7.5 MB of the wrong shape: read in a worker process
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(lambda _: httpx.post(f"{ring.url}/v1/chat/completions", json=huge, timeout=120), range(12)))
+        misshapen = list(pool.map(lambda _: httpx.post(f"{ring.url}/v1/chat/completions", content=wrong, timeout=120), range(2)))
     t1 = time.monotonic()
     streaming.join(120)
     assert all(a.status_code == 400 and a.json()["error"]["code"] == "context_length_exceeded" for a in answers)
+    assert all(a.status_code == 400 and a.json()["error"]["message"].startswith("messages.0: Input should be") for a in misshapen)
     # Tokens kept arriving while the 12 prompts were tokenized: no gap in the stream came near the
     # time they took (tokenizing on the event loop froze every stream for all of it).
     during = [t0] + [t for t in arrivals if t0 < t < t1] + [t1]
