@@ -175,3 +175,32 @@ def test_rank_0_waits_idle_on_a_stopped_rank_then_reports_it(tmp_path, default_m
             os.kill(rank1, signal.SIGKILL)
         assert t1 - t0 < 10
         assert cpu1 - cpu0 < 0.25 * (t1 - t0), f"rank 0 used {cpu1 - cpu0:.1f} s of CPU in {t1 - t0:.1f} s of waiting"
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its parent has not reaped yet."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc, which only Linux has")
+def test_a_sigtermed_worker_leaves_a_predecessor_that_went_silent(tmp_path, default_model):
+    # Rank 0 stopped holds its sockets open and sends nothing, as a host that lost power would: its
+    # successor, asked to stop, leaves after QUIET_AFTER_TERM instead of waiting for a SIGKILL.
+    from mlx_ring.ring.transport import QUIET_AFTER_TERM
+
+    with running_server(tmp_path, n_ranks=2) as (url, proc):
+        rank0, rank1 = [int((tmp_path / "logs" / f"rank{r}.pid").read_text()) for r in range(2)]
+        try:
+            os.kill(rank0, signal.SIGSTOP)
+            os.kill(rank1, signal.SIGTERM)
+            time.sleep(QUIET_AFTER_TERM / 2)
+            assert not gone(rank1), "a SIGTERM alone must not cut the ring under rank 0's drain"
+            deadline = time.monotonic() + QUIET_AFTER_TERM + 30
+            while not gone(rank1) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert gone(rank1), f"rank 1 still waits on a silent rank 0 {QUIET_AFTER_TERM + 30 + QUIET_AFTER_TERM / 2:.0f} s after its SIGTERM"
+        finally:
+            os.kill(rank0, signal.SIGKILL)
