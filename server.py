@@ -163,7 +163,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
-    app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts)
+    app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files
             raise ValueError(f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; give PEM files there")
@@ -253,10 +253,7 @@ def main() -> None:
                  "auto, on Metal" if cfg.receive_apart is None else "on")
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster)
-    else:
-        # A worker leaves when rank 0's shutdown step passes by or the ring breaks; a SIGTERM alone
-        # would cut the ring under requests rank 0 is still draining.
-        signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: leaving when rank 0 shuts the ring down"))
+    else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
         serve_worker(shard, ring)
     log.info("exiting")
 

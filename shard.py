@@ -7,6 +7,7 @@ through the same operations in the same order.
 
 import json
 import logging
+import signal
 import socket
 import time
 from pathlib import Path
@@ -32,8 +33,8 @@ from mlx_ring.models.slicing import Slice
 from mlx_ring.models.support import UNBATCHED, check_supported
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.platform import resident_bytes
-from mlx_ring.ring.protocol import Header, Kind, StatusRow
-from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.protocol import Header, Kind, ProtocolError, StatusRow
+from mlx_ring.ring.transport import PeerSilent, Ring
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +116,13 @@ class Shard:
                 caches = merge_caches([caches] * B)  # merging empty caches only counts them: no copy per row
             self.prefills[header.batch] = caches
         caches = self.prefills.get(header.batch)
-        assert caches is not None, f"rank {self.rank}: no cache for prefill batch {header.batch}"
+        if caches is None:
+            raise ProtocolError(f"rank {self.rank}: no cache for prefill batch {header.batch}")
         for c in caches:
             c.step = L  # grows by the chunk: no spare room, which a batch's padding would roll in at its join
         seen = positions(caches) if B == 1 else header.offset  # a batch's (one per row) would need a sync
-        assert seen in (None, header.offset), (
-            f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}"
-        )
+        if seen not in (None, header.offset):
+            raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
         out = self.cut.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
@@ -131,7 +132,8 @@ class Shard:
 
     def _decode(self, header: Header, payload: mx.array) -> mx.array:
         rows = self.rows(self.groups.get(header.group))
-        assert rows == payload.shape[0], f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}"
+        if rows != payload.shape[0]:
+            raise ProtocolError(f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}")
         caches = self.groups[header.group]
         if header.offset:  # drafts every row rejected in the group's last step
             for c in caches:
@@ -195,7 +197,8 @@ class Shard:
         caches = self.groups[header.group]
         held = positions(caches).tolist()  # tokens per row: one read for the whole step
         for row, _, n in payload.tolist():
-            assert row < 0 or held[row] == n, f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}"
+            if row >= 0 and held[row] != n:
+                raise ProtocolError(f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}")
         return self._keep(payload, caches, saved_from_batch)
 
     def _keep(self, lines: mx.array, caches: list, take) -> mx.array:
@@ -270,12 +273,20 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
 
 
 def serve_worker(shard: Shard, ring: Ring) -> None:
-    """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by."""
+    """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
+    SIGTERM came and the previous rank has been silent since (transport.QUIET_AFTER_TERM)."""
+    # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the
+    # clock on a silent predecessor.
+    signal.signal(signal.SIGTERM, lambda *_: (log.info("SIGTERM: leaving when rank 0 shuts the ring down"), ring.terminate()))
     while True:
         # The next step, from the previous rank; a forward step's payload arrives within the graph that
         # computes on it and sends the result on (one sync per step instead of two; every payload is
         # consumed), except where the ring receives it apart first (a prefill chunk on Metal: Ring.apart).
-        header, payload = ring.recv(lazy=True)
+        try:
+            header, payload = ring.recv(lazy=True)
+        except PeerSilent as e:
+            log.warning("leaving: %s", e)
+            return
         t0 = time.perf_counter()
         out = shard.apply(header, payload)
         ring.mark("built", header)

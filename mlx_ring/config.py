@@ -46,11 +46,13 @@ class Config:
     tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
     api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
     receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
+    max_body_bytes: int = 16 * 1024 * 1024  # MAX_BODY_BYTES: larger request bodies get a 413
+    away: dict | None = None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
 
 
 # Settings read from the environment only, with no flag: secrets kept off command lines, and what
 # only tests and multi-GPU hosts set. Every flag of `_parser` is a setting too, under its own name.
-ENV_ONLY = ("API_KEY", "API_KEYS_FILE", "TLS_CERT", "TLS_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK", "RECEIVE_APART")
+ENV_ONLY = ("API_KEY", "API_KEYS_FILE", "TLS_CERT", "TLS_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK", "RECEIVE_APART", "RING_AWAY")
 
 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
@@ -124,8 +126,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
     p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
                    help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
+    p.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024))),
+                   help="largest request body in bytes (default 16 MiB); larger ones get a 413")
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
     return p
+
+
+def ring_away(text: str | None) -> dict | None:
+    """RING_AWAY's JSON {"hosts": [...], "since": epoch seconds, "why": "..."}, or None when unset."""
+    if text is None:
+        return None
+    try:
+        away = json.loads(text)
+    except json.JSONDecodeError:
+        away = None
+    if not (isinstance(away, dict) and isinstance(away.get("hosts"), list) and isinstance(away.get("since", 0), (int, float))):
+        raise ValueError(f"RING_AWAY={text!r} must be JSON such as {{\"hosts\": [\"mac2\"], \"since\": 1764000000, "
+                         "\"why\": \"...\"}} (the launcher sets it; unset it otherwise)")
+    return away
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
@@ -157,6 +175,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError("STEP_TIMEOUT must be > 0 and DRAIN_TIMEOUT >= 0 (seconds)")
     if a.ring_socket_buffer < 0:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
+    if a.max_body_bytes < 1024:
+        raise ValueError(f"MAX_BODY_BYTES={a.max_body_bytes} must be at least 1024 (bytes; the default is 16 MiB)")
     cert, key = _env("TLS_CERT"), _env("TLS_KEY")
     if bool(cert) != bool(key):
         raise ValueError("TLS_CERT and TLS_KEY go together: set both (PEM files) for HTTPS, or neither for HTTP")
@@ -175,6 +195,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
         api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
-        receive_apart=receive_apart_setting(),
+        receive_apart=receive_apart_setting(), max_body_bytes=a.max_body_bytes, away=ring_away(_env("RING_AWAY")),
     )
     return cfg, a.prepare

@@ -1,6 +1,8 @@
 """The HTTP app in process (FastAPI's TestClient) around a stand-in engine: the API's behaviours
 without a ring. The real engine is covered end to end by the ring tests."""
 
+import threading
+import time
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -15,7 +17,7 @@ from mlx_ring.ring.protocol import StatusRow
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.port import STEP_BUCKETS, Delta, Done, Failed, PromptCacheStats, Request, Stats
 from mlx_ring.serving.sampling import Token
-from mlx_ring.serving.textstream import TextStream
+from mlx_ring.serving.textstream import Piece, TextStream
 
 MODEL = "SmolLM2-135M-Instruct"
 ANSWER = "The capital of France is Paris."
@@ -37,6 +39,7 @@ class FakeEngine:
         self.submitted: list[list[Request]] = []
         self.cancelled: list[Request] = []
         self.emitted: list[list] = []  # every request's events, in order
+        self.pace = 0.0  # seconds before each event, sent from a thread of its own (0: at once, in submit)
         self.snapshot = Stats(queued=0, active=0, broken=None, stopping=False,
                               prompt_cache=PromptCacheStats(entries=2, tokens=300, budget_tokens=4000, hits=5, hit_tokens=120),
                               draft_tokens=0, drafted=0, accepted=0,
@@ -49,10 +52,15 @@ class FakeEngine:
             raise self.refuse
         self.submitted.append(list(reqs))
         for r in reqs:
-            self._answer(r)
+            if self.pace:
+                threading.Thread(target=self._answer, args=(r,), daemon=True).start()
+            else:
+                self._answer(r)
 
     def cancel(self, *reqs: Request) -> None:
         self.cancelled += reqs
+        for r in reqs:
+            r.cancelled.set()
 
     def stats(self) -> Stats:
         return self.snapshot
@@ -74,6 +82,9 @@ class FakeEngine:
         self.emitted.append(events)
 
         def emit(ev):
+            time.sleep(self.pace)
+            if self.pace and r.cancelled.is_set():  # a paced answer stops once the client has gone
+                return
             events.append(ev)
             r.emit(ev)
 
@@ -81,7 +92,12 @@ class FakeEngine:
         for n, tid in enumerate([*self.answer_ids(), eos], 1):
             if self.fail_after is not None and n > self.fail_after:
                 return emit(self.failure)
-            piece = text.end() if tid == eos else text.add(tid, Token(tid, -0.5, [(tid + k, -0.5 - k) for k in range(r.params.top_logprobs)]))
+            token = Token(tid, -0.5, [(tid + k, -0.5 - k) for k in range(r.params.top_logprobs)])
+            if tid == eos:  # the end token has no text but is counted, so it has its logprobs entry
+                end = text.end() or Piece("", [])
+                piece = Piece(end.text, [*end.tokens, token])
+            else:
+                piece = text.add(tid, token)
             if piece is not None:
                 emit(Delta(piece.text, piece.tokens))
             if tid == eos:
@@ -114,9 +130,9 @@ def served_model(model, tokenizer) -> ServedModel:
                        grammars=Grammars(tokenizer, vocab))
 
 
-def client(engine: FakeEngine, served: ServedModel, keys=(), **changes) -> TestClient:
-    """A client of the app in process; `changes`: ServedModel fields to change."""
-    return TestClient(make_app(engine, replace(served, **changes) if changes else served, list(keys)))
+def client(engine: FakeEngine, served: ServedModel, keys=(), app_args: dict | None = None, **changes) -> TestClient:
+    """A client of the app in process; `app_args`: make_app's keyword arguments; `changes`: ServedModel fields to change."""
+    return TestClient(make_app(engine, replace(served, **changes) if changes else served, list(keys), **(app_args or {})))
 
 
 def samples(metrics_text: str) -> dict:

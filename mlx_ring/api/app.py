@@ -5,11 +5,12 @@ from fastapi import FastAPI
 
 from mlx_ring.api.answers import Answers
 from mlx_ring.api.anthropic import anthropic_routes
+from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import Engine
 from mlx_ring.api.errors import answer_errors_as_openai
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
-from mlx_ring.api.middleware import JsonBodies, KeyAuth
+from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
 from mlx_ring.api.ollama import ollama_routes
 from mlx_ring.api.openapi import document
 from mlx_ring.api.prompts import Prompts
@@ -20,19 +21,24 @@ from mlx_ring.api.status import status_routes
 from mlx_ring.serving.port import EnginePort
 
 
-def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0) -> FastAPI:
-    """The OpenAI API and the ring's status routes; `keys`: the API keys /v1/* needs (none: open)."""
-    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.")
-    metrics = RingMetrics(served.cluster.hosts(), restarts)
+def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0,
+             max_body_bytes: int = MAX_BODY_BYTES, away: dict | None = None) -> FastAPI:
+    """The OpenAI API, the other dialects and the ring's status routes; `keys`: the API keys /v1/* and
+    /api/* need (none: open); `away`: the hosts a failed-over ring serves without (RING_AWAY), else None."""
+    bodies = Bodies()
+    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.",
+                  on_shutdown=[bodies.close])
+    metrics = RingMetrics(served.cluster.hosts(), restarts, away)
     prompts, answers = Prompts(served), Answers(engine, served, metrics)
-    app.include_router(openai_routes(served, prompts, answers))
+    app.include_router(openai_routes(served, prompts, answers, bodies))
     dialect = Engine(served, prompts, answers)  # the other dialects: thin adapters over the same request
     app.include_router(anthropic_routes(dialect))
     app.include_router(responses_routes(dialect, Kept()))
     app.include_router(ollama_routes(dialect))
-    app.include_router(status_routes(engine, served, metrics))
+    app.include_router(status_routes(engine, served, metrics, away))
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     if keys:
         app.add_middleware(KeyAuth, keys=list(keys))
     app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too

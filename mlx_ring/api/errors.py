@@ -18,8 +18,10 @@ def error_body(message: str, type: str, param=None, code=None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def validation_error(exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
+def validation_message(errors: list[dict]) -> dict:
+    """The 400's {"message", "param"} for the first validation error (pydantic's dicts): one is
+    reported, whatever the count, so that no body costs more than one error's text."""
+    first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     param = loc[0] if loc else None
@@ -27,10 +29,15 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
         param = msg.split(": ", 1)[0]
     if first.get("type") == "json_invalid":
         msg, param, loc = "the request body is not valid JSON", None, []
-    elif first.get("type") in ("model_attributes_type", "dict_type") and not loc:
+    elif first.get("type") in ("model_attributes_type", "dict_type", "model_type") and not loc:
         msg = "the request body must be a JSON object"
     text = f"{'.'.join(loc)}: {msg}" if loc else msg
-    return JSONResponse(error_body(text, "invalid_request_error", param), status_code=400)
+    return {"message": text, "param": param}
+
+
+def validation_error(exc: RequestValidationError) -> JSONResponse:
+    out = validation_message(exc.errors()[:1])
+    return JSONResponse(error_body(out["message"], "invalid_request_error", out["param"]), status_code=400)
 
 
 def api_error(_, exc: ApiError) -> JSONResponse:

@@ -21,7 +21,7 @@ class RingMetrics:
     """The registry /metrics serves: rank 0's HTTP figures counted here as they happen, the engine's
     and every rank's figures given to `render` at each scrape."""
 
-    def __init__(self, hosts: dict[int, str], restarts: int = 0):
+    def __init__(self, hosts: dict[int, str], restarts: int = 0, away: dict | None = None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("mlx_ring_requests", "HTTP requests answered, by endpoint and status code",
@@ -33,6 +33,11 @@ class RingMetrics:
         self.itl = Histogram("mlx_ring_inter_token_latency_seconds", "time between a stream's tokens",
                              buckets=LATENCY, registry=r)
         Gauge("mlx_ring_restarts", "times the launcher restarted the ring before this run", registry=r).set(restarts)
+        Gauge("mlx_ring_hosts_away", "hosts the ring serves without, failed over (0: all of them serve)",
+              registry=r).set(len(away["hosts"]) if away else 0)
+        if away:
+            Gauge("mlx_ring_failed_over_since_seconds", "when the ring started serving without them (Unix time)",
+                  registry=r).set(away.get("since", 0))
         self.hosts = hosts
         self.stats: Stats | None = None
         self.ranks: list[dict] = []

@@ -1,9 +1,54 @@
-"""ASGI middleware in front of the routes: JSON bodies whatever their Content-Type, and API keys."""
+"""ASGI middleware in front of the routes: a limit on body size, JSON bodies whatever their
+Content-Type, and API keys."""
 
 from fastapi.responses import JSONResponse
 
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.keys import Key, RateLimited, count_request, find
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # the default of MAX_BODY_BYTES
+
+
+class BodyLimit:
+    """ASGI middleware: a body over `limit` bytes is refused with a 413 in OpenAI's shape, as soon as
+    its Content-Length or its chunks so far say so, before anything parses it."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _refuse(self, scope, receive, send):
+        text = (f"the request body is over this server's limit of {self.limit} bytes (MAX_BODY_BYTES); "
+                "send a shorter prompt or fewer messages")
+        return JSONResponse(error_body(text, "invalid_request_error", code="request_too_large"), status_code=413)(scope, receive, send)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._refuse(scope, receive, send)
+        # Without a Content-Length (chunked): read the body here, counting, and hand it on whole.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([], message, receive), send)  # the client left
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            more = message.get("more_body", False)
+        await self.app(scope, _replay(chunks, None, receive), send)
+
+
+def _replay(chunks: list[bytes], last: dict | None, receive):
+    """An ASGI receive that gives the body read already (or the message that ended it), then the real one's."""
+    pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}] if last is None else [last]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
 
 
 class JsonBodies:

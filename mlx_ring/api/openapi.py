@@ -3,7 +3,7 @@
 from fastapi.openapi.utils import get_openapi
 
 from mlx_ring.api.errors import ERROR_SCHEMA
-from mlx_ring.api.schema import ids_below
+from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest, ids_below
 from mlx_ring.api.served import ServedModel
 
 
@@ -12,6 +12,11 @@ def document(app, served: ServedModel) -> dict:
     # FastAPI documents validation failures as 422; this server answers 400 in OpenAI's shape.
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ChatCompletionRequest, CompletionRequest):  # the routes read these bodies themselves
+            doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(doc.pop("$defs", {}))
+            schemas[model.__name__] = doc
         error = {"description": "Bad request, in OpenAI's error shape", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
         for ops in schema["paths"].values():
             for op in ops.values():
@@ -27,7 +32,6 @@ def document(app, served: ServedModel) -> dict:
                 if op.get("operationId", "").startswith(("health", "cluster")):
                     responses["503"] = {"description": "The ring does not answer"}
         # Limits known only at run time: completion length, and token ids of this vocabulary.
-        schemas = schema["components"]["schemas"]
         for name, prop in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
                             ("CompletionRequest", "max_tokens")):
             for branch in schemas[name]["properties"][prop].get("anyOf", [schemas[name]["properties"][prop]]):

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mlx_ring.api.chat import output_grammar, template_messages
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_ids
+from mlx_ring.api.served import ServedModel, check_ids, check_text_length
 
 
 class Prompts:
@@ -17,18 +17,22 @@ class Prompts:
         # One thread: a Hugging Face tokenizer is not safe to reconfigure from several threads at
         # once, and the chat template path may.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        served.max_prompt_chars  # reads the whole vocabulary once: now, not on the event loop
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def chat(self, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
         """(the templated prompt's ids, the grammar the answer must match or None)."""
+        check_text_length(self.served, "messages", sum(len(m.text()) for m in body.messages))
         grammar = await self._off_loop(output_grammar, self.served, body)
         prompt = await self._off_loop(self._template, body)
         check_ids(self.served, "messages", prompt)  # a tokenizer may know ids (added tokens) the model has no row for
         return prompt, grammar
 
     async def completion(self, body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, str):
+            check_text_length(self.served, "prompt", len(body.prompt))
         prompt = body.prompt if isinstance(body.prompt, list) else await self._off_loop(self._encode, body.prompt)
         if not prompt:
             raise ApiError(400, "prompt: must be non-empty text or token ids", param="prompt")

@@ -71,9 +71,9 @@ class ChatMessage(_Strict):
         {"if": {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
          "then": {"properties": {"role": {"const": "assistant"}}}}]})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str | list[TextPart | MediaPart] | None, WithJsonSchema(_TEXT_CONTENT)] = None
+    content: Annotated[str | Annotated[list[TextPart | MediaPart], Field(fail_fast=True)] | None, WithJsonSchema(_TEXT_CONTENT)] = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = Field(None, description="assistant: the calls it made")
+    tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = Field(None, description="assistant: the calls it made")
     tool_call_id: str | None = Field(None, description="tool: the call this message answers")
 
     @model_validator(mode="after")
@@ -170,6 +170,10 @@ def _only_with(field: str, needs: str, when: dict) -> dict:
             "then": {"required": [needs], "properties": {needs: {"const": True}}}}
 
 
+_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}, {"type": "null"}]}
+_PROMPT = {"anyOf": [{"type": "string", "minLength": 1},
+                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
+
 _STREAM_OPTIONS_RULE = _only_with("stream_options", "stream", {"type": "object"})
 
 
@@ -182,8 +186,8 @@ class _Sampling(_Strict):
     top_k: int = Field(0, ge=0, description="Extension: keep the k most likely tokens (0: off).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Extension: min-p sampling (0: off).")
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    seed: int | None = None
+    stop: Annotated[str | Annotated[list[str], Field(fail_fast=True)] | None, WithJsonSchema(_STOP)] = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1, description="A 64-bit signed integer.")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, ge=0.1, le=10.0, description="Extension: mlx-lm's repetition penalty.")
@@ -203,6 +207,8 @@ class _Sampling(_Strict):
     def _check(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise ValueError(f"stop: at most {MAX_STOP} stop strings; this request has {len(self.stop)}")
         return self
 
     def stops(self) -> list[str]:
@@ -229,11 +235,11 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         _STREAM_OPTIONS_RULE, _only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1})]})
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Tool] | None = Field(None, max_length=128)
+    tools: Annotated[list[Tool], Field(fail_fast=True)] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
     response_format: ResponseFormat | None = None
@@ -272,7 +278,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     default_tokens: ClassVar[int | None] = 16
-    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    prompt: Annotated[Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1, fail_fast=True)], WithJsonSchema(_PROMPT)]
     logprobs: int | None = Field(None, ge=0, le=5)
     max_tokens: int | None = Field(None, ge=1, description="Default 16, as OpenAI's.")
     echo: bool = Field(False, json_schema_extra={"const": False}, description="Not supported: must be false.")
@@ -282,6 +288,8 @@ class CompletionRequest(_Sampling):
     def _check_echo(self):
         if self.echo:
             raise ValueError("echo: not supported; leave it false")
+        if isinstance(self.prompt, list) and min(self.prompt) < 0:
+            raise ValueError(f"prompt: token id {min(self.prompt)} is negative; token ids are 0 or more")
         return self
 
     def token_limit(self) -> int | None:

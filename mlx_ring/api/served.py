@@ -2,6 +2,7 @@
 it: model name, token ids within the vocabulary, lengths within the context."""
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from mlx_ring.api.errors import ApiError
 
@@ -27,6 +28,19 @@ class ServedModel:
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
     cluster: Cluster = field(default_factory=Cluster)
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
+
+    @cached_property
+    def max_prompt_chars(self) -> int:
+        """Text longer than this cannot fit the context: no token covers more characters than its
+        vocabulary entry has (byte-level entries: one a byte), so such text is refused untokenized."""
+        return self.context_length * max(map(len, self.tokenizer.get_vocab()))
+
+
+def check_text_length(served: ServedModel, field: str, chars: int) -> None:
+    """A 400 for text that cannot fit the context, before tokenizing it (which takes seconds a MB)."""
+    if chars > served.max_prompt_chars:
+        raise ApiError(400, f"{field}: {chars} characters cannot fit the model's context of {served.context_length} tokens; "
+                       "shorten it", param=field, code="context_length_exceeded")
 
 
 def check_ids(served: ServedModel, field: str, ids) -> None:

@@ -18,8 +18,10 @@ PAGE = Path(__file__).parent / "page.html"
 ANSWER_WITHIN = 10.0  # seconds a ping may take before the ring counts as not answering
 
 
-def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics) -> APIRouter:
+def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics, away: dict | None = None) -> APIRouter:
+    """`away`: the hosts a failed-over ring serves without (RING_AWAY); /health and /cluster/status show it."""
     router = APIRouter()
+    failed_over = {"failed_over": away} if away else {}
 
     async def ping() -> list[dict]:
         return await asyncio.wait_for(asyncio.wrap_future(engine.ping()), ANSWER_WITHIN)
@@ -28,12 +30,12 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics)
     async def health():
         t0, stats = time.perf_counter(), engine.stats()
         if not stats.serving:
-            return JSONResponse({"status": "unavailable", "error": stats.broken or "shutting down"}, status_code=503)
+            return JSONResponse({"status": "unavailable", "error": stats.broken or "shutting down"} | failed_over, status_code=503)
         try:
             ranks = await ping()  # a real trip through every rank
         except Exception as e:
-            return JSONResponse({"status": "unhealthy", "error": str(e) or type(e).__name__}, status_code=503)
-        return {"status": "ok", "ranks": len(ranks), "ring_round_trip_ms": round((time.perf_counter() - t0) * 1e3, 2)}
+            return JSONResponse({"status": "unhealthy", "error": str(e) or type(e).__name__} | failed_over, status_code=503)
+        return {"status": "ok", "ranks": len(ranks), "ring_round_trip_ms": round((time.perf_counter() - t0) * 1e3, 2)} | failed_over
 
     @router.get("/cluster/status")
     async def cluster_status():
@@ -42,7 +44,7 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics)
         except Exception as e:
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         ranks = [static | dyn for static, dyn in zip(served.cluster.ranks, live)]
-        return {"model": served.id, "plan": served.cluster.plan, "ranks": ranks} | engine_status(engine.stats())
+        return {"model": served.id, "plan": served.cluster.plan, "ranks": ranks} | engine_status(engine.stats()) | failed_over
 
     page = PAGE.read_text()
 

@@ -34,6 +34,10 @@ class Kind(IntEnum):
     TRIM = 12  # drop the last payload[i] positions of row i of group `group` (drafts the target rejected)
 
 
+class ProtocolError(RuntimeError):
+    """What another rank sent breaks the step protocol: the ring cannot go on."""
+
+
 @dataclass(frozen=True)
 class Header:
     kind: int
@@ -51,7 +55,10 @@ class Header:
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
+        """A header another rank sent; ProtocolError when it cannot be one (checked under `python -O` too)."""
         kind, batch, offset, dtype, group, ndim, *dims = a.tolist()
+        if kind not in Kind._value2member_map_ or not 0 <= ndim <= 3 or not 0 <= dtype < len(DTYPES) or min(dims[:ndim], default=0) < 0:
+            raise ProtocolError(f"a step header that no rank sends: {a.tolist()} (the ranks run different versions, or the stream is corrupt)")
         return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group)
 
     @staticmethod

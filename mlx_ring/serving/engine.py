@@ -60,6 +60,7 @@ class Engine:
         self.stopping = threading.Event()
         self.step_timeout, self.drain_timeout = step_timeout, drain_timeout
         self.broken: str | None = None  # why the ring is unusable; the process exits soon after
+        self.finished = False  # the ring has shut down: pings are answered at once
         # Closing and submitting take this lock, so a request is either queued before the engine
         # closes (and then answered by `_close`) or refused; none slips in between and waits forever.
         self._gate = threading.Lock()
@@ -91,10 +92,11 @@ class Engine:
         """A STATUS step round every rank, between generation steps; resolves to one dict per rank:
         memory, open sequences, cached tokens, stage and busy time."""
         fut: Future = Future()
-        if self.broken:
-            fut.set_exception(RingError(self.broken))
-        else:
-            self.calls.put(fut)
+        with self._gate:  # `_finish_calls` fails what is queued under it: none is queued after and left
+            if self.broken or self.finished:
+                fut.set_exception(RingError(self.broken or "the ring has shut down"))
+            else:
+                self.calls.put(fut)
         return fut
 
     def stats(self) -> Stats:
@@ -121,8 +123,10 @@ class Engine:
                 self._serve_round()
             for a in list(self.active.values()):
                 self._finish(a, Failed("the server is shutting down", 503, "service_unavailable"))
-            while not self.sched.idle():  # let every rank free what it holds
+            while not self.sched.idle():  # let every rank free what it holds (and answer pings meanwhile)
+                self._take_calls()
                 self.sched.step()
+            self._finish_calls("the ring has shut down")  # later pings: answered at once, not in 10 s
             self.pipe.shutdown()
         except RingError as e:
             self._die(str(e))
@@ -146,8 +150,15 @@ class Engine:
             self.busy_s += took
             self.step_counts[bisect.bisect_left(STEP_BUCKETS, took)] += 1
         for seq, token in results:  # a token, or the error that sampling it raised
-            if seq.id in self.active:  # a sequence given several tokens at once may end before the last
-                self._advance(self.active[seq.id], token)
+            a = self.active.get(seq.id)  # a sequence given several tokens at once may end before the last
+            if a is None:
+                continue
+            try:
+                self._advance(a, token)
+            except Exception as e:  # its text (detokenizer, stop strings) failed: this request alone
+                log.exception("sequence %d: its text could not be made", seq.id)
+                if seq.id in self.active:
+                    self._finish(a, Failed(f"the answer's text could not be made: {type(e).__name__}: {e}", 500, "server_error"))
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
@@ -159,7 +170,7 @@ class Engine:
             self.closed = reason
         while True:
             try:
-                self.requests.get_nowait().emit(answer)
+                _tell(self.requests.get_nowait(), answer)
             except queue.Empty:
                 return
 
@@ -184,14 +195,26 @@ class Engine:
             self.broken = reason
             self.closed = failed.message
             active = list(self.active.values())  # admissions check `closed` under the gate
-        log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(active) + self.requests.qsize())
-        for a in active:
-            a.req.emit(failed)
-        self._close(failed.message, failed)
-        for fut in list(self.calls.queue):
+        try:
+            log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(active) + self.requests.qsize())
+            for a in active:
+                _tell(a.req, failed)
+            self._close(failed.message, failed)
+            self._finish_calls(reason)
+        finally:  # whatever failed above (an HTTP loop already closed), the process must still exit
+            self.exit(75)
+
+    def _finish_calls(self, reason: str) -> None:
+        """Fail every ping still queued, and any that comes later (`ping` checks `finished`)."""
+        with self._gate:
+            self.finished = True
+        while True:
+            try:
+                fut = self.calls.get_nowait()
+            except queue.Empty:
+                return
             if not fut.done():
                 fut.set_exception(RingError(reason))
-        self.exit(75)
 
     def fail(self, reason: str) -> None:
         """The launcher's word that a rank's host went, naming it (server.py's SIGUSR1)."""
@@ -239,8 +262,9 @@ class Engine:
         a.count += 1
         if a.count == 1:
             log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
-        if token.id in self.tokenizer.eos_token_ids:
-            self._send(a, a.text.end())
+        if token.id in self.tokenizer.eos_token_ids:  # counted in usage, so it has its logprobs entry too
+            end = a.text.end() or Piece("", [])
+            self._send(a, Piece(end.text, [*end.tokens, token]))
             return self._finish(a, Done("stop", len(a.req.prompt), a.count))
         self._send(a, a.text.add(token.id, token))
         if not a.text.closed and a.count >= a.req.max_tokens:
@@ -259,6 +283,14 @@ class Engine:
         del self.active[a.seq.id]
         a.req.emit(outcome)
         self.sched.remove(a.seq)  # its cache rows go on every rank before its group's next step
+
+
+def _tell(req: Request, event) -> None:
+    """`req.emit(event)`, whose failure (its HTTP loop closed) stops nothing here."""
+    try:
+        req.emit(event)
+    except Exception as e:
+        log.warning("could not hand an event to a request: %s", e)
 
 
 def exit_after_grace(code: int) -> None:

@@ -7,7 +7,7 @@ from functools import partial
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler
 
 from mlx_ring.serving.params import SamplingParams
 
@@ -25,6 +25,8 @@ class SequenceSampler:
     def __init__(self, params: SamplingParams, prompt: list[int], constraint=None):
         self.params = params
         self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
+        if params.seed is not None and params.temperature > 0:  # the draw with the row's own key (`step_key`)
+            self.sampler = partial(_seeded_sample, self)
         self.processors = make_logits_processors(
             params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
         )
@@ -51,12 +53,17 @@ class SequenceSampler:
         return self.sampler(logprobs)
 
     def prepare(self, vocab: int) -> None:
-        """Check the settings against the vocabulary and seed this step's randomness; before sampling."""
+        """Check the settings against the vocabulary; before sampling."""
         if self.params.top_k >= vocab:  # mlx-lm's check raises inside a compiled function
             raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {vocab} tokens")
-        if self.params.seed is not None:
-            # Per-request stream of randomness, independent of other requests sharing the ring.
-            mx.random.seed((self.params.seed * 1_000_003 + self.step) % (1 << 63))
+
+    def step_key(self) -> mx.array | None:
+        """This step's random key, from the row's own seed and position alone, so that neither its
+        neighbours nor retries change its draws; None for an unseeded row, which draws from MLX's
+        global state (seeded from fresh entropy, and touched by no seeded row)."""
+        if self.params.seed is None:
+            return None
+        return mx.random.key((self.params.seed * 1_000_003 + self.step) % (1 << 64))
 
     def accept(self, token: int) -> None:
         self.history.append(token)
@@ -121,6 +128,23 @@ def _heal(e: Exception) -> Exception:
     # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends it.
     mx.random.seed(secrets.randbits(63))
     return e
+
+
+def target_logits(s: SequenceSampler, logprobs: mx.array) -> mx.array:
+    """Logits `(L, V)` of the distribution `s` samples from (mlx-lm's `make_sampler` chain: top-p,
+    min-p, top-k, then temperature), for positions `logprobs (L, V)`."""
+    p = s.params
+    if 0 < p.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, p.top_p)
+    if p.min_p != 0.0:
+        logprobs = apply_min_p(logprobs, p.min_p)
+    if p.top_k > 0:
+        logprobs = apply_top_k(logprobs, p.top_k)
+    return logprobs * (1.0 / p.temperature)
+
+
+def _seeded_sample(s: SequenceSampler, logprobs: mx.array) -> mx.array:
+    return mx.random.categorical(target_logits(s, logprobs), key=s.step_key())
 
 
 def _build_row(s: SequenceSampler, logits: mx.array) -> tuple[mx.array, mx.array]:

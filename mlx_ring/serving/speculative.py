@@ -15,11 +15,10 @@ from typing import ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from mlx_ring.models.compat import UNFUSED_SEVERAL, unfused_attention
 from mlx_ring.serving.prefix import common_prefix
-from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows
+from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows, target_logits
 
 NGRAMS = (3, 2)  # suffix lengths tried, longest first: a one-token match guesses too often wrong
 
@@ -159,19 +158,6 @@ class ModelDrafter(Drafter):
         return drafts
 
 
-def target_logits(s: SequenceSampler, logprobs: mx.array) -> mx.array:
-    """Logits `(L, V)` of the distribution `s` samples from (mlx-lm's `make_sampler` chain: top-p,
-    min-p, top-k, then temperature), for positions `logprobs (L, V)`."""
-    p = s.params
-    if 0 < p.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, p.top_p)
-    if p.min_p != 0.0:
-        logprobs = apply_min_p(logprobs, p.min_p)
-    if p.top_k > 0:
-        logprobs = apply_top_k(logprobs, p.top_k)
-    return logprobs * (1.0 / p.temperature)
-
-
 def verify(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> list[Token]:
     """The tokens one row keeps from a verify pass: `logits (L, V)` are the target's at the row's
     input token and each draft (L > len(drafts)); returns the accepted drafts, then one token sampled
@@ -192,12 +178,14 @@ def _build(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> tuple[mx.
         keep = picks[:n] == d[:n, 0]
     else:
         s.prepare(logits.shape[-1])
+        key = s.step_key()
+        k_keep, k_pick = mx.random.split(key) if key is not None else (None, None)
         target = target_logits(s, logprobs)
         p_draft = mx.exp(mx.take_along_axis(target, d, axis=-1) - mx.logsumexp(target, axis=-1, keepdims=True))[:n, 0]
-        keep = mx.random.uniform(shape=(n,)) < p_draft
+        keep = mx.random.uniform(shape=(n,), key=k_keep) < p_draft
         # Where draft j is rejected, the target with that token removed; after the last, the target.
         rows = mx.arange(n + 1)[:, None]
-        picks = mx.random.categorical(mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target))
+        picks = mx.random.categorical(mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target), key=k_pick)
     lp_picks = mx.take_along_axis(logprobs, picks[:, None], axis=-1)[:, 0]
     lp_drafts = mx.take_along_axis(logprobs, d, axis=-1)[:n, 0]
     return keep, picks, lp_picks, lp_drafts

@@ -82,7 +82,7 @@ def test_generated_requests_never_harm_the_ring(ring):
     assert counts.get(200) and counts.get(400)  # both kinds were exercised
 
 
-def test_the_event_loop_streams_while_huge_prompts_are_tokenized(ring):
+def test_the_event_loop_streams_while_huge_and_misshapen_prompts_arrive(ring):
     client = openai.OpenAI(base_url=f"{ring.url}/v1", api_key="none", max_retries=0, timeout=120)
     arrivals = []
 
@@ -99,11 +99,14 @@ def test_the_event_loop_streams_while_huge_prompts_are_tokenized(ring):
         time.sleep(0.02)
     huge = {"messages": [{"role": "user", "content": "hello world, this is a test of many tokens. " * 10000}]}  # ~110k tokens
     t0 = time.monotonic()
+    wrong = json.dumps({"messages": [1] * 2_500_000})  # 7.5 MB of the wrong shape: read in a worker process
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(lambda _: httpx.post(f"{ring.url}/v1/chat/completions", json=huge, timeout=120), range(12)))
+        misshapen = list(pool.map(lambda _: httpx.post(f"{ring.url}/v1/chat/completions", content=wrong, timeout=120), range(2)))
     t1 = time.monotonic()
     streaming.join(120)
     assert all(a.status_code == 400 and a.json()["error"]["code"] == "context_length_exceeded" for a in answers)
+    assert all(a.status_code == 400 and a.json()["error"]["message"].startswith("messages.0: Input should be") for a in misshapen)
     # Tokens kept arriving while the 12 prompts were tokenized: no gap in the stream came near the
     # time they took (tokenizing on the event loop froze every stream for all of it).
     during = [t0] + [t for t in arrivals if t0 < t < t1] + [t1]
@@ -172,3 +175,32 @@ def test_rank_0_waits_idle_on_a_stopped_rank_then_reports_it(tmp_path, default_m
             os.kill(rank1, signal.SIGKILL)
         assert t1 - t0 < 10
         assert cpu1 - cpu0 < 0.25 * (t1 - t0), f"rank 0 used {cpu1 - cpu0:.1f} s of CPU in {t1 - t0:.1f} s of waiting"
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its parent has not reaped yet."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc, which only Linux has")
+def test_a_sigtermed_worker_leaves_a_predecessor_that_went_silent(tmp_path, default_model):
+    # Rank 0 stopped holds its sockets open and sends nothing, as a host that lost power would: its
+    # successor, asked to stop, leaves after QUIET_AFTER_TERM instead of waiting for a SIGKILL.
+    from mlx_ring.ring.transport import QUIET_AFTER_TERM
+
+    with running_server(tmp_path, n_ranks=2) as (url, proc):
+        rank0, rank1 = [int((tmp_path / "logs" / f"rank{r}.pid").read_text()) for r in range(2)]
+        try:
+            os.kill(rank0, signal.SIGSTOP)
+            os.kill(rank1, signal.SIGTERM)
+            time.sleep(QUIET_AFTER_TERM / 2)
+            assert not gone(rank1), "a SIGTERM alone must not cut the ring under rank 0's drain"
+            deadline = time.monotonic() + QUIET_AFTER_TERM + 30
+            while not gone(rank1) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert gone(rank1), f"rank 1 still waits on a silent rank 0 {QUIET_AFTER_TERM + 30 + QUIET_AFTER_TERM / 2:.0f} s after its SIGTERM"
+        finally:
+            os.kill(rank0, signal.SIGKILL)

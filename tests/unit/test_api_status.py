@@ -160,3 +160,25 @@ def test_draft_figures_show_with_speculative_decoding(engine, served):
     with client(engine, served) as http:
         m = scrape(http)
     assert m[("mlx_ring_draft_tokens", ())] == 40 and m[("mlx_ring_draft_tokens_accepted", ())] == 31
+
+
+def test_a_failed_over_ring_says_so_in_health_status_and_metrics(engine, served, monkeypatch):
+    from mlx_ring.config import parse_config
+
+    away = {"hosts": ["mac3"], "since": 1764000000, "why": "mac3 did not answer ssh for 120 s"}
+    monkeypatch.setenv("RING_AWAY", json.dumps(away))
+    cfg = parse_config([])[0]
+    assert cfg.away == away
+    monkeypatch.setenv("RING_AWAY", "mac3")
+    with pytest.raises(ValueError, match="RING_AWAY='mac3' must be JSON"):
+        parse_config([])
+    with client(engine, served, app_args={"away": cfg.away}) as http:
+        r = http.get("/health")
+        assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["failed_over"] == away
+        assert http.get("/cluster/status").json()["failed_over"] == away
+        m = scrape(http)
+        assert m[("mlx_ring_hosts_away", ())] == 1 and m[("mlx_ring_failed_over_since_seconds", ())] == 1764000000
+    with client(engine, served) as http:  # serving on every host: nothing said
+        assert "failed_over" not in http.get("/health").json() and "failed_over" not in http.get("/cluster/status").json()
+        m = scrape(http)
+        assert m[("mlx_ring_hosts_away", ())] == 0 and ("mlx_ring_failed_over_since_seconds", ()) not in m

@@ -139,5 +139,75 @@ def test_streamed_deltas_carry_every_token(parts):
     t = serving(engine)
     done = o.last()
     deltas = [e for e in o.events if isinstance(e, Delta)]
-    assert isinstance(done, Done) and sum(len(d.tokens) for d in deltas) == done.completion_tokens - (done.finish_reason == "stop")
+    assert isinstance(done, Done) and sum(len(d.tokens) for d in deltas) == done.completion_tokens
+    ended = Outcome([1, 504, 3145, 282], max_tokens=12, temperature=0.0, logit_bias={2: 100.0})  # 2: the end token
+    engine.submit(ended.request)
+    done = ended.last()
+    deltas = [e for e in ended.events if isinstance(e, Delta)]
+    # the end token is counted in usage, so it has its entry (logprobs) too
+    assert (done.finish_reason, done.completion_tokens) == ("stop", 1) and [t.id for d in deltas for t in d.tokens] == [2]
     stop(engine, t)
+
+
+@pytest.fixture(scope="module")
+def padded(default_model, tmp_path_factory):
+    """A tiny random model whose vocabulary has rows past its tokenizer's (as many real models pad
+    theirs), with a detokenizer that cannot turn such an id into text."""
+    import json
+    import shutil
+
+    from tools.random_model import TOKENIZER_FILES, make_random_model
+
+    tmp = tmp_path_factory.mktemp("padded")
+    (tmp / "tokenizer").mkdir()
+    for name in TOKENIZER_FILES:
+        if (default_model / name).exists():
+            shutil.copy(default_model / name, tmp / "tokenizer" / name)
+    config = json.loads((default_model / "config.json").read_text())
+    (tmp / "tokenizer" / "config.json").write_text(json.dumps(config | {"vocab_size": 49_280}))  # 128 rows past 49152
+    folder = make_random_model("llama3-8b", tmp / "model", tmp / "tokenizer", dtype="float32", hidden_size=64,
+                               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    # mlx-lm's SentencePiece detokenizer (Llama 2, Mistral, Gemma tokenizers get it) has no fallback
+    # for ids past its vocabulary, unlike its BPE one
+    from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer, TokenizerWrapper
+
+    tok = load_tokenizer(folder)
+    tok = TokenizerWrapper(tok._tokenizer, SPMStreamingDetokenizer, eos_token_ids=tok.eos_token_ids)
+    return load_shard(folder, uniform_plan(2, 1), 0), Ring(mx.distributed.init()), tok
+
+
+def test_a_request_whose_text_cannot_be_made_fails_alone(padded):
+    engine = make_engine(padded)
+    good = Outcome([1, 2, 3], max_tokens=5, temperature=0.0, logit_bias={2: -100.0})
+    bad = Outcome([1, 2, 3], max_tokens=5, temperature=0.0, logit_bias={49_200: 100.0})  # past the tokenizer's ids
+    for o in (good, bad):
+        engine.submit(o.request)
+    t = serving(engine)
+    assert isinstance(good.last(), Done) and good.last().completion_tokens == 5
+    assert isinstance(bad.last(), Failed) and "text could not be made" in bad.last().message and bad.last().status == 500
+    assert engine.broken is None and engine.exits == []
+    stop(engine, t)
+
+
+def test_a_dying_engine_exits_even_when_it_cannot_tell_the_clients(parts):
+    engine = make_engine(parts)
+
+    def closed_loop(_):
+        raise RuntimeError("Event loop is closed")
+
+    waiting = Request([1, 2], 4, SamplingParams(), emit=closed_loop)
+    engine.submit(waiting)
+    engine._die("test: a peer went silent")  # as the watchdog thread calls it
+    assert engine.exits == [75]
+
+
+def test_pings_during_and_after_a_drain_are_answered(parts):
+    engine = make_engine(parts, drain_timeout=5)
+    t = serving(engine)
+    assert len(engine.ping().result(30)) == 1
+    engine.stop()
+    t.join(60)
+    assert not t.is_alive()
+    late = engine.ping()  # the ring has shut down: an answer at once, not a wait for the route's timeout
+    with pytest.raises(Exception, match="shut down"):
+        late.result(1)
