@@ -18,10 +18,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import ring_driver
-import shard
 from mlx_lm.utils import load_model
 from ringutil import reference_logits
+
 import mlx_ring.serving.scheduler as batching
+import shard
 from mlx_ring.models.slicing import Slice
 from mlx_ring.ring.transport import Ring, init_world
 

@@ -156,17 +156,19 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
     return codes, output
 
 
-def sweep_hosts(s: LaunchSettings) -> None:
+def sweep_hosts(s: LaunchSettings, kill: bool = False) -> None:
     """mlx.launch's temporary files of the ranks that are gone, removed on every host (ring/leftovers.py);
-    a host that does not answer is swept by its next rank instead."""
+    a host that does not answer is swept by its next rank instead. `kill`: before a ring starts, stale
+    ranks of an earlier ring (on a host that was cut off) are killed too."""
     notes = s.log_dir / "tempfiles"
-    sweep(notes, wait=5)
+    sweep(notes, wait=5, kill=kill)
     remote = sorted({h for h in rank_hosts(s) if h != "127.0.0.1"})
-    script = 'cd "$1" && exec .venv/bin/python -m mlx_ring.ring.leftovers "$2"'
+    script = 'cd "$1" && exec .venv/bin/python -m mlx_ring.ring.leftovers "$2" "$3"'
 
     def one(host):
         with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(ssh.argv(s.log_dir / "ssh_config", host, script, (ROOT, notes)), timeout=20,
+            subprocess.run(ssh.argv(s.log_dir / "ssh_config", host, script, (ROOT, notes, "--kill" if kill else "-")),
+                           timeout=20,
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in remote]
@@ -210,6 +212,7 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
             write_state(s.state_file, "running", restarts=tries)
         else:  # failed over: take the host back once it answers
             threading.Thread(target=watch_away, args=(s, away, stopping, lambda: drain_rank0(s)), daemon=True).start()
+        sweep_hosts(s, kill=True)  # a rank of an earlier ring on a host that was cut off: gone before this one
         t0 = time.monotonic()
         state = read_state(s.state_file) if away.hosts else None
         codes, out = run_ring(s, args, tries, stopping, state and {k: state[k] for k in ("hosts", "since", "why")})

@@ -5,8 +5,11 @@ host) or the next rank on that host removes what is left. A rank's own exit cann
 stop script, which fails on a missing pid file."""
 
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -26,27 +29,39 @@ def own_files(pid: int | None = None, hostfile: str | None = None) -> list[Path]
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(stat) and not stat.startswith("Z")
 
 
-def sweep(notes: Path, wait: float = 0.0) -> list[Path]:
+def _rank(pid: int) -> bool:
+    """Whether `pid` is still one of our ranks (a noted pid may have been reused by another program)."""
+    p = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
+    return "server.py" in p.stdout
+
+
+def sweep(notes: Path, wait: float = 0.0, kill: bool = False) -> list[Path]:
     """Remove the files noted in `notes` (a folder, one note per rank's pid) by ranks that are gone;
-    `wait`: seconds to give ranks that are exiting right now."""
-    import time
-
+    `wait`: seconds to give ranks that are exiting right now. `kill`: before a new ring starts, a noted
+    rank still running is a stale one (its host was cut off while the ring moved on, and nothing told
+    it): it is killed, freeing its port and its slice's memory."""
     deadline, removed = time.monotonic() + wait, []
     for note in sorted(notes.iterdir()) if notes.is_dir() else ():
         if not note.name.isdigit():
             continue
-        while _alive(int(note.name)) and time.monotonic() < deadline:
+        pid = int(note.name)
+        if kill and _alive(pid) and _rank(pid):
+            os.kill(pid, signal.SIGKILL)
+            deadline = max(deadline, time.monotonic() + 2)
+        while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _alive(int(note.name)):
+        if not _alive(pid):
             for name in [*note.read_text().splitlines(), str(note)]:
                 if name and Path(name).exists():
                     Path(name).unlink(missing_ok=True)
@@ -68,5 +83,5 @@ def drop_hostfile() -> None:
         Path(os.environ["MLX_HOSTFILE"]).unlink(missing_ok=True)
 
 
-if __name__ == "__main__":  # the launcher's sweep on a host: python -m mlx_ring.ring.leftovers NOTES
-    sweep(Path(sys.argv[1]), wait=5)
+if __name__ == "__main__":  # the launcher's sweep on a host: python -m mlx_ring.ring.leftovers NOTES [--kill]
+    sweep(Path(sys.argv[1]), wait=5, kill="--kill" in sys.argv[2:])

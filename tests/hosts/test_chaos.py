@@ -76,14 +76,16 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
 
 
 def rank_pid(hosts: NetnsHosts, h) -> int:
-    """The pid of the rank (server.py) on host `h`."""
+    """The pid of the rank (server.py) on host `h`: exactly one, no stale rank of an earlier ring beside it."""
+    ranks = []
     for pid in hosts.pids(h, but_sshd=True):
         try:
             if "server.py" in Path(f"/proc/{pid}/cmdline").read_text():
-                return pid
+                ranks.append(pid)
         except OSError:
             pass
-    raise AssertionError(f"no rank running on {h.name}")
+    assert len(ranks) == 1, f"{h.name} runs {len(ranks)} ranks: {ranks}"
+    return ranks[0]
 
 
 def rank_pids(ring: Ring) -> set[str]:

@@ -4,6 +4,7 @@ The other dialects (Anthropic Messages, OpenAI Responses, Ollama) through their 
 greedy text. (Request checks and response shapes: tests/unit/test_api_*.py, in process.)"""
 
 import socket
+import time
 
 import anthropic
 import httpx
@@ -133,4 +134,7 @@ def test_every_dialect_answers_as_chat_completions(client, server):
     assert [m.model for m in ol.list().models] == [model]
     with pytest.raises(ollama.ResponseError):
         ol.chat(model=model, messages=QUESTION, options={"temperature": 5})
-    assert httpx.get(f"{server}/cluster/status", timeout=30).json()["ranks"][1]["open_sequences"] == 0  # all freed
+    deadline = time.monotonic() + 30  # all freed: a finished sequence leaves rank 1 with the ring's next step
+    while httpx.get(f"{server}/cluster/status", timeout=30).json()["ranks"][1]["open_sequences"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert httpx.get(f"{server}/cluster/status", timeout=30).json()["ranks"][1]["open_sequences"] == 0

@@ -10,10 +10,10 @@ import time
 import openai
 import pytest
 from apiutil import MODEL, FakeEngine, client, served_model
+from fastapi.testclient import TestClient
 from mlx_lm.utils import load_tokenizer
 
 from mlx_ring.api.app import make_app
-from fastapi.testclient import TestClient
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -224,3 +224,26 @@ def test_a_rank_leaves_no_temporary_file_of_mlx_launch_behind(tmp_path, monkeypa
     assert sweep(notes) == []  # while this rank lives its pid file stays: mlx.launch stops the rank with it
     (notes / dead).write_text((notes / str(os.getpid())).read_text())  # as if it were gone
     assert sweep(notes) == [mine_pid, notes / dead] and other.exists()
+
+
+def test_a_stale_rank_of_an_earlier_ring_is_killed_before_a_new_one_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from mlx_ring.ring.leftovers import sweep
+
+    notes = tmp_path / "tempfiles"
+    notes.mkdir()
+    stale = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "server.py"])  # a rank's command line
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a reused pid: not ours
+    try:
+        for p in (stale, other):
+            (tmp_path / f"tmp.{p.pid}").write_text(f"{p.pid}\n")
+            (notes / str(p.pid)).write_text(f"{tmp_path / f'tmp.{p.pid}'}\n")
+        assert sweep(notes) == []  # after a run: both alive, nothing removed
+        removed = sweep(notes, kill=True)  # before a new ring
+        assert stale.wait(5) == -9 and other.poll() is None
+        assert removed == [tmp_path / f"tmp.{stale.pid}", notes / str(stale.pid)]
+    finally:
+        stale.kill()
+        other.kill()
