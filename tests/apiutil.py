@@ -22,6 +22,13 @@ from mlx_ring.serving.textstream import Piece, TextStream
 MODEL = "SmolLM2-135M-Instruct"
 ANSWER = "The capital of France is Paris."
 HOSTS = ["alpha", "beta"]
+WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'  # the tools template's call
+
+
+def templated(served, messages, **kw) -> list[int]:
+    """The prompt chat completions would send for `messages`."""
+    return served.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
 
 
 class FakeEngine:

@@ -4,37 +4,17 @@ the message whole and streamed, tools both ways, token counting, and errors in A
 
 import anthropic
 import pytest
-from apiutil import ANSWER, MODEL, FakeEngine, client, served_model
-from mlx_lm.utils import load_tokenizer
-from ringutil import tool_model
+from apiutil import ANSWER, CALL, MODEL, WEATHER, FakeEngine, client
 
 from mlx_ring.api.keys import Key
 from mlx_ring.serving.port import QueueFull
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture(scope="module")
-def tool_served(default_model, tmp_path_factory):
-    model = tool_model(tmp_path_factory.mktemp("tools") / "model", default_model)
-    return served_model(model, load_tokenizer(model))
 
 
 def sdk(http, key="unused") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url="http://testserver", api_key=key, max_retries=0, http_client=http)
-
-
-@pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
 
 
 @pytest.fixture

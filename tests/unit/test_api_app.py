@@ -6,34 +6,14 @@ import json
 
 import openai
 import pytest
-from apiutil import ANSWER, MODEL, FakeEngine, client, served_model
+from apiutil import ANSWER, CALL, MODEL, WEATHER, FakeEngine, client
 from fuzzbodies import bodies
 from hypothesis import HealthCheck, given, settings
-from mlx_lm.utils import load_tokenizer
-from ringutil import tool_model
 
 from mlx_ring.serving.port import Failed, QueueFull, Unavailable
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture(scope="module")
-def tool_served(default_model, tmp_path_factory):
-    model = tool_model(tmp_path_factory.mktemp("tools") / "model", default_model)
-    return served_model(model, load_tokenizer(model))
-
-
-@pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
 
 
 @pytest.fixture

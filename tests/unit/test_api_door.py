@@ -9,23 +9,12 @@ import time
 
 import openai
 import pytest
-from apiutil import MODEL, FakeEngine, client, served_model
+from apiutil import MODEL, FakeEngine, client
 from fastapi.testclient import TestClient
-from mlx_lm.utils import load_tokenizer
 
 from mlx_ring.api.app import make_app
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
 
 
 def test_a_body_over_the_limit_is_a_413_whole_or_chunked(engine, served):

@@ -4,27 +4,12 @@ and generate whole and streamed, options as sampling parameters, tools, formats,
 
 import ollama
 import pytest
-from apiutil import ANSWER, MODEL, Bridge, FakeEngine, client, served_model
-from mlx_lm.utils import load_tokenizer
-from ringutil import tool_model
+from apiutil import ANSWER, CALL, MODEL, WEATHER, Bridge, FakeEngine, client, templated
 
 from mlx_ring.api.keys import Key
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture(scope="module")
-def tool_served(default_model, tmp_path_factory):
-    model = tool_model(tmp_path_factory.mktemp("tools") / "model", default_model)
-    return served_model(model, load_tokenizer(model))
 
 
 def sdk(http, **kw) -> ollama.Client:
@@ -32,18 +17,9 @@ def sdk(http, **kw) -> ollama.Client:
 
 
 @pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
-
-
-@pytest.fixture
 def ol(engine, served):
     with client(engine, served) as http:
         yield sdk(http)
-
-
-def templated(served, messages, **kw) -> list[int]:
-    return served.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
 
 
 def test_chat_with_options_as_sampling(ol, engine, served):

@@ -4,27 +4,12 @@ streamed, function tools and their outputs, text.format json_schema, previous_re
 
 import openai
 import pytest
-from apiutil import ANSWER, MODEL, FakeEngine, client, served_model
-from mlx_lm.utils import load_tokenizer
-from ringutil import tool_model
+from apiutil import ANSWER, CALL, MODEL, WEATHER, FakeEngine, client, templated
 
 from mlx_ring.api.responses_api import Kept
 
 QUESTION = "What is the capital of France?"
-WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture(scope="module")
-def tool_served(default_model, tmp_path_factory):
-    model = tool_model(tmp_path_factory.mktemp("tools") / "model", default_model)
-    return served_model(model, load_tokenizer(model))
 
 
 def sdk(http) -> openai.OpenAI:
@@ -32,18 +17,9 @@ def sdk(http) -> openai.OpenAI:
 
 
 @pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
-
-
-@pytest.fixture
 def oa(engine, served):
     with client(engine, served) as http:
         yield sdk(http)
-
-
-def templated(served, messages, **kw) -> list[int]:
-    return served.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
 
 
 def test_a_response_with_the_same_prompt_as_chat(oa, engine, served):

@@ -5,23 +5,12 @@ import json
 from dataclasses import replace
 
 import pytest
-from apiutil import HOSTS, MODEL, FakeEngine, client, rank_row, samples, served_model
-from mlx_lm.utils import load_tokenizer
+from apiutil import HOSTS, MODEL, client, rank_row, samples
 
 from mlx_ring.api.keys import load_keys
 from mlx_ring.serving.port import QueueFull
 
 HI = [{"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture(scope="module")
-def served(default_model):
-    return served_model(default_model, load_tokenizer(default_model))
-
-
-@pytest.fixture
-def engine(served):
-    return FakeEngine(served.tokenizer)
 
 
 def scrape(http) -> dict:
