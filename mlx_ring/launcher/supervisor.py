@@ -134,8 +134,9 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
         threading.Thread(target=feed, args=(p.stdin,), daemon=True).start()
         gone_since = None
         while p.poll() is None:
-            text = attempt.read_bytes()[seen:].decode(errors="replace")
-            seen += len(text.encode(errors="replace"))
+            new = attempt.read_bytes()[seen:]
+            seen += len(new)  # bytes, as read: a replaced undecodable byte must not shift the next read
+            text = new.decode(errors="replace")
             for m in LEFT.finditer(text):
                 rank, code = int(m.group(1)), m.group(2) and int(m.group(2))
                 if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
