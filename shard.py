@@ -22,6 +22,7 @@ from mlx_ring.models.compat import (
     UNFUSED_SEVERAL,
     cache_from_saved,
     drop_spare_room,
+    lone_group,
     merge_caches,
     positions,
     saved_from_batch,
@@ -149,7 +150,7 @@ class Shard:
         joining = self.prefills.pop(header.batch)
         padding = payload.tolist()
         if len(padding) == 1:
-            joining = [c.merge([c]) for c in joining]  # a lone prompt's cache becomes a batch of one
+            joining = lone_group(joining)  # a lone prompt's caches become a batch of one
         else:
             for c in joining:  # right padding moves to the left, where decoding expects it
                 c.prepare(right_padding=padding)

@@ -117,6 +117,7 @@ OVERRIDES: dict[str, dict] = {
                                 "laurel_rank": 8, "rope_local_base_freq": 10000.0, "final_logit_softcapping": 30.0}},
     "baichuan_m1": {"conv_window": 2, "sliding_window_layers": [0, 2]},
     "muse_spark": {"text_config": {"num_shared_experts": 0, "mlp_layer_types": ["sparse"] * LAYERS,
+                                   "layer_rope_theta": [10000.0] * LAYERS, "moe_hidden_size": 16, "post_norm_eps": 1e-5,
                                    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}},
     "qwen3_5_moe": {"text_config": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                     "shared_expert_intermediate_size": 32}},
@@ -131,8 +132,9 @@ OVERRIDES: dict[str, dict] = {
     "qwen": {"intermediate_size": 256, "kv_channels": 16},  # its MLP halves the intermediate size
     "dbrx": {"ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
              "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 10000.0}},
-    "longcat_flash": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
-    "longcat_flash_ngram": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+    "longcat_flash": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True, "zero_expert_type": "identity"},
+    "longcat_flash_ngram": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True, "zero_expert_type": "identity"},
+    "bailing_moe_linear": {"layer_group_size": 2},  # linear attention, then full, twice (1 makes every layer full)
     "phixtral": {"num_vocab": VOCAB, "model_dim": 64, "num_heads": 4, "num_layers": LAYERS, "rotary_dim": 8,
                  "num_experts_per_tok": 2, "num_local_experts": 4},
     "phi-msft": {"num_vocab": VOCAB, "model_dim": 64, "num_heads": 4, "num_layers": LAYERS, "rotary_dim": 8,

@@ -14,6 +14,14 @@ def merge_caches(caches: list[list]) -> list:
     return _merge_caches(caches)
 
 
+def lone_group(caches: list) -> list:
+    """A lone prompt's per-layer caches as a decode group of one row: mlx-lm's batch caches of them,
+    or, where a layer's kind has no batch form (Llama 4's chunked attention), the caches themselves,
+    all of them, so offsets stay plain numbers, as the model's code expects then (its type decodes
+    one row a group: support.UNBATCHED)."""
+    return [c.merge([c]) for c in caches] if all(hasattr(c, "merge") for c in caches) else caches
+
+
 def drop_spare_room(cache) -> None:
     """Trim a batch cache to the tokens it holds: `extend` pads every row to the larger capacity."""
     if isinstance(cache, BatchKVCache):

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import CacheList, make_prompt_cache
 
 from mlx_ring.models.compat import plain_kv_caches
 
@@ -226,7 +226,7 @@ def _drop_all_but_layers(model: nn.Module, owner: nn.Module, key: str, embed) ->
                 if _is_embedding(child):
                     setattr(module, name, embed)
                 elif isinstance(child, nn.Module):  # a forward may look it up before its layers run
-                    setattr(module, name, Elsewhere(name))
+                    setattr(module, name, Elsewhere(name, embed))
         module = module[part]
 
 
@@ -240,18 +240,30 @@ def _is_embedding(m) -> bool:
 
 
 class Elsewhere:
-    """In place of a module only rank 0 holds: never called here, as the forward ends before it."""
+    """In place of a module only rank 0 holds. The forward calls it before its first layer only on
+    token ids (an embedding with more to it than a table: LongCat's n-grams), and gets `embed`'s
+    stand-in hidden states; anything else would be a part of the model this rank cannot run."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, embed):
+        self.name, self._embed = name, embed
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, x=None, *args, **kwargs):
+        if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.integer):
+            return self._embed(x)
         raise AssertionError(f"{self.name} runs on rank 0 only")
 
 
 def cache_kind(cache) -> tuple:
-    """Caches of one kind hold the same positions for the same tokens, so give the same masks."""
-    return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None)
+    """Caches of one kind hold the same positions for the same tokens, so give the same masks (a
+    `CacheList` by its parts: Baichuan-M1's hold a sliding window or not)."""
+    parts = tuple(cache_kind(c) for c in cache.caches) if isinstance(cache, CacheList) else None
+    return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None), parts
+
+
+def _positional(cache) -> list:
+    """The parts of a cache that count positions (a `CacheList`'s, or the cache itself)."""
+    parts = cache.caches if isinstance(cache, CacheList) else (cache,)
+    return [p for p in parts if hasattr(p, "offset")]
 
 
 class _Probe:
@@ -262,6 +274,12 @@ class _Probe:
 
     def __getattr__(self, name):
         return getattr(self._cache, name)
+
+    def __getitem__(self, i):  # a cache of arrays, read by the code before the layers (n-gram embeddings)
+        return self._cache[i]
+
+    def __setitem__(self, i, value):  # the dry run leaves the real (empty) cache as it is
+        pass
 
 
 class _Recorder(StandIn):
@@ -281,17 +299,18 @@ class _Recorder(StandIn):
 
 def _cache_owners(model: nn.Module, owner: nn.Module, key: str, protos: list) -> list[int]:
     """The layer each of `protos` is given to, from a dry run of the model's forward (lazy: nothing
-    is computed or read) with recording stand-ins for its layers."""
+    is computed or read) with recording stand-ins for its layers; -1 for one no layer is given: the
+    code before the layers keeps it (LongCat's n-gram embeddings, their last token ids), on rank 0."""
     layers, seen = owner[key], {}
     owner[key] = [_Recorder(layer, i, seen) for i, layer in enumerate(layers)]
     try:
         model(mx.zeros((1, 1), mx.int32), cache=[_Probe(j, c) for j, c in enumerate(protos)])
     finally:
         owner[key] = layers
-    if sorted(seen) != list(range(len(protos))) or len(set(seen.values())) != len(seen):
-        raise ValueError(f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, not one a "
-                         "layer: this model type cannot be split")
-    return [seen[j] for j in range(len(protos))]
+    if len(set(seen.values())) != len(seen):
+        raise ValueError(f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, some layer "
+                         "takes several: this model type cannot be split")
+    return [seen.get(j, -1) for j in range(len(protos))]
 
 
 class Slice:
@@ -307,17 +326,24 @@ class Slice:
         # feed-forward layers), where a dry run of the forward says which layer takes which.
         owners = list(range(n)) if len(protos) == n else _cache_owners(model, self.owner, self.key, protos)
         self.plain_kv = plain_kv_caches(protos)  # every layer's (not only this slice's), so every rank agrees
-        mine = [j for j, i in enumerate(owners) if start <= i < end]
+        mine = [j for j, i in enumerate(owners) if start <= i < end or (i < 0 and start == 0)]
         if not mine and protos:
             raise ValueError(f"layers [{start}, {end}) of {type(model).__module__} keep no cache; give this rank "
                              "other layers (LAYERS=)")
         self.protos = [protos[j] for j in mine]  # fresh, empty: copied for each new prompt
         kinds = [cache_kind(c) for c in protos]
         # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
-        # the same positions; a kind this slice lacks feeds only masks no local layer uses.
+        # the same positions. A positional kind this slice lacks gets a counter of its own (see
+        # `_count`): a forward may read its offset for every layer (Bailing's linear layers' RoPE).
         local = {}
         for k, j in enumerate(mine):
             local.setdefault(kinds[j], k)
+        self.counters = []
+        for j, c in enumerate(protos):
+            if kinds[j] not in local and _positional(c):
+                local[kinds[j]] = len(self.protos)
+                self.counters.append(len(self.protos))
+                self.protos.append(c)
         self.alias = [mine.index(j) if j in mine else local.get(kinds[j]) for j in range(len(protos))]
         self.relay = Relay()
         body = [Absent(layer) for layer in layers]
@@ -327,6 +353,11 @@ class Slice:
         body[end - 1] = Exit(body[end - 1])
         self.body = body
         self.embed_view = [Stop(layers[0])] + body[1:]
+        # Rank 0 runs the forward from the token ids, with its caches: what the forward computes
+        # before its first layer from the caches (learned position embeddings) is then right.
+        self.from_tokens = list(body)
+        self.from_tokens[start] = Exit(layers[start]) if end - start == 1 else layers[start]
+        self._embedded: tuple | None = None  # (hidden states, the token ids they came from)
         self.head_view = [Absent(layer) for layer in layers[:-1]] + [Inject(layers[-1], self.relay)]
         self.owner[self.key] = body
         if not ends:  # the embedding, final norm and head live on rank 0 only
@@ -340,7 +371,9 @@ class Slice:
         """Token ids `(B, L)` -> hidden states `(B, L, H)` as the model's forward makes them before its
         first layer (embedding, and scaling where the model scales)."""
         with self._using(self.embed_view):
-            return self._run(tokens, None)
+            h = self._run(tokens, None)
+        self._embedded = (h, tokens)
+        return h
 
     def forward(self, h: mx.array, caches: list, fresh_batch: bool = False) -> mx.array:
         """The local layers on hidden states `(B, L, H)`, with their caches; `fresh_batch`: a prefill
@@ -349,7 +382,22 @@ class Slice:
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:
             view = [FreshBatch(c) if c is not None else None for c in view]
-        return self._run(mx.zeros(h.shape[:2], mx.int32), view)
+        embedded, self._embedded = self._embedded, None
+        if self.start == 0 and embedded is not None and embedded[0] is h:
+            with self._using(self.from_tokens):
+                out = self._run(embedded[1], view)
+        else:
+            out = self._run(mx.zeros(h.shape[:2], mx.int32), view)
+        self._count(caches, h)
+        return out
+
+    def _count(self, caches: list, h: mx.array) -> None:
+        """Advance the counters by the positions just run: an entry of one zero per position keeps
+        each counter's offsets (per row in a batch) as a layer's cache of its kind would have them."""
+        B, L = h.shape[:2]
+        for k in self.counters:
+            for c in _positional(caches[k]):
+                c.update_and_fetch(*[mx.zeros((B, 1, L, 1), h.dtype)] * 2)
 
     def head(self, h: mx.array) -> mx.array:
         """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's own tail."""
