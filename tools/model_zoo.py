@@ -213,11 +213,11 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def build(config: dict):
+def build(config: dict, seed: int = 0):
     """The model mlx-lm builds for `config`, with random weights that every one matters (norms and
     biases perturbed too), seeded for repeatability."""
     model_cls, args_cls = model_classes(config)
-    mx.random.seed(0)
+    mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))  # lazy: nothing is allocated before the size check
     sizes = sorted(((v.size, k) for k, v in tree_flatten(model.parameters())), reverse=True)
     if sum(n for n, _ in sizes) > MAX_PARAMETERS:
@@ -229,11 +229,12 @@ def build(config: dict):
     return model
 
 
-def make(kind: str, folder: Path, bits: int = 0) -> Path:
+def make(kind: str, folder: Path, bits: int = 0, changes: dict | None = None, seed: int = 0) -> Path:
     """Write `kind`'s tiny model to `folder` (config.json and model.safetensors; no tokenizer: tests
-    feed token ids); `bits` 4 or 8: quantized as `mlx_lm.convert` quantizes (groups of 32)."""
-    config = tiny_config(kind)
-    model = build(config)
+    feed token ids); `bits` 4 or 8: quantized as `mlx_lm.convert` quantizes (groups of 32); `changes`:
+    merged into its config (a variant: other sizes, another layer count), `seed`: other weights."""
+    config = _merge(tiny_config(kind), changes or {})
+    model = build(config, seed)
     if bits:
         model, config = quantize_model(model, config, group_size=32, bits=bits)
     # The layer count where the ring's plan reads it, whatever the type names it (n_layers, text_config, ...).
