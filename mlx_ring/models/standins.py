@@ -3,6 +3,7 @@ other ranks hold pass the hidden states through; the first and last local layers
 hand them out; in the embed and head passes, others end the forward or hand in the ring's result."""
 
 import ast
+import functools
 import inspect
 import textwrap
 
@@ -47,10 +48,13 @@ def _passed_on(layer) -> tuple | None:
     was called with: its signature and those names; None where it returns the hidden states alone.
     ValueError where it returns something else beside them (state made in the layer: another rank's
     layers could not get it)."""
-    if layer is None:
-        return None
+    return None if layer is None else _returned_arguments(type(layer))
+
+
+@functools.cache  # a Slice makes stand-ins of every layer several times: read each class's source once
+def _returned_arguments(cls: type) -> tuple | None:
     try:
-        fn = type(layer).__call__
+        fn = cls.__call__
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
         return None
@@ -62,7 +66,7 @@ def _passed_on(layer) -> tuple | None:
     params = list(sig.parameters)[1:]  # less self
     names = [e.id if isinstance(e, ast.Name) else None for e in tuples[0].elts[1:]]
     if None in names or not set(names) <= set(params):
-        raise ValueError(f"layers of {type(layer).__module__} return state beside the hidden states "
+        raise ValueError(f"layers of {cls.__module__} return state beside the hidden states "
                          f"({ast.unparse(tuples[0])}) that the next layer takes: it cannot cross ranks")
     return inspect.Signature([p.replace() for p in list(sig.parameters.values())[1:]]), names
 
@@ -80,15 +84,20 @@ def _plain(m) -> dict:
         return {}
     out = {k: v for k, v in vars(m).items()
            if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str, Attributes)))}
-    for k in dir(type(m)):
-        if isinstance(getattr(type(m), k, None), property) and not k.startswith("_") and not hasattr(nn.Module, k):
-            try:
-                v = getattr(m, k)
-            except Exception:  # a property of the weights, say: not a plain attribute
-                continue
-            if isinstance(v, (bool, int, float, str)):
-                out[k] = v
+    for k in _properties(type(m)):
+        try:
+            v = getattr(m, k)
+        except Exception:  # a property of the weights, say: not a plain attribute
+            continue
+        if isinstance(v, (bool, int, float, str)):
+            out[k] = v
     return out
+
+
+@functools.cache
+def _properties(cls: type) -> list[str]:
+    return [k for k in dir(cls) if isinstance(getattr(cls, k, None), property) and not k.startswith("_")
+            and not hasattr(nn.Module, k)]
 
 
 def _split(args: tuple, kwargs: dict) -> tuple:
