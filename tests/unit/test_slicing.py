@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
+from model_zoo import make
 from ringutil import TINY, make_tiny_model, reference_logits
 
 from mlx_ring.models.slicing import Slice
@@ -26,7 +27,28 @@ def cuts(path, sizes: list[int]) -> list[Slice]:
 @pytest.mark.parametrize("kind", list(TINY))  # the families whose forwards differ most (every type: the model matrix)
 @pytest.mark.parametrize("sizes", [[2, 3, 2], [6, 1], [1, 1, 5]])
 def test_chained_cuts_equal_the_whole_model(tmp_path, kind, sizes):
-    path = make_tiny_model(tmp_path / kind, kind)
+    check_chained_cuts(make_tiny_model(tmp_path / kind, kind), sizes)
+
+
+# What each needs of the slicing, beyond a layer list: learned positions read from the caches before
+# the first layer (GPT-2); state carried to every layer beside the hidden states (Talkie's token
+# embeddings, RWKV-7's first layer's values); a cache offset read for layers of another kind (Bailing's
+# linear layers); masks from caches of lists told apart by their parts (Baichuan-M1); a cache of the
+# code before the layers (LongCat's n-grams).
+@pytest.mark.parametrize("kind", ["gpt2", "talkie", "rwkv7", "bailing_moe_linear", "baichuan_m1", "longcat_flash_ngram"])
+@pytest.mark.parametrize("sizes", [[1, 2, 1], [3, 1]])
+def test_chained_cuts_of_models_that_need_more_than_a_layer_list(tmp_path, kind, sizes):
+    check_chained_cuts(make(kind, tmp_path / kind), sizes)
+
+
+def test_only_models_whose_layers_take_state_made_before_them_carry_it(tmp_path):
+    carried = {kind: cuts(make(kind, tmp_path / kind), [4])[0].carry for kind in ["llama", "gemma3_text", "talkie", "rwkv7"]}
+    assert carried["llama"] is None and carried["gemma3_text"] is None
+    assert (carried["talkie"].hidden, carried["talkie"].names) == ("x", ["e_x"])
+    assert (carried["rwkv7"].hidden, carried["rwkv7"].names, carried["rwkv7"].returned) == ("x", ["v_first"], ["v_first"])
+
+
+def check_chained_cuts(path, sizes: list[int]) -> None:
     want, want_tokens = reference_logits(path, PROMPT, steps=4)
     ring = cuts(path, sizes)
     caches = [c.new_caches() for c in ring]
@@ -44,9 +66,9 @@ def test_chained_cuts_equal_the_whole_model(tmp_path, kind, sizes):
     np.testing.assert_array_equal(np.stack(got), want)  # the same operations in the same order: bitwise
     for r, c in enumerate(ring):
         names = [k for k, _ in tree_flatten(c.model.parameters())]
-        inside = [k for k in names if ".layers." in k]
+        inside = [k for k in names if f".{c.key}." in k]  # the layer list: `layers`, `h` (GPT-2), `blocks`, ...
         assert r == 0 or names == inside, f"rank {r} holds {set(names) - set(inside)}"
-        held = {int(k.split(".layers.")[1].split(".")[0]) for k in inside}
+        held = {int(k.split(f".{c.key}.")[1].split(".")[0]) for k in inside}
         assert held == set(range(c.start, c.end)), f"rank {r} holds layers {held}"
 
 
