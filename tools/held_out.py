@@ -30,16 +30,18 @@ SPEC = [{"prompt": [11, 200, 37, 5, 5, 64, 90, 3, 18, 144, 2, 71], "max_tokens":
         {"prompt": [9, 8, 7, 6, 5, 4], "max_tokens": 3, "at": 3}]
 GROUPS, CHUNK = 1, 8
 
+MOE_8X3 = {"num_hidden_layers": 5, "num_experts": 8, "num_experts_per_tok": 3}
 # (name, type, config changes, seed, layers per rank, bits)
 VARIANTS = [
     ("llama-5x96", "llama", {"num_hidden_layers": 5, "hidden_size": 96, "num_attention_heads": 6,
                              "num_key_value_heads": 3}, 1, "2,3", 0),
-    ("qwen3_moe-8x3", "qwen3_moe", {"num_hidden_layers": 5, "num_experts": 8, "num_experts_per_tok": 3}, 2, "3,2", 0),
-    ("qwen3_moe-8x3-4bit", "qwen3_moe", {"num_hidden_layers": 5, "num_experts": 8, "num_experts_per_tok": 3}, 2, "3,2", 4),
+    ("qwen3_moe-8x3", "qwen3_moe", MOE_8X3, 2, "3,2", 0),
+    ("qwen3_moe-8x3-4bit", "qwen3_moe", MOE_8X3, 2, "3,2", 4),
     ("mixtral-6x1", "mixtral", {"num_hidden_layers": 3, "num_local_experts": 6, "num_experts_per_tok": 1}, 3, "1,2", 0),
     ("deepseek_v3-8x3", "deepseek_v3", {"num_hidden_layers": 5, "n_routed_experts": 8, "num_experts_per_tok": 3,
                                         "first_k_dense_replace": 2}, 4, "2,3", 0),
-    ("gemma3_text-6", "gemma3_text", {"num_hidden_layers": 6, "sliding_window_pattern": 3, "sliding_window": 5}, 5, "4,2", 0),
+    ("gemma3_text-6", "gemma3_text", {"num_hidden_layers": 6, "sliding_window_pattern": 3, "sliding_window": 5}, 5,
+     "4,2", 0),
     ("qwen3_next-6", "qwen3_next", {"num_hidden_layers": 6, "full_attention_interval": 3}, 6, "2,4", 0),
     ("mamba2-5", "mamba2", {"num_hidden_layers": 5}, 7, "3,2", 0),
     ("gpt2-5x96", "gpt2", {"n_layer": 5, "n_embd": 96, "n_head": 6}, 8, "3,2", 0),

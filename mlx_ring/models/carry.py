@@ -51,7 +51,8 @@ def find_carry(model: nn.Module, owner: nn.Module, key: str) -> Carry | None:
     if len(layers) < 2:
         return None
     sig = inspect.signature(layers[1])
-    required = [p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [p for p in sig.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if len(required) < 2:  # the hidden states and nothing else a layer must be given
         return None
     seen: list = []

@@ -201,7 +201,8 @@ class Slice:
         body[end - 1] = Exit(body[end - 1])
         if self.carry:
             for i in range(start, end):
-                body[i] = Carrying(layers[i], self.relay, self.carry, entry=i == start > 0, exit=i == end - 1, pack=end < n)
+                body[i] = Carrying(layers[i], self.relay, self.carry, entry=i == start > 0, exit=i == end - 1,
+                                   pack=end < n)
         self.body = body
         self.embed_view = [Stop(layers[0])] + body[1:]
         # Rank 0 runs the forward from the token ids, with its caches: what the forward computes

@@ -31,8 +31,8 @@ REFUSED: dict[str, str] = _record["refused"]
 # Admitted types whose layers cannot take several rows at once: each decode group holds one request.
 UNBATCHED = {
     "gemma2": "mlx-lm's Gemma 2 attention cannot take a batch's mask with grouped KV heads",
-    "olmo_hybrid": "a decode group of several rows differs from single-process mlx-lm (Olmo hybrid's linear "
-                   "attention layers)",
+    "olmo_hybrid": "a decode group of several rows differs from single-process mlx-lm (the matrix found it; "
+                   "the cause is not traced)",
     "gpt_bigcode": "mlx-lm's GPTBigCode counts positions from one offset for the whole batch",
     "llama4": "mlx-lm's chunked attention cache (Llama 4) has no batch form",
     "longcat_flash_ngram": "its n-gram embeddings keep each row's last token ids, as many as the row has seen, "

@@ -35,17 +35,20 @@ def test_chained_cuts_equal_the_whole_model(tmp_path, kind, sizes):
 # embeddings, RWKV-7's first layer's values); a cache offset read for layers of another kind (Bailing's
 # linear layers); masks from caches of lists told apart by their parts (Baichuan-M1); a cache of the
 # code before the layers (LongCat's n-grams).
-@pytest.mark.parametrize("kind", ["gpt2", "talkie", "rwkv7", "bailing_moe_linear", "baichuan_m1", "longcat_flash_ngram"])
+@pytest.mark.parametrize("kind", ["gpt2", "talkie", "rwkv7", "bailing_moe_linear", "baichuan_m1",
+                                  "longcat_flash_ngram"])
 @pytest.mark.parametrize("sizes", [[1, 2, 1], [3, 1]])
 def test_chained_cuts_of_models_that_need_more_than_a_layer_list(tmp_path, kind, sizes):
     check_chained_cuts(make(kind, tmp_path / kind), sizes)
 
 
 def test_only_models_whose_layers_take_state_made_before_them_carry_it(tmp_path):
-    carried = {kind: cuts(make(kind, tmp_path / kind), [4])[0].carry for kind in ["llama", "gemma3_text", "talkie", "rwkv7"]}
+    kinds = ["llama", "gemma3_text", "talkie", "rwkv7"]
+    carried = {kind: cuts(make(kind, tmp_path / kind), [4])[0].carry for kind in kinds}
     assert carried["llama"] is None and carried["gemma3_text"] is None
     assert (carried["talkie"].hidden, carried["talkie"].names) == ("x", ["e_x"])
-    assert (carried["rwkv7"].hidden, carried["rwkv7"].names, carried["rwkv7"].returned) == ("x", ["v_first"], ["v_first"])
+    rwkv = carried["rwkv7"]
+    assert (rwkv.hidden, rwkv.names, rwkv.returned) == ("x", ["v_first"], ["v_first"])
 
 
 def check_chained_cuts(path, sizes: list[int]) -> None:
