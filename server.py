@@ -135,6 +135,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
+    from mlx_ring.serving.warmup import warm_rows, warm_up
 
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
@@ -163,6 +164,11 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
+    rows = warm_rows(cfg.max_active)
+    hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+             if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
+    log.info("warmed up in %.2f s (%s sequences at once)", warm_up(sched, engine.seq_ids, hello, rows),
+             ", ".join(map(str, rows)))
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files

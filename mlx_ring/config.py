@@ -30,7 +30,7 @@ class Config:
     step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
-    groups: int = 1  # decode micro-batches in flight
+    groups: int = 0  # decode micro-batches in flight (0: one per rank)
     prefill_chunk: int = 0  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
     strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
     kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
@@ -108,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
                    help="seconds one trip round the ring may take before the ring counts as broken")
     p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
-    p.add_argument("--groups", type=int, default=int(_env("GROUPS", "1")),
-                   help="decode micro-batches kept in flight; more than 1 pays only where a stage's time grows with its batch")
+    p.add_argument("--groups", default=_env("GROUPS", "auto"),
+                   help="decode micro-batches kept in flight (auto: one per rank, so every rank has a group to work on)")
     p.add_argument("--prefill-chunk", default=_env("PREFILL_CHUNK", "auto"),
                    help="prompt tokens per prefill step (auto: 512 on a GPU, 128 on a CPU); chunks of one prompt overlap across ranks")
     p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
@@ -158,8 +158,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"PORT={a.port} is not a TCP port; pick one in 1-65535")
     if a.max_queue < 1 or a.max_active < 1:
         raise ValueError("MAX_QUEUE and MAX_ACTIVE must be at least 1")
-    if a.groups < 1:
-        raise ValueError(f"GROUPS={a.groups} must be at least 1")
+    if a.groups != "auto" and not (a.groups.isdigit() and int(a.groups) > 0):
+        raise ValueError(f"GROUPS={a.groups!r} must be auto or a number of decode groups (at least 1)")
     if a.prefill_chunk != "auto" and not (a.prefill_chunk.isdigit() and int(a.prefill_chunk) > 0):
         raise ValueError(f"PREFILL_CHUNK={a.prefill_chunk!r} must be auto or a number of tokens (at least 1)")
     chunk = 0 if a.prefill_chunk == "auto" else int(a.prefill_chunk)
@@ -188,7 +188,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         model=a.model, weights=a.weights, host=a.host, port=a.port, cache_dir=Path(a.cache_dir).expanduser(),
         log_dir=Path(a.log_dir), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
         default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
-        drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=a.groups, prefill_chunk=chunk,
+        drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=0 if a.groups == "auto" else int(a.groups), prefill_chunk=chunk,
         strategy=a.strategy, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens,
         draft_model=a.draft_model, hostfile=ROOT / Path(a.hostfile).expanduser(),
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),

@@ -8,6 +8,7 @@ Application Firewall, keeping a Mac awake, and Local Network privacy.
 
 import ctypes
 import ctypes.util
+import os
 import platform
 import re
 import resource
@@ -144,6 +145,16 @@ def boot_id() -> str | None:
     except (OSError, ValueError, subprocess.CalledProcessError):
         pass
     return None
+
+
+def usable_cores() -> frozenset[int] | None:
+    """The cores this process may run on, where the system restricts it to some (Linux's affinity,
+    as `taskset` sets it); None where it may use every core (and always on macOS, which has none)."""
+    get = getattr(os, "sched_getaffinity", None)
+    if get is None:
+        return None
+    cores = frozenset(get(0))
+    return cores if len(cores) < (os.cpu_count() or len(cores)) else None
 
 
 # --- ephemeral ports --------------------------------------------------------------------------

@@ -3,9 +3,11 @@ distributed server) on the same model and machine, in one run, through a streami
 
     ./launch.sh bench --ranks 1,2,3 --concurrency 1,4,8            # default model, this machine
     ./launch.sh bench --model /tmp/llama3-8b --gpu --ranks 1,2 --peers mlx_lm,mlx_lm_tp
+    ./launch.sh bench --pin --ranks 1,2 --concurrency 1,8,16,32 --long-prompt 1536   # a core per rank
 
 Reports per target: time to first token (short prompt, and a long one), per-stream decode tokens/s,
-aggregate tokens/s and p50/p99 inter-token latency at each concurrency, and peak memory per rank.
+aggregate tokens/s, p50/p99 inter-token latency and each rank's busy fraction (CPU time over wall
+time, Linux) at each concurrency, and peak memory per rank.
 Writes `bench.json`, `bench.md` and `throughput.png` to `--out`.
 """
 
@@ -61,6 +63,21 @@ class Target:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
         self.log.close()
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """Each rank's CPU time so far (all its threads), by rank (Linux; {} elsewhere)."""
+        out = subprocess.run(["pgrep", "-s", str(self.proc.pid)], capture_output=True, text=True).stdout
+        tick, ranks = os.sysconf("SC_CLK_TCK"), {}
+        for pid in out.split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if any(c.endswith((b"server.py", b"mlx_lm.server")) for c in cmd):  # a rank, not a launcher
+                ranks[int(env.get(b"MLX_RANK", b"0"))] = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+        return ranks
 
     def memory(self) -> list[dict]:
         """Peak memory per rank: MLX's own count where the server reports it, else the OS's."""
@@ -165,12 +182,31 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
         out |= {"ttft_long_s": statistics.median(long), "ttft_long_samples_s": long, "long_prompt_tokens": a.long_prompt}
     out["runs"] = []
     for c in a.concurrency:
+        cpu0, t0 = t.cpu_seconds(), time.perf_counter()
         r = asyncio.run(run_concurrency(url, model, c, a.max_tokens, round_=c))
+        cpu1, wall = t.cpu_seconds(), time.perf_counter() - t0
+        # each rank's CPU time over the run's wall time, per core it may use: its cores' busy fraction
+        cores = len(a.shares[0].split(",")) if a.pin else 1
+        r["busy"] = [round((cpu1[k] - cpu0[k]) / wall / cores, 3) for k in sorted(cpu1) if k in cpu0]
         print(f"  {t.name} c={c}: {r['aggregate_tps']:.1f} tok/s aggregate, "
-              f"{(r['per_stream_decode_tps'] or 0):.1f} per stream", flush=True)
+              f"{(r['per_stream_decode_tps'] or 0):.1f} per stream, busy {r['busy']}", flush=True)
         out["runs"].append(r)
     out["memory"] = t.memory()
     return out
+
+
+def core_shares(a) -> list[str]:
+    """--pin: the cores of each rank of the largest ring ("0,1"), this process's cores split evenly."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // max(a.ranks)
+    if share < 1:
+        raise SystemExit(f"--pin needs a core per rank: {len(cores)} cores for rings of up to {max(a.ranks)} ranks")
+    return [",".join(map(str, cores[r * share:(r + 1) * share])) for r in range(max(a.ranks))]
+
+
+def pinned(a, n: int, cmd: list[str]) -> list[str]:
+    """`cmd` with each of its `n` ranks on its own cores (--pin), else as it is."""
+    return [str(BIN / "python"), str(ROOT / "tools" / "pinned.py"), "/".join(a.shares[:n]), "--", *cmd] if a.pin else cmd
 
 
 def targets(a, model_dir: Path) -> list[Target]:
@@ -181,7 +217,7 @@ def targets(a, model_dir: Path) -> list[Target]:
         hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
         port = free_port()
         cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
-               str(free_port()), "--", py, str(ROOT / "server.py"), "--model", str(model_dir), "--port", str(port),
+               str(free_port()), "--", *pinned(a, n, [py, str(ROOT / "server.py")]), "--model", str(model_dir), "--port", str(port),
                "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
                "--log-dir", str(ROOT / "bench-results" / f"logs-{n}"), *a.server_args]
         ts.append(Target(f"ring-{n}", under_feed(cmd), gpu_env, port, ours=True))
@@ -190,7 +226,7 @@ def targets(a, model_dir: Path) -> list[Target]:
         serve = [str(BIN / "mlx_lm.server"), "--model", str(model_dir), "--port", str(port),
                  "--decode-concurrency", str(max(a.concurrency)), "--max-tokens", str(a.max_tokens)]
         if peer == "mlx_lm":
-            ts.append(Target("mlx_lm", serve, {}, port, ours=False))
+            ts.append(Target("mlx_lm", pinned(a, 1, serve), {}, port, ours=False))
         else:  # mlx-lm's own distributed server over the same ring backend, one rank per GPU
             hostfile = ROOT / "bench-results" / "hosts-peer.json"
             hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * max(a.ranks)))
@@ -204,13 +240,14 @@ def targets(a, model_dir: Path) -> list[Target]:
 def report(results: list[dict], meta: dict, out: Path) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [f"Model `{meta['model']}` on {meta['machine']}; {meta['max_tokens']} tokens per stream, temperature 0.", "",
-             "| target | concurrency | aggregate tok/s | per-stream tok/s | TTFT mean s | ITL p50 ms | ITL p99 ms | failed streams |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| target | concurrency | aggregate tok/s | per-stream tok/s | TTFT mean s | ITL p50 ms | ITL p99 ms | failed streams | busy per rank |",
+             "|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in results:
         for run in r["runs"]:
             lines.append(f"| {r['target']} | {run['concurrency']} | {f(run['aggregate_tps'])} | {f(run['per_stream_decode_tps'])} | "
-                         f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} | {run['errors']} |")
+                         f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} | {run['errors']} | "
+                         f"{' / '.join(f'{b:.0%}' for b in run.get('busy', [])) or '-'} |")
     lines += ["", "| target | TTFT short s | TTFT long s | peak memory per rank (MiB) |", "|---|---|---|---|"]
     for r in results:
         mem = "; ".join(f"r{m['rank']}: " + ", ".join(f"{k.removesuffix('_mib')} {v:.0f}" for k, v in m.items() if k != "rank")
@@ -243,12 +280,15 @@ def main():
     p.add_argument("--long-prompt", type=int, default=4096, help="tokens in the long TTFT prompt (0: skip)")
     p.add_argument("--peers", default="mlx_lm", help="mlx_lm, mlx_lm_tp, mlx_lm_pp (comma-separated; '' for none)")
     p.add_argument("--gpu", action="store_true", help="one GPU per rank (CUDA)")
+    p.add_argument("--pin", action="store_true", help="a device per rank on a CPU (Linux): each rank on its own cores, "
+                   "this machine's cores split evenly over the largest ring's ranks; 1-rank targets get one rank's share")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[], help="extra server.py flag, repeatable")
     a = p.parse_args()
     a.ranks = [int(x) for x in a.ranks.split(",")]
     a.concurrency = [int(x) for x in a.concurrency.split(",")]
     a.peers = [x for x in a.peers.split(",") if x]
+    a.shares = core_shares(a) if a.pin else []
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     if a.model is None:
@@ -258,7 +298,8 @@ def main():
         a.model = str(resolve_model(None, CACHE_DIR, "auto"))
     model_dir = Path(a.model)
     device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0] if a.gpu else ""
-    meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores",
+    meta = {"model": model_dir.name, "machine": device or f"{platform.machine()} CPU, {os.cpu_count()} cores"
+            + (f", ranks pinned to cores {' / '.join(a.shares)}" if a.pin else ""),
             "max_tokens": a.max_tokens, "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:]}
     results = []
     for t in targets(a, model_dir):

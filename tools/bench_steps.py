@@ -27,7 +27,7 @@ one_gpu_per_rank()  # before MLX starts
 from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
 from ring_timeline import between_pings, decode_times, summary  # noqa: E402
 
-from mlx_ring.planning.plan import uniform_plan  # noqa: E402
+from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
@@ -90,12 +90,14 @@ def prompts(a) -> Callable[[int], list[int]]:
     return lambda i: template([{"role": "user", "content": a.prompt.replace("{n}", str(next(numbers)))}], add_generation_prompt=True)
 
 
-def join_ring(model: Path, trace: Path | None) -> Pipeline | None:
+def join_ring(model: Path, trace: Path | None, layers: str | None = None) -> Pipeline | None:
     """This rank's slice of `model` (an even split) on the ring started by mlx.launch: rank 0 gets
     the pipeline to drive; the other ranks serve steps until shut down (then write their `trace`
     events, if asked) and get None."""
     world = init_world()
-    shard = load_shard(model, uniform_plan(spec_from_folder(model).n_layers, world.size()), world.rank())
+    n = spec_from_folder(model).n_layers
+    plan = plan_from_sizes(n, [int(x) for x in layers.split(",")]) if layers else uniform_plan(n, world.size())
+    shard = load_shard(model, plan, world.rank())
     ring = Ring(world)
     ring.trace = [] if trace else None
     if world.rank():
@@ -136,6 +138,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--groups", type=int, default=0, help="decode groups (micro-batches; 0: one per rank)")
+    p.add_argument("--layers", default=None, help="layers per rank, e.g. 11,19 (default: an even split)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--trace", type=Path, default=None, help="time each rank's part of the decode steps of the last "
                    "stream count (2 or more ranks on one host); the events go to this JSON file")
@@ -147,13 +151,13 @@ def main():
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
-    pipe = join_ring(a.model, a.trace)
+    pipe = join_ring(a.model, a.trace, a.layers)
     if pipe is None:
         return
     shard = pipe.stage
     drafter = load_model(a.draft_model)[0] if a.draft_model else None
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter)
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter)
     streams = [int(x) for x in a.streams.split(",")]
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_of)

@@ -18,6 +18,7 @@ class Capabilities:
     weight: float | None = None  # custom: this rank's share of the layers not fixed by `layers`
     source: str = "probed"
     working_set_gb: float = 0.0  # Metal's recommended working set (GiB): the most the GPU may wire; 0: none
+    unit: str = ""  # the GPU or the cores this rank has to itself on its host ("": it shares the host's)
 
 
 def default_usable_gb(memory_gb: float) -> float:

@@ -139,11 +139,12 @@ def stage_seconds(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) 
     return [fixed_seconds(model, c, r) + n * layer_seconds(model, c) for r, (c, n) in enumerate(zip(caps, sizes))]
 
 
-def host_seconds(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> dict[str, float]:
-    """Ranks on one machine take turns on its cores, so a machine is busy for the sum of its stages."""
-    busy: dict[str, float] = {}
+def host_seconds(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> dict[tuple[str, str], float]:
+    """Ranks on one machine take turns on its cores, so a machine is busy for the sum of its stages;
+    a rank with a GPU or cores to itself (its `unit`) is busy only for its own."""
+    busy: dict[tuple[str, str], float] = {}
     for c, t in zip(caps, stage_seconds(model, caps, sizes)):
-        busy[c.host] = busy.get(c.host, 0.0) + t
+        busy[c.host, c.unit] = busy.get((c.host, c.unit), 0.0) + t
     return busy
 
 
@@ -254,12 +255,12 @@ def balanced_sizes(model: ModelSpec, caps: list[Capabilities], kv_tokens: int) -
     sizes = [1] * n
     busy = host_seconds(model, caps, sizes)
     per = [layer_seconds(model, c) for c in caps]
-    heap = [(busy[c.host] + per[r], 1, r) for r, c in enumerate(caps) if cap[r] > 1]
+    heap = [(busy[c.host, c.unit] + per[r], 1, r) for r, c in enumerate(caps) if cap[r] > 1]
     heapq.heapify(heap)
     for _ in range(L - n):
         while True:  # entries go stale when a machine's other rank took a layer meanwhile
             t, k, r = heapq.heappop(heap)
-            h = caps[r].host
+            h = caps[r].host, caps[r].unit
             if k == sizes[r] and t == busy[h] + per[r]:
                 break
             heapq.heappush(heap, (busy[h] + per[r], sizes[r], r))

@@ -2,8 +2,8 @@
 cached per host, device and dtype; and the exchange that gives every rank every rank's answer.
 
 `MLX_RING_CAPS` (tests, or to pretend): a JSON list, one object per rank, whose keys (`host`,
-`device`, `memory_gb`, `usable_gb`, `tflops`, `bandwidth_gbs`, `working_set_gb`) replace what this
-rank measures.
+`device`, `memory_gb`, `usable_gb`, `tflops`, `bandwidth_gbs`, `working_set_gb`, `unit`) replace
+what this rank measures.
 A rank whose entry has memory_gb, tflops and bandwidth_gbs measures nothing.
 """
 
@@ -21,10 +21,11 @@ from mlx_ring.gpu import usable_bytes, working_set
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
 from mlx_ring.platform import memory as host_memory
+from mlx_ring.platform import usable_cores
 
 log = logging.getLogger(__name__)
 
-CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs", "working_set_gb")
+CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs", "working_set_gb", "unit")
 PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
 
 
@@ -78,10 +79,21 @@ def blas() -> str:
     return "|openblas" if "openblas" in maps else "|reference-blas"
 
 
-def _cached_speed(cache_dir: Path, device: str, dtype: str) -> tuple[float, float]:
-    """The measured speed for this host, device, dtype and BLAS; measured on first use, then read back."""
+def compute_unit() -> str:
+    """The GPU or the cores this rank has to itself on its host, "" when it shares the host's: a GPU
+    of its own with CUDA_PER_RANK, else (on a CPU device) the cores it is pinned to."""
+    if mx.default_device() != mx.cpu:
+        return f"GPU {os.environ.get('CUDA_VISIBLE_DEVICES')}" if os.environ.get("CUDA_PER_RANK") == "1" else ""
+    cores = usable_cores()
+    return f"cores {','.join(map(str, sorted(cores)))}" if cores else ""
+
+
+def _cached_speed(cache_dir: Path, device: str, dtype: str, unit: str = "") -> tuple[float, float]:
+    """The measured speed for this host, device (or its `unit`), dtype and BLAS; measured on first
+    use, then read back."""
     path = Path(cache_dir) / "probe.json"
-    key = f"{socket.gethostname()}|{device}|{dtype}{blas()}"
+    share = f" ({len(unit.split(','))} cores)" if unit.startswith("cores") else ""  # pinned: its cores' speed
+    key = f"{socket.gethostname()}|{device}{share}|{dtype}{blas()}"
     try:
         cache = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -127,6 +139,7 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
     info = device_info()
     device = over.get("device") or str(info.get("device_name") or mx.default_device())
     host = over.get("host") or socket.gethostname()
+    unit = over.get("unit", compute_unit())
     limit = over.get("working_set_gb", working_set(info) / GIB)
     if "memory_gb" in over:
         total = over["memory_gb"]
@@ -139,10 +152,10 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
     if "tflops" in over and "bandwidth_gbs" in over:
         tflops, gbs = over["tflops"], over["bandwidth_gbs"]
     else:
-        tflops, gbs = _cached_speed(cache_dir, device, dtype)
+        tflops, gbs = _cached_speed(cache_dir, device, dtype, unit)
         tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
     return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
-                        source="MLX_RING_CAPS" if over else "probed", working_set_gb=float(limit))
+                        source="MLX_RING_CAPS" if over else "probed", working_set_gb=float(limit), unit=unit)
 
 
 def main() -> None:

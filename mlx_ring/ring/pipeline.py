@@ -120,6 +120,11 @@ class Pipeline:
             raise RingError(f"ring returned {back}, sent {expected}: the ranks are out of step")
         if lazy:
             self.unread = out
+            if self.ready:
+                # Another group's stage is computed and waits for room: read this payload off the
+                # socket and send that one now, so rank 1 works on it while rank 0 runs the head.
+                self.settle()
+                self._send_ready()
         else:
             self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
         return tag, out

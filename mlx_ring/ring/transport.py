@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlx_ring.gpu import on_metal, receive_apart_setting
-from mlx_ring.platform import boot_id
+from mlx_ring.platform import boot_id, usable_cores
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -129,9 +129,11 @@ def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
 
 
 def machine() -> str:
-    """What names this machine's cores: its boot id (one per running kernel, so containers and
-    network namespaces that share the cores share it), else the host name."""
-    return boot_id() or socket.gethostname()
+    """What names the cores this rank runs on: its machine's boot id (one per running kernel, so
+    containers and network namespaces that share the cores share it), else the host name; and the
+    cores it is pinned to, if it is (ranks pinned apart do not share their cores)."""
+    pinned = usable_cores()
+    return (boot_id() or socket.gethostname()) + (f" cores {sorted(pinned)}" if pinned else "")
 
 
 def _share_cores(world: mx.distributed.Group) -> None:
@@ -142,7 +144,7 @@ def _share_cores(world: mx.distributed.Group) -> None:
     local = hosts.count(me)
     set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
     if local > 1 and set_threads is not None:
-        set_threads(max(1, (os.cpu_count() or 1) // local))
+        set_threads(max(1, len(usable_cores() or range(os.cpu_count() or 1)) // local))
 
 
 # The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.

@@ -38,7 +38,7 @@ class Prefill:
     sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
     reuse: list[int] = field(default_factory=list)  # the prompt-cache entry each row starts from (empty: none)
-    group: "Group | None" = None  # a model that does not batch: the empty group it will join
+    group: "Group | None" = None  # the group it will join
 
     def padding(self) -> list[int]:
         return [len(self.tokens[0]) - len(s.prompt) for s in self.rows]
@@ -52,7 +52,7 @@ class Group:
     id: int
     rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
     joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
-    reserved: int = 0  # a model that does not batch: prompts being prefilled for this (empty) group
+    reserved: int = 0  # rows being prefilled for this group
     busy: bool = False  # a decode step of this group is on the ring
     verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
     saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
@@ -61,6 +61,10 @@ class Group:
 
     def load(self) -> int:
         return len(self.rows) + sum(len(b.rows) for b in self.joining)
+
+    def coming(self) -> int:
+        """Its rows, with those joining and those still being prefilled for it."""
+        return self.load() + self.reserved
 
     def free(self) -> bool:
         """Empty, and no prompt is being prefilled for it (a model that does not batch)."""

@@ -55,11 +55,11 @@ MODEL_DRAFT_ROWS = 4
 
 
 class Scheduler:
-    """`groups`: decode micro-batches; new sequences join the smallest. One group suits decoding on
-    a bandwidth-bound device (a step costs about as much for 1 row as for 64); more pay only where
-    a stage's time grows with its rows (large batches on a CPU)."""
+    """`groups`: decode micro-batches; new sequences join the smallest. 0: one per rank, the fewest
+    that keep every rank at work once there are as many sequences (each rank runs one group's stage
+    while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 1, chunk: int = 512, prefix: PrefixIndex | None = None,
+    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
                  draft_tokens: int = 0, draft_model=None):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
@@ -71,7 +71,7 @@ class Scheduler:
         # are prefilled again, in a batch with others. A short shared start such as a chat template's
         # costs less to recompute than to load (on a GPU, with 512-token chunks: under 64 tokens).
         self.least_reuse = max(1, chunk // 8)
-        self.groups = [Group(g) for g in range(groups)]
+        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
         self.to_free: list[Prefill] = []
@@ -164,10 +164,10 @@ class Scheduler:
 
     @staticmethod
     def _release(b: Prefill) -> Group | None:
-        """The group `b` was prefilled for (a model that does not batch), no longer reserved."""
+        """The group `b` was prefilled for, its rows no longer reserved there."""
         group, b.group = b.group, None
         if group is not None:
-            group.reserved -= 1
+            group.reserved -= len(b.rows)
         return group
 
     @staticmethod
@@ -180,6 +180,11 @@ class Scheduler:
         # the padding). They start from the same number of cached tokens, each from its own entry:
         # the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go from its own).
         first = next(s for s in self.waiting if self._free_to_start(s))
+        # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
+        # over the groups, each batch filling its group up to an even share of all rows.
+        group = next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
+        rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
+        share = max(1, -(-rows_now // len(self.groups)) - group.coming())
         self.waiting.remove(first)
         entry, reused = self._lookup(first.prompt)
         rows, entries, longest = [first], [entry], len(first.prompt)
@@ -188,7 +193,7 @@ class Scheduler:
             if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
-            if (n - reused) * (len(rows) + 1) > self.chunk:
+            if (n - reused) * (len(rows) + 1) > self.chunk or len(rows) == share:
                 break
             self.waiting.remove(s)
             rows.append(s)
@@ -200,10 +205,8 @@ class Scheduler:
         if self.prefix:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
-        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse)
-        if not self.ends.batches:
-            self.filling.group = next(g for g in self.groups if g.free())
-            self.filling.group.reserved += 1
+        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse, group=group)
+        group.reserved += len(rows)
         return self.filling
 
     def _lookup(self, prompt: list[int]) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """The layer plan is a pure function: property tests, no MLX."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -168,6 +169,18 @@ def test_ranks_on_one_machine_split_evenly_and_share_its_memory():
     caps = colocate([Capabilities("box", 64, 48, 0.05, 5)] * 2)
     assert [c.usable_gb for c in caps] == [24, 24]
     assert plan_layers(LLAMA_8B, caps, "balanced", 0).sizes == [16, 16]  # same machine: nothing to gain
+
+
+def test_ranks_with_cores_of_their_own_balance_like_machines_of_their_own():
+    # Rank 0 also runs the head: pinned apart, it takes fewer layers than the other, as a machine would.
+    one = Capabilities("box", 64, 48, 0.05, 5)
+    shared = colocate([one, one])
+    apart = colocate([replace(one, unit="cores 0"), replace(one, unit="cores 1")])
+    machines = [replace(one, host="a"), replace(one, host="b")]
+    assert plan_layers(LLAMA_8B, shared, "balanced", 0).sizes == [16, 16]
+    sizes = plan_layers(LLAMA_8B, apart, "balanced", 0).sizes
+    assert sizes[0] < sizes[1] and sizes == plan_layers(LLAMA_8B, machines, "balanced", 0).sizes
+    assert [c.usable_gb for c in apart] == [24, 24]  # they still share the machine's memory
 
 
 def test_studio_takes_more_than_a_mini():

@@ -97,3 +97,20 @@ def decode_all(sched: Scheduler, prompts: list[list[int]], wanted: list[int]) ->
             if len(got[s.id]) == wanted[s.id]:
                 sched.remove(s)
     return got
+
+
+def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
+    import itertools
+
+    from mlx_ring.serving.prefix import PrefixIndex
+    from mlx_ring.serving.warmup import warm_up
+
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    prefix = PrefixIndex(4096)
+    sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, prefix=prefix)
+    ids = itertools.count(1)
+    warm_up(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3], [1, 2, 4])
+    assert sched.idle() and shard.status_row().open_sequences == 0
+    assert sched.prefix is prefix and prefix.lookup([5, 17, 42, 9, 8, 7, 6, 5, 4, 3]) == (0, 0)
+    assert next(ids) == 8  # 1 + 2 + 4 sequences took their ids from the engine's count
