@@ -1,4 +1,4 @@
-"""How steady one stream's speed is: each target started --starts times, each start serving
+"""How steady one stream's speed is: each target started --starts times (in turns), each start serving
 --requests single-stream requests in turn (the first one right after the server is up).
 
     python tools/bench_starts.py --model /tmp/llama8b --gpu --starts 5 --requests 4 --max-tokens 256
@@ -27,20 +27,16 @@ async def one(url: str, model: str, i: int, max_tokens: int) -> dict:
         return await stream_one(client, model, f"Request {i}. Write a long, detailed story about the sea.", max_tokens)
 
 
-def run_target(t: Target, a, model_dir: Path) -> list[dict]:
-    starts = []
-    for s in range(a.starts):
-        t0 = time.perf_counter()
-        with t:
-            up = time.perf_counter() - t0
-            model = "default" if t.ours else str(model_dir)
-            reqs = [asyncio.run(one(t.url, model, s * 100 + i, a.max_tokens)) for i in range(a.requests)]
-            memory = t.memory()
-        starts.append({"start_s": up, "ttft_s": [r["ttft"] for r in reqs], "decode_tps": [r["decode_tps"] for r in reqs],
-                       "memory": memory})
-        print(f"{t.name} start {s}: up in {up:.1f} s, TTFT {[round(r['ttft'] or 0, 3) for r in reqs]}, "
-              f"tok/s {[round(r['decode_tps'] or 0, 1) for r in reqs]}", flush=True)
-    return starts
+def run_start(t: Target, a, model_dir: Path, s: int) -> dict:
+    t0 = time.perf_counter()
+    with t:
+        up = time.perf_counter() - t0
+        model = "default" if t.ours else str(model_dir)
+        reqs = [asyncio.run(one(t.url, model, s * 100 + i, a.max_tokens)) for i in range(a.requests)]
+        memory = t.memory()
+    print(f"{t.name} start {s}: up in {up:.1f} s, TTFT {[round(r['ttft'] or 0, 3) for r in reqs]}, "
+          f"tok/s {[round(r['decode_tps'] or 0, 1) for r in reqs]}", flush=True)
+    return {"start_s": up, "ttft_s": [r["ttft"] for r in reqs], "decode_tps": [r["decode_tps"] for r in reqs], "memory": memory}
 
 
 def report(results: dict, a, out: Path) -> None:
@@ -78,9 +74,10 @@ def main():
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     model_dir, results = Path(a.model), {}
-    for t in targets(a, model_dir):
-        results[t.name] = run_target(t, a, model_dir)
-        report(results, a, a.out)
+    for s in range(a.starts):  # targets take turns, each start on fresh ports
+        for t in targets(a, model_dir):
+            results.setdefault(t.name, []).append(run_start(t, a, model_dir, s))
+            report(results, a, a.out)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ class _Sampling(_Strict):
             seed=None if self.seed is None else self.seed + choice,
             top_logprobs=top_logprobs,
             grammar=grammar,
+            logprobs=self.logprob_count() is not None,
         )
 
 

@@ -17,6 +17,7 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per token (0: none)
     grammar: str | None = None  # llguidance grammar the output must match (serving/grammar.py), else free
+    logprobs: bool = True  # report each token's log-probability (False: no need to normalise the logits)
 
     def plain(self) -> bool:
         """No processors, no seed, no alternatives: rows with equal plain params sample in one call."""

@@ -13,7 +13,7 @@ def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
     model = make_tiny_model(tmp_path / "model", "llama", n_layers=4)
     trace = tmp_path / "trace.json"
     proc = launch(2, tmp_path, ["tools/bench_steps.py", "--model", str(model), "--streams", "3", "--max-tokens", "6",
-                                "--chunk", "16", "--trace", str(trace)], timeout=240)
+                                "--chunk", "16", "--groups", "2", "--trace", str(trace)], timeout=240)
     ranks = json.loads(trace.read_text())
     assert not list(tmp_path.glob("trace.json.rank*")), "rank 1's own file is merged, then removed"
     by_rank = [steps([tuple(e) for e in events]) for events in ranks]
@@ -23,4 +23,5 @@ def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
     decodes = sum(kind == Kind.DECODE for kind, _ in kinds[0])
     assert decodes >= 5  # 6 tokens a stream: the first from the prefill, the rest one DECODE step each
     line = next(ln for ln in proc.stdout.splitlines() if "DECODE steps" in ln)
-    assert line.startswith(f"2 rank(s), 3 streams: {decodes - 1} DECODE steps: period "), line  # one group
+    # the 3 streams spread over the 2 groups; a group's first step has no period before it
+    assert line.startswith(f"2 rank(s), 3 streams: {decodes - 2} DECODE steps: period "), line
