@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from netns_hosts import NetnsHosts, sh, why_not
+from testhosts import NetnsHosts, sh, why_not
 from ringutil import ROOT, free_port, wait_healthy
 
 REASON = why_not()

@@ -1,5 +1,5 @@
 """The ring across hosts that share nothing: every rank in its own network namespace with its own
-sshd, home and project folder (netns_hosts.py), started over real ssh by `./launch.sh` from this
+sshd, home and project folder (tests/testhosts.py), started over real ssh by `./launch.sh` from this
 machine, which provisions each host (code, environment, its slice of the weights) as a user's Macs."""
 
 import json
@@ -12,7 +12,7 @@ import openai
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-from netns_hosts import NetnsHosts, why_not
+from testhosts import NetnsHosts, why_not
 from ringutil import ROOT, free_port
 
 REASON = why_not()

@@ -19,7 +19,7 @@ from fuzzbodies import MODEL, bodies
 from hypothesis import HealthCheck, given, settings
 from serverutil import running_server
 
-from tools.random_model import make_random_model
+from random_weights import make_random_model
 
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as asked
 
