@@ -23,7 +23,7 @@ from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.port import Delta, Done, Failed
 
 # The dialects' routes are kept out of /openapi.json for now: it documents OpenAI's error shape for
-# every route, and schemathesis (tests/ring/test_schema.py) holds each route to it.
+# every route, and schemathesis (tests/unit/test_api_schema.py) holds each route to it.
 OPENAPI = False
 
 

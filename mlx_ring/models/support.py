@@ -40,7 +40,7 @@ UNBATCHED = {
 }
 
 
-# Config keys the matrix's tiny models leave off (tools/model_zoo.py sets them to 0), so a checkpoint
+# Config keys the matrix's tiny models leave off (tests/model_zoo.py sets them to 0), so a checkpoint
 # that turns one on is a variant no test has split: Gemma 4 E2B/E4B's per-layer inputs are made from the
 # token ids before the first layer, which ranks after the first never see.
 UNTESTED = {"hidden_size_per_layer_input": "per-layer inputs made from the token ids (Gemma 3n/4 E2B, E4B) "

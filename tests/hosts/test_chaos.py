@@ -16,18 +16,20 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from netns_hosts import NetnsHosts, sh, why_not
+from testhosts import NetnsHosts, sh, why_not
 from ringutil import ROOT, free_port, wait_healthy
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
-STEP_TIMEOUT = 10
+STEP_TIMEOUT = 5
 BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}  # seconds from the fault to every stream's end
-CUT_FOR = 20  # seconds a link stays down: past ssh's keepalives, so the ring must wait for the host
+CUT_FOR = 15  # seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must wait for the host
 RECOVER_WITHIN = 90  # seconds from the host's return to an answer (ring restart and model load on 2 cores)
-FAILOVER_AFTER = 25  # seconds: past a cut phase's wait, so only the last phase fails over
+# Seconds of waiting for a host before the ring serves without it: a cut phase brings its host back
+# within seconds of the supervisor saying it waits, so only the last phase fails over.
+FAILOVER_AFTER = 15
 
 
 class Ring:
@@ -148,11 +150,11 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
             errors = [o["error"] for o in outs]
             assert all(victim.name in e for e in errors), f"{kind} on {victim.name}: errors {errors}"
             if kind == "cut":
-                time.sleep(max(0.0, CUT_FOR - (time.monotonic() - t_fault)))
-                deadline = time.monotonic() + 40  # the ring's exit, then one look at the hosts (ssh's 5 s)
+                deadline = t_fault + CUT_FOR + 40  # the ring's exit, then one look at the hosts (ssh's 5 s)
                 while True:  # the supervisor waits for the host, and says so
                     said = ring.sh("status")
-                    if f"waiting for {victim.name}" in said.stderr or time.monotonic() > deadline:
+                    waiting = f"waiting for {victim.name}" in said.stderr
+                    if (waiting and time.monotonic() - t_fault >= CUT_FOR) or time.monotonic() > deadline:
                         break
                     time.sleep(1)
                 assert said.returncode == 1 and f"waiting for {victim.name}" in said.stderr, said.stderr

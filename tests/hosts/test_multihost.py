@@ -1,5 +1,5 @@
 """The ring across hosts that share nothing: every rank in its own network namespace with its own
-sshd, home and project folder (netns_hosts.py), started over real ssh by `./launch.sh` from this
+sshd, home and project folder (tests/testhosts.py), started over real ssh by `./launch.sh` from this
 machine, which provisions each host (code, environment, its slice of the weights) as a user's Macs."""
 
 import json
@@ -12,7 +12,7 @@ import openai
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-from netns_hosts import NetnsHosts, why_not
+from testhosts import NetnsHosts, why_not
 from ringutil import ROOT, free_port
 
 REASON = why_not()
@@ -195,16 +195,25 @@ def test_failures_a_user_hits_are_one_sentence_naming_the_host(hosts, tmp_path):
 
 def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path):
     a, b, c = hosts.hosts
-    hosts.wipe(c)
-    hosts.start_sshd(c)
-    said = failure(hosts, tmp_path / "empty", [a.entry(), c.entry()], PROVISION="0")
+    if hosts.ssh(c, f"test -f {ROOT}/server.py", check=False).returncode:  # run alone: provision c, as the first test leaves it
+        ring = Ring(tmp_path / "ok", hosts)
+        ring.write([a.entry(), c.entry()])
+        assert ring.sh("start").returncode == 0 and ring.sh("stop").returncode == 0
+    # c as a new machine (its project folder empty, as wipe() leaves it), then as it was: a ring start
+    # that provisions a new host is the first test's; here only what is refused without provisioning.
+    project, hidden = c.folder / "project", c.folder / "hidden"
+    hidden.mkdir()
+    for p in list(project.iterdir()):
+        p.rename(hidden / p.name)
+    try:
+        said = failure(hosts, tmp_path / "empty", [a.entry(), c.entry()], PROVISION="0")
+    finally:
+        for p in list(hidden.iterdir()):
+            p.rename(project / p.name)
+        hidden.rmdir()
     assert f"{c.name} has no copy of the project at {ROOT}" in said
 
-    # Provision c, then change one file there and fake another mlx version.
-    ring = Ring(tmp_path / "ok", hosts)
-    ring.write([a.entry(), c.entry()])
-    assert ring.sh("start").returncode == 0
-    assert ring.sh("stop").returncode == 0
+    # Change one file on c and fake another mlx version there.
     hosts.ssh(c, f"echo '# edited' >> {ROOT}/shard.py")
     said = failure(hosts, tmp_path / "code", [a.entry(), c.entry()], PROVISION="0")
     assert f"{c.name}'s copy of the project differs from this one in 1 file(s) (shard.py)" in said

@@ -1,9 +1,9 @@
 """bench_steps --trace on a real 2-rank ring: every rank records the same steps, in ring order, and
-the decode timeline is computed from them (tools/ring_timeline.py; its arithmetic: tests/unit)."""
+the decode timeline is computed from them (mlx_ring/ring/timeline.py; its arithmetic: tests/unit)."""
 
 import json
 
-from ring_timeline import steps
+from mlx_ring.ring.timeline import steps
 from ringutil import launch, make_tiny_model
 
 from mlx_ring.ring.protocol import Kind

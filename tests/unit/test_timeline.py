@@ -2,7 +2,7 @@
 the ranks record (known times in, known times out)."""
 
 import pytest
-from ring_timeline import between_pings, decode_times, steps
+from mlx_ring.ring.timeline import between_pings, decode_times, steps
 
 from mlx_ring.ring.protocol import Kind
 

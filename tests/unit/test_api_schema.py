@@ -1,12 +1,22 @@
-"""schemathesis against the server's own /openapi.json: no 5xx, responses as documented."""
+"""schemathesis against the server's own /openapi.json: no 5xx, responses as documented. The app is
+served over real HTTP (uvicorn, as server.py serves it) in this process around the stand-in engine:
+which requests the API takes, refuses and how it answers is the app's; the real engine's answers to
+generated requests are covered on a ring by tests/ring/test_adversarial.py."""
 
 import json
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
-from serverutil import running_server
+import uvicorn
+from apiutil import FakeEngine
+
+from mlx_ring.api.app import make_app
+from mlx_ring.ring.launch import free_port
 
 
 def fuzzable(doc: dict) -> dict:
@@ -20,17 +30,29 @@ def fuzzable(doc: dict) -> dict:
     return doc
 
 
-def test_api_conforms_and_never_fails(tmp_path, default_model):
-    # Completions of at most 4 tokens keep each generated request cheap on a CPU.
-    with running_server(tmp_path, n_ranks=2, extra_args=["--max-tokens", "2", "--max-tokens-limit", "4"]) as (url, _):
+def test_api_conforms_and_never_fails(tmp_path, served):
+    # The limits server.py gets from --max-tokens 2 --max-tokens-limit 4: short answers, and a bound to refuse past.
+    app = make_app(FakeEngine(served.tokenizer), replace(served, default_max_tokens=2, max_tokens_limit=4))
+    port = free_port()
+    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    web = threading.Thread(target=http.run, daemon=True)
+    web.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not http.started:
+            assert web.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
         doc = tmp_path / "openapi.json"
         doc.write_text(json.dumps(fuzzable(httpx.get(f"{url}/openapi.json", timeout=30).json())))
         st = Path(sys.executable).parent / "schemathesis"
         proc = subprocess.run(
             [str(st), "run", str(doc), "--url", url, "--checks", "all",
-             # Speed is the benchmark's business; on a shared 2-core CPU a 16-token answer can pass 10 s.
              "--max-response-time", "300", "--max-examples", "25",
              "--request-timeout", "120", "--generation-deterministic", "--suppress-health-check", "all"],
             capture_output=True, text=True, timeout=900,
         )
+    finally:
+        http.should_exit = True
+        web.join(30)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

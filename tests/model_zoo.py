@@ -4,8 +4,8 @@ latent ranks, windows, state sizes), so experts, latent attention, sliding windo
 convolution states are kept, only small. Types that mlx-lm runs under another's code
 (`MODEL_REMAPPING`: `kimi_k2` as `deepseek_v3`, ...) are types of their own here, as users name them.
 
-    python -m tools.model_zoo list                 # every type and the config it gets
-    python -m tools.model_zoo make TYPE FOLDER [--bits 4]
+    python tests/model_zoo.py list                 # every type and the config it gets
+    python tests/model_zoo.py make TYPE FOLDER [--bits 4]
 
 The supported-model list (mlx_ring/models/supported.json) is what tests/ring/test_model_matrix.py
 finds when these models run split across ranks; see docs/models.md.
