@@ -1,4 +1,4 @@
-"""Every text-decoder type mlx-lm ships, as a tiny random model (tools/model_zoo.py), split unevenly on
+"""Every text-decoder type mlx-lm ships, as a tiny random model (tests/model_zoo.py), split unevenly on
 2 and on 3 ranks, sequences joining and leaving a batch, prefill in chunks and cached decode, against
 single-process mlx-lm: logits within 1e-4, tokens equal; the mixture-of-experts types 4-bit too. A type
 is admitted exactly when all its runs pass; mlx_ring/models/supported.json records what this test finds
