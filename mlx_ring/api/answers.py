@@ -139,8 +139,8 @@ class Answers:
             return StreamingResponse(self._stream(flow, choices, head, chat, body), media_type="text/event-stream")
         async for i, ev in flow:
             c = choices[i]
-            if isinstance(ev, Failed):
-                raise ApiError(ev.status, ev.message, ev.type)
+            if isinstance(ev, Failed):  # a 503 (draining, the ring down) says when to retry, as one before queueing does
+                raise ApiError(ev.status, ev.message, ev.type, headers={"Retry-After": "5"} if ev.status == 503 else None)
             if isinstance(ev, Delta):
                 c.tokens += ev.tokens
                 c.add(ev.text)

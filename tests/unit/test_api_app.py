@@ -211,6 +211,7 @@ def test_a_tool_result_turn_reaches_the_template(tool_served):
 def test_an_engine_failure_is_an_openai_error_whole_and_streamed(http, engine):
     engine.fail_after = 2
     r = http.post("/v1/chat/completions", json={"messages": QUESTION})
+    assert r.headers["retry-after"] == "5"  # a queued request failed by a drain or a broken ring: when to come back
     assert r.status_code == 503 and r.json()["error"] == {"message": "ring failure: a rank stopped", "type": "service_unavailable",
                                                           "param": None, "code": None}
     *chunks, error, done = events(http.post("/v1/chat/completions", json={"messages": QUESTION, "stream": True}))
