@@ -260,7 +260,7 @@ def main() -> None:
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster)
     else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
-        serve_worker(shard, ring)
+        serve_worker(shard, ring, cfg.drain_timeout)
     log.info("exiting")
 
 

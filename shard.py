@@ -273,12 +273,14 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED)
 
 
-def serve_worker(shard: Shard, ring: Ring) -> None:
+def serve_worker(shard: Shard, ring: Ring, drain_timeout: float) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
-    SIGTERM came and the previous rank has been silent since (transport.QUIET_AFTER_TERM)."""
+    SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since."""
     # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the
-    # clock on a silent predecessor.
-    signal.signal(signal.SIGTERM, lambda *_: (log.info("SIGTERM: leaving when rank 0 shuts the ring down"), ring.terminate()))
+    # clock on a silent predecessor. Rank 0 drains for at most drain_timeout, so a silence that long
+    # means no drain is going on (rank 0 stopped, or its host is gone).
+    signal.signal(signal.SIGTERM, lambda *_: (log.info("SIGTERM: leaving when rank 0 shuts the ring down"),
+                                              ring.terminate(drain_timeout)))
     while True:
         # The next step, from the previous rank; a forward step's payload arrives within the graph that
         # computes on it and sends the result on (one sync per step instead of two; every payload is

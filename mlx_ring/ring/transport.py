@@ -182,20 +182,17 @@ def in_graph(kind: int, lazy: bool, apart: bool) -> bool:
     return lazy and (kind == Kind.DECODE or (kind == Kind.PREFILL and not apart))
 
 
-QUIET_AFTER_TERM = 30.0  # seconds a SIGTERMed worker waits on a silent previous rank before it leaves
-
-
 class PeerSilent(Exception):
     """A SIGTERM came and the previous rank has sent nothing since: the worker leaves."""
 
 
-def wait_readable(fds: list[int], term_at, prev: int, quiet: float = QUIET_AFTER_TERM) -> None:
+def wait_readable(fds: list[int], term, prev: int) -> None:
     """Block until one of `fds` has data (or is closed). Woken every second to see whether a SIGTERM
-    came (`term_at()`: its monotonic time, or None): past `quiet` seconds of silence since, PeerSilent."""
+    came (`term()`: None, or its monotonic time and the seconds of silence allowed since): past
+    those seconds, PeerSilent."""
     while not select.select(fds, [], [], 1.0)[0]:
-        since = term_at()
-        if since is not None and time.monotonic() - since > quiet:
-            raise PeerSilent(f"asked to stop (SIGTERM) and rank {prev} has sent nothing for {quiet:.0f} s since")
+        if (came := term()) is not None and time.monotonic() - came[0] > came[1]:
+            raise PeerSilent(f"asked to stop (SIGTERM) and rank {prev} has sent nothing for {came[1]:.0f} s since")
 
 
 class Ring:
@@ -219,7 +216,7 @@ class Ring:
         # With tracing on (bench_steps --trace): (event, kind, group, seconds) as each step's header comes
         # in ("in"), its stage's graph is built ("built", marked by the caller) and its payload leaves ("out").
         self.trace: list[tuple[str, int, int, float]] | None = None
-        self.term_at: float | None = None  # when a SIGTERM came (`terminate`)
+        self.term: tuple[float, float] | None = None  # when a SIGTERM came, and the silence allowed since
 
     def mark(self, event: str, header: Header) -> None:
         """Note the moment `event` happens to `header`'s step, when tracing."""
@@ -268,10 +265,10 @@ class Ring:
             self._wait_for_data()
         self.unread = False
 
-    def terminate(self) -> None:
+    def terminate(self, quiet: float) -> None:
         """A SIGTERM came: keep serving rank 0's drain, but leave once the previous rank goes quiet
-        for QUIET_AFTER_TERM seconds (one that vanished without closing its sockets never wakes us)."""
-        self.term_at = time.monotonic()
+        for `quiet` seconds (one that vanished without closing its sockets never wakes us)."""
+        self.term = (time.monotonic(), quiet)
 
     def _wait_for_data(self) -> None:
         # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
@@ -279,4 +276,4 @@ class Ring:
         # being computed); wait for data, or a closed peer, in the kernel first, at no cost. Only the
         # previous rank's sockets: the next rank's, once that rank is gone, would wake this at once.
         if _PREV_FDS:
-            wait_readable(_PREV_FDS, lambda: self.term_at, self.prev)
+            wait_readable(_PREV_FDS, lambda: self.term, self.prev)

@@ -190,19 +190,18 @@ def gone(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc, which only Linux has")
 def test_a_sigtermed_worker_leaves_a_predecessor_that_went_silent(tmp_path, default_model):
     # Rank 0 stopped holds its sockets open and sends nothing, as a host that lost power would: its
-    # successor, asked to stop, leaves after QUIET_AFTER_TERM instead of waiting for a SIGKILL.
-    from mlx_ring.ring.transport import QUIET_AFTER_TERM
-
-    with running_server(tmp_path, n_ranks=2) as (url, proc):
+    # successor, asked to stop, leaves after DRAIN_TIMEOUT seconds of silence instead of waiting for a SIGKILL.
+    quiet = 6
+    with running_server(tmp_path, n_ranks=2, extra_args=["--drain-timeout", str(quiet)]) as (url, proc):
         rank0, rank1 = [int((tmp_path / "logs" / f"rank{r}.pid").read_text()) for r in range(2)]
         try:
             os.kill(rank0, signal.SIGSTOP)
             os.kill(rank1, signal.SIGTERM)
-            time.sleep(QUIET_AFTER_TERM / 2)
+            time.sleep(quiet / 2)
             assert not gone(rank1), "a SIGTERM alone must not cut the ring under rank 0's drain"
-            deadline = time.monotonic() + QUIET_AFTER_TERM + 30
+            deadline = time.monotonic() + quiet + 30
             while not gone(rank1) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            assert gone(rank1), f"rank 1 still waits on a silent rank 0 {QUIET_AFTER_TERM + 30 + QUIET_AFTER_TERM / 2:.0f} s after its SIGTERM"
+            assert gone(rank1), f"rank 1 still waits on a silent rank 0 {quiet + 30 + quiet / 2:.0f} s after its SIGTERM"
         finally:
             os.kill(rank0, signal.SIGKILL)
