@@ -129,13 +129,14 @@ def test_a_slow_stage_on_rank_0_is_not_taken_for_a_hung_rank(ring):
 
 
 def test_small_socket_buffers_do_not_deadlock_64_streams(tmp_path, default_model):
-    # Hidden size 2048, float32: a decode step of 64 rows carries 512 KiB, and the ring's sockets
-    # hold 16 KiB. A sender blocks until its peer reads, as over a real link with small buffers.
-    # (With 4 KiB, TCP's delayed acknowledgements make every transfer take seconds.)
+    # Hidden size 2048, float32: a decode step of 64 rows carries 512 KiB (each of two groups' 256 KiB),
+    # and the ring's sockets hold 32 KiB (Linux books twice that). A sender blocks until its peer reads,
+    # as over a real link with small buffers. (At 16 KiB, TCP's delayed acknowledgements stretch each
+    # transfer to about a second, and the test to over a minute; at 4 KiB, to seconds a transfer.)
     model = make_random_model("qwen3-1.7b", tmp_path / "wide", default_model, "float32",
                               num_hidden_layers=2, intermediate_size=256)
     args = ["--model", str(model), "--max-active", "64", "--max-tokens-limit", "8", "--step-timeout", "30"]
-    with running_server(tmp_path, n_ranks=2, extra_args=args, env={"RING_SOCKET_BUFFER": "16384"}) as (url, proc):
+    with running_server(tmp_path, n_ranks=2, extra_args=args, env={"RING_SOCKET_BUFFER": "32768"}) as (url, proc):
         wide = Ring(url, proc, tmp_path / "logs")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
 
