@@ -273,7 +273,7 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED)
 
 
-def serve_worker(shard: Shard, ring: Ring, drain_timeout: float) -> None:
+def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
     SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since."""
     # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the

@@ -16,3 +16,19 @@ def default_model(cache_dir) -> Path:
     from mlx_ring.models.source import resolve_model
 
     return resolve_model(None, cache_dir, "auto")
+
+
+TIERS = ("hosts", "ring", "unit")  # the order groups start in when the suite runs on several workers
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """On several workers (`-n 2 --dist loadgroup`, the default): a test file runs whole on one worker
+    and in its order, since a module's ring is shared and some of its tests end it; the test hosts'
+    files share one worker, as they make the same namespace hosts. The slowest tiers start first, so
+    no worker is left with a long tail."""
+    tier = lambda item: next((t for t in TIERS if f"tests/{t}/" in item.nodeid), "unit")
+    for item in items:
+        group = "hosts" if tier(item) == "hosts" else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: TIERS.index(tier(item)))  # stable: each file keeps its order

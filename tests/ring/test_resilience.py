@@ -44,21 +44,15 @@ class Launcher:
         return [line for line in out.splitlines() if str(self.tmp) in line or f"--starting-port {self.env['RING_PORT']}" in line]
 
 
-@pytest.fixture
-def launcher(tmp_path, default_model):
-    made = []
-
-    def start(**env):
-        ln = Launcher(tmp_path, **env)
-        r = ln.sh("start")
-        assert r.returncode == 0, r.stdout + r.stderr
-        ln.started = r
-        made.append(ln)
-        return ln
-
-    yield start
-    for ln in made:
-        ln.sh("stop", timeout=120)
+@pytest.fixture(scope="module")
+def house(tmp_path_factory, default_model):
+    """One ring for the launcher's own behaviours: a start piped and on a terminal, keys, a full queue and
+    bad input, then a SIGTERM's drain, which ends it (so that test comes last of its users)."""
+    ln = Launcher(tmp_path_factory.mktemp("house"), API_KEY="s3cret", MAX_ACTIVE=1, MAX_QUEUE=1, DRAIN_TIMEOUT=60)
+    ln.started = ln.sh("start")
+    assert ln.started.returncode == 0, ln.started.stdout + ln.started.stderr
+    yield ln
+    ln.sh("stop", timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -81,40 +75,38 @@ def long_stream(client, max_tokens=400):
                                           max_tokens=max_tokens, logit_bias=EOS_OFF, stream=True)
 
 
-def test_sigterm_drains_in_flight_then_every_rank_exits(launcher):
-    ln = launcher(DRAIN_TIMEOUT=60)
-    text, errors = [], []
+# On the house ring, in this order.
+def test_start_shows_progress_on_a_terminal_only(house):
+    """On a terminal (a pty with a size, as a user's) `./launch.sh start` draws a bar of ranks loaded;
+    piped (as here and in CI) it prints none. `status` prints a table."""
+    import fcntl
+    import pty
+    import struct
+    import termios
 
-    def consume():
-        try:
-            for c in long_stream(ln.client(), max_tokens=60):
-                text.append(c.choices[0].delta.content or "" if c.choices else "")
-        except Exception as e:
-            errors.append(e)
-
-    t = threading.Thread(target=consume)
-    t.start()
-    deadline = time.monotonic() + 60
-    while not text:  # the stream is generating (an error or a silent server fails here, not hangs)
-        assert t.is_alive() and not errors and time.monotonic() < deadline, errors
-        time.sleep(0.05)
-    os.kill(ln.pid("launcher"), signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while (late := httpx.post(f"{ln.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                                    "max_tokens": 1}, timeout=10)).status_code == 200:
-        assert time.monotonic() < deadline, "new requests still served 10 s after the SIGTERM"  # the drain has begun
-    assert late.status_code == 503 and late.headers["retry-after"] and late.json()["error"]["type"] == "service_unavailable"
-    t.join(120)
-    assert not errors and len("".join(text)) > 0
-    for _ in range(60):
-        if not ln.processes():
+    assert "ranks loaded" not in house.started.stderr and "ready:" in house.started.stderr, house.started.stderr
+    assert house.sh("stop").returncode == 0
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    p = subprocess.Popen([str(ROOT / "launch.sh"), "start"], cwd=ROOT, env=house.env, stdin=sub, stdout=sub, stderr=sub)
+    out = b""
+    while True:  # everything it writes, until it has exited and written its last
+        if select.select([main], [], [], 0.5)[0]:
+            try:
+                out += os.read(main, 65536)
+            except OSError:
+                break
+        elif p.poll() is not None:
             break
-        time.sleep(0.5)
-    assert ln.processes() == [], "orphan processes left behind"
+    os.close(sub)
+    text = out.decode(errors="replace")
+    assert p.returncode == 0 and "ranks loaded" in text and "2/2" in text and "ready:" in text, text[-2000:]
+    table = house.sh("status").stdout
+    assert "rank  host" in table and "[0, 15) + ends" in table and "request(s) queued" in table, table
 
 
-def test_auth_queue_disconnect_and_validation(launcher):
-    ln = launcher(API_KEY="s3cret", MAX_ACTIVE=1, MAX_QUEUE=1)
+def test_auth_queue_disconnect_and_validation(house):
+    ln = house
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{ln.url}/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(f"{ln.url}/v1/models", timeout=10).status_code == 401
@@ -164,34 +156,36 @@ def test_auth_queue_disconnect_and_validation(launcher):
     assert ok.usage.completion_tokens <= 3
 
 
-def test_start_shows_progress_on_a_terminal_only(launcher, tmp_path):
-    """On a terminal (a pty with a size, as a user's) `./launch.sh start` draws a bar of ranks loaded;
-    piped (as here and in CI) it prints none. `status` prints a table."""
-    import fcntl
-    import pty
-    import struct
-    import termios
+def test_sigterm_drains_in_flight_then_every_rank_exits(house):
+    ln = house  # the house ring's last test: it drains and ends it
+    text, errors = [], []
 
-    quiet = launcher()
-    assert "ranks loaded" not in quiet.started.stderr and "ready:" in quiet.started.stderr, quiet.started.stderr
-    assert quiet.sh("stop").returncode == 0
-    main, sub = pty.openpty()
-    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    p = subprocess.Popen([str(ROOT / "launch.sh"), "start"], cwd=ROOT, env=quiet.env, stdin=sub, stdout=sub, stderr=sub)
-    out = b""
-    while True:  # everything it writes, until it has exited and written its last
-        if select.select([main], [], [], 0.5)[0]:
-            try:
-                out += os.read(main, 65536)
-            except OSError:
-                break
-        elif p.poll() is not None:
+    def consume():
+        try:
+            for c in long_stream(ln.client(), max_tokens=60):
+                text.append(c.choices[0].delta.content or "" if c.choices else "")
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not text:  # the stream is generating (an error or a silent server fails here, not hangs)
+        assert t.is_alive() and not errors and time.monotonic() < deadline, errors
+        time.sleep(0.05)
+    os.kill(ln.pid("launcher"), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while (late := httpx.post(f"{ln.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                    "max_tokens": 1}, headers={"Authorization": "Bearer s3cret"}, timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, "new requests still served 10 s after the SIGTERM"  # the drain has begun
+    assert late.status_code == 503 and late.headers["retry-after"] and late.json()["error"]["type"] == "service_unavailable"
+    t.join(120)
+    assert not errors and len("".join(text)) > 0
+    for _ in range(60):
+        if not ln.processes():
             break
-    os.close(sub)
-    text = out.decode(errors="replace")
-    assert p.returncode == 0 and "ranks loaded" in text and "2/2" in text and "ready:" in text, text[-2000:]
-    table = quiet.sh("status").stdout
-    assert "rank  host" in table and "[0, 15) + ends" in table and "request(s) queued" in table, table
+        time.sleep(0.5)
+    assert ln.processes() == [], "orphan processes left behind"
 
 
 # On the one shared ring (healing), last: it stops when the module ends.
