@@ -19,6 +19,7 @@ from mlx_lm.utils import load_model
 
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import (
+    UNFUSED_PREFILL_KEYS,
     UNFUSED_SEVERAL,
     cache_from_saved,
     drop_spare_room,
@@ -124,7 +125,8 @@ class Shard:
         seen = positions(caches) if B == 1 else header.offset  # a batch's (one per row) would need a sync
         if seen not in (None, header.offset):
             raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
-        out = self.cut.forward(payload, caches, fresh_batch=B > 1)
+        with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):  # see compat
+            out = self.cut.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:

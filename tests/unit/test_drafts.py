@@ -199,3 +199,15 @@ def test_draft_settings_are_checked_at_the_edge():
         parse_config(["--draft-tokens", "17"])
     cfg, _ = parse_config(["--draft-tokens", "4", "--draft-model", "m"])
     assert (cfg.draft_tokens, cfg.draft_model) == (4, "m")
+
+
+def test_unfused_attention_leaves_attention_sinks_to_the_fused_kernel():
+    # GPT-OSS passes sinks; prefill chunks on CUDA attend unfused, so such a call must still be exact.
+    from mlx_ring.models.compat import unfused_attention
+
+    q, k, v = (mx.random.normal(s) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)))
+    sinks = mx.random.normal((4,))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal", sinks=sinks)
+    with unfused_attention(True):
+        got = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal", sinks=sinks)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-6)

@@ -85,6 +85,27 @@ def test_a_step_goes_out_ahead_when_no_row_could_draft_after_it(tmp_path, monkey
         assert got[s][:12] == reference_logits(model, p, 12)[1]
 
 
+def test_prefill_attending_unfused_as_on_cuda_decodes_the_same(tmp_path, monkeypatch):
+    """On CUDA, prefill chunks over few keys attend with plain matmuls (a new prompt length would
+    build the fused kernel anew): lone prompts, a padded batch and a later chunk all decode as alone."""
+    import shard as shard_module
+    from mlx_ring.models import compat
+
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    calls, attention = [], compat._attention
+    monkeypatch.setattr(compat, "_attention", lambda q, *a, **kw: (calls.append(q.shape[2]), attention(q, *a, **kw))[1])
+    monkeypatch.setattr(shard_module, "UNFUSED_SEVERAL", True)
+    monkeypatch.setattr(shard_module, "UNFUSED_PREFILL_KEYS", 12)  # a long prompt's later chunks: fused
+    prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12, 13, 14, 15, 16, 17, 18, 19], [250, 3], [100, 101, 102]]
+    got = decode_all(Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8), prompts, [5] * len(prompts))
+    for i, p in enumerate(prompts):
+        assert got[i][:5] == reference_logits(model, p, 5)[1], i
+    # Prefill chunks only (decode keeps the fused kernel), and of the long prompt's three chunks of
+    # up to 8 only the first: the others attend over 16 and 18 keys.
+    assert sorted(set(calls)) == [3, 8] and calls.count(8) == 7, calls
+
+
 def decode_all(sched: Scheduler, prompts: list[list[int]], wanted: list[int]) -> dict[int, list[int]]:
     """Greedy tokens of each prompt (by index), each sequence leaving once it has its `wanted`."""
     seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
