@@ -6,6 +6,7 @@ Only the first problem is reported; lists stop at their first bad item (schema.p
 import asyncio
 import json
 import multiprocessing
+import re
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -15,6 +16,7 @@ from mlx_ring.api.errors import ApiError, validation_message
 
 IN_PLACE_BYTES = 256 * 1024  # bodies up to this are parsed on the event loop (~1 ms at most)
 WORKERS = 2
+LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: json.loads may make a lone surrogate of it
 
 
 def read_body(model: type[BaseModel], raw: bytes) -> BaseModel | dict:
@@ -26,7 +28,8 @@ def read_body(model: type[BaseModel], raw: bytes) -> BaseModel | dict:
     if not isinstance(data, dict):
         return {"message": "the request body must be a JSON object", "param": None}
     try:
-        json.dumps(data, ensure_ascii=False).encode()
+        if LONE_SURROGATE.search(raw):  # only a \uD800-\uDFFF escape can make one: most bodies skip the re-encoding
+            json.dumps(data, ensure_ascii=False).encode()
     except UnicodeEncodeError as e:  # a lone \udXXX escape: no tokenizer can take it
         return {"message": f"the request body has a lone UTF-16 surrogate ({e.object[e.start]!a}) in a string, "
                            "which is not Unicode text; send each surrogate in its pair, or the character itself",

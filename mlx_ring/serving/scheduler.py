@@ -350,7 +350,9 @@ class Scheduler:
                 s.prefilled = True
             if self.prefix:
                 self._save(Kind.SAVE, b.id, [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed])
-            (self._release(b) or min(self.groups, key=Group.load)).joining.append(b)
+            group = self._release(b)
+            assert group is not None, "every prefill batch is formed for a group (_next_batch)"
+            group.joining.append(b)
             return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
         if step.kind == Kind.DECODE and step.drafts is not None:
             return self._complete_verify(step, out)

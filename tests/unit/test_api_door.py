@@ -51,7 +51,8 @@ def test_clear_messages_for_odd_requests(engine, served, path, body, param, says
 def test_a_lone_surrogate_is_named_not_the_tokenizers_error(engine, served):
     with client(engine, served) as http:
         for path, body, lone in (("/v1/completions", '{"prompt": "a\\ud800b"}', "'\\ud800'"),
-                                 ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}]}', "'\\udc00'")):
+                                 ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}]}', "'\\udc00'"),
+                                 ("/v1/completions", '{"prompt": "\\uDBFF"}', "'\\udbff'")):  # escapes in either case
             r = http.post(path, content=body)
             assert r.status_code == 400 and f"lone UTF-16 surrogate ({lone})" in r.json()["error"]["message"], r.text
         # a pair is one character, and fine
