@@ -135,7 +135,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import warm_rows, warm_up
+    from mlx_ring.serving.warmup import choose_groups, warm_rows, warm_up
 
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
@@ -169,6 +169,10 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     log.info("warmed up in %.2f s (%s sequences at once)", warm_up(sched, engine.seq_ids, hello, rows),
              ", ".join(map(str, rows)))
+    if not cfg.groups and ring.size > 1 and shard.batches and mx.default_device() != mx.cpu:
+        rate = choose_groups(sched, engine.seq_ids, hello, cfg.max_active)
+        log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), cfg.max_active,
+                 ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files

@@ -12,6 +12,7 @@ token of sequence i). Several `--model`s (with as many `--out` folders) run one 
 """
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
+from mlx_ring.serving.warmup import choose_groups  # noqa: E402
 from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 
@@ -40,6 +42,8 @@ def main():
     p.add_argument("--prompt-cache", type=int, default=0)
     p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
     p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
+    p.add_argument("--choose-groups", type=int, default=0, help="first time ROWS sequences in 1 group and in one per rank "
+                   "(serving/warmup.py), record it, then go on with --groups")
     p.add_argument("--out", required=True, nargs="+", help="a folder for each model's results")
     a = p.parse_args()
     world = init_world()
@@ -67,7 +71,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
 
     def record(samplers, logits):
         for s, row in zip(samplers, np.array(logits.astype(mx.float32))):
-            rows.setdefault(owner[id(s)], []).append(row)
+            if id(s) in owner:  # not a --choose-groups sequence
+                rows.setdefault(owner[id(s)], []).append(row)
 
     def recording(real, only_if_sampled=False):
         def wrapped(samplers, logits):
@@ -97,6 +102,11 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
     sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft,
                       draft_model=load_model(Path(a.draft_model))[0] if a.draft_model else None)
+    chosen = None
+    if a.choose_groups:
+        rate = choose_groups(sched, itertools.count(10_000), [5, 17, 42, 99], a.choose_groups, tokens=4)
+        chosen = {"rate": rate, "groups": len(sched.groups), "idle": sched.idle()}
+        sched.set_groups(a.groups)
     waiting = list(range(len(spec)))
     tokens = {i: [] for i in range(len(spec))}
 
@@ -130,7 +140,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
                                                  "prompts": [s["prompt"] for s in spec],
                                                  "prefill_rows": prefill_rows, "decode_rows": decode_rows, "prompt_cache": cache,
-                                                 "drafted": sched.drafted, "accepted": sched.accepted, "steps": steps}))
+                                                 "drafted": sched.drafted, "accepted": sched.accepted, "steps": steps,
+                                                 "chosen": chosen}))
     pipe.shutdown()
 
 

@@ -83,11 +83,13 @@ class Target:
         """Peak memory per rank: MLX's own count where the server reports it, else the OS's."""
         if self.ours:
             ranks = httpx.get(self.url + "/cluster/status", timeout=30).json()["ranks"]
+            # The plan's figure for a rank: its weights, KV reserve and runtime (`needs_gb`) and the
+            # prompt cache it sets aside; the peak should stay under it.
+            plan = [(r.get("needs_gb", 0.0) + r.get("prompt_cache_gb", 0.0)) * 1024 for r in ranks]
             return [{"rank": r["rank"], "mlx_peak_mib": r["mlx_peak_memory_kib"] / 1024, "rss_mib": r["rss_kib"] / 1024,
                      "weights_mib": r["parameter_bytes_kib"] / 1024, "kv_peak_mib": r["kv_cache_peak_kib"] / 1024,
-                     # what the peak holds beyond 1.1 x (weights + KV cache): the runtime's fixed overhead
-                     "beyond_1.1x_mib": (r["mlx_peak_memory_kib"] - 1.1 * (r["parameter_bytes_kib"] + r["kv_cache_peak_kib"])) / 1024}
-                    for r in ranks]
+                     "prompt_cache_mib": r["prompt_cache_kib"] / 1024, "plan_mib": p, "under_plan_mib": p - r["mlx_peak_memory_kib"] / 1024}
+                    for r, p in zip(ranks, plan)]
         out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "python"], capture_output=True, text=True).stdout
         rows = []
         for i, pid in enumerate(out.split()):

@@ -80,6 +80,11 @@ class Scheduler:
         self.prefill_turn = -1
 
     # -- what the caller does -------------------------------------------------------------------
+    def set_groups(self, n: int) -> None:
+        """Decode in `n` groups from now on (while idle: every group's cache is gone on every rank)."""
+        assert self.idle() and n >= 1
+        self.groups = [Group(g) for g in range(n)]
+
     def add(self, seq: Sequence) -> None:
         if self.draft_tokens and seq.params.speculable():
             seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak) if self.draft_model else Drafter(self.draft_tokens)

@@ -1,5 +1,6 @@
 """Rank 0's warm-up before it serves: the steps first requests would run (a prefill, decode at the
-batch sizes a GPU builds kernels for), so no client waits for MLX to build them."""
+batch sizes a GPU builds kernels for), so no client waits for MLX to build them; and, on a ring on
+a GPU, the number of decode groups that decodes a full batch fastest there."""
 
 import itertools
 import time
@@ -23,18 +24,41 @@ def warm_up(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: lis
     """Run `rows[i]` greedy sequences of `prompt` at once, `tokens` tokens each, round by round, on
     every rank; returns the seconds it took. Nothing is left behind: not a cache row, not an entry
     in the prompt cache."""
-    t0, prefix = time.perf_counter(), sched.prefix
-    sched.prefix = None  # the prompt cache keeps nothing of them
+    t0 = time.perf_counter()
+    for n in rows:
+        _decode_seconds(sched, ids, prompt, n, tokens)
+    return time.perf_counter() - t0
+
+
+def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n: int, tokens: int) -> float:
+    """Seconds `n` greedy sequences of `prompt` took from the last one's first token to their last."""
+    prefix, sched.prefix = sched.prefix, None  # the prompt cache keeps nothing of them
     try:
-        for n in rows:
-            count = {s: 0 for s in (Sequence(next(ids), list(prompt), SamplingParams(temperature=0.0)) for _ in range(n))}
-            for s in count:
-                sched.add(s)
-            while not sched.idle():
-                for s, _ in sched.step():
-                    count[s] += 1
-                    if count[s] >= tokens:
-                        sched.remove(s)
+        count = {s: 0 for s in (Sequence(next(ids), list(prompt), SamplingParams(temperature=0.0)) for _ in range(n))}
+        for s in count:
+            sched.add(s)
+        started = None
+        while not sched.idle():
+            for s, _ in sched.step():
+                count[s] += 1
+                if count[s] >= tokens:
+                    sched.remove(s)
+            if started is None and all(count.values()):
+                started = time.perf_counter()
+        return time.perf_counter() - started
     finally:
         sched.prefix = prefix
-    return time.perf_counter() - t0
+
+
+def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 12) -> dict[int, float]:
+    """Decode `rows` sequences in one group and in one group per rank, twice each (the first may
+    build kernels), and keep the faster: several groups keep every rank at work, but each rank then
+    runs a step per group, and where a step costs about the same for any number of rows (a GPU whose
+    decode the host bounds) that costs more than the pipeline gains. Returns tokens/s per count tried."""
+    counts = [sched.pipe.ring.size, 1]
+    best = {g: 0.0 for g in counts}
+    for g in counts * 2:
+        sched.set_groups(g)
+        best[g] = max(best[g], rows * (tokens - 1) / _decode_seconds(sched, ids, prompt, rows, tokens))
+    sched.set_groups(max(best, key=best.get))
+    return best

@@ -20,13 +20,14 @@ DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
 def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None,
-              outs=None):
+              outs=None, choose_groups=0):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos).
     `model` a list (and `outs` a folder for each): the models one after another in one launch; returns
     the first one's results (read the others with `read_probe`)."""
     models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
     argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
-            "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft)]
+            "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft),
+            "--choose-groups", str(choose_groups)]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
     if layers:
         argv += ["--layers", *([layers] if isinstance(layers, str) else [x or "-" for x in layers])]
@@ -173,13 +174,19 @@ def check_batched(out_dir, n, kind, model, chunk, groups=1):
 
 
 def test_overlap_changes_no_token(tmp_path):
-    """The same requests give bitwise the same tokens with 1 group or 2 groups in flight."""
+    """The same requests give bitwise the same tokens with 1 group or 2 groups in flight. Before the
+    second run, the warm-up's choice of groups times both counts on the ring and keeps the faster,
+    leaving nothing behind."""
     model = make_tiny_model(tmp_path / "model", "llama")
     runs = []
     for groups in (1, 2):
         (tmp_path / str(groups)).mkdir()
-        runs.append(run_probe(tmp_path / str(groups), 2, model, MIXED, groups=groups, chunk=3)[0])
+        runs.append(run_probe(tmp_path / str(groups), 2, model, MIXED, groups=groups, chunk=3, choose_groups=4 * (groups - 1))[0])
     assert runs[0] == runs[1]
+    chosen = json.loads((tmp_path / "2" / "result.json").read_text())["chosen"]
+    rate = {int(g): v for g, v in chosen["rate"].items()}
+    assert sorted(rate) == [1, 2] and min(rate.values()) > 0, chosen
+    assert chosen["groups"] == max(rate, key=rate.get) and chosen["idle"], chosen
 
 
 def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_model):
