@@ -50,7 +50,7 @@ def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n
         sched.prefix = prefix
 
 
-def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 12) -> dict[int, float]:
+def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 8) -> dict[int, float]:
     """Decode `rows` sequences in one group and in one group per rank, twice each (the first may
     build kernels), and keep the faster: several groups keep every rank at work, but each rank then
     runs a step per group, and where a step costs about the same for any number of rows (a GPU whose
