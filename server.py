@@ -32,7 +32,7 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.serving.prefix import PrefixIndex
-from shard import Shard, load_shard, serve_worker
+from shard import GROUP_SPARE_TOKENS, Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
 
@@ -74,7 +74,7 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
     if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts
         for r, p in zip(ranks, predicted["ranks"]):
             r.update({k: v for k, v in p.items() if k not in r})
-        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "predicted_tokens_per_s", "slowest_stage_ms")})
+        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "kv_capacity_tokens", "predicted_tokens_per_s", "slowest_stage_ms")})
     return out
 
 
@@ -137,6 +137,10 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.scheduler import Scheduler
     from mlx_ring.serving.warmup import choose_groups, warm_rows, warm_up
 
+    room = cluster["plan"].get("kv_capacity_tokens") or 0  # token-rows of KV cache every rank has room for
+    if room:
+        log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
+                 "for room", room, cluster["plan"]["kv_tokens"])
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
@@ -148,6 +152,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
+        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room else 0,  # one request alone, growth and drafts in
         cluster=Cluster(**cluster),
         grammars=grammars,
     )
@@ -160,7 +165,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
-                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None)
+                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
+                      kv_budget=room, kv_spare=GROUP_SPARE_TOKENS)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])

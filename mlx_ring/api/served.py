@@ -26,6 +26,7 @@ class ServedModel:
     default_max_tokens: int
     vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
+    cache_tokens: int = 0  # most tokens (prompt and answer) the ring's memory holds the KV cache of, for one request; 0: no bound
     cluster: Cluster = field(default_factory=Cluster)
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
 
@@ -64,9 +65,12 @@ def check_model(served: ServedModel, name: str | None) -> None:
 
 def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
     """The completion limit for `prompt`, or a 400 when it does not fit the context or the server's limit."""
-    room = served.context_length - len(prompt)
+    held = min(served.context_length, served.cache_tokens or served.context_length)
+    what = (f"the model's context is {held}" if held == served.context_length else
+            f"the ring's memory holds the KV cache of {held} tokens for one request (the model's context: {served.context_length})")
+    room = held - len(prompt)
     if room <= 0:
-        raise ApiError(400, f"the prompt has {len(prompt)} tokens but the model's context is {served.context_length}; shorten it", param="messages", code="context_length_exceeded")
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens but {what}; shorten it", param="messages", code="context_length_exceeded")
     cap = served.max_tokens_limit or served.context_length
     for name in ("max_tokens", "max_completion_tokens"):
         asked = getattr(body, name, None)
@@ -74,5 +78,5 @@ def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
             raise ApiError(400, f"{name}={asked} is over this server's limit of {cap} (MAX_TOKENS_LIMIT); ask for fewer", param=name)
     asked = body.token_limit()
     if asked is not None and asked > room:
-        raise ApiError(400, f"max_tokens={asked} plus the prompt's {len(prompt)} tokens exceeds the context of {served.context_length}; ask for at most {room}", param="max_tokens", code="context_length_exceeded")
+        raise ApiError(400, f"max_tokens={asked} plus the prompt's {len(prompt)} tokens is more than {held}: {what}; ask for at most {room}", param="max_tokens", code="context_length_exceeded")
     return asked if asked is not None else min(room, cap, body.default_tokens or served.default_max_tokens)

@@ -174,6 +174,21 @@ def memory_need(model: ModelSpec, rank: int, n: int, kv_tokens: int) -> float:
     return fixed_bytes(model, rank) + n * per_layer_bytes(model, kv_tokens)
 
 
+def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, most: int = 1 << 24) -> int:
+    """Tokens of KV cache every rank can hold beside its slice (weights, runtime and, on rank 0, the
+    ends): the room the ring has for the caches of the requests it serves at once. A plan that fits
+    gives at least its KV_TOKENS; `most` caps it (caches that stop growing: windows, states)."""
+    tokens = most
+    for r, (c, (s, e)) in enumerate(zip(caps, plan.ranges)):
+        room = c.usable_gb * GIB - fixed_bytes(model, r) - (e - s) * model.layer_bytes
+        lo, hi = 0, tokens
+        while lo < hi:  # the most tokens whose caches fit in `room`
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if (e - s) * layer_kv_bytes(model, mid) <= room else (lo, mid - 1)
+        tokens = lo
+    return tokens
+
+
 def max_layers(model: ModelSpec, cap: Capabilities, rank: int, kv_tokens: int) -> int:
     room = cap.usable_gb * GIB - fixed_bytes(model, rank)
     return max(0, math.floor(room / per_layer_bytes(model, kv_tokens) + 1e-9))
@@ -359,7 +374,8 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
         })
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
-    return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens, "ranks": ranks,
+    return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
+            "kv_capacity_tokens": kv_capacity(model, caps, plan), "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}

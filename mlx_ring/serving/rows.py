@@ -22,10 +22,19 @@ class Sequence:
     prefilled: bool = False
     fed: int = 0  # sampled tokens its decode steps have put in its cache
     drafter: Drafter | None = None  # speculative decoding: its drafts and their length
+    limit: int = 0  # most tokens it may generate: with its prompt, the cache it may come to need
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None
         self.sampler = SequenceSampler(self.params, self.prompt, constraint)
+
+
+def cache_rows(seqs: list[Sequence], grow: int, drafts: int = 0) -> int:
+    """Token-rows a decode group of `seqs` may come to hold: every row left-padded to the longest
+    prompt + limit, with `drafts` more and the room the cache grows by (`grow` token-rows at a time,
+    at least 16 a row: shard.Shard._size_growth)."""
+    n = len(seqs)
+    return n * (max(len(s.prompt) + s.limit for s in seqs) + drafts + max(16, grow // n)) if n else 0
 
 
 @dataclass(eq=False)
@@ -69,3 +78,16 @@ class Group:
     def free(self) -> bool:
         """Empty, and no prompt is being prefilled for it (a model that does not batch)."""
         return not self.load() and not self.reserved
+
+
+def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], budget: int,
+            grow: int, drafts: int) -> bool:
+    """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they can
+    within `budget` token-rows. Alone, a request always fits (the API refuses one that cannot)."""
+    members = {g: [*g.rows, *(s for b in g.joining for s in b.rows)] for g in groups}
+    for b in prefilling:
+        members[b.group] += b.rows
+    if not any(members.values()):
+        return True
+    members[group] += seqs
+    return sum(cache_rows(m, grow, drafts) for m in members.values()) <= budget

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
-from mlx_ring.serving.rows import Group, Prefill, Sequence
+from mlx_ring.serving.rows import Group, Prefill, Sequence, kv_fits
 from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
 from mlx_ring.serving.speculative import Drafter, ModelDrafter, Streak, verify_rows
 
@@ -60,8 +60,11 @@ class Scheduler:
     while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None):
+                 draft_tokens: int = 0, draft_model=None, kv_budget: int = 0, kv_spare: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
+        # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
+        # only when every group, each row padded to its longest prompt + limit, still fits (rows.cache_rows).
+        self.kv_budget, self.kv_spare = kv_budget, kv_spare
         self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
         self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
@@ -74,6 +77,7 @@ class Scheduler:
         self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
+        self.prefilling: list[Prefill] = []  # formed and not yet joined to their group (or dropped)
         self.to_free: list[Prefill] = []
         self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
         self.turn = 0
@@ -161,15 +165,25 @@ class Scheduler:
             return True
         # A model that does not batch starts a prompt only when a decode group is empty for it.
         room = self.ends.batches or any(g.free() for g in self.groups)
-        return room and any(self._free_to_start(s) for s in self.waiting)
+        first = next((s for s in self.waiting if self._free_to_start(s)), None)
+        return room and first is not None and self._kv_fits(self._group_for(), [first])  # FIFO: none passes it
+
+    def _group_for(self) -> Group:
+        # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
+        # over the groups, each batch filling its group up to an even share of all rows.
+        return next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
+
+    def _kv_fits(self, group: Group, seqs: list[Sequence]) -> bool:
+        return not self.kv_budget or kv_fits(self.groups, self.prefilling, group, seqs, self.kv_budget, self.kv_spare, self.draft_tokens)
 
     def _drop(self, b: Prefill) -> None:
         self.to_free.append(b)
         self._release(b)
 
-    @staticmethod
-    def _release(b: Prefill) -> Group | None:
+    def _release(self, b: Prefill) -> Group | None:
         """The group `b` was prefilled for, its rows no longer reserved there."""
+        if b in self.prefilling:
+            self.prefilling.remove(b)
         group, b.group = b.group, None
         if group is not None:
             group.reserved -= len(b.rows)
@@ -185,9 +199,7 @@ class Scheduler:
         # the padding). They start from the same number of cached tokens, each from its own entry:
         # the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go from its own).
         first = next(s for s in self.waiting if self._free_to_start(s))
-        # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
-        # over the groups, each batch filling its group up to an even share of all rows.
-        group = next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
+        group = self._group_for()
         rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
         share = max(1, -(-rows_now // len(self.groups)) - group.coming())
         self.waiting.remove(first)
@@ -198,7 +210,7 @@ class Scheduler:
             if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
-            if (n - reused) * (len(rows) + 1) > self.chunk or len(rows) == share:
+            if (n - reused) * (len(rows) + 1) > self.chunk or len(rows) == share or not self._kv_fits(group, [*rows, s]):
                 break
             self.waiting.remove(s)
             rows.append(s)
@@ -211,6 +223,7 @@ class Scheduler:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
         self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse, group=group)
+        self.prefilling.append(self.filling)
         group.reserved += len(rows)
         return self.filling
 

@@ -45,6 +45,7 @@ def test_balanced_uneven_split_runs_token_exact(tmp_path):
     ranks = plans[0]["predicted"]["ranks"]
     assert [r["host"] for r in ranks] == ["studio", "mini-1", "mini-2"]
     assert ranks[0]["usable_gb"] == round(room, 2) and ranks[0]["needs_gb"] <= room
+    assert plans[0]["predicted"]["kv_capacity_tokens"] >= KV_TOKENS  # what the ring admits: the reserve at least
     assert [json.loads((tmp_path / f"rank{r}.json").read_text())["layers"] for r in range(3)] == [[0, 3], [3, 4], [4, 7]]
 
     logits = np.load(tmp_path / "logits0.npy")

@@ -114,7 +114,7 @@ def test_n_choices_are_queued_together_each_after_the_first(oa, engine):
     ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
     ({"messages": QUESTION, "logit_bias": {"49152": 1}}, 400, "logit_bias", "outside this model's vocabulary"),
     ({"messages": QUESTION, "top_k": 49152}, 400, "top_k", "keeps the whole vocabulary"),
-    ({"messages": QUESTION, "max_tokens": 8192}, 400, "max_tokens", "exceeds the context of 8192"),
+    ({"messages": QUESTION, "max_tokens": 8192}, 400, "max_tokens", "is more than 8192: the model's context is 8192"),
     ({"messages": QUESTION, "model": "gpt-17"}, 404, "model", "The model 'gpt-17' does not exist"),
     ({"messages": QUESTION, "tools": TOOLS}, 400, "tools", "chat template has no tool support"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},

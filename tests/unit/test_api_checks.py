@@ -39,6 +39,16 @@ def test_lengths_fit_the_context_and_the_servers_limit():
     assert rejected(limit_tokens, SERVED, list(range(64)), chat()).code == "context_length_exceeded"
 
 
+def test_lengths_fit_what_the_rings_memory_holds_for_one_request():
+    held = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, cache_tokens=40)
+    assert limit_tokens(held, list(range(30)), chat()) == 10  # the room the KV cache has left, below the default
+    e = rejected(limit_tokens, held, list(range(30)), chat(max_tokens=11))
+    assert e.code == "context_length_exceeded" and "holds the KV cache of 40 tokens for one request" in e.message
+    assert "ask for at most 10" in e.message
+    e = rejected(limit_tokens, held, list(range(40)), chat())
+    assert e.param == "messages" and "holds the KV cache of 40 tokens" in e.message
+
+
 def test_only_the_served_model_is_known():
     for name in (None, "", "tiny", "default"):
         check_model(SERVED, name)

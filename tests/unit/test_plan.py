@@ -57,10 +57,13 @@ from hypothesis import settings  # noqa: E402
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys  # noqa: E402
 from mlx_ring.planning.plan import (  # noqa: E402
     GIB,
+    RUNTIME_GIB,
     STRATEGIES,
     ModelSpec,
     bottleneck,
     hop_seconds,
+    kv_capacity,
+    layer_kv_bytes,
     max_layers,
     memory_need,
     plan_layers,
@@ -105,6 +108,10 @@ def test_every_strategy_gives_contiguous_cover_within_memory(c):
         for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
             assert n >= 1 and memory_need(model, r, n, kv) <= cap.usable_gb * GIB + 1
         assert plan_layers(model, caps, strategy, kv) == plan  # deterministic
+        room = kv_capacity(model, caps, plan)  # what the ring admits: the plan's reserve at least, and it fits
+        assert room >= kv or layer_kv_bytes(model, room + 1) == layer_kv_bytes(model, kv)
+        for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
+            assert memory_need(model, r, n, room) <= cap.usable_gb * GIB + 1
 
 
 @SMALL
@@ -293,3 +300,15 @@ def test_dry_run_keeps_a_probed_macs_working_set(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     mac = json.loads(capsys.readouterr().out)["ranks"][0]
     assert mac["host"] == "mac" and mac["working_set_gb"] == 30 and mac["usable_gb"] == 30
+
+
+def test_kv_capacity_is_what_the_tightest_rank_holds_beside_its_slice():
+    caps = [Capabilities("studio", 48, 36, 30, 546), Capabilities("mini", 16, 16 * 2 / 3, 4, 120)]
+    plan = plan_from_sizes(32, [24, 8])
+    per_token = LLAMA_8B.kv_bytes_per_token  # one layer's
+    studio = (36 * GIB - RUNTIME_GIB * GIB - LLAMA_8B.ends_bytes - 24 * LLAMA_8B.layer_bytes) // (24 * per_token)
+    mini = (16 * 2 / 3 * GIB - RUNTIME_GIB * GIB - 8 * LLAMA_8B.layer_bytes) // (8 * per_token)
+    assert kv_capacity(LLAMA_8B, caps, plan) == min(studio, mini) == mini
+    assert summary(LLAMA_8B, caps, plan, 8192)["kv_capacity_tokens"] == mini
+    windowed = replace(LLAMA_8B, kv_window_share=1.0, kv_window=4096)  # every cache stops at its window
+    assert kv_capacity(windowed, caps, plan, most=10**6) == 10**6
