@@ -124,7 +124,7 @@ def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
     import itertools
 
     from mlx_ring.serving.prefix import PrefixIndex
-    from mlx_ring.serving.warmup import warm_up
+    from mlx_ring.serving.warmup import warm_prompts, warm_up
 
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
@@ -135,6 +135,10 @@ def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
     assert sched.idle() and shard.status_row().open_sequences == 0
     assert sched.prefix is prefix and prefix.lookup([5, 17, 42, 9, 8, 7, 6, 5, 4, 3]) == (0, 0)
     assert next(ids) == 8  # 1 + 2 + 4 sequences took their ids from the engine's count
+    prefilled = shard.prefill_tokens
+    warm_prompts(sched, ids, [5, 17, 42], [1, 2, 7, 12])  # cut and repeated: 12 is 5, 17, 42 four times
+    assert shard.prefill_tokens - prefilled == 1 + 2 + 7 + 12 and next(ids) == 13
+    assert sched.idle() and shard.status_row().open_sequences == 0 and prefix.lookup([5, 17, 42] * 4) == (0, 0)
 
 
 def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
