@@ -135,7 +135,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import choose_groups, warm_lengths, warm_prompts, warm_rows, warm_up
+    from mlx_ring.serving.warmup import choose_groups, warm_lengths, warm_params, warm_prompts, warm_rows, warm_up
 
     room = cluster["plan"].get("kv_capacity_tokens") or 0  # token-rows of KV cache every rank has room for
     if room:
@@ -173,8 +173,9 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     rows = warm_rows(cfg.max_active)
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
-    log.info("warmed up in %.2f s (%s sequences at once)", warm_up(sched, engine.seq_ids, hello, rows),
-             ", ".join(map(str, rows)))
+    params = warm_params()
+    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings)",
+             warm_up(sched, engine.seq_ids, hello, rows, params=params), ", ".join(map(str, rows)), len(params))
     if lengths := warm_lengths(chunk):
         log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use)",
                  chunk, warm_prompts(sched, engine.seq_ids, hello, lengths))

@@ -21,6 +21,18 @@ def warm_rows(max_active: int) -> list[int]:
     return [n for n in (2**k for k in range(12)) if n < max_active] + [max_active]
 
 
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def warm_params() -> list[SamplingParams]:
+    """The sampling settings the warm-up decodes with: on a GPU, where each builds kernels of its
+    own on first use, greedy and OpenAI's default (temperature 1), each with and without
+    log-probabilities (a client that asks for none gets unnormalised logits); on a CPU, greedy."""
+    if mx.default_device() == mx.cpu:
+        return [GREEDY]
+    return [SamplingParams(temperature=t, logprobs=lp) for t in (0.0, 1.0) for lp in (False, True)]
+
+
 def warm_lengths(chunk: int) -> list[int]:
     """Prompt lengths warmed one by one: on CUDA every length up to a prefill chunk, since a matmul of
     a new shape is planned on first use (10-19 ms a prompt on an H100; decode steps of as many rows
@@ -37,21 +49,24 @@ def warm_prompts(sched: Scheduler, ids: itertools.count, prompt: list[int], leng
     return time.perf_counter() - t0
 
 
-def warm_up(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: list[int], tokens: int = 2) -> float:
-    """Run `rows[i]` greedy sequences of `prompt` at once, `tokens` tokens each, round by round, on
-    every rank; returns the seconds it took. Nothing is left behind: not a cache row, not an entry
-    in the prompt cache."""
+def warm_up(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: list[int], tokens: int = 2,
+            params: list[SamplingParams] = (GREEDY,)) -> float:
+    """Run `rows[i]` sequences of `prompt` at once, `tokens` tokens each, with each of `params` in
+    turn, round by round, on every rank; returns the seconds it took. Nothing is left behind: not a
+    cache row, not an entry in the prompt cache."""
     t0 = time.perf_counter()
     for n in rows:
-        _decode_seconds(sched, ids, prompt, n, tokens)
+        for p in params:
+            _decode_seconds(sched, ids, prompt, n, tokens, p)
     return time.perf_counter() - t0
 
 
-def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n: int, tokens: int) -> float:
-    """Seconds `n` greedy sequences of `prompt` took from the last one's first token to their last."""
+def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n: int, tokens: int,
+                    params: SamplingParams = GREEDY) -> float:
+    """Seconds `n` sequences of `prompt` took from the last one's first token to their last."""
     prefix, sched.prefix = sched.prefix, None  # the prompt cache keeps nothing of them
     try:
-        count = {s: 0 for s in (Sequence(next(ids), list(prompt), SamplingParams(temperature=0.0)) for _ in range(n))}
+        count = {s: 0 for s in (Sequence(next(ids), list(prompt), params) for _ in range(n))}
         for s in count:
             sched.add(s)
         started = None

@@ -131,13 +131,14 @@ def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
     prefix = PrefixIndex(4096)
     sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, prefix=prefix)
     ids = itertools.count(1)
-    warm_up(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3], [1, 2, 4])
+    params = [SamplingParams(temperature=0.0), SamplingParams(logprobs=False)]  # greedy; temperature 1, no logprobs
+    warm_up(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3], [1, 2, 4], params=params)
     assert sched.idle() and shard.status_row().open_sequences == 0
     assert sched.prefix is prefix and prefix.lookup([5, 17, 42, 9, 8, 7, 6, 5, 4, 3]) == (0, 0)
-    assert next(ids) == 8  # 1 + 2 + 4 sequences took their ids from the engine's count
+    assert next(ids) == 15  # 2 x (1 + 2 + 4) sequences took their ids from the engine's count
     prefilled = shard.prefill_tokens
     warm_prompts(sched, ids, [5, 17, 42], [1, 2, 7, 12])  # cut and repeated: 12 is 5, 17, 42 four times
-    assert shard.prefill_tokens - prefilled == 1 + 2 + 7 + 12 and next(ids) == 13
+    assert shard.prefill_tokens - prefilled == 1 + 2 + 7 + 12 and next(ids) == 20
     assert sched.idle() and shard.status_row().open_sequences == 0 and prefix.lookup([5, 17, 42] * 4) == (0, 0)
 
 
