@@ -137,8 +137,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.scheduler import Scheduler
     from mlx_ring.serving.warmup import choose_groups, warm_lengths, warm_params, warm_prompts, warm_rows, warm_up
 
-    room = cluster["plan"].get("kv_capacity_tokens") or 0  # token-rows of KV cache every rank has room for
-    if room:
+    room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
+    if room is not None:
         log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
                  "for room", room, cluster["plan"]["kv_tokens"])
     model_config = load_config(model_path)
@@ -152,7 +152,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room else 0,  # one request alone, growth and drafts in
+        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
         cluster=Cluster(**cluster),
         grammars=grammars,
     )
@@ -166,7 +166,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_budget=room, kv_spare=GROUP_SPARE_TOKENS)
+                      kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
