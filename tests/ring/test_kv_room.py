@@ -1,5 +1,5 @@
 """What the ring serves at once is bound by the memory its hosts have for KV cache: a 2-rank server
-whose rank 0 may use only enough memory for its slice and 600 tokens of cache. Two requests that
+whose rank 0 may use only enough memory for its slice and 400 tokens of cache. Two requests that
 would need more together run one after the other, both whole; one that could never fit is refused."""
 
 import json
@@ -12,7 +12,7 @@ from serverutil import running_server
 from mlx_ring.planning.plan import GIB, RUNTIME_GIB, layer_kv_bytes
 from mlx_ring.planning.sizes import spec_from_folder
 
-ROOM = 600  # tokens of KV cache rank 0 has room for
+ROOM = 400  # tokens of KV cache rank 0 has room for
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbidden, so each answer runs as long as asked
 CAPS = [{"host": "a", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0},
         {"host": "b", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0}]
@@ -31,13 +31,13 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
         plan = httpx.get(f"{url}/cluster/status", timeout=30).json()["plan"]
         assert plan["kv_capacity_tokens"] == ROOM and plan["kv_tokens"] == 64, plan
 
-        # Alone, a request's row needs prompt + 200 + 256 (the room a cache grows by): it fits. Two
-        # need 2 x (prompt + 200 + 128): more than 600, so the second waits for the first to finish.
+        # Alone, a request's row needs prompt + 60 + 256 (the room a cache grows by): it fits. Two
+        # need 2 x (prompt + 60 + 128): more than 400, so the second waits for the first to finish.
         times: dict[int, list[float]] = {}
         answers: dict[int, dict] = {}
 
         def stream(i: int) -> None:
-            body = {"messages": [{"role": "user", "content": f"Tell me story {i}."}], "max_tokens": 200, "stream": True,
+            body = {"messages": [{"role": "user", "content": f"Tell me story {i}."}], "max_tokens": 60, "stream": True,
                     "temperature": 0, "logit_bias": EOS_OFF, "stream_options": {"include_usage": True}}
             with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
                 assert r.status_code == 200
@@ -55,13 +55,13 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
             t.start()
         for t in threads:
             t.join(300)
-        assert all(answers[i]["completion_tokens"] == 200 for i in range(2)), answers  # both whole
+        assert all(answers[i]["completion_tokens"] == 60 for i in range(2)), answers  # both whole
         first, second = sorted(range(2), key=lambda i: times[i][0])
         assert times[second][0] > times[first][-1], "the second request started while the first still held its room"
 
-        # prompt + max_tokens beyond what the ring holds for one request (600 - 256): a 400, and nothing runs.
+        # prompt + max_tokens beyond what the ring holds for one request (400 - 256): a 400, and nothing runs.
         r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
-                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 340})
+                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 140})
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "context_length_exceeded", err
-        assert "holds the KV cache of 344 tokens for one request" in err["message"], err
+        assert "holds the KV cache of 144 tokens for one request" in err["message"], err
