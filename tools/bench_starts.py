@@ -68,9 +68,10 @@ def main():
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    p.add_argument("--server-arg", dest="server_args", action="append", default=[], help="extra server.py flag, repeatable")
     a = p.parse_args()
     a.ranks, a.peers = [int(x) for x in a.ranks.split(",")], [x for x in a.peers.split(",") if x]
-    a.concurrency, a.server_args, a.pin, a.shares = [1], [], False, []
+    a.concurrency, a.pin, a.shares = [1], False, []
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     model_dir, results = Path(a.model), {}
