@@ -135,7 +135,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import choose_groups, warm_lengths, warm_params, warm_prompts, warm_rows, warm_up
+    from mlx_ring.serving.warmup import (
+        choose_groups, seed_prompt_cache, warm_lengths, warm_params, warm_prompts, warm_rows, warm_up)
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:
@@ -179,6 +180,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     if lengths := warm_lengths(chunk):
         log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use)",
                  chunk, warm_prompts(sched, engine.seq_ids, hello, lengths))
+    seed_prompt_cache(sched, engine.seq_ids, hello)
     if not cfg.groups and ring.size > 1 and shard.batches and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, engine.seq_ids, hello, cfg.max_active)
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), cfg.max_active,

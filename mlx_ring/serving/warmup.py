@@ -61,10 +61,19 @@ def warm_up(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: lis
     return time.perf_counter() - t0
 
 
+def seed_prompt_cache(sched: Scheduler, ids: itertools.count, prompt: list[int]) -> None:
+    """Leave `prompt` (a short chat: the template around one message) in the prompt cache, so the
+    first requests start from the template's shared start as later ones do, where it is long
+    enough to reuse (`Scheduler.least_reuse`)."""
+    if sched.prefix is not None:
+        _decode_seconds(sched, ids, prompt, 1, 1, keep=True)
+
+
 def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n: int, tokens: int,
-                    params: SamplingParams = GREEDY) -> float:
-    """Seconds `n` sequences of `prompt` took from the last one's first token to their last."""
-    prefix, sched.prefix = sched.prefix, None  # the prompt cache keeps nothing of them
+                    params: SamplingParams = GREEDY, keep: bool = False) -> float:
+    """Seconds `n` sequences of `prompt` took from the last one's first token to their last.
+    `keep`: the prompt cache keeps them (else nothing of them)."""
+    prefix, sched.prefix = sched.prefix, sched.prefix if keep else None
     try:
         count = {s: 0 for s in (Sequence(next(ids), list(prompt), params) for _ in range(n))}
         for s in count:

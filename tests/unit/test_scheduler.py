@@ -120,11 +120,11 @@ def decode_all(sched: Scheduler, prompts: list[list[int]], wanted: list[int]) ->
     return got
 
 
-def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
+def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     import itertools
 
     from mlx_ring.serving.prefix import PrefixIndex
-    from mlx_ring.serving.warmup import warm_prompts, warm_up
+    from mlx_ring.serving.warmup import seed_prompt_cache, warm_prompts, warm_up
 
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
@@ -140,6 +140,9 @@ def test_warm_up_leaves_no_row_and_no_prompt_cache_entry(tmp_path):
     warm_prompts(sched, ids, [5, 17, 42], [1, 2, 7, 12])  # cut and repeated: 12 is 5, 17, 42 four times
     assert shard.prefill_tokens - prefilled == 1 + 2 + 7 + 12 and next(ids) == 20
     assert sched.idle() and shard.status_row().open_sequences == 0 and prefix.lookup([5, 17, 42] * 4) == (0, 0)
+    seed_prompt_cache(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3])  # kept: a later prompt starts from its shared start
+    assert sched.idle() and shard.status_row().open_sequences == 0
+    assert prefix.lookup([5, 17, 42, 9, 8, 7, 1, 2])[1] == 6
 
 
 def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
