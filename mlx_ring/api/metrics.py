@@ -65,6 +65,8 @@ class _Engine:
             return
         yield GaugeMetricFamily("mlx_ring_queue_depth", "requests waiting for a place", value=s.queued)
         yield GaugeMetricFamily("mlx_ring_active_sequences", "sequences generating", value=s.active)
+        yield GaugeMetricFamily("mlx_ring_waiting_prompts", "admitted sequences whose prompt has not started "
+                                "(a prefill turn, or room in the KV cache)", value=s.waiting)
         yield GaugeMetricFamily("mlx_ring_up", "1 while the ring serves", value=0 if s.broken else 1)
         cumulative, buckets = 0, []
         for le, n in zip([*map(floatToGoString, STEP_BUCKETS), "+Inf"], s.step_counts):

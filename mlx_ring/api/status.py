@@ -71,5 +71,5 @@ def engine_status(s: Stats) -> dict:
         c = s.prompt_cache
         cache |= {"entries": c.entries, "tokens": c.tokens, "budget_tokens": c.budget_tokens, "hits": c.hits,
                   "hit_tokens": c.hit_tokens}
-    return {"queued_requests": s.queued, "prompt_cache": cache,
+    return {"queued_requests": s.queued, "waiting_prompts": s.waiting, "prompt_cache": cache,
             "speculative": {"draft_tokens": s.draft_tokens, "drafted": s.drafted, "accepted": s.accepted}}

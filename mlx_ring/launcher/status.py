@@ -25,7 +25,8 @@ def table(s: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["model %(model)s, plan %(strategy)s over %(n_layers)d layers" % dict(s["plan"], model=s["model"])]
     lines += ["  " + "  ".join(c.ljust(n) for c, n in zip(row, widths)).rstrip() for row in rows]
-    lines.append("  %d request(s) queued" % s["queued_requests"])
+    lines.append("  %d request(s) queued, %d prompt(s) waiting to start (a prefill turn, or room in the KV cache)"
+                 % (s["queued_requests"], s.get("waiting_prompts", 0)))
     return "\n".join(lines)
 
 

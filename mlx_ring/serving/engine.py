@@ -107,7 +107,7 @@ class Engine:
         return Stats(queued=self.requests.qsize(), active=len(self.active), broken=self.broken,
                      stopping=self.stopping.is_set(), prompt_cache=cache, draft_tokens=sched.draft_tokens,
                      drafted=sched.drafted, accepted=sched.accepted, step_counts=tuple(self.step_counts),
-                     step_seconds=self.busy_s)
+                     step_seconds=self.busy_s, waiting=len(sched.waiting))
 
     # -- the engine thread --------------------------------------------------------------------------
     def run(self) -> None:

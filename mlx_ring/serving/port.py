@@ -76,6 +76,7 @@ class Stats:
     accepted: int  # draft tokens kept, since the start
     step_counts: tuple[int, ...]  # ring steps per STEP_BUCKETS bucket (not cumulative), the last one past them all
     step_seconds: float  # time of all ring steps
+    waiting: int = 0  # sequences whose prompt has not started: waiting for a prefill turn or for room in the KV cache
 
     @property
     def serving(self) -> bool:

@@ -53,8 +53,12 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
+        waited = 0
+        while any(t.is_alive() for t in threads) and not waited:  # the one waiting for room shows in the status
+            waited = httpx.get(f"{url}/cluster/status", timeout=30).json()["waiting_prompts"]
         for t in threads:
             t.join(300)
+        assert waited == 1
         assert all(answers[i]["completion_tokens"] == 60 for i in range(2)), answers  # both whole
         first, second = sorted(range(2), key=lambda i: times[i][0])
         assert times[second][0] > times[first][-1], "the second request started while the first still held its room"

@@ -80,12 +80,12 @@ def test_health_cluster_status_and_the_page(engine, served):
         s = http.get("/cluster/status").json()
         assert s["model"] == MODEL and s["plan"] == served.cluster.plan
         assert s["ranks"] == [static | rank_row(r) for r, static in enumerate(served.cluster.ranks)]
-        assert s["queued_requests"] == 0
+        assert s["queued_requests"] == 0 and s["waiting_prompts"] == 0
         assert s["prompt_cache"] == {"enabled": True, "entries": 2, "tokens": 300, "budget_tokens": 4000, "hits": 5, "hit_tokens": 120}
         assert s["speculative"] == {"draft_tokens": 0, "drafted": 0, "accepted": 0}
-        engine.snapshot = replace(engine.snapshot, prompt_cache=None, queued=3, draft_tokens=6, drafted=40, accepted=31)
+        engine.snapshot = replace(engine.snapshot, prompt_cache=None, queued=3, draft_tokens=6, drafted=40, accepted=31, waiting=2)
         s = http.get("/cluster/status").json()
-        assert s["prompt_cache"] == {"enabled": False} and s["queued_requests"] == 3
+        assert s["prompt_cache"] == {"enabled": False} and s["queued_requests"] == 3 and s["waiting_prompts"] == 2
         assert s["speculative"] == {"draft_tokens": 6, "drafted": 40, "accepted": 31}
         page = http.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html") and "/cluster/status" in page.text
@@ -126,6 +126,7 @@ def test_metrics_count_requests_tokens_and_show_every_ranks_figures(engine, serv
     assert after[("mlx_ring_inter_token_latency_seconds_count", ())] == sum(deltas[1:])  # each token after the first delta's
     # the engine's snapshot
     assert after[("mlx_ring_up", ())] == 1 and after[("mlx_ring_queue_depth", ())] == 0 and after[("mlx_ring_active_sequences", ())] == 0
+    assert after[("mlx_ring_waiting_prompts", ())] == 0
     buckets = {dict(labels)["le"]: v for (name, labels), v in after.items() if name == "mlx_ring_step_seconds_bucket"}
     assert buckets["0.001"] == 0 and buckets["0.005"] == 3 and buckets["0.01"] == 7 and buckets["2.5"] == 7
     assert buckets["5.0"] == 8 and buckets["+Inf"] == 10 and after[("mlx_ring_step_seconds_count", ())] == 10
