@@ -128,7 +128,7 @@ def draft_model(cfg: Config, vocab: int):
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: dict) -> None:
     import uvicorn
 
-    from mlx_ring.api.app import make_app
+    from mlx_ring.api.app import make_app, warm_http
     from mlx_ring.api.keys import load_keys
     from mlx_ring.api.served import Cluster, ServedModel
     from mlx_ring.ring.pipeline import Pipeline
@@ -186,6 +186,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), cfg.max_active,
                  ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
+    warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
     for f in cfg.tls or ():
         if not f.is_file():  # checked here: only rank 0's host needs the files
             raise ValueError(f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; give PEM files there")

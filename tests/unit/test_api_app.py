@@ -256,3 +256,12 @@ def test_generated_requests_get_an_answer_or_an_openai_error(engine, served):
 
         case()
     assert counts.get(200) and counts.get(400)  # both kinds were exercised
+
+
+def test_warm_http_runs_a_refused_request_through_a_twin_app_and_reaches_no_engine(engine, served):
+    from mlx_ring.api.app import make_app, warm_http
+
+    status, body = warm_http(make_app(engine, served))
+    # read, validated, templated and tokenized: refused only at the completion limit
+    assert status == 400 and body["error"]["param"] == "max_tokens" and "over this server's limit" in body["error"]["message"]
+    assert engine.submitted == []
