@@ -1,9 +1,12 @@
-"""What the scheduler (`scheduler.py`) moves around: sequences, the prefill batches they start in, and
-the decode groups they join."""
+"""What the scheduler (`scheduler.py`) moves around: sequences, the prefill batches they start in, the
+decode groups they join, and the steps on the ring with what to do when each comes home."""
 
 from dataclasses import dataclass, field
 from typing import Callable
 
+import mlx.core as mx
+
+from mlx_ring.ring.protocol import Kind
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import SequenceSampler
 from mlx_ring.serving.speculative import Drafter
@@ -78,6 +81,20 @@ class Group:
     def free(self) -> bool:
         """Empty, and no prompt is being prefilled for it (a model that does not batch)."""
         return not self.load() and not self.reserved
+
+
+@dataclass
+class Step:
+    """What rank 0 must do when a step comes home."""
+
+    kind: Kind
+    prefill: Prefill | None = None
+    offset: int = 0  # PREFILL: where the chunk starts in its rows
+    group: Group | None = None
+    rows: list[Sequence] = field(default_factory=list)
+    drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
+    last_chunk: bool = False
+    done: Callable[[mx.array | None], None] | None = None
 
 
 def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], budget: int,

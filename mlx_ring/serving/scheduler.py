@@ -10,7 +10,6 @@ or of the next prompt chunk. The caller calls `step()` in a loop and decides whe
 """
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import mlx.core as mx
@@ -18,9 +17,9 @@ import mlx.core as mx
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind, StatusRow
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
-from mlx_ring.serving.rows import Group, Prefill, Sequence, kv_fits
+from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
 from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
-from mlx_ring.serving.speculative import Drafter, ModelDrafter, Streak, verify_rows
+from mlx_ring.serving.speculative import MODEL_DRAFT_ROWS, Drafter, ModelDrafter, Streak, verify_rows
 
 
 class Ends(Protocol):
@@ -32,26 +31,6 @@ class Ends(Protocol):
 
     plain_kv: bool  # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
     batches: bool  # the model's layers take several rows at once (else: one row a decode group)
-
-
-@dataclass
-class _Step:
-    """What rank 0 must do when a step comes home."""
-
-    kind: Kind
-    prefill: Prefill | None = None
-    offset: int = 0  # PREFILL: where the chunk starts in its rows
-    group: Group | None = None
-    rows: list[Sequence] = field(default_factory=list)
-    drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
-    last_chunk: bool = False
-    done: Callable[[mx.array | None], None] | None = None
-
-
-# A draft model guesses row by row, a forward per token, while a step costs about the same for any
-# number of rows: in a larger group its guesses cost more than they can save, so it rests there
-# (as vLLM's speculative decoding does past a batch size).
-MODEL_DRAFT_ROWS = 4
 
 
 class Scheduler:
@@ -136,10 +115,10 @@ class Scheduler:
     def _submit_next(self) -> bool:
         if self.calls:
             header, payload, done = self.calls.popleft()
-            return self._submit(header, payload, _Step(header.kind, done=done))
+            return self._submit(header, payload, Step(header.kind, done=done))
         if self.to_free:
             batch = self.to_free.pop()
-            return self._submit(Header(Kind.FREE, batch=batch.id), None, _Step(Kind.FREE))
+            return self._submit(Header(Kind.FREE, batch=batch.id), None, Step(Kind.FREE))
         # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
         # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
         ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
@@ -244,7 +223,7 @@ class Scheduler:
     def _submit_chunk(self, b: Prefill) -> bool:
         if b.reuse:  # first, on every rank: each row's cache starts as its entry's first `sent` tokens
             entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
-            return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, _Step(Kind.LOAD))
+            return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, Step(Kind.LOAD))
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
         h = self.ends.embed(mx.array(tokens))  # (B, L, H)
@@ -254,20 +233,20 @@ class Scheduler:
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
         header = Header.for_payload(Kind.PREFILL, h, batch=b.id, offset=offset)
-        return self._submit(header, h, _Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
+        return self._submit(header, h, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
         # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
         keep = [i for i, s in enumerate(g.rows) if not s.removed]
         if g.drop and keep and (len(keep) < len(g.rows) or g.joining):
-            return self._submit(*self._trim(g), _Step(Kind.TRIM))  # rows leave or join once rejected drafts are gone
+            return self._submit(*self._trim(g), Step(Kind.TRIM))  # rows leave or join once rejected drafts are gone
         if len(keep) < len(g.rows):
             g.drop = 0  # nothing left to trim, or the trim went first
             g.rows = [g.rows[i] for i in keep]
             rows = mx.array(keep, dtype=mx.int32) if keep else None  # none left: the group's cache goes
             header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
-            return self._submit(header, rows, _Step(Kind.FILTER))
+            return self._submit(header, rows, Step(Kind.FILTER))
         while g.joining:
             b = g.joining.pop(0)
             if b.removed():
@@ -275,7 +254,7 @@ class Scheduler:
                 continue
             g.rows += b.rows  # rows whose client left meanwhile go with the next FILTER
             padding = mx.array(b.padding(), dtype=mx.int32)
-            return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, _Step(Kind.JOIN))
+            return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, Step(Kind.JOIN))
         if not g.rows:
             return True
         drafting = self._drafting(g.rows)
@@ -310,11 +289,11 @@ class Scheduler:
             if chained and s.drafter:
                 s.drafter.skip()
         h = self.ends.embed(tokens)  # tokens (B, L) -> (B, L, H); L = 1 + drafts
-        step = _Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
+        step = Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
         header, g.drop = Header.for_payload(Kind.DECODE, h, group=g.id, offset=g.drop), 0
         return self._submit(header, h, step, chained)
 
-    def _submit(self, header: Header, payload: mx.array | None, step: _Step, chained: bool = False) -> bool:
+    def _submit(self, header: Header, payload: mx.array | None, step: Step, chained: bool = False) -> bool:
         self.pipe.submit(header, payload, step, chained)
         return True
 
@@ -347,7 +326,7 @@ class Scheduler:
             self.calls.append((Header.for_payload(kind, payload, **where), payload, lambda _: None))
 
     # -- results --------------------------------------------------------------------------------
-    def _complete(self, step: _Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
+    def _complete(self, step: Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
         if step.done is not None:
             step.done(out)
             return []
@@ -398,7 +377,7 @@ class Scheduler:
             return results
         return []
 
-    def _complete_verify(self, step: _Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
+    def _complete_verify(self, step: Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
         # Every rank then drops the positions rows did not keep: with the group's next step when
         # every row drops the same, else by a TRIM step queued before anything else touches the group.
         g = step.group

@@ -20,6 +20,10 @@ from mlx_ring.models.compat import UNFUSED_SEVERAL, unfused_attention
 from mlx_ring.serving.prefix import common_prefix
 from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows, target_logits
 
+# A draft model guesses row by row, a forward per token, while a step costs about the same for any
+# number of rows: in a larger group its guesses cost more than they can save, so it rests there
+# (as vLLM's speculative decoding does past a batch size).
+MODEL_DRAFT_ROWS = 4
 NGRAMS = (3, 2)  # suffix lengths tried, longest first: a one-token match guesses too often wrong
 
 
