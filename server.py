@@ -136,7 +136,14 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
     from mlx_ring.serving.warmup import (
-        choose_groups, seed_prompt_cache, warm_lengths, warm_params, warm_prompts, warm_rows, warm_up)
+        choose_groups,
+        seed_prompt_cache,
+        warm_lengths,
+        warm_params,
+        warm_prompts,
+        warm_rows,
+        warm_up,
+    )
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:

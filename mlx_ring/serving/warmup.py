@@ -9,8 +9,8 @@ import time
 import mlx.core as mx
 
 from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.scheduler import Scheduler
 from mlx_ring.serving.rows import Sequence
+from mlx_ring.serving.scheduler import Scheduler
 
 
 def warm_rows(max_active: int) -> list[int]:

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from testhosts import NetnsHosts, sh, why_not
 from ringutil import ROOT, free_port, wait_healthy
+from testhosts import NetnsHosts, sh, why_not
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -12,8 +12,8 @@ import openai
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-from testhosts import NetnsHosts, why_not
 from ringutil import ROOT, free_port
+from testhosts import NetnsHosts, why_not
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

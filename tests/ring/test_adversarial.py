@@ -19,9 +19,8 @@ import openai
 import pytest
 from fuzzbodies import MODEL, bodies
 from hypothesis import HealthCheck, given, settings
-from serverutil import running_server
-
 from random_weights import make_random_model
+from serverutil import running_server
 
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as asked
 

@@ -3,10 +3,10 @@ the decode timeline is computed from them (mlx_ring/ring/timeline.py; its arithm
 
 import json
 
-from mlx_ring.ring.timeline import steps
 from ringutil import launch, make_tiny_model
 
 from mlx_ring.ring.protocol import Kind
+from mlx_ring.ring.timeline import steps
 
 
 def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):

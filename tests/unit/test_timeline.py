@@ -2,9 +2,9 @@
 the ranks record (known times in, known times out)."""
 
 import pytest
-from mlx_ring.ring.timeline import between_pings, decode_times, steps
 
 from mlx_ring.ring.protocol import Kind
+from mlx_ring.ring.timeline import between_pings, decode_times, steps
 
 DECODE, FILTER, PING, SHUTDOWN = Kind.DECODE, Kind.FILTER, Kind.PING, Kind.SHUTDOWN
 
