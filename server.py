@@ -135,15 +135,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import (
-        choose_groups,
-        seed_prompt_cache,
-        warm_lengths,
-        warm_params,
-        warm_prompts,
-        warm_rows,
-        warm_up,
-    )
+    from mlx_ring.serving.warmup import warm
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:
@@ -178,20 +170,9 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
-    rows = warm_rows(cfg.max_active)
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
-    params = warm_params()
-    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings)",
-             warm_up(sched, engine.seq_ids, hello, rows, params=params), ", ".join(map(str, rows)), len(params))
-    if lengths := warm_lengths(chunk):
-        log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use)",
-                 chunk, warm_prompts(sched, engine.seq_ids, hello, lengths))
-    seed_prompt_cache(sched, engine.seq_ids, hello)
-    if not cfg.groups and ring.size > 1 and shard.batches and mx.default_device() != mx.cpu:
-        rate = choose_groups(sched, engine.seq_ids, hello, cfg.max_active)
-        log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), cfg.max_active,
-                 ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
+    warm(sched, engine.seq_ids, hello, cfg.max_active, chunk, may_regroup=not cfg.groups and ring.size > 1 and shard.batches)
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
     for f in cfg.tls or ():

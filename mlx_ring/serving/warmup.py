@@ -4,6 +4,7 @@ waits for MLX to build them; and, on a ring on a GPU, the number of decode group
 full batch fastest there."""
 
 import itertools
+import logging
 import time
 
 import mlx.core as mx
@@ -21,7 +22,27 @@ def warm_rows(max_active: int) -> list[int]:
     return [n for n in (2**k for k in range(12)) if n < max_active] + [max_active]
 
 
+log = logging.getLogger(__name__)
+
 GREEDY = SamplingParams(temperature=0.0)
+
+
+def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int, may_regroup: bool) -> None:
+    """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
+    settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
+    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a ring of a batching model) on a
+    GPU, the faster number of decode groups."""
+    rows, params = warm_rows(max_active), warm_params()
+    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings)",
+             warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params))
+    if lengths := warm_lengths(chunk):
+        log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use)",
+                 chunk, warm_prompts(sched, ids, prompt, lengths))
+    seed_prompt_cache(sched, ids, prompt)
+    if may_regroup and mx.default_device() != mx.cpu:
+        rate = choose_groups(sched, ids, prompt, max_active)
+        log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
+                 ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
 
 
 def warm_params() -> list[SamplingParams]:
