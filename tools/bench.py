@@ -4,6 +4,11 @@ distributed server) on the same model and machine, in one run, through a streami
     ./launch.sh bench --ranks 1,2,3 --concurrency 1,4,8            # default model, this machine
     ./launch.sh bench --model /tmp/llama3-8b --gpu --ranks 1,2 --peers mlx_lm,mlx_lm_tp
     ./launch.sh bench --pin --ranks 1,2 --concurrency 1,8,16,32 --long-prompt 1536   # a core per rank
+    ./launch.sh bench --pin --ranks 1,2 --peers replicas   # and the most any split of the model could give
+
+`--peers replicas` runs as many independent one-rank servers as the largest ring has ranks, each on
+one rank's cores (--pin) or GPU (--gpu), with the streams dealt round them: what the devices serve
+when nothing is split or passed between them, the ceiling for a ring of that many ranks.
 
 Reports per target: time to first token (short prompt, and a long one), per-stream decode tokens/s,
 aggregate tokens/s, p50/p99 inter-token latency and each rank's busy fraction (CPU time over wall
@@ -20,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -39,6 +45,7 @@ class Target:
     def __init__(self, name: str, cmd: list[str], env: dict, port: int, ours: bool):
         self.name, self.cmd, self.env, self.port, self.ours = name, cmd, env, port, ours
         self.url = f"http://127.0.0.1:{port}"
+        self.urls = [self.url]  # where the streams go, dealt in turn
 
     def __enter__(self):
         self.log = open(ROOT / "bench-results" / f"{self.name}.log", "w")
@@ -131,11 +138,17 @@ async def _stream(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int)
             "decode_tps": (tokens - 1) / span if span > 0 and tokens > 1 else None}
 
 
-async def run_concurrency(url: str, model: str, c: int, max_tokens: int, round_: int) -> dict:
+async def run_concurrency(urls: list[str], model: str, c: int, max_tokens: int, round_: int) -> dict:
+    """`c` streams at once, stream i sent to urls[i % len(urls)]."""
     prompts = [f"Request {round_}-{i}. Write a long, detailed story about {TOPICS[i % len(TOPICS)]}." for i in range(c)]
-    async with AsyncOpenAI(base_url=url + "/v1", api_key="bench", timeout=3600, max_retries=0) as client:
+    clients = [AsyncOpenAI(base_url=u + "/v1", api_key="bench", timeout=3600, max_retries=0) for u in urls]
+    try:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(stream_one(client, model, p, max_tokens) for p in prompts))
+        results = await asyncio.gather(*(stream_one(clients[i % len(clients)], model, p, max_tokens)
+                                         for i, p in enumerate(prompts)))
+    finally:
+        for client in clients:
+            await client.close()
     wall = max(r["end"] for r in results) - t0
     itl = sorted(x for r in results for x in r["itl"])
     tps = [r["decode_tps"] for r in results if r["decode_tps"]]
@@ -168,7 +181,7 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
     # Warm up: the first call of each shape compiles kernels (seconds on CUDA); one short pass at
     # each concurrency meets the batch shapes the timed pass will.
     for c in a.concurrency:
-        asyncio.run(run_concurrency(url, model, c, 16, round_=-c))
+        asyncio.run(run_concurrency(t.urls, model, c, 16, round_=-c))
     # Time to first token: prompts whose numbers differ (no prompt-cache hit) but whose token counts
     # do not, so every target and run meets the same shapes. On CUDA a new shape compiles kernels:
     # warm up with number 0, then take the median of three; a CPU has nothing to compile.
@@ -185,7 +198,7 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
     out["runs"] = []
     for c in a.concurrency:
         cpu0, t0 = t.cpu_seconds(), time.perf_counter()
-        r = asyncio.run(run_concurrency(url, model, c, a.max_tokens, round_=c))
+        r = asyncio.run(run_concurrency(t.urls, model, c, a.max_tokens, round_=c))
         cpu1, wall = t.cpu_seconds(), time.perf_counter() - t0
         # each rank's CPU time over the run's wall time, per core it may use: its cores' busy fraction
         cores = len(a.shares[0].split(",")) if a.pin else 1
@@ -206,34 +219,67 @@ def core_shares(a) -> list[str]:
     return [",".join(map(str, cores[r * share:(r + 1) * share])) for r in range(max(a.ranks))]
 
 
-def pinned(a, n: int, cmd: list[str]) -> list[str]:
-    """`cmd` with each of its `n` ranks on its own cores (--pin), else as it is."""
-    return [str(BIN / "python"), str(ROOT / "tools" / "pinned.py"), "/".join(a.shares[:n]), "--", *cmd] if a.pin else cmd
+def pinned(a, shares: list[str], cmd: list[str]) -> list[str]:
+    """`cmd` with rank r on cores shares[r] (--pin), else as it is."""
+    return [str(BIN / "python"), str(ROOT / "tools" / "pinned.py"), "/".join(shares), "--", *cmd] if a.pin else cmd
 
 
-def targets(a, model_dir: Path) -> list[Target]:
-    py, ts = str(BIN / "python"), []
+def ring_target(a, model_dir: Path, name: str, n: int, shares: list[str], env: dict) -> Target:
+    """Our server as a ring of `n` local ranks, rank r on shares[r] (--pin)."""
+    hostfile = ROOT / "bench-results" / f"hosts-{name}.json"
+    hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
+    port = free_port()
+    cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
+           str(free_port()), "--", *pinned(a, shares, [str(BIN / "python"), str(ROOT / "server.py")]), "--model", str(model_dir),
+           "--port", str(port), "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
+           "--log-dir", str(ROOT / "bench-results" / f"logs-{name}"), *a.server_args]
+    return Target(name, under_feed(cmd), env, port, ours=True)
+
+
+class Replicas:
+    """Independent one-rank servers, started and stopped together, the streams dealt round them;
+    replica i counts as rank i (its busy fraction and memory)."""
+
+    def __init__(self, name: str, parts: list[Target]):
+        self.name, self.parts, self.ours = name, parts, True
+        self.url, self.urls = parts[0].url, [p.url for p in parts]
+
+    def __enter__(self):
+        with ExitStack() as stack:
+            for part in self.parts:
+                stack.enter_context(part)
+            self.stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+
+    def cpu_seconds(self) -> dict[int, float]:
+        return {i: sum(part.cpu_seconds().values()) for i, part in enumerate(self.parts)}
+
+    def memory(self) -> list[dict]:
+        return [m | {"rank": i} for i, part in enumerate(self.parts) for m in part.memory()]
+
+
+def targets(a, model_dir: Path) -> list:
     gpu_env = {"CUDA_PER_RANK": "1"} if a.gpu else {}
-    for n in a.ranks:
-        hostfile = ROOT / "bench-results" / f"hosts{n}.json"
-        hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
-        port = free_port()
-        cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
-               str(free_port()), "--", *pinned(a, n, [py, str(ROOT / "server.py")]), "--model", str(model_dir), "--port", str(port),
-               "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
-               "--log-dir", str(ROOT / "bench-results" / f"logs-{n}"), *a.server_args]
-        ts.append(Target(f"ring-{n}", under_feed(cmd), gpu_env, port, ours=True))
+    ts = [ring_target(a, model_dir, f"ring-{n}", n, a.shares[:n], gpu_env) for n in a.ranks]
     for peer in a.peers:
         port = free_port()
         serve = [str(BIN / "mlx_lm.server"), "--model", str(model_dir), "--port", str(port),
                  "--decode-concurrency", str(max(a.concurrency)), "--max-tokens", str(a.max_tokens)]
         if peer == "mlx_lm":
-            ts.append(Target("mlx_lm", pinned(a, 1, serve), {}, port, ours=False))
+            ts.append(Target("mlx_lm", pinned(a, a.shares[:1], serve), {}, port, ours=False))
+        elif peer == "replicas":  # replica i on rank i's cores, or on GPU i
+            n = max(a.ranks)
+            ts.append(Replicas(f"replicas-{n}", [
+                ring_target(a, model_dir, f"replica-{i}", 1, a.shares[i:i + 1], {"CUDA_VISIBLE_DEVICES": str(i)} if a.gpu else {})
+                for i in range(n)]))
         else:  # mlx-lm's own distributed server over the same ring backend, one rank per GPU
             hostfile = ROOT / "bench-results" / "hosts-peer.json"
             hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * max(a.ranks)))
             cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
-                   str(free_port()), "--", py, str(ROOT / "tools" / "bench_peer.py"), *serve[1:],
+                   str(free_port()), "--", str(BIN / "python"), str(ROOT / "tools" / "bench_peer.py"), *serve[1:],
                    *(["--pipeline"] if peer == "mlx_lm_pp" else [])]
             ts.append(Target(peer, under_feed(cmd), gpu_env, port, ours=False))
     return ts
@@ -280,7 +326,7 @@ def main():
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--long-prompt", type=int, default=4096, help="tokens in the long TTFT prompt (0: skip)")
-    p.add_argument("--peers", default="mlx_lm", help="mlx_lm, mlx_lm_tp, mlx_lm_pp (comma-separated; '' for none)")
+    p.add_argument("--peers", default="mlx_lm", help="mlx_lm, mlx_lm_tp, mlx_lm_pp, replicas (comma-separated; '' for none)")
     p.add_argument("--gpu", action="store_true", help="one GPU per rank (CUDA)")
     p.add_argument("--pin", action="store_true", help="a device per rank on a CPU (Linux): each rank on its own cores, "
                    "this machine's cores split evenly over the largest ring's ranks; 1-rank targets get one rank's share")
