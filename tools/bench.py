@@ -261,6 +261,11 @@ class Replicas:
         return [m | {"rank": i} for i, part in enumerate(self.parts) for m in part.memory()]
 
 
+def replica_gpu(a, i: int) -> dict:
+    """A replica's environment: GPU i alone (not GPU 0, which CUDA_PER_RANK gives every rank 0)."""
+    return {"CUDA_VISIBLE_DEVICES": str(i), "CUDA_PER_RANK": "0"} if a.gpu else {}
+
+
 def targets(a, model_dir: Path) -> list:
     gpu_env = {"CUDA_PER_RANK": "1"} if a.gpu else {}
     ts = [ring_target(a, model_dir, f"ring-{n}", n, a.shares[:n], gpu_env) for n in a.ranks]
@@ -273,7 +278,7 @@ def targets(a, model_dir: Path) -> list:
         elif peer == "replicas":  # replica i on rank i's cores, or on GPU i
             n = max(a.ranks)
             ts.append(Replicas(f"replicas-{n}", [
-                ring_target(a, model_dir, f"replica-{i}", 1, a.shares[i:i + 1], {"CUDA_VISIBLE_DEVICES": str(i)} if a.gpu else {})
+                ring_target(a, model_dir, f"replica-{i}", 1, a.shares[i:i + 1], replica_gpu(a, i))
                 for i in range(n)]))
         else:  # mlx-lm's own distributed server over the same ring backend, one rank per GPU
             hostfile = ROOT / "bench-results" / "hosts-peer.json"
