@@ -290,6 +290,24 @@ def targets(a, model_dir: Path) -> list:
     return ts
 
 
+def ratios(results: list[dict]) -> list[str]:
+    """Markdown lines: each ring's aggregate over one rank's, and over the replicas' (the ceiling), by
+    concurrency; none without a one-rank ring."""
+    agg = {r["target"]: {x["concurrency"]: x["aggregate_tps"] for x in r["runs"]} for r in results}
+    base, ceiling = agg.get("ring-1"), next((v for k, v in agg.items() if k.startswith("replicas-")), None)
+    rings = [k for k in agg if k.startswith("ring-") and k != "ring-1"]
+    if base is None or not rings:
+        return []
+    cols = [("ring-1", base)] + ([("replicas", ceiling)] if ceiling else [])
+    lines = ["", "| target | concurrency | " + " | ".join(f"aggregate over {name}" for name, _ in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for k in rings:
+        for c, v in agg[k].items():
+            cells = [f"{v / d[c]:.2f}x" if d.get(c) else "-" for _, d in cols]
+            lines.append(f"| {k} | {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(results: list[dict], meta: dict, out: Path) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [f"Model `{meta['model']}` on {meta['machine']}; {meta['max_tokens']} tokens per stream, temperature 0.", "",
@@ -301,6 +319,7 @@ def report(results: list[dict], meta: dict, out: Path) -> None:
             lines.append(f"| {r['target']} | {run['concurrency']} | {f(run['aggregate_tps'])} | {f(run['per_stream_decode_tps'])} | "
                          f"{f(run['ttft_s_mean'], 2)} | {f(run['itl_p50_ms'])} | {f(run['itl_p99_ms'])} | {run['errors']} | "
                          f"{' / '.join(f'{b:.0%}' for b in run.get('busy', [])) or '-'} |")
+    lines += ratios(results)
     lines += ["", "| target | TTFT short s | TTFT long s | peak memory per rank (MiB) |", "|---|---|---|---|"]
     for r in results:
         mem = "; ".join(f"r{m['rank']}: " + ", ".join(f"{k.removesuffix('_mib')} {v:.0f}" for k, v in m.items() if k != "rank")

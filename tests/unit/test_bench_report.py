@@ -1,0 +1,23 @@
+"""The benchmark's ratio table: each ring against one rank and against the replicas' ceiling."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench import ratios  # noqa: E402
+
+
+def result(target: str, aggregates: dict[int, float]) -> dict:
+    return {"target": target, "runs": [{"concurrency": c, "aggregate_tps": v} for c, v in aggregates.items()]}
+
+
+def test_each_ring_is_set_against_one_rank_and_the_replicas():
+    lines = ratios([result("ring-1", {8: 50.0, 16: 80.0}), result("ring-2", {8: 55.0, 16: 84.0}),
+                    result("replicas-2", {8: 60.0, 16: 0.0}), result("mlx_lm", {8: 40.0, 16: 70.0})])
+    assert lines[1] == "| target | concurrency | aggregate over ring-1 | aggregate over replicas |"
+    assert lines[3:] == ["| ring-2 | 8 | 1.10x | 0.92x |", "| ring-2 | 16 | 1.05x | - |"]
+
+
+def test_no_table_without_one_rank_to_compare_with():
+    assert ratios([result("ring-2", {8: 55.0}), result("replicas-2", {8: 60.0})]) == []
+    assert ratios([result("ring-1", {8: 50.0}), result("mlx_lm", {8: 40.0})]) == []
