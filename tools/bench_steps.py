@@ -1,7 +1,8 @@
 """Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how long, it
 takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the server:
 
-    mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
+    python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
+    (tools/fed.py feeds mlx.launch's stdin, on which it would otherwise spin cores the ranks need)
     (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile;
     --trace FILE prints where a decode step's time goes on each rank, ranks on one host only)
 

@@ -2,7 +2,7 @@
 token and k drafts) through the real ring, for k = 0..8, then the TRIM step that drops them again,
 so the cache stays at the prompt's length. Run under mlx.launch like the server:
 
-    mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_verify.py --model DIR --rows 1,16
+    python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_verify.py --model DIR --rows 1,16
     (add CUDA_PER_RANK=1 to the environment on a multi-GPU host)
 
 Prints one JSON line per (rows, k): milliseconds per verify step and per trim step (medians).
