@@ -47,9 +47,9 @@ def one(hosts: NetnsHosts, n: int, link: str, rate: str | None, a, tmp: Path, mo
     assert r.returncode == 0, r.stderr[-3000:]
     url = f"http://{'127.0.0.1' if local else entries[0]['ips'][0]}:{port}"
     try:
-        asyncio.run(run_concurrency(url, "default", 16, 8, round_=-1))  # warm-up
-        single = asyncio.run(run_concurrency(url, "default", 1, a.max_tokens, round_=1))
-        many = asyncio.run(run_concurrency(url, "default", 16, a.max_tokens, round_=16))
+        asyncio.run(run_concurrency([url], "default", 16, 8, round_=-1))  # warm-up
+        single = asyncio.run(run_concurrency([url], "default", 1, a.max_tokens, round_=1))
+        many = asyncio.run(run_concurrency([url], "default", 16, a.max_tokens, round_=16))
         ttfts = [asyncio.run(ttft(url, "default", long_prompt(model_dir, a.long_prompt, f"Note {i}"))) for i in range(2)]
     finally:
         launch(env, "stop")

@@ -118,7 +118,8 @@ def main():
     model_dir = Path(a.model)
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
-    ns = argparse.Namespace(ranks=[a.ranks], peers=[], concurrency=[1], gpu=a.gpu, max_tokens=a.max_tokens, server_args=[])
+    ns = argparse.Namespace(ranks=[a.ranks], peers=[], concurrency=[1], gpu=a.gpu, max_tokens=a.max_tokens, server_args=[],
+                            pin=False, shares=[])
     plain = targets(ns, model_dir)[0]
     ns.server_args = ["--draft-tokens", str(a.draft_tokens)]
     spec = targets(ns, model_dir)[0]

@@ -74,7 +74,7 @@ def main():
     model_dir = Path(a.model)
     # What bench.targets reads: the ring sizes and the peers to start, with room for one stream.
     a.ranks, a.peers = [int(x) for x in a.ranks.split(",")], [x for x in a.peers.split(",") if x]
-    a.concurrency, a.gpu, a.server_args = [1], False, []
+    a.concurrency, a.gpu, a.server_args, a.pin, a.shares = [1], False, [], False, []
     a.out.mkdir(parents=True, exist_ok=True)
     (ROOT / "bench-results").mkdir(exist_ok=True)
     document = long_prompt(model_dir, a.document_tokens, "shore").removeprefix("Summarise this text.")
