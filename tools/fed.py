@@ -2,10 +2,10 @@
 
     python tools/fed.py mlx.launch --backend ring --hostfile h2.json -- python tools/bench_steps.py ...
 
-mlx.launch's threads busy-loop on a stdin that is empty or at its end (a terminal's is neither), about
-1.5 cores on a 2-rank run, which ranks sharing the machine lose: on a core per rank (2 cores) bench_steps
-gave 31.7 tokens/s at 8 streams unfed and 60.0 fed. launch.sh and tools/bench.py feed it the same way
-(mlx_ring/ring/launch.py).
+mlx.launch's threads busy-loop until a byte for its ranks' stdin fails to reach them (the ranks close
+it at start), and its main thread also on a stdin at its end: about 1.5 cores on a 2-rank run, which
+ranks sharing the machine lose. On a core per rank (2 cores) bench_steps gave 31.7 tokens/s at 8
+streams unfed and 60.0 fed. launch.sh and tools/bench.py feed it the same way (mlx_ring/ring/launch.py).
 """
 
 import os
