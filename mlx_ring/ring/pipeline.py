@@ -138,8 +138,8 @@ class Pipeline:
                     self.ring.send_header(header, out)
                 if chained and self.unread is not None:
                     # One graph reads the last payload, computes rank 0's stage on it and sends it
-                    # (one sync a token, not three); a decode stage takes milliseconds, so the
-                    # watchdog may count it with the wait.
+                    # (one sync a token, not three; two on CUDA: Ring.compute_before_send); a decode
+                    # stage takes milliseconds, so the watchdog may count it with the wait.
                     with self.watching():
                         self.ring.send_payload(header, out)
                     self.unread = None
