@@ -18,6 +18,7 @@ import json
 import pstats
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -52,18 +53,22 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     pipe.submit = counted
     seqs = [Sequence(i, prompt(i), SamplingParams(temperature=0.0)) for i in range(n)]
     count = dict.fromkeys(range(n), 0)
+    tokens: dict[int, list[int]] = {i: [] for i in range(n)}
     t0, first = time.perf_counter(), None
     for s in seqs:
         sched.add(s)
     while not sched.idle():
-        for s, _ in sched.step():
+        for s, tok in sched.step():
             first = first or time.perf_counter()
             count[s.id] += 1
+            tokens[s.id].append(getattr(tok, "id", -1))
             if count[s.id] >= max_tokens:
                 sched.remove(s)
     pipe.submit = submit
     dt = time.perf_counter() - t0
-    return dt, f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, steps {kinds}"
+    digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # the same on every ring size
+    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, "
+                f"steps {kinds}, tokens {digest:08x}")
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
