@@ -172,7 +172,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
-    warm(sched, engine.seq_ids, hello, cfg.max_active, chunk, may_regroup=not cfg.groups and ring.size > 1 and shard.batches)
+    warm(sched, engine.seq_ids, hello, cfg.max_active, chunk, may_regroup=not cfg.groups and ring.size > 1 and shard.batches,
+         ranks=cluster["ranks"])
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
     for f in cfg.tls or ():

@@ -27,22 +27,60 @@ log = logging.getLogger(__name__)
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int, may_regroup: bool) -> None:
+def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int, may_regroup: bool,
+         ranks: list[dict] = ()) -> None:
     """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
     settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
     `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a ring of a batching model) on a
-    GPU, the faster number of decode groups."""
+    GPU, the faster number of decode groups; then every rank's peak memory, against the plan's
+    figure for it (`ranks`: the plan's rows)."""
     rows, params = warm_rows(max_active), warm_params()
-    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings)",
-             warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params))
+    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
+             warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params), peak_gib())
     if lengths := warm_lengths(chunk):
-        log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use)",
-                 chunk, warm_prompts(sched, ids, prompt, lengths))
+        log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use; "
+                 "MLX peak memory %.2f GiB)", chunk, warm_prompts(sched, ids, prompt, lengths), peak_gib())
     seed_prompt_cache(sched, ids, prompt)
     if may_regroup and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, ids, prompt, max_active)
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
                  ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
+    rows = rank_memory(sched)
+    log.info("MLX peak memory after the warm-up: %s", ", ".join(
+        f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in rows))
+    for line in over_plan(rows, ranks):
+        # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
+        # activations for many layers at once, which the plan's flat runtime reserve does not count.
+        log.warning("%s: with its KV cache and prompt cache full it may run out of memory; lower PREFILL_CHUNK "
+                    "or MAX_ACTIVE, or give it fewer layers (LAYERS)", line)
+
+
+def rank_memory(sched: Scheduler) -> list[dict]:
+    """Every rank's `StatusRow` as a dict, from one STATUS step round the ring."""
+    rows: list[dict] = []
+    sched.status(rows.extend)
+    while not rows:
+        sched.step()
+    return rows
+
+
+def over_plan(rows: list[dict], ranks: list[dict]) -> list[str]:
+    """A line for each rank whose MLX peak memory is over the plan's figure for it: its weights, KV
+    reserve and runtime (`needs_gb`) and the prompt cache it sets aside (`prompt_cache_gb`)."""
+    out = []
+    for row, plan in zip(rows, ranks):
+        if "needs_gb" not in plan:
+            continue
+        figure_gib = plan["needs_gb"] + plan.get("prompt_cache_gb", 0.0)
+        peak_gib = row["mlx_peak_memory_kib"] / 2**20
+        if peak_gib > figure_gib:
+            out.append(f"rank {row['rank']} peaked at {peak_gib:.2f} GiB, over the plan's {figure_gib:.2f} GiB")
+    return out
+
+
+def peak_gib() -> float:
+    """This process's MLX peak memory so far (the warm-up sets it on a GPU: it runs the largest batch)."""
+    return mx.get_peak_memory() / 2**30
 
 
 def warm_params() -> list[SamplingParams]:
