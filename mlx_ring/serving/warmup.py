@@ -45,10 +45,10 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
         rate = choose_groups(sched, ids, prompt, max_active)
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
                  ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
-    rows = rank_memory(sched)
+    status = rank_memory(sched)
     log.info("MLX peak memory after the warm-up: %s", ", ".join(
-        f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in rows))
-    for line in over_plan(rows, ranks):
+        f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in status))
+    for line in over_plan(status, ranks):
         # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
         # activations for many layers at once, which the plan's flat runtime reserve does not count.
         log.warning("%s: with its KV cache and prompt cache full it may run out of memory; lower PREFILL_CHUNK "
