@@ -135,7 +135,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import warm
+    from mlx_ring.serving.warmup import fit_room, warm
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:
@@ -145,17 +145,6 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     grammars = Grammars(tokenizer, logits.shape[-1])
-    served = ServedModel(
-        id=cfg.model or DEFAULT_MODEL,
-        tokenizer=tokenizer,
-        context_length=model_config.get("max_position_embeddings") or 4096,
-        default_max_tokens=cfg.default_max_tokens,
-        vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
-        max_tokens_limit=cfg.max_tokens_limit,
-        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
-        cluster=Cluster(**cluster),
-        grammars=grammars,
-    )
     if not shard.batches:
         log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
                  UNBATCHED[model_config["model_type"]], cfg.groups)
@@ -172,8 +161,23 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
-    warm(sched, engine.seq_ids, hello, cfg.max_active, chunk, may_regroup=not cfg.groups and ring.size > 1 and shard.batches,
-         ranks=cluster["ranks"])
+    status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
+                  may_regroup=not cfg.groups and ring.size > 1 and shard.batches)
+    if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
+        room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
+                                                                cluster["plan"]["kv_tokens"])
+        sched.kv_budget = max(1, room)
+    served = ServedModel(
+        id=cfg.model or DEFAULT_MODEL,
+        tokenizer=tokenizer,
+        context_length=model_config.get("max_position_embeddings") or 4096,
+        default_max_tokens=cfg.default_max_tokens,
+        vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
+        max_tokens_limit=cfg.max_tokens_limit,
+        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
+        cluster=Cluster(**cluster),
+        grammars=grammars,
+    )
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
     for f in cfg.tls or ():

@@ -189,6 +189,23 @@ def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, mos
     return tokens
 
 
+def room_after(model: ModelSpec, room: int, sizes: list[int], excess: list[float]) -> int:
+    """`room` (KV tokens every rank has room for, `kv_capacity`) once each rank's `excess` bytes come
+    out of its share: memory measured in use beyond what the plan counts. Rank r holds the caches of
+    `sizes[r]` layers."""
+    tokens = room
+    for n, x in zip(sizes, excess):
+        if x <= 0 or n == 0:
+            continue
+        budget = n * layer_kv_bytes(model, room) - x
+        lo, hi = 0, tokens
+        while lo < hi:  # the most tokens whose caches fit in what is left of this rank's room
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if n * layer_kv_bytes(model, mid) <= budget else (lo, mid - 1)
+        tokens = lo
+    return tokens
+
+
 def max_layers(model: ModelSpec, cap: Capabilities, rank: int, kv_tokens: int) -> int:
     room = cap.usable_gb * GIB - fixed_bytes(model, rank)
     return max(0, math.floor(room / per_layer_bytes(model, kv_tokens) + 1e-9))

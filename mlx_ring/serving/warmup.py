@@ -9,6 +9,7 @@ import time
 
 import mlx.core as mx
 
+from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
@@ -27,13 +28,13 @@ log = logging.getLogger(__name__)
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int, may_regroup: bool,
-         ranks: list[dict] = ()) -> None:
+def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int,
+         may_regroup: bool) -> list[dict]:
     """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
     settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
     `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a ring of a batching model) on a
-    GPU, the faster number of decode groups; then every rank's peak memory, against the plan's
-    figure for it (`ranks`: the plan's rows)."""
+    GPU, the faster number of decode groups. Returns every rank's `StatusRow` (as a dict) after it:
+    the warm-up runs the largest batch and the longest chunk, so their peaks are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
     log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
              warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params), peak_gib())
@@ -48,11 +49,7 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
     status = rank_memory(sched)
     log.info("MLX peak memory after the warm-up: %s", ", ".join(
         f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in status))
-    for line in over_plan(status, ranks):
-        # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
-        # activations for many layers at once, which the plan's flat runtime reserve does not count.
-        log.warning("%s: with its KV cache and prompt cache full it may run out of memory; lower PREFILL_CHUNK "
-                    "or MAX_ACTIVE, or give it fewer layers (LAYERS)", line)
+    return status
 
 
 def rank_memory(sched: Scheduler) -> list[dict]:
@@ -64,18 +61,32 @@ def rank_memory(sched: Scheduler) -> list[dict]:
     return rows
 
 
-def over_plan(rows: list[dict], ranks: list[dict]) -> list[str]:
-    """A line for each rank whose MLX peak memory is over the plan's figure for it: its weights, KV
-    reserve and runtime (`needs_gb`) and the prompt cache it sets aside (`prompt_cache_gb`)."""
+def beyond_runtime(status: list[dict], ranks: list[dict], runtime_gib: float) -> list[float]:
+    """Bytes of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's
+    `ranks`), the most its KV caches held, its prompt cache and the plan's `runtime_gib`: what its
+    activations took that the plan kept no room for (0 where they fit)."""
     out = []
-    for row, plan in zip(rows, ranks):
-        if "needs_gb" not in plan:
-            continue
-        figure_gib = plan["needs_gb"] + plan.get("prompt_cache_gb", 0.0)
-        peak_gib = row["mlx_peak_memory_kib"] / 2**20
-        if peak_gib > figure_gib:
-            out.append(f"rank {row['rank']} peaked at {peak_gib:.2f} GiB, over the plan's {figure_gib:.2f} GiB")
+    for row, rank in zip(status, ranks):
+        held_kib = rank.get("parameter_bytes_kib", 0) + row["kv_cache_peak_kib"] + row["prompt_cache_kib"]
+        out.append(max(0.0, (row["mlx_peak_memory_kib"] - held_kib) * 1024 - runtime_gib * 2**30))
     return out
+
+
+def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, kv_tokens: int) -> int:
+    """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
+    the plan's runtime reserve during the warm-up; logged, with a warning below `kv_tokens`."""
+    # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
+    # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
+    excess = beyond_runtime(status, ranks, RUNTIME_GIB)
+    fitted = room_after(spec, room, [r["layers"][1] - r["layers"][0] for r in ranks], excess)
+    if fitted < room:
+        worst = max(range(len(excess)), key=excess.__getitem__)
+        log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
+                 "plan's %.1f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, RUNTIME_GIB)
+    if fitted < kv_tokens:
+        log.warning("the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower PREFILL_CHUNK or "
+                    "MAX_ACTIVE, or give the ranks more memory", fitted, kv_tokens)
+    return fitted
 
 
 def peak_gib() -> float:

@@ -68,6 +68,7 @@ from mlx_ring.planning.plan import (  # noqa: E402
     memory_need,
     plan_layers,
     proportional_sizes,
+    room_after,
     summary,
 )
 
@@ -300,6 +301,15 @@ def test_dry_run_keeps_a_probed_macs_working_set(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     mac = json.loads(capsys.readouterr().out)["ranks"][0]
     assert mac["host"] == "mac" and mac["working_set_gb"] == 30 and mac["usable_gb"] == 30
+
+
+def test_the_kv_room_shrinks_by_what_a_rank_used_beyond_the_plan():
+    room, per_token = 10_000, 16 * layer_kv_bytes(LLAMA_8B, 1)  # 16 layers' caches, one token
+    assert room_after(LLAMA_8B, room, [16, 16], [0.0, 0.0]) == room
+    assert room_after(LLAMA_8B, room, [16, 16], [0.0, 299.5 * per_token]) == room - 300
+    assert room_after(LLAMA_8B, room, [16, 16], [99.5 * per_token, 299.5 * per_token]) == room - 300  # the tightest
+    assert room_after(LLAMA_8B, room, [16, 16], [0.0, (room + 5) * per_token]) == 0
+    assert room_after(LLAMA_8B, room, [32, 0], [0.0, 1e12]) == room  # a rank without layers holds no cache
 
 
 def test_kv_capacity_is_what_the_tightest_rank_holds_beside_its_slice():

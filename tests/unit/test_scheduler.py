@@ -145,23 +145,23 @@ def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     assert prefix.lookup([5, 17, 42, 9, 8, 7, 1, 2])[1] == 6
 
 
-def test_after_the_warm_up_a_rank_over_its_plan_is_named(tmp_path):
+def test_after_the_warm_up_each_ranks_memory_beyond_the_plans_runtime_is_measured(tmp_path):
     import itertools
 
-    from mlx_ring.serving.warmup import over_plan, rank_memory, warm_up
+    from mlx_ring.serving.warmup import beyond_runtime, rank_memory, warm_up
 
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
     sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8)
     warm_up(sched, itertools.count(1), [5, 17, 42, 9], [1, 2])
-    rows = rank_memory(sched)  # one STATUS step round the ring (of one)
-    assert sched.idle() and [r["rank"] for r in rows] == [0]
-    peak_gib = rows[0]["mlx_peak_memory_kib"] / 2**20
-    assert peak_gib > 0
-    assert over_plan(rows, [{"needs_gb": peak_gib * 2, "prompt_cache_gb": 0.0}]) == []
-    (line,) = over_plan(rows, [{"needs_gb": peak_gib / 4, "prompt_cache_gb": peak_gib / 4}])
-    assert line.startswith("rank 0 peaked at") and f"over the plan's {peak_gib / 2:.2f} GiB" in line
-    assert over_plan(rows, [{}]) == []  # a plan row without a figure (an older peer's) names nothing
+    status = rank_memory(sched)  # one STATUS step round the ring (of one)
+    assert sched.idle() and [r["rank"] for r in status] == [0]
+    row, weights_kib = status[0], shard.info()["parameter_bytes"] >> 10
+    assert row["mlx_peak_memory_kib"] >= weights_kib and row["kv_cache_peak_kib"] > 0
+    assert beyond_runtime(status, [{"parameter_bytes_kib": weights_kib}], 0.5) == [0.0]  # a tiny model's activations fit
+    # Counted without its weights, beyond no runtime reserve: its peak less the caches it held.
+    (beyond,) = beyond_runtime(status, [{}], 0.0)
+    assert beyond == (row["mlx_peak_memory_kib"] - row["kv_cache_peak_kib"] - row["prompt_cache_kib"]) * 1024 > 0
 
 
 def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
