@@ -272,6 +272,7 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
     cut = Slice(model, start, end, ends=rank == 0)
     mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
+    mx.reset_peak_memory()  # the peak the status reports is serving's: loading comes before any cache
     return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED)
 
 
