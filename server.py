@@ -25,8 +25,9 @@ from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
-from mlx_ring.planning.plan import LayerPlan, format_summary
+from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
+from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note

@@ -26,8 +26,9 @@ from mlx_ring.hosts.thunderbolt import hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.assemble import plan_for
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import LayerPlan, ModelSpec, format_summary, summary
+from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
+from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import firewall_advice
 

@@ -69,8 +69,8 @@ from mlx_ring.planning.plan import (  # noqa: E402
     plan_layers,
     proportional_sizes,
     room_after,
-    summary,
 )
+from mlx_ring.planning.report import summary  # noqa: E402
 
 SMALL = settings(max_examples=200, deadline=None)
 
