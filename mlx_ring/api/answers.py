@@ -29,15 +29,17 @@ class Choice:
     tokens: list = field(default_factory=list)
     done: Done | None = None
 
-    def add(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
-        """(content, new calls) that `text` releases; `final`: the choice has ended."""
-        content, calls = self.tools.feed(text) if self.tools else (text, [])
+    def add(self, text: str, final: bool = False) -> list[tuple]:
+        """The parts (`ToolCallText`'s) that `text` releases; `final`: the choice has ended."""
+        parts = self.tools.feed(text) if self.tools else [("text", None, text)] if text else []
         if final and self.tools:
-            rest, more = self.tools.finish()
-            content, calls = content + rest, calls + more
-        self.content.append(content)
-        self.calls += calls
-        return content, calls
+            parts += self.tools.finish()
+        for kind, _, value in parts:
+            if kind == "text":
+                self.content.append(value)
+            elif kind in ("call", "end"):
+                self.calls.append(value)
+        return parts
 
     def finish_reason(self) -> str:
         return "tool_calls" if self.calls and self.done.finish_reason == "stop" else self.done.finish_reason
@@ -132,7 +134,7 @@ class Answers:
             if reservation:
                 settle(reservation, 0)  # refused: it used nothing
             raise
-        choices = [Choice(i, ToolCallText(**tools) if tools else None) for i in range(body.n)]
+        choices = [Choice(i, ToolCallText(**tools, stream=body.stream) if tools else None) for i in range(body.n)]
         head = {"id": rid, "created": int(time.time()), "model": self.served.id}
         flow = self._run(reqs, events, http, reservation)
         if body.stream:
@@ -181,14 +183,17 @@ class Answers:
                 break
             if isinstance(ev, Done):
                 c.done = ev
-            content, calls = c.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
+            parts = c.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
+            content = "".join(value for kind, _, value in parts if kind == "text")
             tokens = ev.tokens if isinstance(ev, Delta) else []
             lp = (chat_logprobs if chat else completion_logprobs)(tokens, top, self.token_text) if tokens else None
             if content or lp:
                 yield chunk(i, {"content": content} if chat else content, logprobs=lp)
-            if calls:  # each call whole, as soon as it has parsed
-                first = len(c.calls) - len(calls)
-                yield chunk(i, {"tool_calls": [call | {"index": first + k} for k, call in enumerate(calls)]})
+            for kind, n, value in parts:  # a call's id and name, then its arguments as they come; or the call whole
+                if kind in ("begin", "call"):
+                    yield chunk(i, {"tool_calls": [{"index": n} | value]})
+                elif kind == "args":
+                    yield chunk(i, {"tool_calls": [{"index": n, "function": {"arguments": value}}]})
             if c.done is not None:
                 yield chunk(i, {} if chat else "", finish=c.finish_reason())
         else:

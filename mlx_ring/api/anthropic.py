@@ -189,7 +189,7 @@ def anthropic_routes(engine: Engine) -> APIRouter:
         chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                                       top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
                             {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice"})
-        used, events = await engine.events(chat, http)
+        used, events = await engine.events(chat, http, stream_calls=body.stream)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
         if body.stream:
             return StreamingResponse(stream(head, used, events), media_type="text/event-stream")
@@ -226,7 +226,15 @@ async def stream(head: dict, used: int, events):
         if text_open:
             yield named_sse({"type": "content_block_stop", "index": index})
             index, text_open = index + 1, False
-        if kind == "call":
+        if kind == "begin":  # a call's input as it is generated
+            yield named_sse({"type": "content_block_start", "index": index, "content_block": tool_use(value) | {"input": {}}})
+        elif kind == "args":
+            yield named_sse({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": value}})
+        elif kind == "end":
+            calls.append(value)
+            yield named_sse({"type": "content_block_stop", "index": index})
+            index += 1
+        elif kind == "call":  # a call parsed whole
             calls.append(value)
             block = tool_use(value)
             yield named_sse({"type": "content_block_start", "index": index, "content_block": block | {"input": {}}})

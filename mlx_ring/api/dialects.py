@@ -57,12 +57,14 @@ class Engine:
         prompt, grammar = await self.prompts.chat(body)
         return prompt, grammar, tools
 
-    async def events(self, body: ChatCompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
+    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False) -> tuple[int, AsyncIterator[tuple]]:
         """(prompt tokens, the answer's events): ("text", str), ("call", OpenAI tool call dict),
-        ("done", Done) or ("failed", Failed). Errors before anything is queued are raised here."""
+        ("done", Done) or ("failed", Failed). `stream_calls`: a call whose format allows it comes as
+        ("begin", the call with arguments ""), ("args", a fragment)..., ("end", the whole call) instead
+        of one "call". Errors before anything is queued are raised here."""
         prompt, grammar, tools = await self.prompt(body)
         flow = self.answers.start(body, prompt, http, grammar)
-        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools) if tools else None))
+        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None))
 
     async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
         """As `events`, for a prompt sent as it is: tokenized, no chat template."""
@@ -79,11 +81,8 @@ async def _events(flow, choice: Choice):
             return
         if isinstance(ev, Done):
             choice.done = ev
-        content, calls = choice.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
-        if content:
-            yield "text", content
-        for call in calls:
-            yield "call", call
+        for kind, _, value in choice.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done)):
+            yield kind, value
         if isinstance(ev, Done):
             yield "done", ev
 
@@ -96,9 +95,9 @@ async def collect(events: AsyncIterator[tuple]) -> tuple[str, list[dict], Done]:
             raise ApiError(value.status, value.message, value.type)
         if kind == "text":
             text.append(value)
-        elif kind == "call":
+        elif kind in ("call", "end"):
             calls.append(value)
-        else:
+        elif kind == "done":
             return "".join(text), calls, value
     raise AssertionError("an answer's events end with done or failed")
 

@@ -238,7 +238,7 @@ def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
         chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
         answer = Answer(body, engine.served.id, history)
-        _, events = await engine.events(chat, http)
+        _, events = await engine.events(chat, http, stream_calls=body.stream)
         if body.stream:
             return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
         text, calls, done = await collect(events)
@@ -265,7 +265,7 @@ async def stream(answer: Answer, events, kept: Kept):
 
     yield ev("response.created", response=answer.object)
     yield ev("response.in_progress", response=answer.object)
-    output, text, said, blank, calls, mid = [], None, [], "", [], ""
+    output, text, said, blank, calls, mid, open_call = [], None, [], "", [], "", None
     async for kind, value in events:
         if kind == "text":
             if text is None and not (blank + value).strip():
@@ -287,11 +287,19 @@ async def stream(answer: Answer, events, kept: Kept):
             yield ev("response.output_item.done", output_index=at, item=item)
             output.append(item)
             text = None
-        if kind == "call":
+        if kind == "begin":  # a call's arguments as they are generated
+            open_call, at = call_item(value, "in_progress"), len(output)
+            yield ev("response.output_item.added", output_index=at, item=open_call)
+        elif kind == "args":
+            yield ev("response.function_call_arguments.delta", item_id=open_call["id"], output_index=len(output), delta=value)
+        elif kind in ("call", "end"):
             calls.append(value)
             item, at = call_item(value), len(output)
-            yield ev("response.output_item.added", output_index=at, item=item | {"arguments": "", "status": "in_progress"})
-            yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
+            if kind == "end":
+                item, open_call = item | {"id": open_call["id"]}, None
+            else:  # a call parsed whole
+                yield ev("response.output_item.added", output_index=at, item=item | {"arguments": "", "status": "in_progress"})
+                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
             yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=item["arguments"])
             yield ev("response.output_item.done", output_index=at, item=item)
             output.append(item)

@@ -172,8 +172,10 @@ def test_a_tool_call_in_openai_shape_whole_and_streamed(tool_served):
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert engine.submitted[0][0].params.grammar is None  # "auto": the model may answer in text
     deltas = [c["choices"][0]["delta"] for c in streamed[:-1]]
-    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert calls == [[{"index": 0, "id": calls[0][0]["id"], "type": "function", "function": call["function"]}]]
+    [head, *rest] = [d["tool_calls"] for d in deltas if "tool_calls" in d]  # the id and name, then the arguments as they come
+    assert head == [{"index": 0, "id": head[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    assert len(rest) > 1 and all([c] == [{"index": 0, "function": {"arguments": c["function"]["arguments"]}}] for [c] in rest)
+    assert "".join(c["function"]["arguments"] for [c] in rest) == call["function"]["arguments"]
     assert "".join(d.get("content") or "" for d in deltas) == ""  # the call's text is not content
     assert [c["choices"][0]["finish_reason"] for c in streamed[:-1] if c["choices"][0]["finish_reason"]] == ["tool_calls"]
 
