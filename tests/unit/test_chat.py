@@ -20,12 +20,9 @@ def splitter(single=False):
 
 def run(text: str, pieces: int, single=False):
     """Feed `text` in pieces of `pieces` characters (markers split across pieces too)."""
-    t, content, calls = splitter(single), "", []
-    for i in range(0, len(text), pieces):
-        c, k = t.feed(text[i : i + pieces])
-        content, calls = content + c, calls + k
-    c, k = t.finish()
-    return content + c, calls + k
+    t = splitter(single)
+    parts = [p for i in range(0, len(text), pieces) for p in t.feed(text[i : i + pieces])] + t.finish()
+    return "".join(v for k, _, v in parts if k == "text"), [v for k, _, v in parts if k == "call"]
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
