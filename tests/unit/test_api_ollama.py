@@ -78,7 +78,10 @@ def test_listings(ol, served):
     assert m.model == MODEL and m.size == sum(r["parameter_bytes_kib"] for r in served.cluster.ranks) * 1024
     show = ol.show(MODEL)
     assert show.capabilities == ["completion"] and show.template == served.tokenizer.chat_template
-    assert show.modelinfo["general.context_length"] == served.context_length
+    info = show.modelinfo
+    assert info["general.architecture"] == "llama" and info["llama.context_length"] == served.context_length == 8192
+    assert (info["llama.embedding_length"], info["llama.block_count"], info["general.parameter_count"]) == (576, 30, 134515008)
+    assert (show.details.family, show.details.parameter_size, show.details.quantization_level) == ("llama", "134.52M", "float32")
     assert [p.model for p in ol.ps().models] == [MODEL]
 
 
