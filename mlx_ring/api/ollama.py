@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, model_validator
 from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import CompletionRequest, _Strict
-from mlx_ring.api.served import ServedModel, check_model
+from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
 OLLAMA_VERSION = "0.12.0"
@@ -119,8 +119,20 @@ class GenerateRequest(_Generating):
 
 
 class ShowRequest(_Strict):
-    model: str = Field(min_length=1)
+    """As the Ollama client sends it (api/types.go: every field, empty ones too)."""
+
+    model: str = ""
+    name: str = Field("", description="Deprecated by Ollama: the model, when `model` is empty.")
     verbose: bool | None = None
+    system: str | None = Field(None, description="Accepted and ignored: the answer shows no Modelfile.")
+    template: str | None = Field(None, description="Accepted and ignored (deprecated by Ollama).")
+    options: dict | None = Field(None, description="Accepted and ignored: the answer shows no Modelfile.")
+
+    @model_validator(mode="after")
+    def _named(self):
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self
 
 
 WHERE = {ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()} | {"max_tokens": "options.num_predict", "response_format": "format"}
@@ -143,6 +155,14 @@ def chat_messages(messages: list[Message]) -> list[dict]:
             msg["tool_call_id"] = match["id"] if match else f"call_{n}"
         out.append(msg)
     return out
+
+
+def known(served: ServedModel, name: str) -> None:
+    """A 404 in Ollama's words (`model '...' not found`, which its CLI looks for) unless the model
+    answers to `name` (`:latest` is the same model)."""
+    if not served.answers_to(name.removesuffix(":latest")):
+        raise ApiError(404, f"model '{name}' not found; this server serves '{served.id}' (MODEL_ALIASES adds other names)",
+                       param="model", code="model_not_found")
 
 
 def now() -> str:
@@ -221,13 +241,13 @@ def ollama_routes(engine: Engine) -> APIRouter:
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, http: HttpRequest):
+        known(served, body.model)
         fields = body.fields() | {"messages": chat_messages(body.messages)}
         if body.tools:
             fields["tools"] = body.tools
         if body.response_format():
             fields["response_format"] = body.response_format()
         if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
-            check_model(served, fields["model"])
             return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
         request = chat_request(fields, WHERE | {"tools": "tools", "messages": "messages"})
@@ -238,9 +258,9 @@ def ollama_routes(engine: Engine) -> APIRouter:
 
     @router.post("/api/generate")
     async def generate(body: GenerateRequest, http: HttpRequest):
+        known(served, body.model)
         fields = body.fields()
         if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
-            check_model(served, fields["model"])
             return {"model": body.model, "created_at": now(), "response": "", "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
         timing = Timing()
@@ -270,7 +290,7 @@ def ollama_routes(engine: Engine) -> APIRouter:
 
     @router.post("/api/show")
     async def show(body: ShowRequest):
-        check_model(served, body.model.removesuffix(":latest"))
+        known(served, body.model or body.name)
         tok = served.tokenizer
         return {"modelfile": "", "parameters": "", "template": getattr(tok, "chat_template", None) or "", "details": details(served),
                 "model_info": model_info(served),
