@@ -267,13 +267,6 @@ def test_warm_http_runs_a_refused_request_through_a_twin_app_and_reaches_no_engi
     assert engine.submitted == []
 
 
-def test_logprobs_join_to_the_message_and_usage_counts_the_end_token(oa, engine, served):
-    r = oa.chat.completions.create(model=MODEL, messages=QUESTION, logprobs=True, top_logprobs=1)
-    content = r.choices[0].logprobs.content
-    assert "".join(c.token for c in content) == r.choices[0].message.content == ANSWER  # no <|im_end|> entry
-    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == len(content) + 1
-
-
 def test_cached_tokens_in_usage_whole_and_streamed(oa, engine):
     assert oa.chat.completions.create(model=MODEL, messages=QUESTION).usage.prompt_tokens_details.cached_tokens == 0
     engine.cached = 7
