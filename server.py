@@ -28,7 +28,7 @@ from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
-from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.planning.sizes import parameter_count, spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
@@ -131,7 +131,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
 
     from mlx_ring.api.app import make_app, warm_http
     from mlx_ring.api.keys import load_keys
-    from mlx_ring.api.served import Cluster, ServedModel
+    from mlx_ring.api.served import Cluster, ServedModel, served_name
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
@@ -169,7 +169,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
                                                                 cluster["plan"]["kv_tokens"])
         sched.kv_budget = max(1, room)
     served = ServedModel(
-        id=cfg.model or DEFAULT_MODEL,
+        id=served_name(cfg.served_model_name, cfg.model, DEFAULT_MODEL),
         tokenizer=tokenizer,
         context_length=model_config.get("max_position_embeddings") or 4096,
         default_max_tokens=cfg.default_max_tokens,
@@ -178,6 +178,10 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
         cluster=Cluster(**cluster),
         grammars=grammars,
+        aliases=cfg.model_aliases,
+        config=model_config,
+        parameters=parameter_count(model_config),
+        weights=weights_held(model_config, logits.dtype),
     )
     app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
     warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
@@ -217,6 +221,15 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine.run()
     http.should_exit = True
     web.join(5)
+
+
+def weights_held(config: dict, dtype: mx.Dtype) -> str:
+    """How the model's weights are held, as Ollama names it: MLX's quantization ("int4", or its mode,
+    e.g. "mxfp4"), else the float type the head computes in ("float32", "bfloat16")."""
+    q = config.get("quantization") or {}
+    if q.get("bits"):
+        return f"int{q['bits']}" if q.get("mode", "affine") == "affine" else q["mode"]
+    return str(dtype).rsplit(".", 1)[-1]
 
 
 def local_model(cfg: Config, rank: int) -> Path:

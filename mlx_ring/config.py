@@ -48,6 +48,8 @@ class Config:
     receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
     max_body_bytes: int = 16 * 1024 * 1024  # MAX_BODY_BYTES: larger request bodies get a 413
     away: dict | None = None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
+    served_model_name: str | None = None  # SERVED_MODEL_NAME: the model's name in the API (None: from MODEL, api/served.served_name)
+    model_aliases: tuple[str, ...] = ()  # MODEL_ALIASES: other names, or shell-style patterns, requests may name it by
 
 
 # Settings read from the environment only, with no flag: secrets kept off command lines, and what
@@ -92,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     """The flags, each defaulting to the environment variable of its name."""
     p = argparse.ArgumentParser(description="Serve one model split across the ranks of an MLX ring.")
     p.add_argument("--model", default=_env("MODEL"), help="MLX folder, .gguf file or HF repo id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
+                   help="the model's name in the API (default: MODEL's folder or file name, a repo id as given)")
+    p.add_argument("--model-aliases", default=_env("MODEL_ALIASES", ""),
+                   help="comma-separated other names or patterns requests may use for the model, e.g. 'claude-*,gpt-*'")
     p.add_argument("--weights", default=_env("WEIGHTS", "auto"), choices=["auto", "float32", "keep"],
                    help="auto: float32 on a CPU device (MLX's CPU quantized kernels are slow), as stored elsewhere")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="HTTP bind address (rank 0)")
@@ -177,6 +183,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"RING_SOCKET_BUFFER={a.ring_socket_buffer} must be >= 0 (bytes; 0: the system's)")
     if a.max_body_bytes < 1024:
         raise ValueError(f"MAX_BODY_BYTES={a.max_body_bytes} must be at least 1024 (bytes; the default is 16 MiB)")
+    if a.served_model_name is not None and not a.served_model_name.strip():
+        raise ValueError("SERVED_MODEL_NAME is blank; give the model's name, or unset it for MODEL's own name")
     cert, key = _env("TLS_CERT"), _env("TLS_KEY")
     if bool(cert) != bool(key):
         raise ValueError("TLS_CERT and TLS_KEY go together: set both (PEM files) for HTTPS, or neither for HTTP")
@@ -196,5 +204,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
         api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
         receive_apart=receive_apart_setting(), max_body_bytes=a.max_body_bytes, away=ring_away(_env("RING_AWAY")),
+        served_model_name=a.served_model_name, model_aliases=tuple(n.strip() for n in a.model_aliases.split(",") if n.strip()),
     )
     return cfg, a.prepare

@@ -13,11 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_ring.api.app import make_app
 from mlx_ring.api.served import Cluster, ServedModel
+from mlx_ring.planning.sizes import parameter_count
 from mlx_ring.ring.protocol import StatusRow
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.port import STEP_BUCKETS, Delta, Done, Failed, PromptCacheStats, Request, Stats
 from mlx_ring.serving.sampling import Token
-from mlx_ring.serving.textstream import Piece, TextStream
+from mlx_ring.serving.textstream import TextStream
 
 MODEL = "SmolLM2-135M-Instruct"
 ANSWER = "The capital of France is Paris."
@@ -46,6 +47,7 @@ class FakeEngine:
         self.submitted: list[list[Request]] = []
         self.cancelled: list[Request] = []
         self.emitted: list[list] = []  # every request's events, in order
+        self.cached = 0  # prompt tokens each answer says the prompt cache held
         self.pace = 0.0  # seconds before each event, sent from a thread of its own (0: at once, in submit)
         self.snapshot = Stats(queued=0, active=0, broken=None, stopping=False,
                               prompt_cache=PromptCacheStats(entries=2, tokens=300, budget_tokens=4000, hits=5, hit_tokens=120),
@@ -100,23 +102,22 @@ class FakeEngine:
             if self.fail_after is not None and n > self.fail_after:
                 return emit(self.failure)
             token = Token(tid, -0.5, [(tid + k, -0.5 - k) for k in range(r.params.top_logprobs)])
-            if tid == eos:  # the end token has no text but is counted, so it has its logprobs entry
-                end = text.end() or Piece("", [])
-                piece = Piece(end.text, [*end.tokens, token])
+            if tid == eos:  # the end token is counted but has no text, so no logprobs entry
+                piece = text.end()
             else:
                 piece = text.add(tid, token)
             if piece is not None:
                 emit(Delta(piece.text, piece.tokens))
             if tid == eos:
-                return emit(Done("stop", len(r.prompt), n))
+                return emit(Done("stop", len(r.prompt), n, self.cached))
             if not text.closed and n >= r.max_tokens:
                 end = text.end()
                 if end is not None:
                     emit(Delta(end.text, end.tokens))
                 if not text.stop_hit:
-                    return emit(Done("length", len(r.prompt), n))
+                    return emit(Done("length", len(r.prompt), n, self.cached))
             if text.closed:
-                return emit(Done("stop", len(r.prompt), n))
+                return emit(Done("stop", len(r.prompt), n, self.cached))
 
 
 def rank_row(rank: int) -> dict:
@@ -134,7 +135,7 @@ def served_model(model, tokenizer) -> ServedModel:
     return ServedModel(id=MODEL, tokenizer=tokenizer, context_length=config["max_position_embeddings"],
                        default_max_tokens=512, vocab_size=min(vocab, len(tokenizer.get_vocab())),
                        cluster=Cluster(ranks, {"strategy": "balanced", "n_layers": 30, "ranges": [[0, 15], [15, 30]]}),
-                       grammars=Grammars(tokenizer, vocab))
+                       grammars=Grammars(tokenizer, vocab), config=config, parameters=parameter_count(config), weights="float32")
 
 
 def client(engine: FakeEngine, served: ServedModel, keys=(), app_args: dict | None = None, **changes) -> TestClient:

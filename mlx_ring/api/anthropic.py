@@ -177,6 +177,13 @@ def stop_reason(finish: str, calls: list) -> str:
     return "tool_use" if calls else "end_turn"
 
 
+def usage(done) -> dict:
+    """Anthropic's usage: `input_tokens` the prompt's tokens after the last cache read, which
+    `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing is counted as written)."""
+    return {"input_tokens": done.prompt_tokens - done.cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": done.cached_tokens, "output_tokens": done.completion_tokens}
+
+
 def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
 
@@ -196,7 +203,7 @@ def anthropic_routes(engine: Engine) -> APIRouter:
         text, calls, done = await collect(events)
         content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
         return head | {"content": content, "stop_reason": stop_reason(done.finish_reason, calls), "stop_sequence": None,
-                       "usage": {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens}}
+                       "usage": usage(done)}
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
@@ -247,5 +254,5 @@ async def stream(head: dict, used: int, events):
             return
         else:
             yield named_sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(value.finish_reason, calls), "stop_sequence": None},
-                             "usage": {"output_tokens": value.completion_tokens}})
+                             "usage": usage(value)})
             yield named_sse({"type": "message_stop"})

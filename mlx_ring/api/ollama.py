@@ -4,19 +4,20 @@ parameters), the engine's events become Ollama's JSON or its NDJSON stream, erro
 
 import hashlib
 import json
+import re
 import time
 from datetime import datetime, timezone
 from typing import Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
 from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import CompletionRequest, _Strict
-from mlx_ring.api.served import ServedModel, check_model
+from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
 OLLAMA_VERSION = "0.12.0"
@@ -80,6 +81,11 @@ class _Generating(_Strict):
             raise ValueError("think: not supported by this server; leave it unset or false")
         return self
 
+    def unloads(self) -> bool:
+        """keep_alive 0 (as a number or a Go duration such as "0s"): with nothing to answer, Ollama unloads."""
+        k = self.keep_alive
+        return k == 0 if not isinstance(k, str) else bool(re.fullmatch(r"0+(\.0*)?((ns|us|µs|ms|s|m|h)(0+(\.0*)?)?)*", k.strip()))
+
     def fields(self) -> dict:
         """The internal request's sampling fields."""
         opts = self.options or Options()
@@ -113,8 +119,20 @@ class GenerateRequest(_Generating):
 
 
 class ShowRequest(_Strict):
-    model: str = Field(min_length=1)
+    """As the Ollama client sends it (api/types.go: every field, empty ones too)."""
+
+    model: str = ""
+    name: str = Field("", description="Deprecated by Ollama: the model, when `model` is empty.")
     verbose: bool | None = None
+    system: str | None = Field(None, description="Accepted and ignored: the answer shows no Modelfile.")
+    template: str | None = Field(None, description="Accepted and ignored (deprecated by Ollama).")
+    options: dict | None = Field(None, description="Accepted and ignored: the answer shows no Modelfile.")
+
+    @model_validator(mode="after")
+    def _named(self):
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self
 
 
 WHERE = {ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()} | {"max_tokens": "options.num_predict", "response_format": "format"}
@@ -139,17 +157,54 @@ def chat_messages(messages: list[Message]) -> list[dict]:
     return out
 
 
+def known(served: ServedModel, name: str) -> None:
+    """A 404 in Ollama's words (`model '...' not found`, which its CLI looks for) unless the model
+    answers to `name` (`:latest` is the same model)."""
+    if not served.answers_to(name.removesuffix(":latest")):
+        raise ApiError(404, f"model '{name}' not found; this server serves '{served.id}' (MODEL_ALIASES adds other names)",
+                       param="model", code="model_not_found")
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def human_number(n: int) -> str:
+    """A parameter count as Ollama writes it (its format.HumanNumber): 135M, 134.52M, 1.5B, 7B."""
+    for unit, size in (("B", 10**9), ("M", 10**6)):
+        if n >= size:
+            x = n / size
+            return f"{x:.0f}{unit}" if x == int(x) else f"{x:.{1 if unit == 'B' else 2}f}{unit}"
+    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)
+
+
+def architecture(served: ServedModel) -> str:
+    return served.config.get("model_type", "")
+
+
 def details(served: ServedModel) -> dict:
-    return {"parent_model": "", "format": "safetensors", "family": "", "families": [], "parameter_size": "", "quantization_level": ""}
+    """Ollama's `details` of a model held as MLX safetensors: family the architecture, size and weights."""
+    arch = architecture(served)
+    return {"parent_model": "", "format": "safetensors", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": human_number(served.parameters) if served.parameters else "", "quantization_level": served.weights}
 
 
-def listing(served: ServedModel) -> dict:
+def model_info(served: ServedModel) -> dict:
+    """`/api/show`'s `model_info` as Ollama builds it from a config.json (x/server/show.go): the
+    architecture, then its sizes under `<architecture>.`; the context length is the one served."""
+    c = {**served.config.get("text_config", {}), **served.config}
+    arch = architecture(served)
+    sizes = {"embedding_length": c.get("hidden_size"), "block_count": c.get("num_hidden_layers"),
+             "attention.head_count": c.get("num_attention_heads"), "attention.head_count_kv": c.get("num_key_value_heads"),
+             "feed_forward_length": c.get("intermediate_size"), "vocab_size": c.get("vocab_size")}
+    info = {"general.architecture": arch, "general.basename": served.id, f"{arch}.context_length": served.context_length}
+    info |= {f"{arch}.{k}": v for k, v in sizes.items() if v}
+    return info | ({"general.parameter_count": served.parameters} if served.parameters else {})
+
+
+def listing(served: ServedModel, name: str) -> dict:
     size = sum(r.get("parameter_bytes_kib", 0) for r in served.cluster.ranks) * 1024
-    return {"name": served.id, "model": served.id, "modified_at": "1970-01-01T00:00:00Z", "size": size,
+    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": size,
             "digest": hashlib.sha256(served.id.encode()).hexdigest(), "details": details(served)}
 
 
@@ -162,6 +217,12 @@ class Timing:
     def mark(self) -> None:
         if self.first == self.start:
             self.first = time.monotonic_ns()
+
+    async def timed(self, events):
+        """The events, the first one marking the end of the prompt's evaluation."""
+        async for event in events:
+            self.mark()
+            yield event
 
     def closing(self, done) -> dict:
         end = time.monotonic_ns()
@@ -180,14 +241,15 @@ def ollama_routes(engine: Engine) -> APIRouter:
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, http: HttpRequest):
+        known(served, body.model)
         fields = body.fields() | {"messages": chat_messages(body.messages)}
         if body.tools:
             fields["tools"] = body.tools
         if body.response_format():
             fields["response_format"] = body.response_format()
-        if not body.messages:  # as Ollama: an empty chat only loads the model
-            check_model(served, fields["model"])
-            return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"}
+        if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
+            return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
+                    "done_reason": "unload" if body.unloads() else "load"}
         request = chat_request(fields, WHERE | {"tools": "tools", "messages": "messages"})
         timing = Timing()
         _, events = await engine.events(request, http)
@@ -196,10 +258,11 @@ def ollama_routes(engine: Engine) -> APIRouter:
 
     @router.post("/api/generate")
     async def generate(body: GenerateRequest, http: HttpRequest):
+        known(served, body.model)
         fields = body.fields()
-        if not body.prompt:  # as Ollama: an empty prompt only loads the model
-            check_model(served, fields["model"])
-            return {"model": body.model, "created_at": now(), "response": "", "done": True, "done_reason": "load"}
+        if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
+            return {"model": body.model, "created_at": now(), "response": "", "done": True,
+                    "done_reason": "unload" if body.unloads() else "load"}
         timing = Timing()
         if body.raw:
             if body.response_format():
@@ -211,24 +274,29 @@ def ollama_routes(engine: Engine) -> APIRouter:
             _, events = await engine.events(chat_request(fields, WHERE), http)
         return await answer(body, events, timing, lambda text, calls=None: {"response": text})
 
-    @router.get("/api/tags")
+    @router.head("/", include_in_schema=False)
+    async def heartbeat():
+        """The Ollama CLI's check that a server is up, before run, list, ps, show and the others."""
+        return Response(status_code=200)
+
+    @router.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags():
-        return {"models": [listing(served)]}
+        return {"models": [listing(served, name) for name in served.names()]}
 
     @router.get("/api/ps")
     async def ps():
-        entry = listing(served)
+        entry = listing(served, served.id)
         return {"models": [entry | {"expires_at": "2999-01-01T00:00:00Z", "size_vram": entry["size"], "context_length": served.context_length}]}
 
     @router.post("/api/show")
     async def show(body: ShowRequest):
-        check_model(served, body.model.removesuffix(":latest"))
+        known(served, body.model or body.name)
         tok = served.tokenizer
         return {"modelfile": "", "parameters": "", "template": getattr(tok, "chat_template", None) or "", "details": details(served),
-                "model_info": {"general.architecture": "", "general.context_length": served.context_length},
+                "model_info": model_info(served),
                 "capabilities": ["completion"] + (["tools"] if getattr(tok, "has_tool_calling", False) else []), "modified_at": "1970-01-01T00:00:00Z"}
 
-    @router.get("/api/version")
+    @router.api_route("/api/version", methods=["GET", "HEAD"])
     async def version():
         return {"version": OLLAMA_VERSION}
 
@@ -239,13 +307,13 @@ async def answer(body: _Generating, events, timing: Timing, shape):
     """Ollama's whole answer, or its NDJSON stream: a line per piece, then the closing line with counts;
     a failure mid-way is an `{"error": ...}` line."""
     head = {"model": body.model}
+    events = timing.timed(events)
     if not body.stream:
         text, calls, done = await collect(events)
         return head | {"created_at": now()} | shape(text, calls) | timing.closing(done)
 
     async def lines():
         async for kind, value in events:
-            timing.mark()
             if kind == "text":
                 yield json.dumps(head | {"created_at": now()} | shape(value) | {"done": False}) + "\n"
             elif kind == "call":

@@ -37,9 +37,11 @@ def completion_logprobs(tokens, top: int | None, token_text: Callable[[int], str
 
 
 def usage(done: list[Done]) -> dict:
-    """The prompt once (the choices of a request share its prefill), the completions of every choice."""
+    """The prompt once (the choices of a request share its prefill), the completions of every choice;
+    of the prompt, the tokens the prompt cache held (`cached_tokens`, as OpenAI reports them)."""
     p, c = done[0].prompt_tokens, sum(d.completion_tokens for d in done)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens}}
 
 
 def sse(obj: dict) -> str:

@@ -221,7 +221,7 @@ class Answer:
         length = done.finish_reason == "length"
         self.object |= {"status": "incomplete" if length else "completed", "output": output,
                         "incomplete_details": {"reason": "max_output_tokens"} if length else None,
-                        "usage": {"input_tokens": done.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                        "usage": {"input_tokens": done.prompt_tokens, "input_tokens_details": {"cached_tokens": done.cached_tokens},
                                   "output_tokens": done.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                                   "total_tokens": done.prompt_tokens + done.completion_tokens}}
         if self.body.store:

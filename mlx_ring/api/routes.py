@@ -8,7 +8,7 @@ from fastapi import Request as HttpRequest
 from mlx_ring.api.answers import Answers
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.chat import tool_calls
-from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
+from mlx_ring.api.errors import ERROR_SCHEMA
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import ServedModel, check_model, check_sampling
@@ -40,20 +40,18 @@ def openai_routes(served: ServedModel, prompts: Prompts, answers: Answers, bodie
         prompt = await prompts.completion(body)
         return await answers.respond(body, prompt, http, chat=False)
 
-    def model_card() -> dict:
-        return {"id": served.id, "object": "model", "created": 0, "owned_by": "mlx-ring"}
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "mlx-ring"}
 
     @router.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in served.names()]}
 
     unknown = {404: {"description": "Unknown model", "content": {"application/json": {"schema": ERROR_SCHEMA}}}}
 
     @router.get("/v1/models/{model_id:path}", responses=unknown)
     async def model(model_id: str):
-        if model_id != served.id:
-            raise ApiError(404, f"The model '{model_id}' does not exist; this server serves '{served.id}'",
-                           param="model", code="model_not_found")
-        return model_card()
+        check_model(served, model_id)  # any name the model answers to, an alias's pattern included
+        return model_card(served.id if model_id == "default" else model_id)
 
     return router

@@ -1,8 +1,10 @@
 """The model rank 0 serves, as the HTTP side sees it (no MLX), and every check of a request against
 it: model name, token ids within the vocabulary, lengths within the context."""
 
+import fnmatch
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 from mlx_ring.api.errors import ApiError
 
@@ -18,6 +20,22 @@ class Cluster:
         return {r["rank"]: r["host"] for r in self.ranks}
 
 
+def served_name(setting: str | None, model: str | None, default: str) -> str:
+    """The one name the model is served under: SERVED_MODEL_NAME when set, else the MODEL setting's last
+    part (a folder's name, a .gguf file's name without `.gguf`), a Hugging Face repo id as it is (as vLLM
+    names it), or `default` (the default model's name) when MODEL is unset."""
+    if setting:
+        return setting
+    if not model:
+        return default
+    path = Path(model.rstrip("/\\")).expanduser()
+    if path.suffix == ".gguf":
+        return path.stem
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")) and not path.is_dir():
+        return model  # a repo id (models/source.resolve_model's rule), unless such a folder exists here
+    return path.name or model
+
+
 @dataclass
 class ServedModel:
     id: str
@@ -29,6 +47,19 @@ class ServedModel:
     cache_tokens: int = 0  # most tokens (prompt and answer) the ring's memory holds the KV cache of, for one request; 0: no bound
     cluster: Cluster = field(default_factory=Cluster)
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
+    aliases: tuple[str, ...] = ()  # MODEL_ALIASES: other names or patterns a request may name the model by
+    config: dict = field(default_factory=dict)  # the model's config.json (what /api/show tells of it)
+    parameters: int = 0  # the model's parameter count (0: unknown)
+    weights: str = ""  # how its weights are held: "int4" (MLX's quantization), "float32", ...
+
+    def names(self) -> list[str]:
+        """The names `/v1/models` and `/api/tags` list: the served name, then every alias that is a
+        name rather than a pattern."""
+        return [self.id, *(a for a in self.aliases if not any(c in a for c in "*?[") and a != self.id)]
+
+    def answers_to(self, name: str | None) -> bool:
+        """A request naming `name` is for this model: no name, `default`, the served name or an alias."""
+        return name in (None, "", self.id, "default") or any(fnmatch.fnmatchcase(name, a) for a in self.aliases)
 
     @cached_property
     def max_prompt_chars(self) -> int:
@@ -59,8 +90,9 @@ def check_sampling(served: ServedModel, body) -> None:
 
 
 def check_model(served: ServedModel, name: str | None) -> None:
-    if name not in (None, "", served.id, "default"):
-        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{served.id}'", "invalid_request_error", "model", "model_not_found")
+    if not served.answers_to(name):
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{served.id}' (MODEL_ALIASES "
+                       "adds other names)", "invalid_request_error", "model", "model_not_found")
 
 
 def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:

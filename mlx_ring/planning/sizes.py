@@ -56,6 +56,16 @@ def _counts(c: dict) -> dict:
             "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h}
 
 
+def parameter_count(c: dict) -> int:
+    """The model's parameters, from its config (embedding and head counted apart unless tied; 0 where
+    the config lacks the sizes)."""
+    try:
+        n = _counts(c)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return 0
+    return int(n["n_layers"] * n["layer"] + n["embed"] + n["head"] + n["norm"])
+
+
 # Elements of one sequence's fixed state in a layer that keeps one instead of keys and values.
 STATE_ELEMENTS = {"lfm2": lambda c: (c["conv_L_cache"] - 1) * c["hidden_size"]}  # its short convolution's inputs
 

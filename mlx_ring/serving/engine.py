@@ -262,17 +262,16 @@ class Engine:
         a.count += 1
         if a.count == 1:
             log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
-        if token.id in self.tokenizer.eos_token_ids:  # counted in usage, so it has its logprobs entry too
-            end = a.text.end() or Piece("", [])
-            self._send(a, Piece(end.text, [*end.tokens, token]))
-            return self._finish(a, Done("stop", len(a.req.prompt), a.count))
+        if token.id in self.tokenizer.eos_token_ids:  # counted in usage; no logprobs entry, as it is not in the text
+            self._send(a, a.text.end())
+            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached))
         self._send(a, a.text.add(token.id, token))
         if not a.text.closed and a.count >= a.req.max_tokens:
             self._send(a, a.text.end())
             if not a.text.stop_hit:
-                return self._finish(a, Done("length", len(a.req.prompt), a.count))
+                return self._finish(a, Done("length", len(a.req.prompt), a.count, a.seq.cached))
         if a.text.closed:
-            return self._finish(a, Done("stop", len(a.req.prompt), a.count))
+            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached))
 
     @staticmethod
     def _send(a: _Active, piece: Piece | None) -> None:

@@ -24,6 +24,7 @@ class Done:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held (not computed again)
 
 
 @dataclass

@@ -26,6 +26,7 @@ class Sequence:
     fed: int = 0  # sampled tokens its decode steps have put in its cache
     drafter: Drafter | None = None  # speculative decoding: its drafts and their length
     limit: int = 0  # most tokens it may generate: with its prompt, the cache it may come to need
+    cached: int = 0  # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None

@@ -198,6 +198,8 @@ class Scheduler:
         reuse = entries if reused else []
         for e in reuse:
             self.prefix.use(e, reused)
+        for row in rows:
+            row.cached = reused
         if self.prefix:
             self._wait_for_shared(rows)
         tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]

@@ -140,7 +140,7 @@ def test_small_socket_buffers_do_not_deadlock_64_streams(tmp_path, default_model
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
 
         def one(i):
-            r = client.chat.completions.create(model=str(model), messages=[{"role": "user", "content": f"Story number {i}" + " go" * (i % 7)}],
+            r = client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": f"Story number {i}" + " go" * (i % 7)}],
                                                max_tokens=6, logit_bias=EOS_OFF, temperature=0)
             return r.usage.completion_tokens
 

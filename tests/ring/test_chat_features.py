@@ -7,6 +7,7 @@ Qwen2.5-style template that offers tools (tests/data/tools_chat_template.jinja).
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -140,7 +141,8 @@ def test_a_follow_up_turn_prefills_only_its_new_tokens_and_answers_as_mlx_lm(cli
     a1 = client.chat.completions.create(model="default", messages=turn1, max_tokens=12, temperature=0).choices[0].message.content
     turn2 = turn1 + [{"role": "assistant", "content": a1}, {"role": "user", "content": "Now one about the sky."}]
     before = status(url)
-    a2 = client.chat.completions.create(model="default", messages=turn2, max_tokens=12, temperature=0).choices[0].message.content
+    r2 = client.chat.completions.create(model=model.name, messages=turn2, max_tokens=12, temperature=0)  # the folder's name
+    a2 = r2.choices[0].message.content
     after = status(url)
     p1 = tokenizer.apply_chat_template(turn1, add_generation_prompt=True)
     p2 = tokenizer.apply_chat_template(turn2, add_generation_prompt=True)
@@ -148,11 +150,17 @@ def test_a_follow_up_turn_prefills_only_its_new_tokens_and_answers_as_mlx_lm(cli
     # Turn 1's prompt and its answer (as far as the answer, written back by the template, tokenizes
     # the same) are reused: every rank runs only what follows.
     reused = after["prompt_cache"]["hit_tokens"] - before["prompt_cache"]["hit_tokens"]
-    assert reused >= len(p1)
+    assert reused >= len(p1) and r2.usage.prompt_tokens_details.cached_tokens == reused
     for b, a in zip(before["ranks"], after["ranks"]):
         assert a["prefill_tokens"] - b["prefill_tokens"] == len(p2) - reused
         assert a["prompt_cache_entries"] >= 1 and a["prompt_cache_kib"] > 0
     assert a2 == tokenizer.decode(mlx_lm_answer(model, tokenizer, p2, 12))
+    # The same conversation as Anthropic Messages: all but its last token from the cache (turn 2's
+    # prompt and answer were saved), which Anthropic's usage counts apart from the input.
+    m = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300).messages.create(
+        model="default", max_tokens=4, messages=turn2, extra_body={"temperature": 0})
+    assert (m.usage.cache_read_input_tokens, m.usage.input_tokens) == (len(p2) - 1, 1)
+    assert client.models.list().data[0].id == model.name  # not its absolute path
 
 
 def test_answers_that_copy_their_input_keep_drafts_and_stay_exact(client, served):

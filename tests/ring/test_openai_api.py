@@ -132,6 +132,10 @@ def test_every_dialect_answers_as_chat_completions(client, server):
     assert "".join(p.message.content for p in parts) == want
     assert ol.generate(model=model, prompt=QUESTION[0]["content"], options={"temperature": 0, "num_predict": n}).response == want
     assert [m.model for m in ol.list().models] == [model]
+    assert httpx.head(server, timeout=30).status_code == 200  # the Ollama CLI's heartbeat, through uvicorn
+    show = ol.show(model)  # what server.py gathers of the model: its config, parameters and weights (float32 on this CPU)
+    assert (show.modelinfo["general.architecture"], show.modelinfo["llama.context_length"]) == ("llama", 8192)
+    assert (show.details.parameter_size, show.details.quantization_level) == ("134.52M", "float32")
     with pytest.raises(ollama.ResponseError):
         ol.chat(model=model, messages=QUESTION, options={"temperature": 5})
     deadline = time.monotonic() + 30  # all freed: a finished sequence leaves rank 1 with the ring's next step

@@ -126,3 +126,23 @@ def test_x_api_key_is_an_api_key(engine, served):
             sdk(http, "sk-alice-1").messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
         with pytest.raises(anthropic.AuthenticationError):
             sdk(http, "sk-wrong-1").messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
+
+
+def test_cached_tokens_are_read_from_the_cache_and_not_input(ant, engine):
+    engine.cached = 9
+    m = ant.messages.create(model=MODEL, max_tokens=100, messages=QUESTION)
+    prompt = len(engine.submitted[-1][0].prompt)
+    assert (m.usage.input_tokens, m.usage.cache_read_input_tokens, m.usage.cache_creation_input_tokens) == (prompt - 9, 9, 0)
+    with ant.messages.stream(model=MODEL, max_tokens=100, messages=QUESTION) as s:
+        final = s.get_final_message()  # message_delta's usage replaces message_start's
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (prompt - 9, 9)
+
+
+def test_claude_model_names_by_alias(engine, served):
+    with client(engine, served, aliases=("claude-*",)) as http:
+        ant = sdk(http)
+        m = ant.messages.create(model="claude-sonnet-4-6", max_tokens=100, messages=QUESTION)
+        assert m.content[0].text == ANSWER and m.model == MODEL
+        with pytest.raises(anthropic.NotFoundError) as e:
+            ant.messages.create(model="gpt-4o", max_tokens=100, messages=QUESTION)
+        assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"

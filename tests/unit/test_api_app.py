@@ -267,3 +267,28 @@ def test_warm_http_runs_a_refused_request_through_a_twin_app_and_reaches_no_engi
     # read, validated, templated and tokenized: refused only at the completion limit
     assert status == 400 and body["error"]["param"] == "max_tokens" and "over this server's limit" in body["error"]["message"]
     assert engine.submitted == []
+
+
+def test_cached_tokens_in_usage_whole_and_streamed(oa, engine):
+    assert oa.chat.completions.create(model=MODEL, messages=QUESTION).usage.prompt_tokens_details.cached_tokens == 0
+    engine.cached = 7
+    r = oa.chat.completions.create(model=MODEL, messages=QUESTION)
+    assert (r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens) == (7, len(engine.submitted[-1][0].prompt))
+    chunks = list(oa.chat.completions.create(model=MODEL, messages=QUESTION, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 7
+    assert oa.completions.create(model=MODEL, prompt="The capital of France is").usage.prompt_tokens_details.cached_tokens == 7
+
+
+def test_served_name_and_aliases(engine, served):
+    with client(engine, served, id="smol", aliases=("claude-*", "gpt-4o")) as http:
+        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
+        assert [m.id for m in oa.models.list().data] == ["smol", "gpt-4o"]
+        r = oa.chat.completions.create(model="claude-sonnet-4-5", messages=QUESTION)
+        assert r.choices[0].message.content == ANSWER and r.model == "smol"  # the answer names the model that gave it
+        assert oa.models.retrieve("claude-opus-4-1").id == "claude-opus-4-1" and oa.models.retrieve("default").id == "smol"
+        for name in (MODEL, "gpt-4o-mini"):
+            with pytest.raises(openai.NotFoundError) as e:
+                oa.chat.completions.create(model=name, messages=QUESTION)
+            assert e.value.body["code"] == "model_not_found" and "MODEL_ALIASES" in e.value.body["message"]
+        with pytest.raises(openai.NotFoundError):
+            oa.models.retrieve("gpt-4o-mini")

@@ -5,7 +5,7 @@ import pytest
 
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens
+from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens, served_name
 
 SERVED = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, max_tokens_limit=32)
 
@@ -54,3 +54,25 @@ def test_only_the_served_model_is_known():
         check_model(SERVED, name)
     e = rejected(check_model, SERVED, "gpt-17")
     assert (e.status, e.code) == (404, "model_not_found")
+
+
+def test_aliases_name_the_model_by_name_or_pattern():
+    aliased = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320,
+                          aliases=("claude-*", "gpt-4o", "tiny"))
+    for name in ("claude-sonnet-4-5", "claude-3-5-haiku-20241022", "gpt-4o", "tiny", "default", None):
+        check_model(aliased, name)
+    for name in ("gpt-4o-mini", "Claude-x", "llama3.2"):
+        e = rejected(check_model, aliased, name)
+        assert (e.status, e.code) == (404, "model_not_found") and "MODEL_ALIASES" in e.message
+    assert aliased.names() == ["tiny", "gpt-4o"]  # patterns answer but are not listed; no name twice
+
+
+def test_the_served_name_is_the_models_own_not_its_path(tmp_path):
+    folder = tmp_path / "SmolLM2-135M-Instruct"
+    folder.mkdir()
+    default = "Default-Model"
+    assert served_name(None, str(folder), default) == served_name(None, f"{folder}/", default) == "SmolLM2-135M-Instruct"
+    assert served_name(None, "~/models/gemma-3-270m-it-Q4_K_M.gguf", default) == "gemma-3-270m-it-Q4_K_M"
+    assert served_name(None, "mlx-community/Qwen3-0.6B-4bit", default) == "mlx-community/Qwen3-0.6B-4bit"  # a repo id, as vLLM
+    assert served_name(None, None, default) == served_name(None, "", default) == default
+    assert served_name("smol", str(folder), default) == "smol"  # SERVED_MODEL_NAME wins

@@ -2,6 +2,8 @@
 in-process app's transport), against the stand-in engine with the default model's real tokenizer: chat
 and generate whole and streamed, options as sampling parameters, tools, formats, listings, errors."""
 
+import json
+
 import ollama
 import pytest
 from apiutil import ANSWER, CALL, MODEL, WEATHER, Bridge, FakeEngine, client, templated
@@ -78,7 +80,10 @@ def test_listings(ol, served):
     assert m.model == MODEL and m.size == sum(r["parameter_bytes_kib"] for r in served.cluster.ranks) * 1024
     show = ol.show(MODEL)
     assert show.capabilities == ["completion"] and show.template == served.tokenizer.chat_template
-    assert show.modelinfo["general.context_length"] == served.context_length
+    info = show.modelinfo
+    assert info["general.architecture"] == "llama" and info["llama.context_length"] == served.context_length == 8192
+    assert (info["llama.embedding_length"], info["llama.block_count"], info["general.parameter_count"]) == (576, 30, 134515008)
+    assert (show.details.family, show.details.parameter_size, show.details.quantization_level) == ("llama", "134.52M", "float32")
     assert [p.model for p in ol.ps().models] == [MODEL]
 
 
@@ -106,3 +111,47 @@ def test_keys_guard_ollamas_routes(engine, served):
             sdk(http).list()
         assert e.value.status_code == 401
         assert sdk(http, headers={"Authorization": "Bearer sk-alice-1"}).list().models
+
+
+# The headers the Ollama CLI's Go client sends (api/client.go: do, and stream with NDJSON).
+CLI = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "ollama/0.12.0 (arm64 darwin) Go/go1.24.6"}
+NDJSON = CLI | {"Accept": "application/x-ndjson"}
+
+
+def test_the_ollama_clis_requests(engine, served):
+    """`ollama run`, `list`, `ps`, `show` and `stop` as the CLI sends them (cmd/cmd.go, api/types.go): the
+    heartbeat first, ShowRequest with all its fields, GenerateRequest's load and unload, then the chat."""
+    with client(engine, served) as http:
+        for path in ("/", "/api/tags", "/api/version"):
+            assert http.head(path, headers=CLI).status_code == 200, path
+        shown = {"model": MODEL, "system": "", "template": "", "verbose": False, "options": None, "name": ""}
+        r = http.post("/api/show", headers=CLI, json=shown)
+        assert r.status_code == 200 and r.json()["model_info"]["llama.context_length"] == served.context_length
+        r = http.post("/api/show", headers=CLI, json=shown | {"model": "llama3.2"})
+        assert r.status_code == 404 and "model 'llama3.2' not found" in r.json()["error"]  # `ollama stop` looks for "not found"
+        load = {"model": MODEL, "prompt": "", "suffix": "", "system": "", "template": "", "options": None}
+        assert http.post("/api/generate", headers=NDJSON, json=load).json()["done_reason"] == "load"
+        assert http.post("/api/generate", headers=NDJSON, json=load | {"keep_alive": "0s"}).json()["done_reason"] == "unload"
+        assert http.post("/api/chat", headers=NDJSON, json={"model": MODEL, "messages": [], "keep_alive": 0}).json()["done_reason"] == "unload"
+        assert not engine.submitted
+        chat = {"model": MODEL + ":latest", "messages": QUESTION, "options": {}}
+        lines = [json.loads(ln) for ln in http.post("/api/chat", headers=NDJSON, json=chat).text.splitlines()]
+        assert "".join(ln["message"]["content"] for ln in lines) == ANSWER and lines[-1]["done_reason"] == "stop"
+        assert [m["name"] for m in http.get("/api/ps", headers=CLI).json()["models"]] == [MODEL]
+
+
+def test_durations_are_measured_whole_and_streamed(ol):
+    for r in (ol.chat(model=MODEL, messages=QUESTION), list(ol.chat(model=MODEL, messages=QUESTION, stream=True))[-1]):
+        assert r.prompt_eval_duration > 0 and r.eval_duration > 0 and r.load_duration == 0
+        assert r.total_duration >= r.prompt_eval_duration + r.eval_duration
+
+
+def test_aliases_answer_and_names_are_listed(engine, served):
+    with client(engine, served, aliases=("claude-*", "smol")) as http:
+        ol = sdk(http)
+        assert [m.model for m in ol.list().models] == [MODEL, "smol"]
+        assert ol.chat(model="smol:latest", messages=QUESTION).message.content == ANSWER
+        assert ol.show("claude-sonnet-4-5").details.family == "llama"
+        with pytest.raises(ollama.ResponseError) as e:
+            ol.chat(model="gpt-4o", messages=QUESTION)
+        assert e.value.status_code == 404 and "not found" in e.value.error

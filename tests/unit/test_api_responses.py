@@ -123,3 +123,9 @@ def test_a_failure_mid_stream_fails_the_response(engine, served):
     with client(engine, served) as http:
         events = list(sdk(http).responses.create(model=MODEL, input=QUESTION, stream=True))
     assert events[-1].type == "response.failed" and "a rank stopped" in events[-1].response.error.message
+
+
+def test_cached_tokens_in_the_usage(oa, engine):
+    engine.cached = 4
+    r = oa.responses.create(model=MODEL, input=QUESTION)
+    assert r.usage.input_tokens_details.cached_tokens == 4 and r.usage.input_tokens == len(engine.submitted[-1][0].prompt)

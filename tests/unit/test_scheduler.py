@@ -143,6 +143,13 @@ def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     seed_prompt_cache(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3])  # kept: a later prompt starts from its shared start
     assert sched.idle() and shard.status_row().open_sequences == 0
     assert prefix.lookup([5, 17, 42, 9, 8, 7, 1, 2])[1] == 6
+    hit, miss = (Sequence(n, p, SamplingParams(temperature=0.0)) for n, p in ((90, [5, 17, 42, 9, 8, 7, 1, 2]), (91, [250, 3, 4])))
+    for seq in (hit, miss):
+        sched.add(seq)
+    while not sched.idle():
+        for seq, _ in sched.step():
+            sched.remove(seq)
+    assert (hit.cached, miss.cached) == (6, 0)  # what usage reports as cached tokens
 
 
 def test_after_the_warm_up_each_ranks_memory_beyond_the_plans_runtime_is_measured(tmp_path):

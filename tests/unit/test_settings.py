@@ -22,3 +22,12 @@ def test_forwarded_settings_are_those_set(monkeypatch):
     assert cfg.max_queue == 7
     forwarded = settings_to_forward()
     assert forwarded["MAX_QUEUE"] == "7" and forwarded["API_KEYS_FILE"] == "/keys.json" and "NOT_A_SETTING" not in forwarded
+
+
+def test_served_name_and_aliases(monkeypatch):
+    for name in setting_names():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MODEL_ALIASES", " claude-* , gpt-*,,")
+    cfg, _ = parse_config(["--served-model-name", "smol"])
+    assert (cfg.served_model_name, cfg.model_aliases) == ("smol", ("claude-*", "gpt-*"))
+    assert parse_config([])[0].served_model_name is None
