@@ -116,7 +116,7 @@ class FakeEngine:
                 if not text.stop_hit:
                     return emit(Done("length", len(r.prompt), n))
             if text.closed:
-                return emit(Done("stop", len(r.prompt), n))
+                return emit(Done("stop", len(r.prompt), n, text.stop_hit))
 
 
 def rank_row(rank: int) -> dict:

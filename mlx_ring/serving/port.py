@@ -24,6 +24,7 @@ class Done:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended the answer, if one did
 
 
 @dataclass
