@@ -273,7 +273,8 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
     response_format: ResponseFormat | None = None
-    modalities: list[Literal["text"]] | None = Field(None, description="[\"text\"] or left out: answers are text.")
+    modalities: Annotated[list[Literal["text"]] | None, WithJsonSchema({"anyOf": [{"const": ["text"]}, {"type": "null"}]})] = Field(
+        None, description="[\"text\"] or left out: answers are text.")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description="Accepted and ignored: this server's models answer without a separate reasoning phase.")
 
