@@ -149,4 +149,8 @@ def test_images_where_only_text_fits_are_refused_by_place(engine, served):
             "type": "invalid_request_error", "param": "input.1.output.1", "code": None}
         assert "image_url parts are not supported" in refusal(http, "/v1/chat/completions", {"messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]})
+        assert http.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["AA=="]}]}).json() == {
+            "error": "messages.0: images are not supported by this text model; send text"}
+        assert http.post("/api/generate", json={"model": MODEL, "prompt": "hi", "images": ["AA=="]}).json() == {
+            "error": "images: not supported by this server/model: it is a text model; send text"}
     assert not engine.submitted
