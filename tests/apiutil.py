@@ -117,7 +117,7 @@ class FakeEngine:
                 if not text.stop_hit:
                     return emit(Done("length", len(r.prompt), n, self.cached))
             if text.closed:
-                return emit(Done("stop", len(r.prompt), n, self.cached))
+                return emit(Done("stop", len(r.prompt), n, self.cached, text.stop_hit))
 
 
 def rank_row(rank: int) -> dict:

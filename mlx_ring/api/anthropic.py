@@ -4,7 +4,7 @@ or its stream of named events, errors come back in Anthropic's shape."""
 
 import json
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.schema import MAX_STOP, NAME, _Strict
+from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -41,10 +42,16 @@ class ToolUseBlock(_Block):
     input: dict
 
 
+class MediaBlock(BaseModel):
+    """Images and documents: recognised only to be refused, with a message that says where and why."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image", "document"]
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: str | list[Annotated[TextBlock | MediaBlock, Field(discriminator="type")]] | None = None
     is_error: bool | None = None
 
     def text(self) -> str:
@@ -53,12 +60,24 @@ class ToolResultBlock(_Block):
 
 
 class OtherBlock(BaseModel):
-    """Blocks recognised only to be refused (media) or dropped (thinking, which this server does not do)."""
+    """Blocks dropped: earlier thinking, which this server does not do."""
     model_config = ConfigDict(extra="allow")
-    type: Literal["image", "document", "thinking", "redacted_thinking"]
+    type: Literal["thinking", "redacted_thinking"]
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock, Field(discriminator="type")]
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | MediaBlock | OtherBlock, Field(discriminator="type")]
+
+
+def media_block(messages: list["Message"]) -> str | None:
+    """Where the first image or document block is (`messages.4.content.0.content.1`), else None."""
+    for i, m in enumerate(messages):
+        for j, b in enumerate(m.content if isinstance(m.content, list) else []):
+            inner = b.content if b.type == "tool_result" and isinstance(b.content, list) else []
+            found = [(f"messages.{i}.content.{j}", b)] + [(f"messages.{i}.content.{j}.content.{k}", c) for k, c in enumerate(inner)]
+            for where, block in found:
+                if isinstance(block, MediaBlock):
+                    return f"{where}: {block.type} blocks are not supported by this text model; send text blocks"
+    return None
 
 
 class Message(_Strict):
@@ -68,8 +87,6 @@ class Message(_Strict):
     @model_validator(mode="after")
     def _check(self):
         for b in self.content if isinstance(self.content, list) else []:
-            if b.type in ("image", "document"):
-                raise ValueError(f"{b.type} blocks are not supported: this model reads text only; send text blocks")
             if b.type == "tool_use" and self.role != "assistant":
                 raise ValueError("tool_use blocks belong in assistant messages")
             if b.type == "tool_result" and self.role != "user":
@@ -113,12 +130,68 @@ class Metadata(_Strict):
     user_id: str | None = None
 
 
+class CacheControl(_Strict):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class ThinkingDisabled(_Strict):
+    type: Literal["disabled"]
+
+
+class ThinkingEnabled(_Strict):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingAdaptive(_Strict):
+    type: Literal["adaptive"]
+    display: Literal["summarized", "omitted"] | None = None
+
+
+Thinking = Annotated[ThinkingDisabled | ThinkingEnabled | ThinkingAdaptive, Field(discriminator="type")]
+
+
+class JsonOutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema", description="A JSON Schema; the answer is decoded to match it.")
+
+
+class OutputConfig(_Strict):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(None, description="Accepted and ignored.")
+    format: JsonOutputFormat | None = None
+
+
 class CountTokensRequest(_Strict):
     model: str
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
+    # Accepted: this model answers without a thinking phase, so enabled or adaptive thinking gives a
+    # message with no thinking blocks (Claude Code asks for thinking by default).
+    thinking: Thinking | None = None
+    cache_control: CacheControl | None = Field(None, description="Accepted and ignored: the prompt cache finds shared prefixes itself.")
+    output_config: OutputConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _client_tools(cls, data):
+        tools = data.get("tools") if isinstance(data, dict) else None
+        for i, t in enumerate(tools if isinstance(tools, list) else []):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if isinstance(kind, str) and kind != "custom":
+                raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; "
+                                 "send client tools (name, description, input_schema)")
+        return data
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        refusal = media_block(self.messages)
+        if refusal:
+            raise ValueError(refusal)
+        return self
 
     def system_text(self) -> str:
         return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
@@ -134,10 +207,16 @@ class CountTokensRequest(_Strict):
             fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(c.type) or {"type": "function", "function": {"name": c.name}}
             if getattr(c, "disable_parallel_tool_use", None):
                 fields["parallel_tool_calls"] = False
+        fmt = self.output_config and self.output_config.format
+        if fmt:
+            fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output_config", "schema": fmt.schema_}}
         return fields
 
 
 class MessagesRequest(CountTokensRequest):
+    unsupported: ClassVar[dict[str, str]] = {
+        "container": "it runs no code execution", "mcp_servers": "it connects to no MCP servers; send their tools as tools",
+        "context_management": "it does not edit the conversation; send it as it should be read"}
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
     stream: bool = False
@@ -171,10 +250,14 @@ def chat_messages(system: str, messages: list[Message]) -> list[dict]:
     return out
 
 
-def stop_reason(finish: str, calls: list) -> str:
-    if finish == "length":
-        return "max_tokens"
-    return "tool_use" if calls else "end_turn"
+def stop_reason(done, calls: list, window: bool) -> dict:
+    """`stop_reason` and `stop_sequence`; `window`: the context left less room than max_tokens asked
+    for, so an answer cut at the limit says the context ran out."""
+    if done.finish_reason == "length":
+        reason = "model_context_window_exceeded" if window else "max_tokens"
+    else:
+        reason = "tool_use" if calls else "stop_sequence" if done.stop_sequence else "end_turn"
+    return {"stop_reason": reason, "stop_sequence": done.stop_sequence if reason == "stop_sequence" else None}
 
 
 def usage(done) -> dict:
@@ -195,15 +278,16 @@ def anthropic_routes(engine: Engine) -> APIRouter:
     async def messages(body: MessagesRequest, http: HttpRequest):
         chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                                       top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
-                            {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice"})
+                            {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
+                             "response_format": "output_config.format"})
         used, events = await engine.events(chat, http, stream_calls=body.stream)
+        window = context_cuts(engine.served, used, body.max_tokens)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
         if body.stream:
-            return StreamingResponse(stream(head, used, events), media_type="text/event-stream")
+            return StreamingResponse(stream(head, used, events, window), media_type="text/event-stream")
         text, calls, done = await collect(events)
         content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
-        return head | {"content": content, "stop_reason": stop_reason(done.finish_reason, calls), "stop_sequence": None,
-                       "usage": usage(done)}
+        return head | {"content": content} | stop_reason(done, calls, window) | {"usage": usage(done)}
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
@@ -213,7 +297,7 @@ def anthropic_routes(engine: Engine) -> APIRouter:
     return router
 
 
-async def stream(head: dict, used: int, events):
+async def stream(head: dict, used: int, events, window: bool):
     """Anthropic's event sequence: message_start, ping, each content block's start, deltas and stop,
     message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error` event."""
     yield named_sse({"type": "message_start", "message": head | {"content": [], "stop_reason": None, "stop_sequence": None,
@@ -253,6 +337,5 @@ async def stream(head: dict, used: int, events):
             yield named_sse(error_shape(value.status, error_body(value.message, value.type)))
             return
         else:
-            yield named_sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(value.finish_reason, calls), "stop_sequence": None},
-                             "usage": usage(value)})
+            yield named_sse({"type": "message_delta", "delta": stop_reason(value, calls, window), "usage": usage(value)})
             yield named_sse({"type": "message_stop"})

@@ -38,7 +38,11 @@ def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionReq
         if loc and where and loc[0] in where:
             loc[0] = where[loc[0]]
         msg = first["msg"].removeprefix("Value error, ")
-        raise ApiError(400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=loc[0] if loc else None) from None
+        named = msg.split(": ", 1)[0]
+        if not loc and where and named in where:  # a rule of the whole request names its field first
+            msg = where[named] + msg[len(named):]
+        param = loc[0] if loc else (where or {}).get(named)
+        raise ApiError(400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=param) from None
 
 
 @dataclass
@@ -61,13 +65,16 @@ class Engine:
         """(prompt tokens, the answer's events): ("text", str), ("call", OpenAI tool call dict),
         ("done", Done) or ("failed", Failed). `stream_calls`: a call whose format allows it comes as
         ("begin", the call with arguments ""), ("args", a fragment)..., ("end", the whole call) instead
-        of one "call". Errors before anything is queued are raised here."""
+        of one "call". Errors before anything is queued are raised here. max_tokens over the room the
+        prompt leaves is cut to it, as agents expect (docs/api.md)."""
+        body.clamp_tokens()
         prompt, grammar, tools = await self.prompt(body)
         flow = self.answers.start(body, prompt, http, grammar)
         return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None))
 
     async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
         """As `events`, for a prompt sent as it is: tokenized, no chat template."""
+        body.clamp_tokens()
         check_model(self.served, body.model)
         check_sampling(self.served, body)
         prompt = await self.prompts.completion(body)

@@ -7,7 +7,7 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
@@ -63,7 +63,7 @@ class Message(_Strict):
     @model_validator(mode="after")
     def _check(self):
         if self.images:
-            raise ValueError("images are not supported: this model reads text only")
+            raise ValueError("images are not supported by this text model; send text")
         return self
 
 
@@ -109,6 +109,8 @@ class ChatRequest(_Generating):
 
 
 class GenerateRequest(_Generating):
+    unsupported: ClassVar[dict[str, str]] = {"images": "it is a text model; send text"}
+    harmless: ClassVar[dict[str, object]] = {"images": []}
     prompt: str = ""
     system: str | None = None
     raw: bool = False

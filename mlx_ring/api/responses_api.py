@@ -7,12 +7,12 @@ then finds the shared prefix, so only the new turn is prefilled."""
 import time
 import uuid
 from collections import OrderedDict
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
@@ -42,12 +42,7 @@ class MessageItem(_Strict):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        media = [p.type for p in self.content if isinstance(p, MediaContent)]
-        if media:
-            raise ApiError(400, f"input: {media[0]} content is not supported: this model reads text only; send input_text", param="input")
-        return "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class FunctionCallItem(_Strict):
@@ -62,7 +57,7 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[TextContent]
+    output: str | list[Annotated[TextContent | MediaContent, Field(discriminator="type")]]
     id: str | None = None
     status: str | None = None
 
@@ -103,12 +98,35 @@ class JsonSchemaFormat(_Strict):
     strict: bool | None = None
 
 
+def media_part(items) -> str | None:
+    """Where the first image, file or audio part of the input is (`input.3.output.0`), else None."""
+    for i, it in enumerate(items if isinstance(items, list) else []):
+        parts = getattr(it, "content", None) if isinstance(it, MessageItem) else getattr(it, "output", None)
+        for j, p in enumerate(parts if isinstance(parts, list) else []):
+            if isinstance(p, MediaContent):
+                where = f"input.{i}.{'content' if isinstance(it, MessageItem) else 'output'}.{j}"
+                return f"{where}: {p.type} parts are not supported by this text model; send input_text"
+    return None
+
+
+class Reasoning(_Strict):
+    """Accepted and ignored: this server's models answer without a separate reasoning phase."""
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+
+
 class TextConfig(_Strict):
     format: Annotated[TextFormat | JsonSchemaFormat, Field(discriminator="type")] | None = None
     verbosity: str | None = Field(None, description="Accepted and ignored.")
 
 
 class ResponsesRequest(_Strict):
+    unsupported: ClassVar[dict[str, str]] = {
+        "background": "a response is made while its request is open", "conversation": "send previous_response_id or the whole input",
+        "prompt": "stored prompts are not kept here; send instructions and input",
+        "top_logprobs": "logprobs are not returned here; use /v1/chat/completions"}
     model: str | None = None
     input: Annotated[str, Field(min_length=1)] | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
@@ -130,6 +148,25 @@ class ResponsesRequest(_Strict):
     safety_identifier: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
+    client_metadata: dict[str, str] | None = None
+    reasoning: Reasoning | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _function_tools(cls, data):
+        tools = data.get("tools") if isinstance(data, dict) else None
+        for i, t in enumerate(tools if isinstance(tools, list) else []):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if isinstance(kind, str) and kind != "function":
+                raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; send function tools")
+        return data
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        refusal = media_part(self.input)
+        if refusal:
+            raise ValueError(refusal)
+        return self
 
     def chat(self, history: list[dict]) -> dict:
         """The internal chat request's fields, after `history` (the conversation so far)."""

@@ -2,7 +2,7 @@
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, model_validator
 
 from mlx_ring.serving.params import SamplingParams
 
@@ -16,6 +16,19 @@ class _Strict(BaseModel):
     # An unknown field is an error, not silently dropped: the client learns what we do not support.
     # Strict types: `false` is not 0 and "1" is not 1.
     model_config = ConfigDict(extra="forbid", strict=True)
+    # Fields of the real API that would change the answer and that this server cannot honour: refused
+    # by name and why ("Extra inputs are not permitted" is left for typos). `harmless`: values that ask
+    # for nothing this server does not do (modalities ["text"]).
+    unsupported: ClassVar[dict[str, str]] = {}
+    harmless: ClassVar[dict[str, object]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data):
+        for name, why in cls.unsupported.items():
+            if isinstance(data, dict) and data.get(name) is not None and data[name] != cls.harmless.get(name):
+                raise ValueError(f"{name}: not supported by this server/model: {why}")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -202,6 +215,7 @@ class _Sampling(_Strict):
     service_tier: str | None = None
     prompt_cache_key: str | None = Field(None, description="Ignored: the prompt cache finds shared prefixes itself.")
     safety_identifier: str | None = None
+    _clamp: bool = PrivateAttr(False)
 
     @model_validator(mode="after")
     def _check(self):
@@ -210,6 +224,16 @@ class _Sampling(_Strict):
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
             raise ValueError(f"stop: at most {MAX_STOP} stop strings; this request has {len(self.stop)}")
         return self
+
+    def clamp_tokens(self):
+        """This request's max_tokens over the room its prompt leaves in the context is cut to that
+        room, not refused (the agent dialects' choice, as Ollama's and LM Studio's); returns self."""
+        self._clamp = True
+        return self
+
+    @property
+    def clamps(self) -> bool:
+        return self._clamp
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -236,6 +260,11 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         _STREAM_OPTIONS_RULE, _only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1})]})
+    unsupported: ClassVar[dict[str, str]] = {
+        "audio": "it answers in text only", "modalities": "it answers in text only; send [\"text\"] or leave it out",
+        "functions": "send them as tools", "function_call": "send tool_choice", "prediction": "predicted outputs are not used",
+        "web_search_options": "it has no web search"}
+    harmless: ClassVar[dict[str, object]] = {"modalities": ["text"]}
     messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -244,6 +273,10 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
     response_format: ResponseFormat | None = None
+    modalities: Annotated[list[Literal["text"]] | None, WithJsonSchema({"anyOf": [{"const": ["text"]}, {"type": "null"}]})] = Field(
+        None, description="[\"text\"] or left out: answers are text.")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="Accepted and ignored: this server's models answer without a separate reasoning phase.")
 
     @model_validator(mode="after")
     def _check_logprobs(self):

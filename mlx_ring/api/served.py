@@ -95,15 +95,33 @@ def check_model(served: ServedModel, name: str | None) -> None:
                        "adds other names)", "invalid_request_error", "model", "model_not_found")
 
 
-def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
-    """The completion limit for `prompt`, or a 400 when it does not fit the context or the server's limit."""
+def _held(served: ServedModel) -> tuple[int, str]:
+    """The tokens one request may hold (prompt and answer), and what bounds them, in words."""
     held = min(served.context_length, served.cache_tokens or served.context_length)
-    what = (f"the model's context is {held}" if held == served.context_length else
-            f"the ring's memory holds the KV cache of {held} tokens for one request (the model's context: {served.context_length})")
+    return held, (f"the model's context is {held}" if held == served.context_length else
+                  f"the ring's memory holds the KV cache of {held} tokens for one request (the model's context: {served.context_length})")
+
+
+def context_room(served: ServedModel, prompt_tokens: int) -> int:
+    """Completion tokens the context (or the ring's memory for its KV cache) leaves after the prompt."""
+    return _held(served)[0] - prompt_tokens
+
+
+def context_cuts(served: ServedModel, prompt_tokens: int, asked: int) -> bool:
+    """Whether the room the context leaves, not `asked` nor the server's limit, bounds a clamped answer."""
+    return context_room(served, prompt_tokens) < min(asked, served.max_tokens_limit or served.context_length)
+
+
+def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
+    """The completion limit for `prompt`, or a 400 when it does not fit the context or the server's limit.
+    A request that clamps (the agent dialects) gets what is left where it asks for more, instead of a 400."""
+    held, what = _held(served)
     room = held - len(prompt)
     if room <= 0:
         raise ApiError(400, f"the prompt has {len(prompt)} tokens but {what}; shorten it", param="messages", code="context_length_exceeded")
     cap = served.max_tokens_limit or served.context_length
+    if body.clamps and body.token_limit() is not None:
+        return min(body.token_limit(), room, cap)
     for name in ("max_tokens", "max_completion_tokens"):
         asked = getattr(body, name, None)
         if asked is not None and asked > cap:

@@ -271,7 +271,7 @@ class Engine:
             if not a.text.stop_hit:
                 return self._finish(a, Done("length", len(a.req.prompt), a.count, a.seq.cached))
         if a.text.closed:
-            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached))
+            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached, a.text.stop_hit))
 
     @staticmethod
     def _send(a: _Active, piece: Piece | None) -> None:

@@ -25,6 +25,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held (not computed again)
+    stop_sequence: str | None = None  # the stop string that ended the answer, if one did
 
 
 @dataclass

@@ -34,12 +34,12 @@ class TextStream:
         self.stop = stop
         self.held = ""  # text that could still be the start of a stop string
         self.held_tokens: list = []
-        self.stop_hit = False  # a stop string ended the text
+        self.stop_hit: str | None = None  # the stop string that ended the text
         self.closed = False  # nothing more is sent
 
     def add(self, token_id: int, token=None) -> Piece | None:
         """Add one generated token; `token` (any object) rides along with the text it produced.
-        After the call, `stop_hit` tells whether a stop string ended the text."""
+        After the call, `stop_hit` is the stop string that ended the text, if one did."""
         assert not self.closed, "a closed stream takes no more tokens"
         self.detok.add_token(token_id)
         self.held += self.detok.last_segment
@@ -61,10 +61,11 @@ class TextStream:
         return self._flush(final=True)
 
     def _cut_at_stop(self) -> bool:
-        hits = [i for i in (self.held.find(s) for s in self.stop) if i >= 0]
+        # the first in the text; of two starting there, the longer (it holds the other)
+        hits = sorted((i, -len(s), s) for s in self.stop if (i := self.held.find(s)) >= 0)
         if hits:
-            self.held = self.held[: min(hits)]
-            self.stop_hit = True
+            self.held = self.held[: hits[0][0]]
+            self.stop_hit = hits[0][2]
         return bool(hits)
 
     def _flush(self, final: bool) -> Piece | None:

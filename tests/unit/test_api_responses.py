@@ -108,7 +108,7 @@ def test_errors_in_openais_shape(oa):
     with pytest.raises(openai.BadRequestError) as e:
         oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=0)
     assert e.value.body["param"] == "max_output_tokens"
-    with pytest.raises(openai.BadRequestError, match="input_image content is not supported"):
+    with pytest.raises(openai.BadRequestError, match="input.0.content.0: input_image parts are not supported by this text model"):
         oa.responses.create(model=MODEL, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
     with pytest.raises(openai.BadRequestError, match="tools: this model's chat template has no tool support"):
         oa.responses.create(model=MODEL, input=QUESTION, tools=TOOLS)

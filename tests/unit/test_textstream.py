@@ -38,8 +38,10 @@ def test_a_character_cut_by_the_end_of_sequence_is_not_dropped(tokenizer):
 
 def test_stop_strings_cut_and_hold_back(tokenizer):
     ids = tokenizer.encode("The capital of France is Paris. It is big.")
-    text, s = stream_text(tokenizer, ids, stop=[" Paris"])
-    assert text == "The capital of France is" and s.stop_hit
+    text, s = stream_text(tokenizer, ids, stop=["big", " Paris"])
+    assert text == "The capital of France is" and s.stop_hit == " Paris"  # the first in the text
+    _, s = stream_text(tokenizer, ids, stop=[" Pa", " Paris"])
+    assert s.stop_hit == " Paris"  # of two starting at one place, the longer (" Paris" is one token)
     s = TextStream(tokenizer.detokenizer, ["France is Lyon"])
     sent = "".join(p.text for p in (s.add(t) for t in tokenizer.encode("The capital of France is")) if p)
     assert sent == "The capital of "  # "France is" could still grow into the stop string: held back
