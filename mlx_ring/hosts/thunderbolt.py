@@ -250,6 +250,16 @@ def hostfile_warnings(hosts: list[Host], interfaces: dict[str, dict[str, Interfa
     return warnings
 
 
+def addresses_reset(system: str, interfaces: dict[str, Interface], address: str) -> bool:
+    """Whether a Mac that does not hold its ring `address` lost it as Thunderbolt addresses are lost (set
+    by `ifconfig`, which a restart undoes, or on a port whose cable moved): a private address on none of
+    the subnets it is on now. An address on one of them is rather a changed one (DHCP), or a typo."""
+    ip = ipaddress.IPv4Address(address)
+    nets = [ipaddress.IPv4Network(n) for i in interfaces.values() for n in i.networks]
+    return (system.startswith("Darwin") and ip.is_private and not ip.is_loopback and not ip.is_link_local
+            and not any(ip in n for n in nets if not (n.is_loopback or n.is_link_local)))
+
+
 def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
     """`parse_ifconfig` of `host` (this machine when `local`); empty where there is no ifconfig."""
     return parse_ifconfig_interfaces(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
