@@ -24,7 +24,8 @@ from pathlib import Path
 
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import netsetup, ssh
-from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries, this_machine
+from mlx_ring.hosts.hostfile import LOCAL, Host, this_machine
+from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
@@ -206,9 +207,10 @@ def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     return Proposal(ring, out, commands, cables, addresses)
 
 
-def format_hostfile(entries: list[dict]) -> str:
-    """hosts.json's text: one entry a line."""
-    return "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
+    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
+    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
 
 
 def format_proposal(p: Proposal) -> str:
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
     args = a.parse_args(argv)
     try:
-        entries = load_entries(args.hostfile)
+        entries, envs = read_hostfile(args.hostfile)
         log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
         conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\napplied on every Mac; they keep these addresses across restarts")
         if args.write:
             shutil.copyfile(args.hostfile, args.hostfile.with_name(args.hostfile.name + ".bak"))
-            args.hostfile.write_text(format_hostfile(proposal.entries))
+            args.hostfile.write_text(format_hostfile(proposal.entries, envs))
             print(f"\nwrote {args.hostfile} (the old one is {args.hostfile.name}.bak)")
         elif not args.apply:
             print("\nnothing changed: --apply sets these addresses on the Macs, --write saves this hosts.json")

@@ -26,6 +26,7 @@ from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.assemble import plan_for
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary, summary
@@ -233,7 +234,9 @@ def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
-    env = ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
+    # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
+    envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
+    env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
                                    "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
     (out / "env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
     rank0 = ring.hosts[0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hosts.hostfile import load_entries
+from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, write_state
@@ -51,11 +51,12 @@ def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -
 
 def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     """A hostfile of HOSTFILE's entries less `hosts`' (None if none is left)."""
-    entries = [e for e in load_entries(ROOT / s.hostfile) if e["ssh"] not in hosts]
+    entries, envs = read_hostfile(ROOT / s.hostfile)
+    entries = [e for e in entries if e["ssh"] not in hosts]
     if not entries:
         return None
     path = s.planned / "hosts.failover.json"
-    path.write_text(json.dumps(entries))
+    path.write_text(json.dumps({"envs": envs, "hosts": entries} if envs else entries))
     return path
 
 

@@ -73,3 +73,13 @@ def test_other_problems_still_end_the_supervision(tmp_path, monkeypatch):
 
     monkeypatch.setattr(healing, "hosts_up", hosts_up)
     assert not restart_hosts(s, [], threading.Event(), Away())
+
+
+def test_failover_hostfile_keeps_an_mlx_hostfiles_envs(tmp_path):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1"], "hosts": [
+        {"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}, {"ssh": "mac-b", "ips": ["192.168.0.2"], "rdma": []}]}))
+    s = LaunchSettings(str(hostfile), "127.0.0.1", 0, 32323, 60, 5, 0, tmp_path / "logs", False)
+    s.planned.mkdir(parents=True)
+    reduced = json.loads(healing.without(s, ["mac-b"]).read_text())
+    assert reduced == {"envs": ["MLX_METAL_FAST_SYNCH=1"], "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}
