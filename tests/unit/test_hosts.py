@@ -275,3 +275,20 @@ def test_a_stale_rank_of_an_earlier_ring_is_killed_before_a_new_one_starts(tmp_p
     finally:
         stale.kill()
         other.kill()
+
+
+def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
+    from types import SimpleNamespace
+
+    from mlx_ring.hosts import up
+
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "MAX_QUEUE=9"],
+                                "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}))
+    cfg = SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None)
+    opts = up.Launch(32323, "", None, True, "", {"MAX_QUEUE": "64"})
+    ring = up.Preflight(cfg, opts, load_hosts(path, 32323, lambda n: n), tmp_path / "ssh_config", {}, [],
+                        plan=SimpleNamespace(strategy="memory", sizes=[30]), manifest={"id": "m"})
+    up.launch_args(ring, tmp_path / "out")
+    env = (tmp_path / "out" / "env").read_text().splitlines()
+    assert "MLX_METAL_FAST_SYNCH=1" in env and "MAX_QUEUE=64" in env and "MAX_QUEUE=9" not in env
