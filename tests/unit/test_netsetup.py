@@ -3,7 +3,6 @@ outputs: networksetup's service list read, the commands reusing what an earlier 
 overlap no network a Mac is on, and --apply run detached under sudo through the macOS commands' shims."""
 
 import ipaddress
-import json
 import sys
 from pathlib import Path
 
