@@ -49,8 +49,10 @@ def setup_commands(ports: dict[str, str], services: list[Service], bridge0: bool
     service with that static address, and turn every bridge service over Thunderbolt ports off. `ports`:
     hardware port -> device (`networksetup -listallhardwareports`); `bridge0`: whether it exists now."""
     port_of = {device: port for port, device in ports.items()}
-    bridges = [s for s in services if s.enabled and (s.port == "Thunderbolt Bridge" or s.device.startswith("bridge"))]
-    cmds = [f"networksetup -setnetworkserviceenabled {shlex.quote(s.name)} off" for s in bridges]
+    bridges = [s.name for s in services if s.enabled and (s.port == "Thunderbolt Bridge" or s.device.startswith("bridge"))]
+    if not services and bridge0:  # no service list read: macOS's own name for the bridge's service
+        bridges = ["Thunderbolt Bridge"]
+    cmds = [f"networksetup -setnetworkserviceenabled {shlex.quote(name)} off" for name in bridges]
     if bridge0:  # the service off stops its configuration; down stops its forwarding now, as MLX's setup does
         cmds.append("ifconfig bridge0 down")
     for iface, address in addresses:

@@ -43,6 +43,14 @@ def test_a_second_run_reuses_the_services_and_keeps_the_addresses():
                                               "networksetup -setmanual 'mlx-ring Thunderbolt 1' 192.168.0.9 255.255.255.252"]
 
 
+def test_without_a_service_list_the_bridge_service_is_still_turned_off():
+    ports = {"Ethernet": "en0", "Wi-Fi": "en1", "Thunderbolt Bridge": "bridge0", "Thunderbolt 1": "en2"}
+    assert netsetup.setup_commands(ports, [], True, [("en2", "192.168.0.1")]) == [
+        "networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off", "ifconfig bridge0 down",
+        "networksetup -createnetworkservice 'mlx-ring Thunderbolt 1' 'Thunderbolt 1'",
+        "networksetup -setmanual 'mlx-ring Thunderbolt 1' 192.168.0.1 255.255.255.252"]
+
+
 def test_a_home_network_on_192_168_0_0_keeps_its_router():
     home = lambda text: text.replace("inet 192.168.1.40 netmask 0xffffff00 broadcast 192.168.1.255",
                                      "inet 192.168.0.40 netmask 0xffffff00 broadcast 192.168.0.255")
