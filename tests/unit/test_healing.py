@@ -22,6 +22,35 @@ def test_a_thunderbolt_address_lost_is_told_apart_from_a_wrong_one():
     assert not addresses_reset("Linux x86_64", restarted, "192.168.0.2")  # no Thunderbolt setup off a Mac
 
 
+def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mlx_ring.hosts import up
+
+    # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt ports.
+    macos, stem = DATA.parent, DATA / THREE["mini-b.local"]
+    answers = {"uname": 'case "$1" in -m) echo arm64;; *) echo Darwin;; esac', "ifconfig": f"cat '{stem}.ifconfig.txt'",
+               "sysctl": f"cat '{macos}/hw_memsize_16gb.txt'", "vm_stat": f"cat '{macos}/vm_stat_apple_silicon.txt'"}
+    (tmp_path / "bin").mkdir()
+    for name, body in answers.items():
+        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "bin" / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.0.2"]}]))
+    cfg = SimpleNamespace(hostfile=tmp_path / "hosts.json", log_dir=tmp_path / "logs", cache_dir=tmp_path / "cache")
+    ring = up.gather(cfg, up.Launch(32323, "", None, False, "", {}), [])
+    (problem,) = ring.problems
+    assert problem.startswith("this Mac (rank 0) answers but no longer holds its ring address 192.168.0.2, which is on "
+                              "none of its networks now: its Thunderbolt addresses were reset")
+    assert "`./launch.sh hosts --over thunderbolt --apply --write` sets them again" in problem
+    assert "192.168.1.41" in problem and ring.unaddressed == {"127.0.0.1": "192.168.0.2"} and not ring.unreachable
+
+    (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.1.99"]}]))
+    ring = up.gather(cfg, up.Launch(32323, "", None, False, "", {}), [])
+    assert ring.problems[0].startswith("127.0.0.1 (rank 0) does not own ring address 192.168.1.99: its addresses are ")
+    assert ring.unaddressed == {}
+
+
 def test_restart_waits_for_a_mac_to_hold_its_ring_address_again(tmp_path, monkeypatch):
     # This Mac's ifconfig, before and after `hosts --over thunderbolt --apply` sets the address again.
     stem = DATA / THREE["mini-b.local"]
