@@ -60,10 +60,19 @@ ENV_ONLY = ("API_KEY", "API_KEYS_FILE", "TLS_CERT", "TLS_KEY", "MLX_RING_CAPS", 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
     """A settings file that is a non-empty JSON list of objects with only `known` keys (hosts.json,
     API_KEYS_FILE); ValueError naming the file, the entry and the fix."""
+    return check_objects(read_json(path, what, example), path, what, example, known)
+
+
+def read_json(path: Path, what: str, example: str):
+    """A settings file's JSON; ValueError naming the file."""
     try:
-        rows = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read {what} {path} ({e}); it must be a JSON list such as {example}") from None
+
+
+def check_objects(rows, path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
+    """`rows` as json_objects checks them."""
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{what} {path} must be a non-empty JSON list of objects, e.g. {example}")
     for i, r in enumerate(rows):

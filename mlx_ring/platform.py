@@ -8,6 +8,7 @@ Application Firewall, keeping a Mac awake, and Local Network privacy.
 
 import ctypes
 import ctypes.util
+import ipaddress
 import os
 import platform
 import re
@@ -82,11 +83,12 @@ class Interface:
     up: bool = False  # UP among its flags (bridge0 after `ifconfig bridge0 down` is not)
     addresses: list[str] = field(default_factory=list)  # IPv4
     members: list[str] = field(default_factory=list)  # a bridge's member ports (macOS bridge0: Thunderbolt)
+    networks: list[str] = field(default_factory=list)  # each address's subnet, "192.168.1.0/24" (/32 without a mask)
 
 
 def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
     """`ifconfig` by interface (macOS and BSD, `-v` too; net-tools' `inet addr:` too): UP flag, IPv4
-    addresses, bridge members."""
+    addresses and their subnets, bridge members."""
     out, cur = {}, None
     for line in text.splitlines():
         if line and not line[0].isspace():  # an interface's first line: "en0: flags=8863<UP,...>" or "eth0  Link encap"
@@ -96,10 +98,24 @@ def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
             continue
         f = line.split()
         if cur and len(f) >= 2 and f[0] == "inet":
-            cur.addresses.append(f[1].removeprefix("addr:"))
+            address = f[1].removeprefix("addr:")
+            cur.addresses.append(address)
+            cur.networks.append(str(ipaddress.ip_interface(f"{address}/{_netmask(f)}").network))
         elif cur and len(f) >= 2 and f[0] == "member:":
             cur.members.append(f[1])
     return out
+
+
+def _netmask(fields: list[str]) -> str:
+    """An `inet` line's mask as ipaddress takes it: macOS prints `netmask 0xffffff00`, Linux's ifconfig
+    `netmask 255.255.255.0` or `Mask:255.255.255.0`; 32 where there is none."""
+    for i, f in enumerate(fields):
+        if f == "netmask" and i + 1 < len(fields):
+            mask = fields[i + 1]
+            return str(ipaddress.IPv4Address(int(mask, 16))) if mask.startswith("0x") else mask
+        if f.startswith("Mask:"):
+            return f[5:]
+    return "32"
 
 
 def parse_ifconfig(text: str) -> list[tuple[str, str]]:

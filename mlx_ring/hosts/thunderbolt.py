@@ -1,10 +1,15 @@
-"""Thunderbolt addressing as MLX's `mlx.distributed_config --over thunderbolt --backend ring` does it:
-read each Mac's Thunderbolt ports and their peers (system_profiler, networksetup), give every cable
-its own /30 subnet with Thunderbolt Bridge (bridge0) taken down, and write hosts.json in ring order.
+"""Thunderbolt addressing for Macs cabled in a ring: read each Mac's Thunderbolt ports and their peers
+(system_profiler, networksetup), give every cable its own /30 subnet as MLX's `mlx.distributed_config
+--over thunderbolt --backend ring` does, in a range none of the Macs' networks overlaps, and write
+hosts.json in ring order.
+
+The setup lasts across restarts, as exo's helper makes it: the "Thunderbolt Bridge" service is turned
+off (its bridge joins every port, a layer-2 loop on three Macs) and each cabled port gets a network
+service of its own with its static address.
 
 `python -m mlx_ring.hosts.thunderbolt` prints the commands for each Mac and the hosts.json;
-`--apply` runs the commands over ssh (sudo), `--write` saves hosts.json. `hostfile_warnings` says
-when a hostfile's addresses are the ones that misroute or loop on cabled Macs.
+`--apply` runs the commands (sudo, asking in this terminal), `--write` saves hosts.json.
+`hostfile_warnings` says when a hostfile's addresses are the ones that misroute or loop on cabled Macs.
 """
 
 import argparse
@@ -14,12 +19,13 @@ import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hosts import ssh
-from mlx_ring.hosts.hostfile import LOCAL, Host, load_entries, this_machine
+from mlx_ring.hosts import netsetup, ssh
+from mlx_ring.hosts.hostfile import LOCAL, Host, this_machine
+from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
@@ -29,7 +35,7 @@ except ImportError:
 
 FIX = ("give each cable its own subnet as MLX does: `./launch.sh hosts --over thunderbolt` prints the "
        "commands and the hosts.json (then `--apply` and `--write`)")
-NETMASK = "255.255.255.252"  # IPConfigurator.setup's: one /30 per cable
+MLX_BASE = ipaddress.IPv4Address("192.168.0.0")  # where MLX's IPConfigurator numbers the cables from
 
 # What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check after --apply.
 SCRIPT = r'''
@@ -38,6 +44,7 @@ echo "system=$(uname -s)"
 if command -v system_profiler >/dev/null 2>&1; then
   echo "--- thunderbolt"; system_profiler SPThunderboltDataType -json
   echo "--- ports"; networksetup -listallhardwareports
+  echo "--- services"; networksetup -listnetworkserviceorder
 fi
 echo "--- ifconfig"; ifconfig 2>/dev/null
 '''
@@ -50,14 +57,16 @@ class MacFacts:
     thunderbolt: dict | None  # system_profiler SPThunderboltDataType -json, parsed
     ports: str  # networksetup -listallhardwareports
     interfaces: dict[str, Interface]
+    services: list[netsetup.Service] = field(default_factory=list)  # networksetup -listnetworkserviceorder
 
 
 @dataclass
 class Proposal:
     ring: list[int]  # hosts.json entry indices in ring order, starting with rank 0's
     entries: list[dict]  # the hosts.json to write
-    commands: dict[str, list[str]]  # ssh name -> commands, as MLX's IPConfigurator.setup prints them
+    commands: dict[str, list[str]]  # ssh name -> commands to run there as root (netsetup.setup_commands)
     cables: list[tuple[str, str, str, str]]  # (host, iface, peer host, peer iface) per ring neighbour pair
+    addresses: dict[str, list[tuple[str, str]]]  # ssh name -> (iface, address) of each of its cabled ports
 
 
 def parse_facts(host: str, out: str) -> MacFacts:
@@ -77,7 +86,8 @@ def parse_facts(host: str, out: str) -> MacFacts:
         raise ValueError(f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
                          "by hand to see why") from None
     return MacFacts(host, head.get("system", "").strip(), profile, "\n".join(sections.get("ports", [])),
-                    parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))))
+                    parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))),
+                    netsetup.parse_service_order("\n".join(sections.get("services", []))))
 
 
 def _mlx():
@@ -131,6 +141,40 @@ def _ring_order(connectivity: list[list[int]], names: list[str]) -> list[int]:
     return ring[start:] + ring[:start]  # rank 0 stays hosts.json's first entry (it serves the API)
 
 
+def thunderbolt_devices(mac: MacFacts) -> set[str]:
+    """The devices of a Mac's Thunderbolt ports ("Thunderbolt 1" -> en2), and bridges over them."""
+    ports = _mlx().parse_hardware_ports(mac.ports.encode())
+    devices = {d for p, d in ports.items() if p.startswith("Thunderbolt ")}
+    return devices | {n for n, i in mac.interfaces.items() if set(i.members) & devices}
+
+
+def taken_networks(macs: list[MacFacts]) -> list[ipaddress.IPv4Network]:
+    """Every subnet a Mac is on now, less those of its Thunderbolt ports (the ring's own, from an earlier
+    setup), loopback and self-assigned 169.254/16."""
+    taken = []
+    for mac in macs:
+        ours = thunderbolt_devices(mac)
+        for name, iface in mac.interfaces.items():
+            for net in map(ipaddress.IPv4Network, iface.networks):
+                if name not in ours and not (net.is_loopback or net.is_link_local):
+                    taken.append(net)
+    return taken
+
+
+def subnet_base(cables: int, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Address:
+    """Where to number the cables' /30s from (4 addresses each, as MLX lays them out from 192.168.0.0):
+    MLX's own start when no Mac is on a network there, else the first /24 step that overlaps none (a
+    home network on 192.168.0.0/24 would otherwise lose its router's address to a cable)."""
+    starts = [ipaddress.IPv4Address(f"192.168.{k}.0") for k in range(256)]
+    starts += [ipaddress.IPv4Address(f"172.{16 + k // 256}.{k % 256}.0") for k in range(16 * 256)]
+    for base in starts:
+        nets = [ipaddress.IPv4Network(f"{base + 4 * c}/30") for c in range(cables)]
+        if nets[-1].broadcast_address.is_private and not any(n.overlaps(t) for n in nets for t in taken):
+            return base
+    raise ValueError("every private range this tries (192.168.0.0/16, 172.16.0.0/12) overlaps a network one of the "
+                     "Macs is on; set the cables' addresses by hand as docs/mac.md shows")
+
+
 def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     """Per-cable addresses, commands and hosts.json for the Macs of `entries` (hosts.json's, in order),
     as MLX's IPConfigurator and configure_ring compute them."""
@@ -143,6 +187,9 @@ def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     tb = [thunderbolt_host(m) for m in macs]
     index = {p.uuid: (i, j) for i, h in enumerate(tb) for j, p in enumerate(h.ports)}
     ips = cfg.IPConfigurator(None, tb, index).ips  # (node, peer) -> [(iface, address)], one per cable
+    # MLX numbers the cables from 192.168.0.0; the same layout moves to a range no Mac is on.
+    base = subnet_base(sum(len(v) for v in ips.values()) // 2, taken_networks(macs))
+    ips = {k: [(i, str(base + (int(ipaddress.IPv4Address(a)) - int(MLX_BASE)))) for i, a in v] for k, v in ips.items()}
     ring = _ring_order(cfg.make_connectivity_matrix(tb, index), names)
     # MLX's ring backend (ring.cpp, RingGroup): rank r listens on its own entry's addresses and connects to
     # rank r+1's. So an entry's address is where its predecessor reaches it: rank r's end of the cable
@@ -150,22 +197,20 @@ def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     # from r-1 alone, which is all the ring needs: it only talks to neighbours. A second cable between the
     # same two Macs is addressed too, but the ring uses one address per rank (hostfile.mlx_hostfile).
     out = [dict(entries[node], ips=[ips[node, ring[i - 1]][0][1]]) for i, node in enumerate(ring)]
-    commands = {}
-    for i, name in enumerate(names):  # IPConfigurator.setup's commands, without its prompts and plain ssh
-        cmds = ["sudo ifconfig bridge0 down"]
-        for j in range(len(names)):
-            for (iface, ip), (_, peer) in zip(ips.get((i, j), []), ips.get((j, i), [])):
-                cmds += [f"sudo ifconfig {iface} inet {ip} netmask {NETMASK}",
-                         f"sudo route change {peer} -interface {iface}"]
-        commands[name] = cmds
+    commands, addresses = {}, {}
+    for i, (name, mac) in enumerate(zip(names, macs)):  # IPConfigurator.setup's addresses, set to last
+        addresses[name] = [a for j in range(len(names)) for a in ips.get((i, j), [])]
+        commands[name] = netsetup.setup_commands(cfg.parse_hardware_ports(mac.ports.encode()), mac.services,
+                                                 "bridge0" in mac.interfaces, addresses[name])
     cables = [(names[a], ips[a, b][0][0], names[b], ips[b, a][0][0])
               for a, b in ((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else 1))]
-    return Proposal(ring, out, commands, cables)
+    return Proposal(ring, out, commands, cables, addresses)
 
 
-def format_hostfile(entries: list[dict]) -> str:
-    """hosts.json's text: one entry a line."""
-    return "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
+    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
+    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
 
 
 def format_proposal(p: Proposal) -> str:
@@ -175,7 +220,7 @@ def format_proposal(p: Proposal) -> str:
     lines += [f"  cable {a} {ia} <-> {b} {ib}" for a, ia, b, ib in p.cables]
     for host, cmds in p.commands.items():
         where = "this Mac" if host in LOCAL else host
-        lines += ["", f"# on {where} (an administrator's sudo; lasts until it restarts):", *cmds]
+        lines += ["", f"# on {where} (an administrator's sudo; lasts across restarts):", *(f"sudo {c}" for c in cmds)]
     lines += ["", "hosts.json (ring order; each rank's ips: its end of the cable from the rank before it):",
               format_hostfile(p.entries).rstrip()]
     return "\n".join(lines)
@@ -207,6 +252,16 @@ def hostfile_warnings(hosts: list[Host], interfaces: dict[str, dict[str, Interfa
     return warnings
 
 
+def addresses_reset(system: str, interfaces: dict[str, Interface], address: str) -> bool:
+    """Whether a Mac that does not hold its ring `address` lost it as Thunderbolt addresses are lost (set
+    by `ifconfig`, which a restart undoes, or on a port whose cable moved): a private address on none of
+    the subnets it is on now. An address on one of them is rather a changed one (DHCP), or a typo."""
+    ip = ipaddress.IPv4Address(address)
+    nets = [ipaddress.IPv4Network(n) for i in interfaces.values() for n in i.networks]
+    return (system.startswith("Darwin") and ip.is_private and not ip.is_loopback and not ip.is_link_local
+            and not any(ip in n for n in nets if not (n.is_loopback or n.is_link_local)))
+
+
 def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
     """`parse_ifconfig` of `host` (this machine when `local`); empty where there is no ifconfig."""
     return parse_ifconfig_interfaces(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
@@ -227,28 +282,28 @@ def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:
 
 
 def apply(conf: Path, p: Proposal) -> list[str]:
-    """Run each Mac's commands (remote ones with `sudo -n`: over ssh nobody can type a password), then
-    read ifconfig back; problems as sentences."""
+    """Run each Mac's commands as root, detached (netsetup.start: sudo asks in this terminal, over `ssh -t`
+    for the other Macs), wait for each to finish, then read ifconfig back; problems as sentences."""
     problems = []
     # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0 going
     # down would cut off.
     here = {e["ssh"] for e in p.entries if this_machine(e["ssh"], e["ips"][0])}
     for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in here):
         local = host in here
-        script = " ; ".join(c if local else c.replace("sudo ", "sudo -n ", 1) for c in cmds)
         try:
-            r = ssh.run_on(conf, host, local, script, timeout=60)
-        except ValueError as e:
-            problems.append(str(e))
-            continue
-        if "password is required" in r.stderr:
-            problems.append(f"{host}: sudo needs a password there; run the commands printed for {host} in a Terminal "
-                            "on that Mac (or allow passwordless sudo for ifconfig and route)")
+            problem = netsetup.start(conf, host, local, cmds) or netsetup.finished(conf, host, local)
+        except ValueError as e:  # ssh could not reach it
+            problem = str(e)
+        if problem:
+            problems.append(problem)
+    if problems:
+        return problems
     for mac, entry in zip(gather(conf, p.entries), p.entries):
         held = {a for i in mac.interfaces.values() for a in i.addresses}
         if entry["ips"][0] not in held:
             problems.append(f"{mac.host} does not hold {entry['ips'][0]} after --apply (it holds "
-                            f"{', '.join(sorted(held))}); run the commands printed for {mac.host} there by hand")
+                            f"{', '.join(sorted(held))}); is the cable in? else run the commands printed for "
+                            f"{mac.host} there by hand")
     return problems
 
 
@@ -256,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     a = argparse.ArgumentParser(prog="./launch.sh hosts", description=__doc__.split("\n\n")[0])
     a.add_argument("--over", choices=["thunderbolt"], default="thunderbolt")
     a.add_argument("--hostfile", type=Path, default=ROOT / os.environ.get("HOSTFILE", "hosts.json"))
-    a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there)")
+    a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there, asking here)")
     a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
     args = a.parse_args(argv)
     try:
-        entries = load_entries(args.hostfile)
+        entries, envs = read_hostfile(args.hostfile)
         log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
         conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
@@ -271,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cannot apply: {problem}", file=sys.stderr)
             if problems:
                 return 2
-            print("\napplied on every Mac; they keep these addresses until they restart (run --apply again then)")
+            print("\napplied on every Mac; they keep these addresses across restarts")
         if args.write:
             shutil.copyfile(args.hostfile, args.hostfile.with_name(args.hostfile.name + ".bak"))
-            args.hostfile.write_text(format_hostfile(proposal.entries))
+            args.hostfile.write_text(format_hostfile(proposal.entries, envs))
             print(f"\nwrote {args.hostfile} (the old one is {args.hostfile.name}.bak)")
         elif not args.apply:
             print("\nnothing changed: --apply sets these addresses on the Macs, --write saves this hosts.json")

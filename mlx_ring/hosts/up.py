@@ -22,10 +22,11 @@ from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
-from mlx_ring.hosts.thunderbolt import hostfile_warnings
+from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.assemble import plan_for
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary, summary
@@ -56,6 +57,7 @@ class Preflight:
     facts: dict  # ssh name -> Facts
     problems: list[str]
     unreachable: list[str] = field(default_factory=list)  # ssh names that did not answer: they may come back
+    unaddressed: dict = field(default_factory=dict)  # ssh name -> ring address it lost (Thunderbolt): it may come back
     plan: LayerPlan | None = None
     caps: list[Capabilities] | None = None
     model: Path | None = None
@@ -93,6 +95,16 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
         f = ring.facts.get(h.ssh)
         if f and f.addresses and h.address not in f.addresses:
             named = f" ({h.named} resolves to it)" if h.named != h.address else ""
+            if addresses_reset(f.system, f.interfaces, h.address):
+                # Waited for, as a host away is: the addresses come back once set again.
+                ring.unaddressed[h.ssh] = h.address
+                ring.problems.append(
+                    f"{'this Mac' if h.local else h.ssh} (rank {h.rank}) answers but no longer holds its ring address "
+                    f"{h.address}{named}, which is on none of its networks now: its Thunderbolt addresses were reset "
+                    "(a restart undoes addresses set with ifconfig; so does moving a cable); `./launch.sh hosts --over "
+                    "thunderbolt --apply --write` sets them again, to last across restarts (not a Thunderbolt address? "
+                    f"put one of its own, {', '.join(f.addresses)}, in its hosts.json entry)")
+                continue
             ring.problems.append(f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its addresses are "
                                  f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (Macs cabled with "
                                  "Thunderbolt: `./launch.sh hosts --over thunderbolt` proposes the addresses)")
@@ -222,7 +234,9 @@ def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
-    env = ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
+    # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
+    envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
+    env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
                                    "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
     (out / "env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
     rank0 = ring.hosts[0]
@@ -309,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
-    if a.out:  # for the supervisor: a host that did not answer is waited for, other problems are not
+    if a.out:  # for the supervisor: a host that did not answer, or lost its address, is waited for; others are not
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "problems.json").write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable}))
+        (a.out / "problems.json").write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable,
+                                                         "unaddressed": ring.unaddressed}))
     for problem in ring.problems:
         print(f"cannot start: {problem}", file=sys.stderr)
     if a.command == "check":

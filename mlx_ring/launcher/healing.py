@@ -1,6 +1,6 @@
-"""Bringing the hosts back before a restart: a host that went away is waited for as long as the
-supervisor runs; with FAILOVER_AFTER set, the ring serves without it meanwhile (when the others can
-hold the model), and takes it back once it answers."""
+"""Bringing the hosts back before a restart: a host that went away (or a Mac whose Thunderbolt
+addresses were reset) is waited for as long as the supervisor runs; with FAILOVER_AFTER set, the ring
+serves without it meanwhile (when the others can hold the model), and takes it back once it is back."""
 
 import contextlib
 import json
@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hosts.hostfile import load_entries
+from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, write_state
+from mlx_ring.planning.entries import read_hostfile
+from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")
 
@@ -26,6 +28,18 @@ class Away:
     """Hosts the ring serves without (failed over), and whether they are back."""
     hosts: list[str] = field(default_factory=list)
     back: threading.Event = field(default_factory=threading.Event)
+    addresses: dict = field(default_factory=dict)  # host -> the ring address it must hold again to be back
+
+
+def is_back(conf: Path, host: str, address: str | None = None) -> bool:
+    """Whether `host` answers over ssh again, or, given the ring `address` it lost, holds it again."""
+    if address is None:
+        return reachable(conf, host)
+    try:
+        out = ssh.run_on(conf, host, host == "127.0.0.1", "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=POLL_S + 10)
+    except (ValueError, subprocess.TimeoutExpired):  # ssh.SshError included
+        return False
+    return any(a == address for _, a in parse_ifconfig(out.stdout))
 
 
 def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
@@ -37,11 +51,12 @@ def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -
 
 def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     """A hostfile of HOSTFILE's entries less `hosts`' (None if none is left)."""
-    entries = [e for e in load_entries(ROOT / s.hostfile) if e["ssh"] not in hosts]
+    entries, envs = read_hostfile(ROOT / s.hostfile)
+    entries = [e for e in entries if e["ssh"] not in hosts]
     if not entries:
         return None
     path = s.planned / "hosts.failover.json"
-    path.write_text(json.dumps(entries))
+    path.write_text(json.dumps({"envs": envs, "hosts": entries} if envs else entries))
     return path
 
 
@@ -61,36 +76,38 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
     supervisor runs (the API's port says so meanwhile), or failed over after FAILOVER_AFTER seconds;
     any other problem ends the supervision: it would fail the same way again. False: do not restart."""
     local_rank0 = (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1"
+    conf = s.log_dir / "ssh_config"
     away.hosts, tried_failover = [], False
     while not stopping.is_set():
         (s.planned / "problems.json").unlink(missing_ok=True)
         if hosts_up(s, args) == 0:
             return True
         found = read_state(s.planned / "problems.json") or {"problems": [], "unreachable": []}
-        if not found["unreachable"]:
+        lost = found.get("unaddressed", {})  # Macs whose Thunderbolt addresses were reset: back once set again
+        if not found["unreachable"] and not lost:
             log.info("not restarting: a host is not ready (above)")
             return False
-        hosts = found["unreachable"]
+        hosts = found["unreachable"] + [h for h in lost if h not in found["unreachable"]]
+        back = lambda h: is_back(conf, h, lost.get(h))
         why = next((p for p in found["problems"] if any(h in p for h in hosts)), found["problems"][0])
-        log.info("waiting for %s to answer again (tried every %d s): %s", ", ".join(hosts), POLL_S, why)
+        log.info("waiting for %s to be back (tried every %d s): %s", ", ".join(hosts), POLL_S, why)
         t0 = time.monotonic()
         write_state(s.state_file, "waiting", hosts=hosts, why=why)
         with StandIn(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
-            conf = s.log_dir / "ssh_config"
-            while not stopping.is_set() and not all(reachable(conf, h) for h in hosts):
+            while not stopping.is_set() and not all(back(h) for h in hosts):
                 if s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after:
                     break
                 stopping.wait(POLL_S)
         if stopping.is_set():
             return False
-        if s.failover_after and not tried_failover and not all(reachable(conf, h) for h in hosts):
+        if s.failover_after and not tried_failover and not all(back(h) for h in hosts):
             tried_failover = True
             if fail_over(s, args, hosts, why):
-                away.hosts = hosts
+                away.hosts, away.addresses = hosts, lost
                 away.back.clear()
                 return True
             continue
-        log.info("%s answers again after %.0f s; restarting the ring", ", ".join(hosts), time.monotonic() - t0)
+        log.info("%s is back after %.0f s; restarting the ring", ", ".join(hosts), time.monotonic() - t0)
     return False
 
 
@@ -99,7 +116,7 @@ def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_ba
     which then restarts with every host)."""
     conf = s.log_dir / "ssh_config"
     while not stopping.is_set() and not away.back.is_set():
-        if away.hosts and all(reachable(conf, h) for h in away.hosts):
+        if away.hosts and all(is_back(conf, h, away.addresses.get(h)) for h in away.hosts):
             log.info("%s answers again; taking it back (the ring restarts with every host)", ", ".join(away.hosts))
             away.back.set()
             take_back()

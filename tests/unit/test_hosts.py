@@ -48,6 +48,34 @@ def test_malformed_hostfiles_are_refused_with_the_entry_named(tmp_path, entries,
     assert says in str(e.value)
 
 
+def test_mlx_distributed_configs_hostfile_is_taken_as_mlx_writes_it(tmp_path):
+    from mlx._distributed_utils.common import Host, Hostfile
+
+    from mlx_ring.planning.entries import read_hostfile
+
+    # What `mlx.distributed_config --backend ring --output-hostfile` writes (its configure_ring does this).
+    written = Hostfile([Host(0, "mac-a", ["192.168.0.5"], []), Host(1, "mac-b", ["192.168.0.2"], [])], "ring",
+                       ["MLX_METAL_FAST_SYNCH=1"])
+    (tmp_path / "mlx.json").write_text(json.dumps(written.to_json(), indent=4))
+    hosts = load_hosts(tmp_path / "mlx.json", 5000, lambda n: n)
+    assert [(h.ssh, h.address, h.port) for h in hosts] == [("mac-a", "192.168.0.5", 5000), ("mac-b", "192.168.0.2", 5001)]
+    assert read_hostfile(tmp_path / "mlx.json")[1] == ["MLX_METAL_FAST_SYNCH=1"]  # every rank gets them
+    assert read_hostfile(tmp_path / "mlx.json")[0] == written.to_json()["hosts"]
+
+
+@pytest.mark.parametrize("hostfile, says", [
+    ({"backend": "jaccl", "envs": [], "hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}]},
+     "is for MLX's 'jaccl' backend, but this ring runs MLX's ring backend"),
+    ({"envs": ["NOEQUALS"], "hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}]}, '"envs" must be a list of "NAME=value"'),
+    ({"hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}], "env": ["A=1"]}, "unknown key(s) env; MLX's hostfile has"),
+    ({"backend": "ring", "hosts": []}, "must be a non-empty JSON list"),
+])
+def test_an_mlx_hostfile_that_cannot_serve_is_refused(tmp_path, hostfile, says):
+    with pytest.raises(ValueError) as e:
+        hosts_from(tmp_path, hostfile)
+    assert says in str(e.value)
+
+
 def test_unresolvable_name_is_refused(tmp_path):
     entries = [{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-c", "ips": ["mac-c.invalid"]}]  # .invalid never resolves
     with pytest.raises(ValueError, match=r"entry 1 \(mac-c\): cannot resolve 'mac-c.invalid' \(.*\); put its IP address"):
@@ -247,3 +275,20 @@ def test_a_stale_rank_of_an_earlier_ring_is_killed_before_a_new_one_starts(tmp_p
     finally:
         stale.kill()
         other.kill()
+
+
+def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
+    from types import SimpleNamespace
+
+    from mlx_ring.hosts import up
+
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "MAX_QUEUE=9"],
+                                "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}))
+    cfg = SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None)
+    opts = up.Launch(32323, "", None, True, "", {"MAX_QUEUE": "64"})
+    ring = up.Preflight(cfg, opts, load_hosts(path, 32323, lambda n: n), tmp_path / "ssh_config", {}, [],
+                        plan=SimpleNamespace(strategy="memory", sizes=[30]), manifest={"id": "m"})
+    up.launch_args(ring, tmp_path / "out")
+    env = (tmp_path / "out" / "env").read_text().splitlines()
+    assert "MLX_METAL_FAST_SYNCH=1" in env and "MAX_QUEUE=64" in env and "MAX_QUEUE=9" not in env

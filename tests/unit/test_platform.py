@@ -64,6 +64,16 @@ def test_ifconfig_gives_each_interface_its_ipv4_addresses(ifconfig, pairs):
     assert platform.parse_ifconfig(rec(ifconfig)) == pairs
 
 
+def test_ifconfig_gives_each_address_its_subnet():
+    # macOS prints the mask in hex (`netmask 0xffffff00`): what the Thunderbolt subnets must not overlap.
+    ifs = platform.parse_ifconfig_interfaces(rec("ifconfig_lo0_alias.txt"))
+    assert ifs["lo0"].networks == ["127.0.0.0/8", "10.0.0.0/8"] and ifs["en0"].networks == ["172.16.42.0/24"]
+    assert platform.parse_ifconfig_interfaces(rec("ifconfig_v_link_local.txt"))["en1"].networks == ["169.254.0.0/16"]
+    linux = "eth0      Link encap:Ethernet\n          inet addr:192.168.2.106  Bcast:192.168.2.255  Mask:255.255.255.0\n"
+    assert platform.parse_ifconfig_interfaces(linux)["eth0"].networks == ["192.168.2.0/24"]
+    assert platform.parse_ifconfig_interfaces("wg0: flags=8051<UP>\n\tinet 10.9.0.2\n")["wg0"].networks == ["10.9.0.2/32"]
+
+
 def test_self_assigned_addresses_are_told_apart():
     assert platform.link_local("169.254.243.94") and not platform.link_local("10.25.0.1")
     assert platform.parse_ifconfig("eth0      Link encap:Ethernet\n          inet addr:192.168.2.106  Bcast:192.168.2.255\n") \

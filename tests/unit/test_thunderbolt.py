@@ -18,11 +18,12 @@ TWO = {"127.0.0.1": "two-macs/mbp", "studio.local": "two-macs/studio"}
 THREE = {"127.0.0.1": "three-macs/mini-a", "mini-b.local": "three-macs/mini-b", "mini-c.local": "three-macs/mini-c"}
 
 
-def facts(host: str, stem: str, ifconfig: str = "ifconfig", system: str = "Darwin") -> tb.MacFacts:
-    """`stem`'s recordings as the facts script prints them on that Mac."""
+def facts(host: str, stem: str, ifconfig: str = "ifconfig", system: str = "Darwin", services: str = "services",
+          edit=lambda text: text) -> tb.MacFacts:
+    """`stem`'s recordings as the facts script prints them on that Mac (`edit`: a change to its ifconfig)."""
     read = lambda suffix: (DATA / f"{stem}.{suffix}").read_text()
     out = (f"system={system}\n--- thunderbolt\n{read('system_profiler.json')}--- ports\n{read('networksetup.txt')}"
-           f"--- ifconfig\n{read(ifconfig + '.txt')}")
+           f"--- services\n{read(services + '.txt')}--- ifconfig\n{edit(read(ifconfig + '.txt'))}")
     return tb.parse_facts(host, out)
 
 
@@ -42,11 +43,16 @@ def test_two_macs_one_cable_gets_one_subnet():
     entries = entries_for(TWO)
     p = tb.propose(entries, [facts(n, s) for n, s in TWO.items()])
     # The MacBook's cabled receptacle 1 is "Thunderbolt 1" (en1); the Studio's receptacle 2 is en3.
+    # Each cabled port gets a service of its own with a static address: saved settings, kept across
+    # restarts; the bridge service goes off, and bridge0 down for now.
     assert p.commands == {
-        "127.0.0.1": ["sudo ifconfig bridge0 down", "sudo ifconfig en1 inet 192.168.0.1 netmask 255.255.255.252",
-                      "sudo route change 192.168.0.2 -interface en1"],
-        "studio.local": ["sudo ifconfig bridge0 down", "sudo ifconfig en3 inet 192.168.0.2 netmask 255.255.255.252",
-                         "sudo route change 192.168.0.1 -interface en3"]}
+        "127.0.0.1": ["networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off", "ifconfig bridge0 down",
+                      "networksetup -createnetworkservice 'mlx-ring Thunderbolt 1' 'Thunderbolt 1'",
+                      "networksetup -setmanual 'mlx-ring Thunderbolt 1' 192.168.0.1 255.255.255.252"],
+        "studio.local": ["networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off", "ifconfig bridge0 down",
+                         "networksetup -createnetworkservice 'mlx-ring Thunderbolt 2' 'Thunderbolt 2'",
+                         "networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.2 255.255.255.252"]}
+    assert p.addresses == {"127.0.0.1": [("en1", "192.168.0.1")], "studio.local": [("en3", "192.168.0.2")]}
     assert p.entries == [{"ssh": "127.0.0.1", "ips": ["192.168.0.1"], "memory_gb": 16},
                          {"ssh": "studio.local", "ips": ["192.168.0.2"], "memory_gb": 17}]
     assert p.cables == [("127.0.0.1", "en1", "studio.local", "en3")]
@@ -55,11 +61,9 @@ def test_two_macs_one_cable_gets_one_subnet():
 def test_three_macs_in_a_triangle_keep_hosts_json_order():
     p = tb.propose(entries_for(THREE), [facts(n, s) for n, s in THREE.items()])
     # a.r1-b.r2, b.r1-c.r2, c.r1-a.r2 (en2 = receptacle 1, en3 = 2): MLX numbers cables in port order.
-    assert p.commands["127.0.0.1"] == ["sudo ifconfig bridge0 down",
-                                       "sudo ifconfig en2 inet 192.168.0.1 netmask 255.255.255.252",
-                                       "sudo route change 192.168.0.2 -interface en2",
-                                       "sudo ifconfig en3 inet 192.168.0.5 netmask 255.255.255.252",
-                                       "sudo route change 192.168.0.6 -interface en3"]
+    assert p.addresses["127.0.0.1"] == [("en2", "192.168.0.1"), ("en3", "192.168.0.5")]
+    assert p.commands["127.0.0.1"][-2:] == ["networksetup -createnetworkservice 'mlx-ring Thunderbolt 2' 'Thunderbolt 2'",
+                                            "networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.5 255.255.255.252"]
     # Each rank's address is its end of the cable from the rank before it: mini-c reaches rank 0 at .5.
     assert [(e["ssh"], e["ips"]) for e in p.entries] == [
         ("127.0.0.1", ["192.168.0.5"]), ("mini-b.local", ["192.168.0.2"]), ("mini-c.local", ["192.168.0.10"])]
@@ -96,8 +100,9 @@ def test_commands_and_hostfile_are_what_mlx_configure_ring_produces(macs, tmp_pa
     cfg.configure_ring(Namespace(verbose=False, auto_setup=False, output_hostfile=str(out), env=[]), hosts,
                        cfg.IPConfigurator(hosts, tb_hosts, index), ring, [cfg.SSHInfo(True, False)] * len(macs))
     printed = capsys.readouterr().out
-    for name, cmds in p.commands.items():
-        assert f"Setup for {name}\n{'=' * len(f'Setup for {name}')}\n" + "\n".join(cmds) + "\n" in printed
+    for name, pairs in p.addresses.items():  # the same address on the same port as MLX's ifconfig lines
+        mlx = printed.split(f"Setup for {name}\n")[1].split("\n\n")[0]
+        assert [tuple(line.split()[2:5:2]) for line in mlx.splitlines() if " inet " in line] == pairs
     mlx_hosts = json.loads(out.read_text())["hosts"]
     assert [(h["ssh"], h["ips"]) for h in mlx_hosts] == [(e["ssh"], e["ips"]) for e in p.entries]
 
@@ -106,8 +111,9 @@ def test_printed_proposal_holds_the_commands_and_the_hosts_json_it_writes():
     p = tb.propose(entries_for(THREE), [facts(n, s) for n, s in THREE.items()])
     text = tb.format_proposal(p)
     assert text.startswith("Thunderbolt ring (rank order): 127.0.0.1 -> mini-b.local -> mini-c.local -> 127.0.0.1\n")
-    assert "# on this Mac (an administrator's sudo; lasts until it restarts):\nsudo ifconfig bridge0 down\n" in text
-    assert "# on mini-c.local" in text and "sudo ifconfig en3 inet 192.168.0.10 netmask 255.255.255.252" in text
+    assert ("# on this Mac (an administrator's sudo; lasts across restarts):\n"
+            "sudo networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off\n") in text
+    assert "# on mini-c.local" in text and "sudo networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.10 255.255.255.252" in text
     written = tb.format_hostfile(p.entries)
     assert text.endswith(written.rstrip())
     assert json.loads(written) == p.entries
@@ -192,7 +198,8 @@ def test_the_facts_script_reads_a_mac_through_its_commands(tmp_path, monkeypatch
     # No Mac here: the macOS commands the script runs print the recordings (uname says Darwin).
     stem = DATA / THREE["mini-b.local"]
     shims = {"uname": "echo Darwin", "system_profiler": f"cat '{stem}.system_profiler.json'",
-             "networksetup": f"cat '{stem}.networksetup.txt'", "ifconfig": f"cat '{stem}.ifconfig.txt'"}
+             "networksetup": f"case $1 in -listallhardwareports) cat '{stem}.networksetup.txt';; "
+                             f"-listnetworkserviceorder) cat '{stem}.services.txt';; *) exit 1;; esac", "ifconfig": f"cat '{stem}.ifconfig.txt'"}
     for name, body in shims.items():
         (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / name).chmod(0o755)
