@@ -16,7 +16,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hosts.hostfile import load_entries
 from mlx_ring.launcher.settings import LaunchSettings
-from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, write_state
+from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
 
 log = logging.getLogger("launcher")
 
@@ -77,10 +77,8 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
         write_state(s.state_file, "waiting", hosts=hosts, why=why)
         with StandIn(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
             conf = s.log_dir / "ssh_config"
-            while not stopping.is_set() and not all(reachable(conf, h) for h in hosts):
-                if s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after:
-                    break
-                stopping.wait(POLL_S)
+            wait_for(conf, hosts, why, stopping,
+                     lambda: s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after)
         if stopping.is_set():
             return False
         if s.failover_after and not tried_failover and not all(reachable(conf, h) for h in hosts):
