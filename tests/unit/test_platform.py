@@ -249,6 +249,31 @@ def test_facts_script_on_a_mac_replaying_its_commands(shell, tmp_path):
     assert f.power["autorestart"] == "0" and f.power["sleep"] == "1"
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_facts_script_asks_a_macs_firewall_about_the_environments_python(shell, tmp_path):
+    # socketfilterfw answers as recorded, from a folder of its own (the script's path to it, replaced);
+    # the environment's python reports the real binary behind it, as the real one does.
+    py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
+    shims, fw = tmp_path / "bin", tmp_path / "socketfilterfw"
+    shims.mkdir()
+    (shims / "uname").write_text('#!/bin/sh\ncase "$1" in -s) echo Darwin;; *) echo arm64;; esac\n')
+    fw.write_text(f'#!/bin/sh\ncase "$1" in\n  --getglobalstate) cat "{MAC}/firewall_enabled.txt";;\n'
+                  f'  --getblockall) cat "{MAC}/firewall_blockall_disabled.txt";;\n'
+                  f'  --getstealthmode) cat "{MAC}/firewall_stealth_off.txt";;\n'
+                  f'  --getappblocked) [ "$2" = "{py}" ] && cat "{MAC}/appblocked_not_listed.txt";;\nesac\n')
+    (tmp_path / "launch.sh").write_text("")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\necho python={py}\necho versions=0.32.4 0.32.2\n")
+    for f in (shims / "uname", fw, tmp_path / ".venv" / "bin" / "python"):
+        f.chmod(0o755)
+    script = SCRIPT.replace("/usr/libexec/ApplicationFirewall/socketfilterfw", str(fw))
+    p = subprocess.run([shell, "-c", script, "sh", str(tmp_path), str(tmp_path / "cache")], input="", text=True,
+                       capture_output=True, env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}, timeout=60)
+    f = parse("mac-b", p.stdout)
+    assert f.python == py and f.fw == platform.Firewall(True, False, False, False), p.stdout
+    assert "does not let" in platform.firewall_blocks(f.fw, f.python)
+
+
 def test_facts_parse_every_section():
     out = (f"hostname=mac-b\nsystem=Darwin arm64\nmemsize<<\n{rec('hw_memsize_16gb.txt')}>>\n"
            f"vm_stat<<\n{rec('vm_stat_intel.txt')}>>\nifconfig<<\n{rec('ifconfig_v_link_local.txt')}>>\n"
