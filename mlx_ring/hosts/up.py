@@ -141,27 +141,36 @@ def warnings(ring: Preflight) -> list[str]:
     return out
 
 
-def compare(ring: Preflight, sums: dict[str, str], found: list[str]) -> None:
-    """Into `found`, where a remote host's code or environment differs from this machine's."""
+def compare(ring: Preflight, sums: dict[str, str], found: list[str], setup: bool = False) -> None:
+    """Into `found`, where a remote host's code or environment differs from this machine's: as a
+    problem, or (`setup`: a check before a start that provisions) as what `./launch.sh start` does there."""
     mine = " ".join(versions().values())
-    for name, f in ring.facts.items():
+    for name, f in sorted(ring.facts.items()):
         if name == "127.0.0.1":
             continue
+        uv = "" if f.uv else "install uv, "
         if not f.checkout:
-            found.append(f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
-                                 "(unless PROVISION=0), or clone it there at the same path")
+            problem = (f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
+                       "(unless PROVISION=0), or clone it there at the same path")
+            todo = f"copy the project to {ROOT}, {uv}install its environment (uv's Python and the locked packages)"
         elif not f.versions:
-            found.append(f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
-                                 "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
+            problem = (f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
+                       "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
+            todo = f"{uv}install its environment in {ROOT}/.venv (uv's Python and the locked packages)"
         elif f.versions != mine:
-            found.append(f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
-                                 "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+            problem = (f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
+                       "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+            todo = f"sync its environment to uv.lock (mlx, mlx-lm {f.versions} there, {mine} here)"
         else:
             differ = sorted(k for k, v in sums.items() if f.sums.get(k) != v)
-            if differ:
-                found.append(f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
-                                     f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
-                                     "or update it there")
+            if not differ:
+                continue
+            problem = (f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
+                       f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
+                       "or update it there")
+            todo = f"update {len(differ)} file(s) of its copy of the project ({', '.join(differ[:3])})"
+        found.append(f"{name}: `./launch.sh start` will {todo}, then send it the weights of its slice that it lacks"
+                     if setup else problem)
 
 
 def plan(ring: Preflight) -> None:
@@ -307,7 +316,8 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
         log.warning("warning: %s", warning)
     if not ring.problems:
         # Before the first start, hosts without the project are what `start` sets up: not a problem to `check`.
-        compare(ring, sums, ring.pending if a.command == "check" and opts.provision else ring.problems)
+        setup = a.command == "check" and opts.provision
+        compare(ring, sums, ring.pending if setup else ring.problems, setup)
     if not ring.problems and not ring.pending:
         from mlx_ring.models.source import resolve_model
 

@@ -272,7 +272,8 @@ def test_check_before_the_first_start_says_what_start_will_set_up(hosts, tmp_pat
     r = ring.sh("check")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "not set up yet (`./launch.sh start` does this first" in r.stdout, r.stdout
-    assert f"{c.name} has no copy of the project at {ROOT}" in r.stdout and "problem" not in r.stdout
+    assert f"{c.name}: `./launch.sh start` will copy the project to {ROOT}, install uv, install its environment" in r.stdout
+    assert "problem" not in r.stdout
     assert "host(s) not set up yet, which `./launch.sh start` sets up" in r.stderr, r.stderr[-2000:]
     # Still checked before anything is set up: ssh, and each ring address.
     ring.write([a.entry(), {"ssh": c.name, "ips": [b.address]}])
