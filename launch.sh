@@ -30,6 +30,9 @@ if ! find_uv; then
   [ -x "$UV" ] || { echo "could not install uv; install it as https://docs.astral.sh/uv/getting-started/installation/ says (on a Mac: brew install uv), then run this again" >&2; exit 1; }
 fi
 export UV
+# A stock Mac's /usr/bin/python3 is a stub that opens the "install developer tools" dialog when run, and uv
+# runs every python3 on PATH to learn its version unless told to use only its own Pythons (as it installs).
+[ "$(uname -s)" = Darwin ] && : "${UV_PYTHON_PREFERENCE:=only-managed}" && export UV_PYTHON_PREFERENCE
 
 # The runtime environment; the launcher adds what a command needs (tests, CUDA) itself.
 [ -x .venv/bin/python ] || "$UV" sync --frozen --quiet --no-dev --offline 2>/dev/null || "$UV" sync --frozen --quiet --no-dev

@@ -1,6 +1,6 @@
 """What the launcher needs to know about a host before it starts a rank there, read by one small
 POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses, memory,
-the macOS firewall, whether the checkout and its environment exist, their versions, and which weight
+the macOS firewall and power settings, whether the checkout and its environment exist, their versions, and which weight
 pieces it holds. The script prints the system's own commands' output raw; mlx_ring.platform parses it."""
 
 from dataclasses import dataclass, field
@@ -20,8 +20,13 @@ if [ "$(uname -s)" = Darwin ]; then
   echo "memsize<<"; sysctl -n hw.memsize 2>/dev/null; echo ">>"
   echo "vm_stat<<"; vm_stat 2>/dev/null; echo ">>"
   echo "ifconfig<<"; ifconfig 2>/dev/null; echo ">>"
+  echo "pmset<<"; pmset -g 2>/dev/null; echo ">>"
   fw=/usr/libexec/ApplicationFirewall/socketfilterfw
-  if [ -x "$fw" ]; then echo "firewall<<"; "$fw" --getglobalstate 2>/dev/null; echo ">>"; fi
+  if [ -x "$fw" ]; then
+    echo "firewall<<"; "$fw" --getglobalstate 2>/dev/null; echo ">>"
+    echo "blockall<<"; "$fw" --getblockall 2>/dev/null; echo ">>"
+    echo "stealth<<"; "$fw" --getstealthmode 2>/dev/null; echo ">>"
+  fi
 else
   if [ -r /proc/meminfo ]; then echo "meminfo<<"; cat /proc/meminfo; echo ">>"; fi
   if command -v ip >/dev/null 2>&1; then
@@ -37,8 +42,11 @@ if [ -f "$root/launch.sh" ]; then
   echo "checkout=yes"
   if [ -x "$root/.venv/bin/python" ]; then
     # The real binary behind the environment's python: what a Mac's firewall must be told to allow.
-    "$root/.venv/bin/python" -c 'import importlib.metadata as m, os, sys
-print("python=" + os.path.realpath(sys.executable)); print("versions=%s %s" % (m.version("mlx"), m.version("mlx-lm")))' 2>/dev/null
+    info=$("$root/.venv/bin/python" -c 'import importlib.metadata as m, os, sys
+print("python=" + os.path.realpath(sys.executable)); print("versions=%s %s" % (m.version("mlx"), m.version("mlx-lm")))' 2>/dev/null)
+    echo "$info"
+    py=$(echo "$info" | sed -n 's/^python=//p')
+    if [ -n "$py" ] && [ -x "${fw:-}" ]; then echo "appblocked<<"; "$fw" --getappblocked "$py" 2>/dev/null; echo ">>"; fi
   fi
   echo "sums<<"
   cd "$root" && tr '\n' '\0' | xargs -0 sh -c 'for f; do [ -f "$f" ] && echo "$f"; done' sh | tr '\n' '\0' | xargs -0 sh -c '(sha256sum "$@" 2>/dev/null || shasum -a 256 "$@")' sh
@@ -61,6 +69,8 @@ class Facts:
     addresses: tuple[str, ...] = ()  # every IPv4 address it holds, sorted
     interfaces: dict = field(default_factory=dict)  # interface name -> platform.Interface (IPv4 addresses, UP, members)
     firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
+    fw: platform.Firewall = field(default_factory=platform.Firewall)  # its settings, as far as it said
+    power: dict = field(default_factory=dict)  # macOS `pmset -g` settings by name; empty elsewhere
     uv: str = ""
     openblas: bool = False
     checkout: bool = False
@@ -110,6 +120,10 @@ def parse(host: str, out: str) -> Facts:
         f.interfaces = platform.parse_ifconfig_interfaces(raw.get("ifconfig", ""))
     f.addresses = tuple(sorted({a for i in f.interfaces.values() for a in i.addresses}))
     f.firewall = platform.parse_firewall(raw["firewall"]) if "firewall" in raw else None
+    switch = {k: platform.parse_switch(raw[k]) if k in raw else None for k in ("blockall", "stealth")}
+    f.fw = platform.Firewall(f.firewall, switch["blockall"], switch["stealth"],
+                             platform.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None)
+    f.power = platform.parse_pmset(raw.get("pmset", ""))
     for line in plain:
         key, _, value = line.partition("=")
         if key == "hosted" and len(value.split()) == 2:

@@ -66,7 +66,8 @@ def explain(host: str, stderr: str, system: str | None = None, mac_version: str 
     if "connection refused" in low:
         todo = "is sshd running there? (on a Mac: System Settings > General > Sharing > Remote Login)"
     elif "timed out" in low or "no route" in low or "unreachable" in low:
-        todo = "is it on, and on this network? check the name or address"
+        todo = ("is it on, awake and on this network? (a Mac asleep answers no ssh: wake it, and keep it awake "
+                "with `sudo pmset -a sleep 0 womp 1 autorestart 1` there); check the name or address")
         hint = local_network_hint(system, mac_version) if "no route" in low else None
         if hint:
             todo += f"; or {hint}"

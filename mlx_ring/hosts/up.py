@@ -31,7 +31,7 @@ from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.platform import firewall_advice
+from mlx_ring.platform import firewall_advice, firewall_blocks, power_advice, stealth_note
 
 log = logging.getLogger("up")
 
@@ -58,6 +58,7 @@ class Preflight:
     problems: list[str]
     unreachable: list[str] = field(default_factory=list)  # ssh names that did not answer: they may come back
     unaddressed: dict = field(default_factory=dict)  # ssh name -> ring address it lost (Thunderbolt): it may come back
+    pending: list[str] = field(default_factory=list)  # check: what `start` sets up first (hosts not set up yet)
     plan: LayerPlan | None = None
     caps: list[Capabilities] | None = None
     model: Path | None = None
@@ -115,38 +116,73 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
     return ring
 
 
-def warnings(ring: Preflight) -> list[str]:
-    """What may stop the ring yet is not certain to: ring addresses that misroute on cabled Macs, and a
-    Mac's firewall, which drops the ring's connections unless it allows the environment's Python."""
-    out = hostfile_warnings(ring.hosts, {n: f.interfaces for n, f in ring.facts.items()})
+def where(name: str) -> str:
+    return "this machine" if name == "127.0.0.1" else name
+
+
+def spans_machines(ring: Preflight) -> bool:
+    """Whether ranks connect from one machine to another (a firewall lets loopback through)."""
+    return len({h.ssh for h in ring.hosts}) > 1
+
+
+def firewall_problems(ring: Preflight) -> None:
+    """A Mac's firewall that certainly drops the ring's connections is a problem: the ring would wait
+    out MLX's connect timeouts and restarts, then fail without saying why."""
+    if not spans_machines(ring):
+        return
     for name, f in sorted(ring.facts.items()):
-        advice = firewall_advice(f.firewall, f.python or ssh.env_python(ROOT))
-        if advice:
-            out.append(f"{'this machine' if name == '127.0.0.1' else name}: {advice}")
+        blocks = firewall_blocks(replace(f.fw, on=f.firewall), f.python or ssh.env_python(ROOT))
+        if blocks:
+            ring.problems.append(f"{where(name)}: {blocks}")
+
+
+def warnings(ring: Preflight) -> list[str]:
+    """What may stop the ring yet is not certain to: ring addresses that misroute on cabled Macs, a
+    Mac's firewall that may drop the ring's connections (its Python's own standing unknown), and a
+    Mac's power settings that let it sleep or stay off (a Mac asleep answers no ssh)."""
+    out = hostfile_warnings(ring.hosts, {n: f.interfaces for n, f in ring.facts.items()})
+    multi = spans_machines(ring)
+    for name, f in sorted(ring.facts.items()):
+        fw = replace(f.fw, on=f.firewall)
+        python = f.python or ssh.env_python(ROOT)
+        said = []
+        if multi and fw.app_allowed is None and not firewall_blocks(fw, python):
+            said.append(firewall_advice(fw.on, python))
+        said += [stealth_note(fw) if multi else None, power_advice(f.power)]
+        out += [f"{where(name)}: {x}" for x in said if x]
     return out
 
 
-def compare(ring: Preflight, sums: dict[str, str]) -> None:
-    """Problems where a remote host's code or environment differs from this machine's."""
+def compare(ring: Preflight, sums: dict[str, str], found: list[str], setup: bool = False) -> None:
+    """Into `found`, where a remote host's code or environment differs from this machine's: as a
+    problem, or (`setup`: a check before a start that provisions) as what `./launch.sh start` does there."""
     mine = " ".join(versions().values())
-    for name, f in ring.facts.items():
+    for name, f in sorted(ring.facts.items()):
         if name == "127.0.0.1":
             continue
+        uv = "" if f.uv else "install uv, "
         if not f.checkout:
-            ring.problems.append(f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
-                                 "(unless PROVISION=0), or clone it there at the same path")
+            problem = (f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
+                       "(unless PROVISION=0), or clone it there at the same path")
+            todo = f"copy the project to {ROOT}, {uv}install its environment (uv's Python and the locked packages)"
         elif not f.versions:
-            ring.problems.append(f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
-                                 "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
+            problem = (f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
+                       "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
+            todo = f"{uv}install its environment in {ROOT}/.venv (uv's Python and the locked packages)"
         elif f.versions != mine:
-            ring.problems.append(f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
-                                 "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+            problem = (f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
+                       "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+            todo = f"sync its environment to uv.lock (mlx, mlx-lm {f.versions} there, {mine} here)"
         else:
             differ = sorted(k for k, v in sums.items() if f.sums.get(k) != v)
-            if differ:
-                ring.problems.append(f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
-                                     f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
-                                     "or update it there")
+            if not differ:
+                continue
+            problem = (f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
+                       f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
+                       "or update it there")
+            todo = f"update {len(differ)} file(s) of its copy of the project ({', '.join(differ[:3])})"
+        found.append(f"{name}: `./launch.sh start` will {todo}, then send it the weights of its slice that it lacks"
+                     if setup else problem)
 
 
 def plan(ring: Preflight) -> None:
@@ -269,12 +305,15 @@ def check(ring: Preflight, as_json: bool) -> None:
 
     table = check_table(ring)
     text, hops, predicted = "", [], None
-    if not ring.problems:
+    if ring.pending:  # links and the plan are measured by each host's environment, which is not there yet
+        text = "\n".join(["not set up yet (`./launch.sh start` does this first, then measures the links and plans):",
+                          *(f"  {p}" for p in ring.pending)])
+    elif not ring.problems:
         text, hops = measure_links(ring)
         if ring.plan:
             predicted = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
     if as_json:
-        print(json.dumps({"problems": ring.problems, "links": hops, "plan": predicted}))
+        print(json.dumps({"problems": ring.problems, "pending": ring.pending, "links": hops, "plan": predicted}))
     else:
         print("\n".join(x for x in (table, text, predicted and format_summary(predicted)) if x))
 
@@ -283,14 +322,17 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
     files = runtime_files(ROOT)
     sums = file_sums(ROOT, files)
     ring = gather(cfg, opts, files)
-    for warning in warnings(ring):
-        log.warning("warning: %s", warning)
     if a.command == "up" and opts.provision and not ring.problems:
         bring_up(ring, sums, f"{platform.system()} {platform.machine()}")
         ring.facts |= read_all(ring, files)
+    firewall_problems(ring)  # after provisioning: each host's environment Python is known
+    for warning in warnings(ring):
+        log.warning("warning: %s", warning)
     if not ring.problems:
-        compare(ring, sums)
-    if not ring.problems:
+        # Before the first start, hosts without the project are what `start` sets up: not a problem to `check`.
+        setup = a.command == "check" and opts.provision
+        compare(ring, sums, ring.pending if setup else ring.problems, setup)
+    if not ring.problems and not ring.pending:
         from mlx_ring.models.source import resolve_model
 
         ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
@@ -330,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     for problem in ring.problems:
         print(f"cannot start: {problem}", file=sys.stderr)
     if a.command == "check":
-        print("all hosts ready" if not ring.problems else f"{len(ring.problems)} problem(s)", file=sys.stderr)
+        print(f"{len(ring.problems)} problem(s)" if ring.problems else
+              f"no problem found; {len(ring.pending)} host(s) not set up yet, which `./launch.sh start` sets up"
+              if ring.pending else "all hosts ready", file=sys.stderr)
     return 2 if ring.problems else 0
 
 

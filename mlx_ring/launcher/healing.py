@@ -16,7 +16,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
-from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, write_state
+from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
 from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import parse_ifconfig
 
@@ -94,10 +94,9 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
         t0 = time.monotonic()
         write_state(s.state_file, "waiting", hosts=hosts, why=why)
         with StandIn(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
-            while not stopping.is_set() and not all(back(h) for h in hosts):
-                if s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after:
-                    break
-                stopping.wait(POLL_S)
+            wait_for(conf, hosts, why, stopping,
+                     lambda: s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after,
+                     back=back)
         if stopping.is_set():
             return False
         if s.failover_after and not tried_failover and not all(back(h) for h in hosts):

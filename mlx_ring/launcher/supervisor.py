@@ -19,7 +19,7 @@ from mlx_ring.hosts import ssh
 from mlx_ring.hosts.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
 from mlx_ring.launcher.settings import LaunchSettings
-from mlx_ring.launcher.waiting import read_state, write_state
+from mlx_ring.launcher.waiting import reachable, read_state, write_state
 from mlx_ring.ring.leftovers import sweep
 
 log = logging.getLogger("launcher")
@@ -91,12 +91,23 @@ def rank_hosts(s: LaunchSettings) -> list[str]:
         return []
 
 
-def why_left(rank: int, host: str, code: int | None) -> str:
-    """A sentence for the clients of a ring whose rank `rank` on `host` left, from mlx.launch's word."""
-    if code == 255:  # ssh's own failure: the keepalives went unanswered, or the connection was cut
+def why_left(rank: int, host: str, code: int | None, answers=lambda host: False, log_dir: str = "logs") -> str:
+    """A sentence for the clients of a ring whose rank `rank` on `host` left, from mlx.launch's word;
+    `answers(host)`: whether the host takes ssh now."""
+    # ssh exits 255 for its own failure (keepalives unanswered, connection cut), and also when the
+    # remote command died by a signal: a host that still answers tells the two apart.
+    if code == 255 and host != "127.0.0.1" and answers(host):
+        return (f"rank {rank} on {host} died (killed by a signal, or its ssh session was cut) while {host} still "
+                f"answers; see {log_dir}/rank{rank}.log on {host}; the ring restarts")
+    if code == 255:
         return (f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, asleep or "
                 "off the network); the ring restarts once it is back")
     return f"rank {rank} on {host} exited ({'killed' if code is None else f'code {code}'}); the ring restarts"
+
+
+def shown_log_dir(s: LaunchSettings) -> str:
+    """LOG_DIR as a user finds it on any host: relative to the project's folder when inside it."""
+    return str(s.log_dir.relative_to(ROOT)) if s.log_dir.is_relative_to(ROOT) else str(s.log_dir)
 
 
 def tell_rank0(s: LaunchSettings, reason: str) -> None:
@@ -140,7 +151,8 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
             for m in LEFT.finditer(text):
                 rank, code = int(m.group(1)), m.group(2) and int(m.group(2))
                 if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
-                    reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code)
+                    reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code,
+                                      lambda h: reachable(s.log_dir / "ssh_config", h), shown_log_dir(s))
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code

@@ -3,6 +3,7 @@ that `./launch.sh status` reads, and a stand-in on the API's port that answers e
 503 naming the host, since when and why (clients and load balancers see why, not a refused port)."""
 
 import json
+import logging
 import ssl
 import subprocess
 import threading
@@ -11,6 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 POLL_S = 3  # how often a host that went away is tried again: it serves again soon after it is back
+REMIND_S = 120  # how often the log says again what the supervisor still waits for
+
+log = logging.getLogger("launcher")
 
 
 def write_state(path: Path, state: str, **facts) -> dict:
@@ -49,6 +53,29 @@ def reachable(conf: Path, host: str, timeout: int = POLL_S) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return p.returncode == 0
+
+
+def still_waiting(hosts: list[str], waited_s: float, why: str) -> str:
+    """The log's reminder while a host stays away without a word: what the ring waits for, and what
+    brings a host back (a Mac asleep answers no ssh until something wakes it)."""
+    return (f"still waiting for {', '.join(hosts)} after {waited_s / 60:.0f} min ({why}); it answers no ssh: is it "
+            "off, asleep or off the network? Wake a sleeping Mac (a key, its power button), and keep it awake with "
+            "`sudo pmset -a sleep 0 womp 1 autorestart 1` there; the ring restarts by itself once it answers, "
+            "`./launch.sh stop` gives up")
+
+
+def wait_for(conf: Path, hosts: list[str], why: str, stopping: threading.Event, give_up=lambda: False,
+             remind_s: float = REMIND_S, poll_s: float = POLL_S, back=None) -> None:
+    """Until every one of `hosts` is back (takes ssh, or `back(host)` says so), `stopping` is set or
+    `give_up()` says so, trying every `poll_s`; every `remind_s` the log says again what it waits for
+    (a supervisor in the background must not wait in silence)."""
+    back = back or (lambda h: reachable(conf, h))
+    t0 = last = time.monotonic()
+    while not stopping.is_set() and not all(back(h) for h in hosts) and not give_up():
+        if time.monotonic() - last >= remind_s:
+            last = time.monotonic()
+            log.info("%s", still_waiting(hosts, last - t0, why))
+        stopping.wait(poll_s)
 
 
 class StandIn:

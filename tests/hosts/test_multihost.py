@@ -181,7 +181,7 @@ def test_failures_a_user_hits_are_one_sentence_naming_the_host(hosts, tmp_path):
     hosts.start_sshd(c)
 
     said = failure(hosts, tmp_path / "off", [a.entry(), {"ssh": "ringhost-off", "ips": [f"{hosts.net}.99"]}])
-    assert "cannot reach ringhost-off over ssh" in said and "is it on, and on this network" in said
+    assert "cannot reach ringhost-off over ssh" in said and "is it on, awake and on this network" in said
 
     said = failure(hosts, tmp_path / "address", [a.entry(), {"ssh": b.name, "ips": [c.address]}])
     assert f"{b.name} (rank 1) does not own ring address {c.address}" in said and b.address in said
@@ -239,3 +239,47 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     assert "(replaced there: " in line and "shard.py" in line.partition("(replaced there: ")[2], r.stderr[-3000:]
     assert ring.sh("stop").returncode == 0
     assert "# edited" not in hosts.ssh(c, f"tail -n 1 {ROOT}/shard.py").stdout
+
+
+def test_a_rank_that_dies_by_a_signal_is_told_apart_from_a_host_gone(hosts, tmp_path):
+    import subprocess
+
+    from mlx_ring.hosts import ssh
+    from mlx_ring.launcher.supervisor import why_left
+    from mlx_ring.launcher.waiting import reachable
+
+    a = hosts.hosts[0]
+    conf = ssh.write_config(tmp_path / "ssh_config", str(hosts.ssh_config))
+    # ssh's exit code when the command it ran died by a signal: the code mlx.launch reports for the rank.
+    died = subprocess.run(ssh.argv(conf, a.name, "kill -9 $$"), capture_output=True, timeout=60)
+    assert died.returncode == 255, died.stderr
+
+    def answers(host):
+        return reachable(conf, host)
+
+    said = why_left(1, a.name, 255, answers)
+    assert said.startswith(f"rank 1 on {a.name} died") and f"see logs/rank1.log on {a.name}" in said, said
+    said = why_left(1, "ringhost-off", 255, answers)  # ssh's own failure: the host answers nothing
+    assert "stopped answering" in said and "off, asleep or off the network" in said, said
+
+
+def test_check_before_the_first_start_says_what_start_will_set_up(hosts, tmp_path):
+    a, b, c = hosts.hosts
+    hosts.wipe(c)  # a new machine (last in this file: later tests would have to provision it again)
+    hosts.start_sshd(c)
+    ring = Ring(tmp_path, hosts)
+    ring.write([a.entry(), c.entry()])
+    r = ring.sh("check")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "not set up yet (`./launch.sh start` does this first" in r.stdout, r.stdout
+    assert f"{c.name}: `./launch.sh start` will copy the project to {ROOT}, install uv, install its environment" in r.stdout
+    assert "problem" not in r.stdout
+    assert "host(s) not set up yet, which `./launch.sh start` sets up" in r.stderr, r.stderr[-2000:]
+    # Still checked before anything is set up: ssh, and each ring address.
+    ring.write([a.entry(), {"ssh": c.name, "ips": [b.address]}])
+    r = ring.sh("check")
+    assert r.returncode == 2 and f"{c.name} (rank 1) does not own ring address {b.address}" in r.stderr, r.stderr[-2000:]
+    ring.write([a.entry(), {"ssh": "ringhost-off", "ips": [f"{hosts.net}.99"]}])
+    r = ring.sh("check")
+    assert r.returncode == 2 and "cannot reach ringhost-off over ssh" in r.stderr, r.stderr[-2000:]
+    nothing_left(hosts)

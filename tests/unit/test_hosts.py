@@ -84,7 +84,7 @@ def test_unresolvable_name_is_refused(tmp_path):
 
 @pytest.mark.parametrize("stderr, says", [
     ("ssh: connect to host 10.0.0.9 port 22: Connection refused", "Remote Login"),
-    ("ssh: connect to host 10.0.0.9 port 22: Connection timed out", "is it on, and on this network"),
+    ("ssh: connect to host 10.0.0.9 port 22: Connection timed out", "is it on, awake and on this network? (a Mac asleep"),
     ("root@10.0.0.9: Permission denied (publickey).", "ssh-copy-id mac-b"),
     ("ssh: Could not resolve hostname mac-b: Name or service not known", "use its IP address"),
 ])
@@ -204,6 +204,34 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
         "--add /Users/Shared/py/bin/python3.11 --unblockapp /Users/Shared/py/bin/python3.11" in said[1]
 
 
+def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned_of(tmp_path):
+    from mlx_ring.hosts.facts import Facts
+    from mlx_ring.hosts.up import Preflight, firewall_problems, warnings
+    from mlx_ring.platform import Firewall, parse_pmset
+
+    mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
+    py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
+    blocked = Facts("mini-2.local", system="Darwin arm64", firewall=True, python=py, fw=Firewall(True, False, False, False),
+                    power=parse_pmset(open(os.path.join(mac_dir, "pmset_g_desktop.txt")).read()))
+    here = Facts("127.0.0.1", system="Darwin arm64", firewall=True, python=py, fw=Firewall(True, False, True, True))
+    entries = [{"ssh": "127.0.0.1", "ips": ["192.168.1.10"]}, {"ssh": "mini-2.local", "ips": ["192.168.1.11"]}]
+    ring = Preflight(None, None, hosts_from(tmp_path, entries), None, {"127.0.0.1": here, "mini-2.local": blocked}, [])
+    firewall_problems(ring)
+    assert len(ring.problems) == 1 and ring.problems[0].startswith("mini-2.local: the macOS Application Firewall does "
+                                                                   f"not let {py} accept incoming connections")
+    assert f"--add {py} --unblockapp {py}" in ring.problems[0]
+    said = warnings(ring)  # the refusal is not repeated as a warning; stealth mode and sleep are warned of
+    assert not any("does not let" in w for w in said)
+    assert any(w.startswith("this machine: the macOS Application Firewall is in stealth mode") for w in said)
+    assert any(w.startswith("mini-2.local: it goes to sleep after 1 idle minute(s)") and "sudo pmset -a sleep 0" in w
+               for w in said), said
+    # One machine: the ranks talk over loopback, which the firewall lets through.
+    alone = Preflight(None, None, hosts_from(tmp_path, [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2), None,
+                      {"127.0.0.1": Facts("127.0.0.1", firewall=True, python=py, fw=Firewall(True, True, True, False))}, [])
+    firewall_problems(alone)
+    assert alone.problems == [] and warnings(alone) == []
+
+
 def test_a_rank_finds_its_own_slice_whatever_else_the_cache_holds(tmp_path):
     from mlx_ring.hosts.weights import MANIFEST, find_slice, slice_folder
 
@@ -292,3 +320,36 @@ def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
     up.launch_args(ring, tmp_path / "out")
     env = (tmp_path / "out" / "env").read_text().splitlines()
     assert "MLX_METAL_FAST_SYNCH=1" in env and "MAX_QUEUE=64" in env and "MAX_QUEUE=9" not in env
+
+
+def test_the_supervisor_says_again_what_it_waits_for_while_a_host_stays_away(tmp_path, caplog):
+    import logging
+    import threading
+    import time
+
+    from ringutil import free_port
+
+    from mlx_ring.launcher.waiting import wait_for
+
+    # A host whose ssh port refuses at once: real ssh, tried again and again.
+    user = tmp_path / "user_config"
+    user.write_text(f"Host mini-away\n  HostName 127.0.0.1\n  Port {free_port()}\n")
+    conf = ssh.write_config(tmp_path / "ssh_config", str(user))
+    stopping = threading.Event()
+    why = "cannot reach mini-away over ssh (Connection refused)"
+    waiter = threading.Thread(target=wait_for, args=(conf, ["mini-away"], why, stopping), daemon=True,
+                              kwargs={"remind_s": 0, "poll_s": 0.05})
+    with caplog.at_level(logging.INFO, logger="launcher"):
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while sum("still waiting for mini-away" in r.message for r in caplog.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiter.is_alive()  # it waits on while the host stays away
+        stopping.set()
+        waiter.join(30)
+    said = [r.message for r in caplog.records if "still waiting" in r.message]
+    assert len(said) >= 2 and why in said[0] and "asleep" in said[0] and "sudo pmset -a sleep 0" in said[0]
+    assert not waiter.is_alive()
+    gave_up = threading.Event()  # FAILOVER_AFTER: the caller's own reason to stop waiting
+    wait_for(conf, ["mini-away"], why, threading.Event(), give_up=lambda: gave_up.set() or True)
+    assert gave_up.is_set()

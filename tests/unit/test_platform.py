@@ -146,6 +146,53 @@ def test_firewall_advice_names_the_environment_python_only_when_on():
     assert platform.parse_firewall("Firewall settings cannot be modified from command line on managed Mac computers.") is None
 
 
+@pytest.mark.parametrize("recording, value", [
+    ("firewall_blockall_enabled.txt", True), ("firewall_blockall_disabled.txt", False),
+    ("firewall_stealth_on.txt", True), ("firewall_stealth_off.txt", False)])
+def test_firewall_switches(recording, value):
+    assert platform.parse_switch(rec(recording)) is value
+    assert platform.parse_switch("Firewall settings cannot be modified from command line on managed Mac computers.") is None
+
+
+@pytest.mark.parametrize("recording, allowed", [
+    ("appblocked_blocked.txt", False), ("appblocked_permitted.txt", True), ("appblocked_not_listed.txt", False),
+    ("appblocked_not_blocked_path.txt", True)])
+def test_firewall_standing_of_a_program(recording, allowed):
+    assert platform.parse_app_allowed(rec(recording)) is allowed
+    assert platform.parse_app_allowed("") is None and platform.parse_app_allowed("usage: socketfilterfw ...") is None
+
+
+def test_a_firewall_that_drops_the_ring_is_named_with_the_lines_that_let_it_in():
+    py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
+    allow = f"sudo /usr/libexec/ApplicationFirewall/socketfilterfw --add {py} --unblockapp {py}"
+    on = platform.parse_firewall(rec("firewall_enabled.txt"))
+    blocked = platform.Firewall(on, False, False, platform.parse_app_allowed(rec("appblocked_not_listed.txt")))
+    assert allow in platform.firewall_blocks(blocked, py) and "does not let" in platform.firewall_blocks(blocked, py)
+    all_in = platform.Firewall(on, platform.parse_switch(rec("firewall_blockall_enabled.txt")), False, True)
+    said = platform.firewall_blocks(all_in, py)
+    assert "blocks all incoming connections" in said and "--setblockall off" in said and allow in said
+    assert platform.firewall_blocks(platform.Firewall(on, False, False, True), py) is None  # allowed
+    assert platform.firewall_blocks(platform.Firewall(on, False, False, None), py) is None  # unknown: a warning
+    assert platform.firewall_blocks(platform.Firewall(False, True, True, False), py) is None  # off
+    assert "stealth mode" in platform.stealth_note(platform.Firewall(on, False, True, True))
+    assert platform.stealth_note(platform.Firewall(False, False, True, None)) is None
+
+
+def test_power_settings_that_take_a_mac_away_are_named_with_their_fix():
+    desktop = platform.parse_pmset(rec("pmset_g_desktop.txt"))
+    assert desktop["sleep"] == "1" and desktop["Sleep On Power Button"] == "1" and desktop["SleepDisabled"] == "0"
+    said = platform.power_advice(desktop)
+    assert "goes to sleep after 1 idle minute(s)" in said and "stays off after a power failure" in said
+    assert "sudo pmset -a sleep 0 autorestart 1" in said and "Prevent automatic sleeping when the display is off" in said
+    laptop = platform.parse_pmset(rec("pmset_g_macbook.txt"))
+    assert "autorestart" not in laptop and "sudo pmset -a sleep 0 (" in platform.power_advice(laptop)
+    womp = platform.parse_pmset(rec("pmset_g_womp_off.txt"))
+    assert womp["displaysleep"] == "10" and "sleep 0 womp 1 autorestart 1" in platform.power_advice(womp)
+    ready = dict(desktop, sleep="0", autorestart="1")
+    assert platform.power_advice(ready) is None and platform.power_advice({}) is None  # Linux: nothing read
+    assert platform.power_advice(dict(desktop, SleepDisabled="1", autorestart="1")) is None  # pmset disablesleep 1
+
+
 def test_no_route_on_macos_15_names_local_network_privacy():
     err = "ssh: connect to host 169.254.10.2 port 22: No route to host"
     text = ssh.explain("mac-b", err, system="Darwin", mac_version="15.1")
@@ -199,7 +246,8 @@ def test_facts_script_on_a_mac_replaying_its_commands(shell, tmp_path):
     shims.mkdir()
     answers = {"uname": 'case "$1" in -s) echo Darwin;; -m) echo arm64;; *) echo Darwin;; esac',
                "sysctl": f'cat "{MAC}/hw_memsize_16gb.txt"', "vm_stat": f'cat "{MAC}/vm_stat_apple_silicon.txt"',
-               "ifconfig": f'cat "{MAC}/ifconfig_apple_silicon_ports.txt" "{MAC}/ifconfig_mac_mini_bridge0.txt"'}
+               "ifconfig": f'cat "{MAC}/ifconfig_apple_silicon_ports.txt" "{MAC}/ifconfig_mac_mini_bridge0.txt"',
+               "pmset": f'cat "{MAC}/pmset_g_desktop.txt"'}
     for name, body in answers.items():
         (shims / name).write_text(f"#!/bin/sh\n{body}\n")
         (shims / name).chmod(0o755)
@@ -208,13 +256,42 @@ def test_facts_script_on_a_mac_replaying_its_commands(shell, tmp_path):
     assert (f.system, f.memory_gb, f.free_gb) == ("Darwin arm64", 16.0, (3857 + 443760 + 1075 + 17340) * 16384 / 2**30)
     assert {k: i.addresses for k, i in f.interfaces.items() if i.addresses} == {"lo0": ["127.0.0.1"], "bridge0": ["10.25.0.1"]} and f.addresses == ("10.25.0.1", "127.0.0.1")
     assert not f.checkout and f.firewall is None  # no socketfilterfw on this machine
+    assert f.power["autorestart"] == "0" and f.power["sleep"] == "1"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_facts_script_asks_a_macs_firewall_about_the_environments_python(shell, tmp_path):
+    # socketfilterfw answers as recorded, from a folder of its own (the script's path to it, replaced);
+    # the environment's python reports the real binary behind it, as the real one does.
+    py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
+    shims, fw = tmp_path / "bin", tmp_path / "socketfilterfw"
+    shims.mkdir()
+    (shims / "uname").write_text('#!/bin/sh\ncase "$1" in -s) echo Darwin;; *) echo arm64;; esac\n')
+    fw.write_text(f'#!/bin/sh\ncase "$1" in\n  --getglobalstate) cat "{MAC}/firewall_enabled.txt";;\n'
+                  f'  --getblockall) cat "{MAC}/firewall_blockall_disabled.txt";;\n'
+                  f'  --getstealthmode) cat "{MAC}/firewall_stealth_off.txt";;\n'
+                  f'  --getappblocked) [ "$2" = "{py}" ] && cat "{MAC}/appblocked_not_listed.txt";;\nesac\n')
+    (tmp_path / "launch.sh").write_text("")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text(f"#!/bin/sh\necho python={py}\necho versions=0.32.4 0.32.2\n")
+    for f in (shims / "uname", fw, tmp_path / ".venv" / "bin" / "python"):
+        f.chmod(0o755)
+    script = SCRIPT.replace("/usr/libexec/ApplicationFirewall/socketfilterfw", str(fw))
+    p = subprocess.run([shell, "-c", script, "sh", str(tmp_path), str(tmp_path / "cache")], input="", text=True,
+                       capture_output=True, env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}, timeout=60)
+    f = parse("mac-b", p.stdout)
+    assert f.python == py and f.fw == platform.Firewall(True, False, False, False), p.stdout
+    assert "does not let" in platform.firewall_blocks(f.fw, f.python)
 
 
 def test_facts_parse_every_section():
     out = (f"hostname=mac-b\nsystem=Darwin arm64\nmemsize<<\n{rec('hw_memsize_16gb.txt')}>>\n"
            f"vm_stat<<\n{rec('vm_stat_intel.txt')}>>\nifconfig<<\n{rec('ifconfig_v_link_local.txt')}>>\n"
-           f"firewall<<\n{rec('firewall_enabled.txt')}>>\nuv=/Users/me/.local/bin/uv\n")
+           f"firewall<<\n{rec('firewall_enabled.txt')}>>\nblockall<<\n{rec('firewall_blockall_disabled.txt')}>>\n"
+           f"stealth<<\n{rec('firewall_stealth_on.txt')}>>\nappblocked<<\n{rec('appblocked_blocked.txt')}>>\n"
+           f"pmset<<\n{rec('pmset_g_macbook.txt')}>>\nuv=/Users/me/.local/bin/uv\n")
     f = parse("mac-b", out)
+    assert f.fw == platform.Firewall(True, False, True, False) and f.power["lidwake"] == "1"
     assert f.memory_gb == 16.0 and {k: i.addresses for k, i in f.interfaces.items() if i.addresses} == {
         "lo0": ["127.0.0.1"], "en1": ["169.254.243.94"]}
     assert f.firewall is True and f.uv == "/Users/me/.local/bin/uv"

@@ -110,3 +110,39 @@ def test_uv_installed_with_pip_where_its_user_base_says(tmp_path):
                        env={"PATH": path, "HOME": str(home), "PYTHONUSERBASE": str(base), "PIP_NO_INPUT": "1"})
     assert p.returncode == 0 and "installing uv" in p.stderr and p.stdout.startswith("usage:"), p.stdout + p.stderr
     assert (base / "bin/uv").exists() and not (home / ".local/bin/uv").exists()
+
+
+def test_uv_uses_only_its_own_pythons_on_a_mac(tmp_path):
+    """On a Mac, launch.sh tells uv to use only the Pythons uv installs: otherwise uv runs every python3
+    on PATH to learn its version, and a stock Mac's /usr/bin/python3 is a stub that opens the "install
+    developer tools" dialog. Elsewhere uv keeps its default (an environment on the system's Python stays)."""
+    if not BASH_32.exists():
+        pytest.skip(f"no bash 3.2 at {BASH_32}")
+    uv = shutil.which("uv") or str(Path.home() / ".local/bin/uv")
+    if not Path(uv).exists():
+        pytest.skip("no uv on this machine")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "launch.sh", project)
+    # launch.sh's first `uv sync`, on a checkout without an environment: which preference does uv get?
+    fake_uv = (f"#!/bin/sh\necho \"${{UV_PYTHON_PREFERENCE:-default}}\" > '{tmp_path}/asked'\nmkdir -p .venv/bin\n"
+               "printf '#!/bin/sh\\nexit 0\\n' > .venv/bin/python\nchmod +x .venv/bin/python\n")
+    for system, asked in (("Darwin", "only-managed"), ("Linux", "default")):
+        shutil.rmtree(project / ".venv", ignore_errors=True)
+        stock = tmp_path / f"stock-{system}"
+        path = stock_path(stock, extra={"uname": f"#!/bin/sh\necho {system}\n", "uv": fake_uv})
+        p = subprocess.run([f"{stock}/sh", "launch.sh", "help"], cwd=project, env={"PATH": path, "HOME": str(tmp_path)},
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and (tmp_path / "asked").read_text().strip() == asked, p.stderr
+    # What the setting does, with the real uv: a stub python3 first on PATH (as a stock Mac's), no Python
+    # of uv's own and no downloads. By default uv runs the stub; with only-managed it never does.
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "pyproject.toml").write_text('[project]\nname = "app"\nversion = "0"\nrequires-python = ">=3.11"\n')
+    for preference, runs_stub in ((None, True), ("only-managed", False)):
+        stock = tmp_path / f"stubs-{preference}"
+        stock_path(stock)
+        env = {"PATH": f"{stock}:{os.environ['PATH']}", "HOME": str(tmp_path), "UV_PYTHON_DOWNLOADS": "never",
+               "UV_PYTHON_INSTALL_DIR": str(tmp_path / "no-pythons"), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+               **({"UV_PYTHON_PREFERENCE": preference} if preference else {})}
+        subprocess.run([uv, "sync", "--no-progress"], cwd=tmp_path / "app", env=env, capture_output=True, timeout=120)
+        assert ("python3" in stubs_called(stock)) is runs_stub, preference
