@@ -45,7 +45,7 @@ class Config:
     restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
     tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
     api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
-    receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
+    receive_apart: frozenset[str] | None = None  # RECEIVE_APART: steps whose payloads arrive before their stage (None: by device)
     max_body_bytes: int = 16 * 1024 * 1024  # MAX_BODY_BYTES: larger request bodies get a 413
     away: dict | None = None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
 

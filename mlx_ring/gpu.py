@@ -78,14 +78,20 @@ def wire_memory() -> None:
 
 # --- Apple Silicon's command-buffer watchdog --------------------------------------------------
 
-RECEIVE_APART = {"auto": None, "on": True, "1": True, "off": False, "0": False}
+# The forward steps whose payloads a rank receives apart, by RECEIVE_APART's value (auto: None,
+# every forward step on Metal and none elsewhere; `prefill` keeps decode payloads in the graph).
+APART_STEPS = frozenset({"PREFILL", "DECODE"})
+RECEIVE_APART = {"auto": None, "on": APART_STEPS, "1": APART_STEPS, "prefill": frozenset({"PREFILL"}),
+                 "off": frozenset(), "0": frozenset()}
 
 
-def receive_apart_setting(value: str | None = None) -> bool | None:
-    """RECEIVE_APART (`value`, else the environment): on, off, or auto (None: on where Metal runs)."""
+def receive_apart_setting(value: str | None = None) -> frozenset[str] | None:
+    """RECEIVE_APART (`value`, else the environment): the step kinds (names) whose payloads are received
+    apart: on (prefill and decode), prefill, off, or auto (None: every forward step where Metal runs)."""
     value = (os.environ.get("RECEIVE_APART") or "auto") if value is None else value
     if value.lower() not in RECEIVE_APART:
-        raise ValueError(f"RECEIVE_APART={value!r} must be auto (on where Metal runs), on or off")
+        raise ValueError(f"RECEIVE_APART={value!r} must be auto (prefill and decode apart where Metal runs), "
+                         "on, prefill (decode payloads stay in the graph) or off")
     return RECEIVE_APART[value.lower()]
 
 

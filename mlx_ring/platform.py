@@ -182,6 +182,21 @@ def ephemeral_ports() -> tuple[int, int]:
     return DEFAULT_EPHEMERAL
 
 
+def in_ephemeral(port: int, ephemeral: tuple[int, int]) -> bool:
+    """Whether the kernel may hand `port` to an outgoing connection (`ephemeral`: ephemeral_ports()).
+    Only such a ring port needs holding until MLX listens on it: macOS's range starts at 49152, far
+    above the ring's 32323+; Linux's at 32768 by default, and wherever a machine's sysctl puts it."""
+    return ephemeral[0] <= port <= ephemeral[1]
+
+
+def port_holders(port: int, system: str | None = None) -> str:
+    """The command that shows what listens on TCP `port`: macOS has no `ss`. `system`:
+    platform.system(), this machine's unless given."""
+    if (system or platform.system()) == "Darwin":
+        return f"lsof -nP -iTCP:{port} -sTCP:LISTEN"
+    return f"ss -tanp | grep {port}"
+
+
 # --- resident memory --------------------------------------------------------------------------
 
 MACH_TASK_BASIC_INFO = 20  # <mach/task_info.h>

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_ring.gpu import on_metal, receive_apart_setting
-from mlx_ring.platform import boot_id, usable_cores
+from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
+from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holders, usable_cores
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -58,14 +58,16 @@ PORT_WAIT_S = 10  # a rank of a ring that just stopped may hold its port a momen
 
 
 def _hold_own_ports() -> list[socket.socket]:
-    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them.
-    The last rank connects out before it listens, and the kernel may give that outgoing connection
-    the rank's own port as its ephemeral one: the listen then fails, and for a minute (TIME_WAIT) so
-    does every restart. A bound port is never handed out; MLX binds beside ours (SO_REUSEPORT)."""
+    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them, where
+    they lie in the ephemeral port range. The last rank connects out before it listens, and the kernel
+    may give that outgoing connection the rank's own port as its ephemeral one: the listen then fails,
+    and for a minute (TIME_WAIT) so does every restart. A bound port is never handed out; MLX binds
+    beside ours (SO_REUSEPORT). A port outside the range (the default ring ports on macOS, and on
+    Linux's default range) cannot be handed out: it is only checked, then let go at once."""
     hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
     if not hostfile or rank is None:
         return []
-    held = []
+    held, ephemeral = [], ephemeral_ports()
     for ip, port in _ring_addresses(int(rank)):
         s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -83,9 +85,12 @@ def _hold_own_ports() -> list[socket.socket]:
                 if time.monotonic() > deadline:
                     s.close()
                     raise ValueError(f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
-                                     f"(`ss -tanp | grep {port}` shows it) or choose another RING_PORT") from None
+                                     f"(`{port_holders(port)}` shows it) or choose another RING_PORT") from None
                 time.sleep(0.5)
-        held.append(s)
+        if in_ephemeral(port, ephemeral):
+            held.append(s)
+        else:
+            s.close()
     return held
 
 
@@ -163,23 +168,29 @@ def _socket_fds() -> set[int]:
 
 
 
-def receives_apart(metal: bool, setting: bool | None = None) -> bool:
-    """Whether a rank receives every payload whose wait can be long apart, before it builds the stage
-    on it: RECEIVE_APART's `setting` (on/off), else on Metal only (the watchdog is Metal's)."""
-    return metal if setting is None else setting
+def receives_apart(metal: bool, setting: frozenset[str] | None = None) -> frozenset[Kind]:
+    """The forward step kinds whose payloads a rank receives apart, before it builds the stage on them:
+    RECEIVE_APART's `setting` (step names), else prefill and decode on Metal and none elsewhere (the
+    watchdog is Metal's)."""
+    if setting is None:
+        setting = APART_STEPS if metal else frozenset()
+    return frozenset(Kind[name] for name in setting)
 
 
-def in_graph(kind: int, lazy: bool, apart: bool) -> bool:
+def in_graph(kind: int, lazy: bool, apart: frozenset[Kind]) -> bool:
     """Whether a `kind` step's payload stays unread inside the graph of the stage built on it (for a
     caller that asked for `lazy`), rather than being received and evaluated on its own first.
 
     On Metal, a receive runs on MLX's CPU stream and a GPU command buffer built on it waits for it;
     Metal kills one that waits about 5 s (ml-explore/mlx#1849, #3830). A prefill payload comes after
-    every earlier rank's stage of its chunk, seconds on a Mac mini: with `apart` it is received on the
-    host first, as exo does in its pipeline (exo-explore/exo#1429, #1620: `PipelineFirstLayer` evaluates
-    its `recv_like` on its own). A decode step's payload follows milliseconds of compute and stays in
-    the graph, which saves a sync a token; other steps' payloads are read on the host anyway."""
-    return lazy and (kind == Kind.DECODE or (kind == Kind.PREFILL and not apart))
+    every earlier rank's stage of its chunk, seconds on a Mac mini: it is received on the host first, as
+    exo does in its pipeline (exo-explore/exo#1429). A decode payload follows milliseconds of compute,
+    and no command buffer is built on a payload before its first bytes arrive (`wait_payload`), yet the
+    rest may still be in flight on a link that stalls; exo's Mac minis still met the watchdog until it
+    received every payload apart, decode too (#1620: `PipelineFirstLayer` evaluates its `recv_like`
+    on its own). So on Metal both are apart by default; RECEIVE_APART=prefill keeps decode payloads in
+    the graph, which saves a sync a token. Other steps' payloads are read on the host anyway."""
+    return lazy and kind in (Kind.DECODE, Kind.PREFILL) and kind not in apart
 
 
 class PeerSilent(Exception):
@@ -199,7 +210,7 @@ class Ring:
     """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size).
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
-    def __init__(self, world: mx.distributed.Group, receive_apart: bool | None = None):
+    def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None):
         self.world = world
         self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
