@@ -312,5 +312,30 @@ def local_network_hint(system: str | None = None, mac_version: str | None = None
             "System Settings > Privacy & Security > Local Network")
 
 
+def ranks_local_network_hint() -> str:
+    """What to check when a rank on a Mac finds no route to a machine on its network: macOS 15's Local
+    Network privacy. Programs started from Terminal or over ssh are exempt (Apple's TN3179); those of
+    another terminal app are not, and reports say the exemption can lapse for programs that outlive
+    Terminal (the ring runs on after its Terminal quits)."""
+    return ("macOS's Local Network privacy (macOS 15 and later) may be denying the rank: start the ring from "
+            "Terminal and keep Terminal running while it serves (`./launch.sh restart` there after Terminal quit), "
+            "or allow the terminal app you use in System Settings > Privacy & Security > Local Network")
+
+
+# connect(2)'s errno values, which MLX's ring prints as numbers. The numbers differ between the two
+# systems, so each also tells on which system the rank that failed runs.
+CONNECT_ERRORS = {61: ("Darwin", "connection refused"), 111: ("Linux", "connection refused"),
+                  65: ("Darwin", "no route to host"), 113: ("Linux", "no route to host"),
+                  60: ("Darwin", "timed out"), 110: ("Linux", "timed out"),
+                  51: ("Darwin", "network is unreachable"), 101: ("Linux", "network is unreachable"),
+                  64: ("Darwin", "host is down"), 112: ("Linux", "host is down")}
+
+
+def connect_error(number: int) -> tuple[str | None, str]:
+    """(system, meaning) of connect(2)'s errno `number` as macOS or Linux numbers it; (None, "errno N")
+    for one neither names here."""
+    return CONNECT_ERRORS.get(number, (None, f"errno {number}"))
+
+
 def _run(argv: list[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout

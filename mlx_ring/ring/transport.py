@@ -39,6 +39,14 @@ def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
     held = _hold_own_ports()
     try:
         world = mx.distributed.init(backend="ring")
+    except RuntimeError as e:  # "[ring] Couldn't connect (error: 65)": which rank, to what (launcher/failures.py)
+        rank = os.environ.get("MLX_RANK")
+        if rank is None or not os.environ.get("MLX_HOSTFILE"):
+            raise
+        ranks = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
+        after = (int(rank) + 1) % ranks
+        raise RuntimeError(f"rank {rank} could not join the ring (its next rank, {after}, at "
+                           f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}") from e
     finally:
         for s in held:
             s.close()
