@@ -245,7 +245,7 @@ def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
     note(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files, removed once this rank is gone
-    world = init_world(cfg.ring_socket_buffer)
+    world = init_world(cfg.ring_socket_buffer, cfg.ring_verbose)
     drop_hostfile()
     rank = world.rank()
     setup_logging(cfg, rank)

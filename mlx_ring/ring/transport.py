@@ -24,10 +24,13 @@ from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holde
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
-def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
+def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.Group:
     """The ranks mlx.launch started; a world of one when started alone. `socket_buffer`: if set,
     the kernel send and receive buffers of the ring's sockets, in bytes (small ones model a real
-    link's, for tests)."""
+    link's, for tests). `verbose` (RING_VERBOSE): MLX's ring backend logs, on stderr, each rank's
+    accepts and connection attempts while the ring forms."""
+    if verbose:
+        os.environ["MLX_RING_VERBOSE"] = "1"  # MLX asks only whether it is set, when the ring forms
     # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
     # a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)

@@ -116,3 +116,28 @@ def test_a_port_below_the_ephemeral_range_is_checked_but_not_held(tmp_path, monk
     assert [s.getsockname()[1] for s in held] == [port]
     for s in held:
         s.close()
+
+
+JOIN = '''
+import sys
+from mlx_ring.ring.transport import init_world
+world = init_world(verbose=sys.argv[1] == "1")
+print("joined", world.rank(), world.size())
+'''
+
+
+@pytest.mark.parametrize("verbose", ["1", "0"])
+def test_ring_verbose_makes_mlx_log_how_each_rank_joins(tmp_path, verbose):
+    # RING_VERBOSE=1 (config.ring_verbose) for a start that hangs: MLX's own account on stderr
+    first = free_port(2)
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{first}"], [f"127.0.0.1:{first + 1}"]]))
+    env = {k: v for k, v in os.environ.items() if k != "MLX_RING_VERBOSE"} | {"MLX_HOSTFILE": str(hostfile)}
+    ranks = [subprocess.Popen([sys.executable, "-c", JOIN, verbose], cwd=ROOT, env=env | {"MLX_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in ranks]
+    assert [o.strip() for o, _ in outs] == ["joined 0 2", "joined 1 2"], outs
+    if verbose == "1":
+        assert "[ring] Rank 0 accepting" in outs[0][1] and "[ring] Rank 1 connecting to 0" in outs[1][1], outs
+    else:
+        assert "[ring]" not in outs[0][1] + outs[1][1], outs
