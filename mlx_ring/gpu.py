@@ -135,9 +135,9 @@ METAL_ERRORS = {
         "macOS stopped GPU work that kept the GPU from the display too long (Impacting Interactivity: "
         "macOS 26 stops sustained GPU work on a Mac whose display is in use, apart from the 5 s watchdog; "
         "ml-explore/mlx#3267)",
-        "run the ranks on Macs whose display is not in use: put a headless Mac first in hosts.json, since "
-        "rank 0 runs on the first host, or let this Mac's display sleep while the ring works; else lower "
-        "PREFILL_CHUNK (the chunk size is logged at startup) so that each piece of GPU work is shorter"),
+        "start the ring on a headless Mac (ssh to it, put it first in its hosts.json: rank 0 runs on the "
+        "first host) and leave Macs whose display is in use out of the ring, or let their displays sleep "
+        "while it works; lowering PREFILL_CHUNK (logged at startup) may help"),
     "Timeout": (
         "a GPU command buffer ran, or waited, longer than the GPU watchdog allows (about 5 s)",
         "lower PREFILL_CHUNK (the chunk size is logged at startup), and keep RECEIVE_APART at auto"),
@@ -161,12 +161,16 @@ METAL_ERRORS = {
 METAL_NAME = re.compile(r"kIOGPUCommandBufferCallbackError(\w+)")
 METAL_FAILED = re.compile(r"\[METAL\] Command buffer execution failed: ([^(]+)")  # the name cut off, or none
 FOLLOW_ON = ("SubmissionsIgnored", "InnocentVictim")  # they follow an error that is the cause
+# Metal's descriptions of them, for a message whose name was cut off ("... failed: Insufficient Memory").
+DESCRIBED = {"Impacting Interactivity": "ImpactingInteractivity", "Caused GPU Timeout Error": "Timeout",
+             "Insufficient Memory": "OutOfMemory", "Caused GPU Hang Error": "Hang",
+             "Caused GPU Address Fault Error": "PageFault"}
 
 
 def metal_failure(output: str) -> str | None:
     """Metal's command-buffer error in a rank's `output`, named with its cause and what to do; None
     where there is none. The first error that is not a consequence of another is the cause."""
-    names = [m.group(1).strip() for line in output.splitlines()
+    names = [DESCRIBED.get(m.group(1).strip(), m.group(1).strip()) for line in output.splitlines()
              if (m := METAL_NAME.search(line) or METAL_FAILED.search(line))]
     if not names:
         return None

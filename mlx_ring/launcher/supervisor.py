@@ -142,6 +142,7 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
                 rank, code = int(m.group(1)), m.group(2) and int(m.group(2))
                 if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
                     reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code)
+                    reason = "; ".join([reason, *explain(attempt.read_text(errors="replace"))])  # a Metal error, ...
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code

@@ -73,8 +73,8 @@ def _hold_own_ports() -> list[socket.socket]:
     they lie in the ephemeral port range. The last rank connects out before it listens, and the kernel
     may give that outgoing connection the rank's own port as its ephemeral one: the listen then fails,
     and for a minute (TIME_WAIT) so does every restart. A bound port is never handed out; MLX binds
-    beside ours (SO_REUSEPORT). A port outside the range (the default ring ports on macOS, and on
-    Linux's default range) cannot be handed out: it is only checked, then let go at once."""
+    beside ours (SO_REUSEPORT). A port outside the range (the default ring ports, 32323 and up, with
+    macOS's range and with Linux's default one) is never handed out: it is only checked, then let go."""
     hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
     if not hostfile or rank is None:
         return []

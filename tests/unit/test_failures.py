@@ -33,7 +33,7 @@ def rec(name: str) -> str:
 def test_impacting_interactivity_names_the_mac_with_a_display_and_the_fix():
     said = metal_failure("[launcher] ...\n" + rec("metal_impacting_interactivity.txt"))
     assert said.startswith("a GPU command buffer failed (kIOGPUCommandBufferCallbackErrorImpactingInteractivity)")
-    assert "display is in use" in said and "put a headless Mac first in hosts.json" in said and "PREFILL_CHUNK" in said
+    assert "display is in use" in said and "start the ring on a headless Mac" in said and "PREFILL_CHUNK" in said
 
 
 def test_the_watchdog_timeout_is_told_apart_from_interactivity():
@@ -49,6 +49,13 @@ def test_out_of_memory_and_a_follow_on_error_name_the_first_cause():
     both = rec("metal_submissions_ignored.txt") * 3 + rec("metal_timeout.txt")
     assert "(kIOGPUCommandBufferCallbackErrorTimeout)" in metal_failure(both)
     assert "earlier GPU errors" in metal_failure(rec("metal_submissions_ignored.txt"))
+
+
+def test_a_message_cut_before_its_name_is_known_by_its_description():
+    # jjang-ai/vmlx issue #58 (vMLX's log of MLX's abort, 2026-04-09), complete as the issue shows it
+    said = metal_failure("[error] libc++abi: terminating due to uncaught exception of type std::runtime_error: "
+                         "[METAL] Command buffer execution failed: Insufficient Memory\n")
+    assert "(kIOGPUCommandBufferCallbackErrorOutOfMemory)" in said and "ran out of memory" in said
 
 
 def test_an_unknown_metal_error_is_still_named_and_no_error_is_none():
