@@ -258,7 +258,7 @@ def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
     note(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files, removed once this rank is gone
-    world = init_world(cfg.ring_socket_buffer)
+    world = init_world(cfg.ring_socket_buffer, cfg.ring_verbose)
     drop_hostfile()
     rank = world.rank()
     setup_logging(cfg, rank)
@@ -279,8 +279,8 @@ def main() -> None:
     (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     ring = Ring(world, cfg.receive_apart)
     if ring.apart:
-        log.info("receiving prefill payloads before building the stage on them (RECEIVE_APART=%s)",
-                 "auto, on Metal" if cfg.receive_apart is None else "on")
+        log.info("receiving %s payloads before building the stage on them (RECEIVE_APART%s)",
+                 " and ".join(sorted(k.name.lower() for k in ring.apart)), "=auto, on Metal" if cfg.receive_apart is None else "")
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster)
     else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor

@@ -287,7 +287,7 @@ def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0) -> None:
     while True:
         # The next step, from the previous rank; a forward step's payload arrives within the graph that
         # computes on it and sends the result on (one sync per step instead of two; every payload is
-        # consumed), except where the ring receives it apart first (a prefill chunk on Metal: Ring.apart).
+        # consumed), except where the ring receives it apart first (every forward step on Metal: Ring.apart).
         try:
             header, payload = ring.recv(lazy=True)
         except PeerSilent as e:

@@ -40,12 +40,13 @@ class Config:
     hostfile: Path = ROOT / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
     max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
     ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
+    ring_verbose: bool = False  # RING_VERBOSE=1: MLX's ring backend logs how each rank joins the ring
     model_id: str | None = None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
     plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
     restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
     tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
     api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
-    receive_apart: bool | None = None  # RECEIVE_APART: prefill payloads received before their stage (None: on Metal)
+    receive_apart: frozenset[str] | None = None  # RECEIVE_APART: steps whose payloads arrive before their stage (None: by device)
     max_body_bytes: int = 16 * 1024 * 1024  # MAX_BODY_BYTES: larger request bodies get a 413
     away: dict | None = None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
     served_model_name: str | None = None  # SERVED_MODEL_NAME: the model's name in the API (None: from MODEL, api/served.served_name)
@@ -141,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
     p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
                    help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
+    p.add_argument("--ring-verbose", default=_env("RING_VERBOSE", "0"), choices=["0", "1"],
+                   help="1: MLX's ring backend logs each rank's connection attempts as the ring starts "
+                        "(MLX_RING_VERBOSE), into logs/attempt.log; for a start that hangs")
     p.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024))),
                    help="largest request body in bytes (default 16 MiB); larger ones get a 413")
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
@@ -212,7 +216,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
         api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
-        receive_apart=receive_apart_setting(), max_body_bytes=a.max_body_bytes, away=ring_away(_env("RING_AWAY")),
+        receive_apart=receive_apart_setting(), ring_verbose=a.ring_verbose == "1", max_body_bytes=a.max_body_bytes,
+        away=ring_away(_env("RING_AWAY")),
         served_model_name=a.served_model_name, model_aliases=tuple(n.strip() for n in a.model_aliases.split(",") if n.strip()),
     )
     return cfg, a.prepare

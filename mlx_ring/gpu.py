@@ -1,5 +1,6 @@
 """The GPU a rank runs on: one GPU per rank on a multi-GPU host, and on Apple Silicon the memory
-Metal lets a rank wire and the command-buffer watchdog, as MLX and mlx-lm meet them.
+Metal lets a rank wire, the command-buffer watchdog, and Metal's command-buffer errors named for
+the user, as MLX and mlx-lm meet them.
 
 The decisions are pure functions of plain values (MLX's `device_info()` dict, measured speeds), so
 they are tested on recorded Macs from Linux. This module imports no MLX at the top: servers call
@@ -9,6 +10,7 @@ they are tested on recorded Macs from Linux. This module imports no MLX at the t
 import logging
 import math
 import os
+import re
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -78,14 +80,20 @@ def wire_memory() -> None:
 
 # --- Apple Silicon's command-buffer watchdog --------------------------------------------------
 
-RECEIVE_APART = {"auto": None, "on": True, "1": True, "off": False, "0": False}
+# The forward steps whose payloads a rank receives apart, by RECEIVE_APART's value (auto: None,
+# every forward step on Metal and none elsewhere; `prefill` keeps decode payloads in the graph).
+APART_STEPS = frozenset({"PREFILL", "DECODE"})
+RECEIVE_APART = {"auto": None, "on": APART_STEPS, "1": APART_STEPS, "prefill": frozenset({"PREFILL"}),
+                 "off": frozenset(), "0": frozenset()}
 
 
-def receive_apart_setting(value: str | None = None) -> bool | None:
-    """RECEIVE_APART (`value`, else the environment): on, off, or auto (None: on where Metal runs)."""
+def receive_apart_setting(value: str | None = None) -> frozenset[str] | None:
+    """RECEIVE_APART (`value`, else the environment): the step kinds (names) whose payloads are received
+    apart: on (prefill and decode), prefill, off, or auto (None: every forward step where Metal runs)."""
     value = (os.environ.get("RECEIVE_APART") or "auto") if value is None else value
     if value.lower() not in RECEIVE_APART:
-        raise ValueError(f"RECEIVE_APART={value!r} must be auto (on where Metal runs), on or off")
+        raise ValueError(f"RECEIVE_APART={value!r} must be auto (prefill and decode apart where Metal runs), "
+                         "on, prefill (decode payloads stay in the graph) or off")
     return RECEIVE_APART[value.lower()]
 
 
@@ -95,6 +103,9 @@ def receive_apart_setting(value: str | None = None) -> bool | None:
 # buffers, so each one takes less still, and the margin covers the probe's optimism (a square matmul
 # runs faster than quantized layers with attention over a long context, PREFILL_SHARE) and a GPU
 # the desktop uses too. (Waits on other ranks no longer count: on Metal they happen on the host.)
+# macOS 26 also stops sustained GPU work on a Mac whose display is in use, short command buffers
+# too (kIOGPUCommandBufferCallbackErrorImpactingInteractivity, ml-explore/mlx#3267): no chunk size is
+# sure to avoid it there, so a rank that dies of it is named with that cause (`metal_failure`).
 WATCHDOG_S = 5.0
 STAGE_BUDGET_S = 1.0
 PREFILL_SHARE = 0.5  # prefill runs at no less than this share of the probe's measured TFLOP/s
@@ -112,3 +123,58 @@ def watchdog_chunk(stages: list[tuple[str, float, float]], cap: int) -> int:
         return cap
     n = int(STAGE_BUDGET_S / per_token)
     return max(1, min(cap, n // 16 * 16 if n >= 16 else n))  # multiples of 16: friendly shapes
+
+
+# --- Metal's command-buffer errors ------------------------------------------------------------
+
+# MLX raises a failed command buffer's error as "[METAL] Command buffer execution failed: <what>
+# (<code>:kIOGPUCommandBufferCallbackError<Name>)"; a rank aborts with it ("libc++abi: terminating
+# due to uncaught exception ..."; ml-explore/mlx#479, #3224). Each name's cause, and what to do.
+METAL_ERRORS = {
+    "ImpactingInteractivity": (
+        "macOS stopped GPU work that kept the GPU from the display too long (Impacting Interactivity: "
+        "macOS 26 stops sustained GPU work on a Mac whose display is in use, apart from the 5 s watchdog; "
+        "ml-explore/mlx#3267)",
+        "start the ring on a headless Mac (ssh to it, put it first in its hosts.json: rank 0 runs on the "
+        "first host) and leave Macs whose display is in use out of the ring, or let their displays sleep "
+        "while it works; lowering PREFILL_CHUNK (logged at startup) may help"),
+    "Timeout": (
+        "a GPU command buffer ran, or waited, longer than the GPU watchdog allows (about 5 s)",
+        "lower PREFILL_CHUNK (the chunk size is logged at startup), and keep RECEIVE_APART at auto"),
+    "OutOfMemory": (
+        "the GPU ran out of memory (Insufficient Memory)",
+        "lower KV_TOKENS or MAX_ACTIVE, add a host, or raise the Mac's GPU limit with "
+        "`sudo sysctl iogpu.wired_limit_mb=N`; quit other apps that use the GPU"),
+    "Hang": (
+        "the GPU hung (GPU Hang Error)",
+        "the ring restarts; if it happens again, update macOS and report it with the rank logs"),
+    "PageFault": (
+        "a GPU kernel read memory outside its buffers (GPU Address Fault)",
+        "report it with the model and the rank logs: it is a fault of MLX or this project, not of the Mac"),
+    "SubmissionsIgnored": (
+        "macOS ignored this process's GPU work after earlier GPU errors",
+        "the first GPU error in the rank's log is the cause; the ring restarts"),
+    "InnocentVictim": (
+        "macOS discarded this process's GPU work while it recovered from another program's GPU error",
+        "the ring restarts; see which other program uses the GPU"),
+}
+METAL_NAME = re.compile(r"kIOGPUCommandBufferCallbackError(\w+)")
+METAL_FAILED = re.compile(r"\[METAL\] Command buffer execution failed: ([^(]+)")  # the name cut off, or none
+FOLLOW_ON = ("SubmissionsIgnored", "InnocentVictim")  # they follow an error that is the cause
+# Metal's descriptions of them, for a message whose name was cut off ("... failed: Insufficient Memory").
+DESCRIBED = {"Impacting Interactivity": "ImpactingInteractivity", "Caused GPU Timeout Error": "Timeout",
+             "Insufficient Memory": "OutOfMemory", "Caused GPU Hang Error": "Hang",
+             "Caused GPU Address Fault Error": "PageFault"}
+
+
+def metal_failure(output: str) -> str | None:
+    """Metal's command-buffer error in a rank's `output`, named with its cause and what to do; None
+    where there is none. The first error that is not a consequence of another is the cause."""
+    names = [DESCRIBED.get(m.group(1).strip(), m.group(1).strip()) for line in output.splitlines()
+             if (m := METAL_NAME.search(line) or METAL_FAILED.search(line))]
+    if not names:
+        return None
+    name = next((n for n in names if n not in FOLLOW_ON), names[0])
+    cause, fix = METAL_ERRORS.get(name, (f"Metal reported {name!r}", "see the rank's log; the ring restarts"))
+    code = f"kIOGPUCommandBufferCallbackError{name}" if name in METAL_ERRORS else name
+    return f"a GPU command buffer failed ({code}): {cause}; {fix}"

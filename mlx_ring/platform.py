@@ -198,6 +198,21 @@ def ephemeral_ports() -> tuple[int, int]:
     return DEFAULT_EPHEMERAL
 
 
+def in_ephemeral(port: int, ephemeral: tuple[int, int]) -> bool:
+    """Whether the kernel may hand `port` to an outgoing connection (`ephemeral`: ephemeral_ports()).
+    Only such a ring port needs holding until MLX listens on it: macOS's range starts at 49152, far
+    above the ring's 32323+; Linux's at 32768 by default, and wherever a machine's sysctl puts it."""
+    return ephemeral[0] <= port <= ephemeral[1]
+
+
+def port_holders(port: int, system: str | None = None) -> str:
+    """The command that shows what listens on TCP `port`: macOS has no `ss`. `system`:
+    platform.system(), this machine's unless given."""
+    if (system or platform.system()) == "Darwin":
+        return f"lsof -nP -iTCP:{port} -sTCP:LISTEN"
+    return f"ss -tanp | grep {port}"
+
+
 # --- resident memory --------------------------------------------------------------------------
 
 MACH_TASK_BASIC_INFO = 20  # <mach/task_info.h>
@@ -410,6 +425,31 @@ def local_network_hint(system: str | None = None, mac_version: str | None = None
         return None
     return ("macOS's Local Network privacy may be denying the terminal app on this Mac: allow it in "
             "System Settings > Privacy & Security > Local Network")
+
+
+def ranks_local_network_hint() -> str:
+    """What to check when a rank on a Mac finds no route to a machine on its network: macOS 15's Local
+    Network privacy. Programs started from Terminal or over ssh are exempt (Apple's TN3179); those of
+    another terminal app are not, and reports say the exemption can lapse for programs that outlive
+    Terminal (the ring runs on after its Terminal quits)."""
+    return ("macOS's Local Network privacy (macOS 15 and later) may be denying the rank: start the ring from "
+            "Terminal and keep Terminal running while it serves (`./launch.sh restart` there after Terminal quit), "
+            "or allow the terminal app you use in System Settings > Privacy & Security > Local Network")
+
+
+# connect(2)'s errno values, which MLX's ring prints as numbers. The numbers differ between the two
+# systems, so each also tells on which system the rank that failed runs.
+CONNECT_ERRORS = {61: ("Darwin", "connection refused"), 111: ("Linux", "connection refused"),
+                  65: ("Darwin", "no route to host"), 113: ("Linux", "no route to host"),
+                  60: ("Darwin", "timed out"), 110: ("Linux", "timed out"),
+                  51: ("Darwin", "network is unreachable"), 101: ("Linux", "network is unreachable"),
+                  64: ("Darwin", "host is down"), 112: ("Linux", "host is down")}
+
+
+def connect_error(number: int) -> tuple[str | None, str]:
+    """(system, meaning) of connect(2)'s errno `number` as macOS or Linux numbers it; (None, "errno N")
+    for one neither names here."""
+    return CONNECT_ERRORS.get(number, (None, f"errno {number}"))
 
 
 def _run(argv: list[str]) -> str:

@@ -9,6 +9,7 @@ streams unfed and 60.0 fed. launch.sh and tools/bench.py feed it the same way (m
 """
 
 import os
+import signal
 import sys
 
 from mlx_ring.ring.launch import under_feed
@@ -18,6 +19,9 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     cmd = under_feed(sys.argv[1:])
+    # Python ignores SIGPIPE, and exec keeps that: the feeder's echo would then fail for ever instead
+    # of ending it once mlx.launch is gone (subprocess restores it; exec does not).
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.execvp(cmd[0], cmd)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.ready import EXITED, READY, wait_ready
+from mlx_ring.launcher.failures import explain
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import reachable, read_state, write_state
@@ -153,6 +154,7 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
                 if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
                     reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code,
                                       lambda h: reachable(s.log_dir / "ssh_config", h), shown_log_dir(s))
+                    reason = "; ".join([reason, *explain(attempt.read_text(errors="replace"))])  # a Metal error, ...
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code
@@ -246,7 +248,10 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
             log.info("not restarting: %s", why)
             return 3
         tries = 1 if time.monotonic() - t0 > SERVED_A_WHILE else tries + 1
-        said = exit_codes(codes, rank_hosts(s))
+        causes = explain(out)  # what the ranks printed, named with its fix: a Metal error, a ring connect
+        for cause in causes:
+            log.info("%s", cause)
+        said = "; ".join([exit_codes(codes, rank_hosts(s)), *causes])
         if tries > s.max_restarts:
             write_state(s.state_file, "failed", why=f"the ring failed {tries} times in a row ({said})")
             log.info("the ring failed %d times in a row (%s); giving up", tries, said)

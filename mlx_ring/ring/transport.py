@@ -19,15 +19,18 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_ring.gpu import on_metal, receive_apart_setting
-from mlx_ring.platform import boot_id, usable_cores
+from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
+from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holders, usable_cores
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
-def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
+def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.Group:
     """The ranks mlx.launch started; a world of one when started alone. `socket_buffer`: if set,
     the kernel send and receive buffers of the ring's sockets, in bytes (small ones model a real
-    link's, for tests)."""
+    link's, for tests). `verbose` (RING_VERBOSE): MLX's ring backend logs, on stderr, each rank's
+    accepts and connection attempts while the ring forms."""
+    if verbose:
+        os.environ["MLX_RING_VERBOSE"] = "1"  # MLX asks only whether it is set, when the ring forms
     # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
     # a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -39,6 +42,14 @@ def init_world(socket_buffer: int = 0) -> mx.distributed.Group:
     held = _hold_own_ports()
     try:
         world = mx.distributed.init(backend="ring")
+    except RuntimeError as e:  # "[ring] Couldn't connect (error: 65)": which rank, to what (launcher/failures.py)
+        rank = os.environ.get("MLX_RANK")
+        if rank is None or not os.environ.get("MLX_HOSTFILE"):
+            raise
+        ranks = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
+        after = (int(rank) + 1) % ranks
+        raise RuntimeError(f"rank {rank} could not join the ring (its next rank, {after}, at "
+                           f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}") from e
     finally:
         for s in held:
             s.close()
@@ -58,14 +69,16 @@ PORT_WAIT_S = 10  # a rank of a ring that just stopped may hold its port a momen
 
 
 def _hold_own_ports() -> list[socket.socket]:
-    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them.
-    The last rank connects out before it listens, and the kernel may give that outgoing connection
-    the rank's own port as its ephemeral one: the listen then fails, and for a minute (TIME_WAIT) so
-    does every restart. A bound port is never handed out; MLX binds beside ours (SO_REUSEPORT)."""
+    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them, where
+    they lie in the ephemeral port range. The last rank connects out before it listens, and the kernel
+    may give that outgoing connection the rank's own port as its ephemeral one: the listen then fails,
+    and for a minute (TIME_WAIT) so does every restart. A bound port is never handed out; MLX binds
+    beside ours (SO_REUSEPORT). A port outside the range (the default ring ports, 32323 and up, with
+    macOS's range and with Linux's default one) is never handed out: it is only checked, then let go."""
     hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
     if not hostfile or rank is None:
         return []
-    held = []
+    held, ephemeral = [], ephemeral_ports()
     for ip, port in _ring_addresses(int(rank)):
         s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -83,9 +96,12 @@ def _hold_own_ports() -> list[socket.socket]:
                 if time.monotonic() > deadline:
                     s.close()
                     raise ValueError(f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
-                                     f"(`ss -tanp | grep {port}` shows it) or choose another RING_PORT") from None
+                                     f"(`{port_holders(port)}` shows it) or choose another RING_PORT") from None
                 time.sleep(0.5)
-        held.append(s)
+        if in_ephemeral(port, ephemeral):
+            held.append(s)
+        else:
+            s.close()
     return held
 
 
@@ -163,23 +179,29 @@ def _socket_fds() -> set[int]:
 
 
 
-def receives_apart(metal: bool, setting: bool | None = None) -> bool:
-    """Whether a rank receives every payload whose wait can be long apart, before it builds the stage
-    on it: RECEIVE_APART's `setting` (on/off), else on Metal only (the watchdog is Metal's)."""
-    return metal if setting is None else setting
+def receives_apart(metal: bool, setting: frozenset[str] | None = None) -> frozenset[Kind]:
+    """The forward step kinds whose payloads a rank receives apart, before it builds the stage on them:
+    RECEIVE_APART's `setting` (step names), else prefill and decode on Metal and none elsewhere (the
+    watchdog is Metal's)."""
+    if setting is None:
+        setting = APART_STEPS if metal else frozenset()
+    return frozenset(Kind[name] for name in setting)
 
 
-def in_graph(kind: int, lazy: bool, apart: bool) -> bool:
+def in_graph(kind: int, lazy: bool, apart: frozenset[Kind]) -> bool:
     """Whether a `kind` step's payload stays unread inside the graph of the stage built on it (for a
     caller that asked for `lazy`), rather than being received and evaluated on its own first.
 
     On Metal, a receive runs on MLX's CPU stream and a GPU command buffer built on it waits for it;
     Metal kills one that waits about 5 s (ml-explore/mlx#1849, #3830). A prefill payload comes after
-    every earlier rank's stage of its chunk, seconds on a Mac mini: with `apart` it is received on the
-    host first, as exo does in its pipeline (exo-explore/exo#1429, #1620: `PipelineFirstLayer` evaluates
-    its `recv_like` on its own). A decode step's payload follows milliseconds of compute and stays in
-    the graph, which saves a sync a token; other steps' payloads are read on the host anyway."""
-    return lazy and (kind == Kind.DECODE or (kind == Kind.PREFILL and not apart))
+    every earlier rank's stage of its chunk, seconds on a Mac mini: it is received on the host first, as
+    exo does in its pipeline (exo-explore/exo#1429). A decode payload follows milliseconds of compute,
+    and no command buffer is built on a payload before its first bytes arrive (`wait_payload`), yet the
+    rest may still be in flight on a link that stalls; exo's Mac minis still met the watchdog until it
+    received every payload apart, decode too (#1620: `PipelineFirstLayer` evaluates its `recv_like`
+    on its own). So on Metal both are apart by default; RECEIVE_APART=prefill keeps decode payloads in
+    the graph, which saves a sync a token. Other steps' payloads are read on the host anyway."""
+    return lazy and kind in (Kind.DECODE, Kind.PREFILL) and kind not in apart
 
 
 class PeerSilent(Exception):
@@ -199,7 +221,7 @@ class Ring:
     """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size).
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
-    def __init__(self, world: mx.distributed.Group, receive_apart: bool | None = None):
+    def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None):
         self.world = world
         self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size

@@ -114,21 +114,27 @@ def test_a_ring_of_macs_too_small_is_told_which_sysctl_makes_room():
 # --- the watchdog: which payloads are received apart ------------------------------------------
 
 def test_receive_apart_setting():
-    assert [receive_apart_setting(v) for v in ("auto", "on", "1", "OFF", "0")] == [None, True, True, False, False]
+    both, prefill = frozenset({"PREFILL", "DECODE"}), frozenset({"PREFILL"})
+    assert [receive_apart_setting(v) for v in ("auto", "on", "1", "Prefill", "OFF", "0")] == \
+        [None, both, both, prefill, frozenset(), frozenset()]
     with pytest.raises(ValueError, match="RECEIVE_APART='sometimes' must be auto"):
         receive_apart_setting("sometimes")
 
 
-def test_on_metal_a_prefill_payload_is_received_apart_and_a_decode_payload_stays_in_the_graph():
+def test_on_metal_prefill_and_decode_payloads_are_received_apart():
     metal = receives_apart(metal=True)
     assert not in_graph(Kind.PREFILL, lazy=True, apart=metal)
-    assert in_graph(Kind.DECODE, lazy=True, apart=metal)
+    assert not in_graph(Kind.DECODE, lazy=True, apart=metal)
     for kind in (Kind.JOIN, Kind.FILTER, Kind.STATUS, Kind.LOAD, Kind.SAVE, Kind.TRIM):  # read on the host anyway
         assert not in_graph(kind, lazy=True, apart=metal)
-    assert not in_graph(Kind.DECODE, lazy=False, apart=metal)  # a caller that did not ask
     cpu = receives_apart(metal=False)
     assert in_graph(Kind.PREFILL, lazy=True, apart=cpu) and in_graph(Kind.DECODE, lazy=True, apart=cpu)
-    assert receives_apart(metal=False, setting=True) and not receives_apart(metal=True, setting=False)
+    assert not in_graph(Kind.DECODE, lazy=False, apart=cpu)  # a caller that did not ask
+    # RECEIVE_APART=prefill goes back to decode payloads in the graph; on and off hold on any device
+    back = receives_apart(metal=True, setting=receive_apart_setting("prefill"))
+    assert not in_graph(Kind.PREFILL, lazy=True, apart=back) and in_graph(Kind.DECODE, lazy=True, apart=back)
+    assert receives_apart(metal=False, setting=receive_apart_setting("on")) == {Kind.PREFILL, Kind.DECODE}
+    assert receives_apart(metal=True, setting=receive_apart_setting("off")) == frozenset()
 
 
 def test_a_ring_here_receives_apart_only_when_told(monkeypatch):
@@ -137,8 +143,10 @@ def test_a_ring_here_receives_apart_only_when_told(monkeypatch):
     ring = Ring(world)
     assert not ring.apart and ring.wait_in_kernel  # a CPU: no watchdog, waits in the kernel
     monkeypatch.setenv("RECEIVE_APART", "on")
-    assert Ring(world).apart and not Ring(world, receive_apart=False).apart
-    assert parse_config([])[0].receive_apart is True
+    assert Ring(world).apart == {Kind.PREFILL, Kind.DECODE} and not Ring(world, receive_apart=frozenset()).apart
+    assert parse_config([])[0].receive_apart == {"PREFILL", "DECODE"}
+    monkeypatch.setenv("RECEIVE_APART", "prefill")
+    assert Ring(world).apart == {Kind.PREFILL}
     monkeypatch.setenv("RECEIVE_APART", "maybe")
     with pytest.raises(ValueError, match="RECEIVE_APART"):
         parse_config([])

@@ -107,6 +107,18 @@ def test_port_ranges_are_read_alike_on_both_systems():
         platform.parse_port_range("49152\n")
 
 
+def test_only_ring_ports_in_the_ephemeral_range_need_a_hold():
+    mac, linux = platform.parse_port_range(rec("portrange.txt")), platform.parse_port_range("32768\t60999\n")
+    assert not platform.in_ephemeral(32323, mac) and not platform.in_ephemeral(32330, linux)
+    assert platform.in_ephemeral(49152, mac) and platform.in_ephemeral(40000, linux)
+    assert not platform.in_ephemeral(65536, mac) and not platform.in_ephemeral(61000, linux)
+
+
+def test_what_holds_a_port_is_asked_with_each_system_own_command():
+    assert platform.port_holders(32323, "Darwin") == "lsof -nP -iTCP:32323 -sTCP:LISTEN"  # macOS has no ss
+    assert platform.port_holders(32323, "Linux") == "ss -tanp | grep 32323"
+
+
 @LINUX
 def test_port_range_of_this_machine():
     first, last = platform.ephemeral_ports()

@@ -11,7 +11,9 @@ import sys
 import pytest
 from ringutil import ROOT
 
+from mlx_ring import platform
 from mlx_ring.ring import transport
+from mlx_ring.ring.launch import free_port
 
 # In a network namespace of its own, the last rank of a ring of two as MLX's ring backend starts
 # it: it connects to rank 0 first, then listens on its own port. The namespace hands out a single
@@ -89,3 +91,53 @@ def test_an_address_not_on_this_host_is_refused_naming_it(tmp_path, monkeypatch)
     monkeypatch.setenv("MLX_RANK", "0")
     with pytest.raises(ValueError, match="cannot listen on its ring address 192.0.2.1:23000"):
         transport._hold_own_ports()
+
+
+def test_a_port_below_the_ephemeral_range_is_checked_but_not_held(tmp_path, monkeypatch):
+    # macOS hands out 49152-65535 only (tests/data/macos/portrange.txt): ring ports below that need no
+    # hold, yet one in use is still refused in a sentence.
+    mac_range = platform.parse_port_range((ROOT / "tests/data/macos/portrange.txt").read_text())
+    port = free_port()  # below this machine's range, and so below 49152
+    assert port < mac_range[0]
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([["127.0.0.1:1"], [f"127.0.0.1:{port}"]]))
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    monkeypatch.setenv("MLX_RANK", "1")
+    monkeypatch.setattr(transport, "PORT_WAIT_S", 0)
+    monkeypatch.setattr(transport, "ephemeral_ports", lambda: mac_range)
+    assert transport._hold_own_ports() == []
+    with socket.socket() as s:  # not held: free for another listener, with no socket option needed
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        with pytest.raises(ValueError, match=f"ring port {port} on 127.0.0.1 is in use"):
+            transport._hold_own_ports()
+    monkeypatch.setattr(transport, "ephemeral_ports", lambda: (port, port))  # a range that holds it
+    held = transport._hold_own_ports()
+    assert [s.getsockname()[1] for s in held] == [port]
+    for s in held:
+        s.close()
+
+
+JOIN = '''
+import sys
+from mlx_ring.ring.transport import init_world
+world = init_world(verbose=sys.argv[1] == "1")
+print("joined", world.rank(), world.size())
+'''
+
+
+@pytest.mark.parametrize("verbose", ["1", "0"])
+def test_ring_verbose_makes_mlx_log_how_each_rank_joins(tmp_path, verbose):
+    # RING_VERBOSE=1 (config.ring_verbose) for a start that hangs: MLX's own account on stderr
+    first = free_port(2)
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{first}"], [f"127.0.0.1:{first + 1}"]]))
+    env = {k: v for k, v in os.environ.items() if k != "MLX_RING_VERBOSE"} | {"MLX_HOSTFILE": str(hostfile)}
+    ranks = [subprocess.Popen([sys.executable, "-c", JOIN, verbose], cwd=ROOT, env=env | {"MLX_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in ranks]
+    assert [o.strip() for o, _ in outs] == ["joined 0 2", "joined 1 2"], outs
+    if verbose == "1":
+        assert "[ring] Rank 0 accepting" in outs[0][1] and "[ring] Rank 1 connecting to 0" in outs[1][1], outs
+    else:
+        assert "[ring]" not in outs[0][1] + outs[1][1], outs

@@ -1,0 +1,42 @@
+"""What a failed ring's output says went wrong, in sentences that name the cause and what to do:
+Metal's command-buffer errors (gpu.metal_failure) and MLX's ring connect failures (`[ring] Couldn't
+connect (error: N)`, with the Local Network hint where the rank that failed runs on a Mac)."""
+
+import re
+
+from mlx_ring.gpu import metal_failure
+from mlx_ring.platform import connect_error, ranks_local_network_hint
+
+# MLX 0.32's wording, and the newer one that tries every resolved address; transport.init_world
+# prefixes it with the rank and the address it was connecting to.
+CONNECT = r"\[ring\] Couldn't connect(?: to any resolved address)? \((?:last )?error: (?P<errno>\d+)\)"
+RING_CONNECT = re.compile(CONNECT)
+JOINING = re.compile(r"rank (?P<rank>\d+) could not join the ring \(its next rank, (?P<next>\d+), at (?P<at>[^)]*)\): "
+                     + CONNECT)
+
+
+def ring_connect_failure(output: str) -> str | None:
+    """MLX's failed ring connect in a rank's `output`, named with its meaning and what to do; None
+    where there is none."""
+    m = JOINING.search(output) or RING_CONNECT.search(output)
+    if not m:
+        return None
+    system, meaning = connect_error(int(m.group("errno")))
+    who = (f"rank {m.group('rank')} could not connect to rank {m.group('next')} at {m.group('at')}"
+           if "rank" in m.groupdict() else "a rank could not connect to the next rank")
+    said = f"{who} ({meaning}; MLX: {RING_CONNECT.search(m.group(0)).group(0)})"
+    if meaning == "connection refused":
+        todo = "the next rank was not listening: its log says why it did not start"
+    elif meaning == "timed out":
+        todo = ("a firewall may drop the ring's connections (`./launch.sh check` tells), or the address is not "
+                "reachable from the rank before it")
+    else:
+        todo = "check that both hosts' ring addresses in hosts.json are on a link they share (`./launch.sh check`)"
+        if system == "Darwin":
+            todo += f"; or {ranks_local_network_hint()}"
+    return f"{said}: {todo}"
+
+
+def explain(output: str) -> list[str]:
+    """Every cause the ranks' `output` names, each a sentence with its fix."""
+    return [s for s in (metal_failure(output), ring_connect_failure(output)) if s]
