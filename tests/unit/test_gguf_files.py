@@ -194,11 +194,11 @@ GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'mode
 
 def _gemma_vocab() -> dict:
     # A sentencepiece vocabulary as Gemma's GGUF files write one (model "llama", no merges, control tokens).
-    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]  # Gemma's ids 0-4, 105, 106
     pieces = ["\n", "\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
     words = ["hi", "\u2581h", "\u2581hi", "\u2581t", "\u2581th", "\u2581the", "er", "\u2581there", "he", "re"]
     tokens = special + pieces + words
-    return {"model": "llama", "tokens": tokens, "token_type": [3, 3, 3, 2, 3, 3] + [1] * (len(pieces) + len(words)),
+    return {"model": "llama", "tokens": tokens, "token_type": [3, 3, 3, 2, 3, 3, 3] + [1] * (len(pieces) + len(words)),
             "scores": [0.0] * len(special) + [-float(i) for i in range(len(pieces) + len(words))],
             "bos": 2, "eos": 1, "chat_template": GEMMA_TEMPLATE, "add_space_prefix": False, "add_bos_token": True}
 
@@ -225,12 +225,12 @@ def test_gemma3_q4_k_m_loads_with_its_norms_windows_template_and_end_of_turn(tmp
     written = json.loads((f32 / "config.json").read_text())
     for key in ("sliding_window", "sliding_window_pattern", "rope_local_base_freq", "rope_theta", "query_pre_attn_scalar", "head_dim"):
         assert written[key] == config[key], key
-    assert written["eos_token_id"] == [1, 5]  # <eos>, and the template's <end_of_turn>
+    assert written["eos_token_id"] == [1, 6]  # <eos>, and the template's <end_of_turn>
     got = dict(tree_flatten(load_model(f32)[0].parameters()))
     for k, v in tree_flatten(model.parameters()):  # norms: the file's 1 + w, less 1 again
         np.testing.assert_allclose(np.array(got[k]), np.array(v), rtol=0, atol=1e-6, err_msg=k)
     # 20 tokens: past the 8-token window of the five local layers; the sixth attends to all of them
-    tokens = mx.array([[2] + [6 + (i * 7) % 30 for i in range(19)]])
+    tokens = mx.array([[2] + [7 + (i * 7) % 30 for i in range(19)]])
     ref_logits = np.array(model(tokens))
     np.testing.assert_allclose(np.array(load_model(f32)[0](tokens)), ref_logits, rtol=0, atol=1e-4)
     q_logits = np.array(load_model(ms.resolve_model(str(path), tmp_path / "cache", "keep"))[0](tokens))
@@ -242,8 +242,9 @@ def test_gemma3_q4_k_m_loads_with_its_norms_windows_template_and_end_of_turn(tmp
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert text == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
-    assert ids[:2] == [2, 4]  # one <bos>, then <start_of_turn>
-    assert 5 in tokenizer.eos_token_ids
+    assert ids[:2] == [2, 5]  # one <bos>, then <start_of_turn>
+    assert 6 in tokenizer.eos_token_ids
+    assert len(tokenizer._tokenizer) == config["vocab_size"]  # no token beyond the model's rows
 
 
 def _refused(path, match):
