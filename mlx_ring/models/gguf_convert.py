@@ -188,20 +188,26 @@ def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
         return mx.load(str(path))
     out = {}
     for t in tqdm(tensors, desc=f"reading {path.name}", unit="tensor", disable=None, leave=False):
-        bits = MLX_BITS[t.tensor_type]
-        w = mx.array(dequantize(t.data, t.tensor_type).astype(np.float32))  # rows by columns
-        stem = t.name.removesuffix(".weight")
-        if to_float32 or bits is None or w.ndim != 2 or w.shape[-1] % GROUP_SIZE or stem == t.name:
+        bits, cols, stem = MLX_BITS[t.tensor_type], int(t.shape[0]), t.name.removesuffix(".weight")
+        if to_float32 or bits is None or len(t.shape) != 2 or cols % GROUP_SIZE or stem == t.name:
+            w = mx.array(dequantize(t.data, t.tensor_type).astype(np.float32))  # rows by columns
             floats = {T.F16: mx.float16, T.BF16: mx.bfloat16}
             new = {t.name: w if to_float32 else w.astype(floats.get(t.tensor_type, mx.float32))}
         else:
-            q, scales, biases = (_lift(t.data, t.tensor_type, bits) if t.tensor_type in _AFFINE
-                                 else mx.quantize(w, group_size=GROUP_SIZE, bits=bits))
+            rows = max(1, 2**22 // cols)  # a few float copies of 4M values at a time, not of a whole embedding
+            parts = [_to_mlx_quantized(t.data[i:i + rows], t.tensor_type, bits) for i in range(0, len(t.data), rows)]
+            q, scales, biases = (mx.concatenate(p) for p in zip(*parts))
             # float16 scales and biases, as GGUF's own blocks and mx.load's quantized tensors have them
             new = {t.name: q, f"{stem}.scales": scales.astype(mx.float16), f"{stem}.biases": biases.astype(mx.float16)}
-        mx.eval(list(new.values()))  # one by one, so the float copy is freed at once
+        mx.eval(list(new.values()))  # one by one, so the float copies are freed at once
         out.update(new)
     return out
+
+
+def _to_mlx_quantized(data: np.ndarray, qtype: T, bits: int) -> tuple[mx.array, mx.array, mx.array]:
+    if qtype not in _AFFINE:  # Q6_K: quantized again
+        return mx.quantize(mx.array(dequantize(data, qtype).astype(np.float32)), group_size=GROUP_SIZE, bits=bits)
+    return _lift(data, qtype, bits)
 
 
 def _lift(data: np.ndarray, qtype: T, bits: int) -> tuple[mx.array, mx.array, mx.array]:
