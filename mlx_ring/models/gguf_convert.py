@@ -109,10 +109,11 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
     if arch == "gemma3":
-        # What llama.cpp's gemma3 graph assumes and its converter does not write: local layers' RoPE base,
-        # every sixth layer global, and the query scale (27B, 62 layers, scales by hidden / heads).
+        # What llama.cpp's gemma3 graph assumes where the file does not say: local layers' RoPE base, every
+        # sixth layer global, and the query scale (27B, 62 layers, scales by hidden / heads).
         config.update(rope_local_base_freq=10000.0, sliding_window=key("attention.sliding_window", 512),
-                      sliding_window_pattern=6, query_pre_attn_scalar=hidden // heads if blocks == 62 else config["head_dim"])
+                      sliding_window_pattern=_window_pattern(key("attention.sliding_window_pattern", 6), blocks),
+                      query_pre_attn_scalar=hidden // heads if blocks == 62 else config["head_dim"])
         if meta.get(f"{arch}.rope.scaling.type") == "linear":  # global layers only, as in Hugging Face's config
             config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     if "tokenizer.ggml.bos_token_id" in meta:
@@ -120,6 +121,17 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
     if "tokenizer.ggml.eos_token_id" in meta:
         config["eos_token_id"] = _end_tokens(meta)
     return config
+
+
+def _window_pattern(pattern: int | list, blocks: int) -> int:
+    # llama.cpp writes either n (every n-th layer global) or a flag per layer (True: sliding); mlx-lm takes n.
+    if isinstance(pattern, int):
+        return pattern
+    n = pattern.index(False) + 1 if False in pattern else blocks + 1
+    if pattern != [(i + 1) % n != 0 for i in range(blocks)]:
+        raise ValueError(f"the file's sliding-window layers {pattern} are not every n-th layer global, "
+                         "which mlx-lm's gemma3_text needs; use an MLX folder of the model instead")
+    return n
 
 
 def _end_tokens(meta: dict) -> int | list[int]:

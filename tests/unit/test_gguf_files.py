@@ -247,6 +247,26 @@ def test_gemma3_q4_k_m_loads_with_its_norms_windows_template_and_end_of_turn(tmp
     assert len(tokenizer._tokenizer) == config["vocab_size"]  # no token beyond the model's rows
 
 
+def test_gemma3_config_from_metadata_as_the_published_configs():
+    # Gemma 3 270M and 27B as llama.cpp's converter writes them (no tensors needed): config.json's values
+    # as Hugging Face publishes them for these models.
+    def meta(blocks, hidden, heads, kv, head_dim, **extra):
+        keys = {"block_count": blocks, "embedding_length": hidden, "attention.head_count": heads, "feed_forward_length": 4 * hidden,
+                "attention.head_count_kv": kv, "attention.key_length": head_dim, "attention.layer_norm_rms_epsilon": 1e-6,
+                "rope.freq_base": 1_000_000.0, "attention.sliding_window": 512, "context_length": 32768, **extra}
+        return {"general.architecture": "gemma3", "tokenizer.ggml.tokens": ["<pad>"] * 8, **{f"gemma3.{k}": v for k, v in keys.items()}}
+
+    small = gc.config_from_gguf(meta(18, 640, 4, 1, 256), {"token_embd.weight"})
+    assert (small["query_pre_attn_scalar"], small["sliding_window_pattern"], small["tie_word_embeddings"]) == (256, 6, True)
+    assert "rope_scaling" not in small
+    big = gc.config_from_gguf(meta(62, 5376, 32, 16, 128, **{"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}), set())
+    assert big["query_pre_attn_scalar"] == 168 and big["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    flags = [(i + 1) % 6 != 0 for i in range(18)]  # newer files: a flag per layer
+    assert gc.config_from_gguf(meta(18, 640, 4, 1, 256, **{"attention.sliding_window_pattern": flags}), set())["sliding_window_pattern"] == 6
+    with pytest.raises(ValueError, match="not every n-th layer global"):
+        gc.config_from_gguf(meta(18, 640, 4, 1, 256, **{"attention.sliding_window_pattern": [True, False] * 4 + [True] * 10}), set())
+
+
 def _refused(path, match):
     with pytest.raises(ValueError, match=match):
         ms.resolve_model(str(path), path.parent / "cache")
