@@ -48,8 +48,8 @@ GROUP_SIZE = 32
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
                  "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
 MLX_READS = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}
-# Tensor types dequantized by the gguf package -> MLX bits at group size 32 (None: kept as floats). The
-# bits are at least the type's own, so storing adds little error to what the file already has.
+# Tensor types read -> the MLX bits (group size 32) they are stored at; None: kept as floats. At least
+# the type's own bits, so storing adds little or nothing to the error the file already has.
 MLX_BITS = {T.F32: None, T.F16: None, T.BF16: None, T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q5_0: 5, T.Q5_1: 5,
             T.Q5_K: 5, T.Q6_K: 8, T.Q8_0: 8}
 # Types whose 32-value sub-blocks are exactly MLX's affine groups -> the bytes of a block holding the
@@ -194,8 +194,8 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
 
 
 def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
-    """The file's tensors as `mx.load` names them: MLX's own reader where it reads every type, else dequantized
-    by the gguf package and quantized again as MLX_BITS says (`.weight`, `.scales`, `.biases`)."""
+    """The file's tensors as `mx.load` names them (`.weight`, `.scales`, `.biases`): MLX's own reader where it
+    reads every type, else through the gguf package, at the bits MLX_BITS says (exactly for _AFFINE types)."""
     if all(t.tensor_type in MLX_READS for t in tensors):
         return mx.load(str(path))
     out = {}
