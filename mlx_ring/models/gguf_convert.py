@@ -47,6 +47,8 @@ GROUP_SIZE = 32
 # GGUF architectures read -> (mlx_lm model_type, Hugging Face class). llama.cpp writes Mistral as llama.
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
                  "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+# Not Q4_K or Q6_K: mx.load reads them as float16, and Q4_K wrongly (its gguflib decodes every odd 32-value
+# sub-block with the scale of the one before, as upstream gguf-tools did).
 MLX_READS = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}
 # Tensor types read -> the MLX bits (group size 32) they are stored at; None: kept as floats. At least
 # the type's own bits, so storing adds little or nothing to the error the file already has.
