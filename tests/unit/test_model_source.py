@@ -9,6 +9,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 from ringutil import make_tiny_model
 
+import mlx_ring.models.gguf_convert as gc
 import mlx_ring.models.source as ms
 
 
@@ -39,7 +40,7 @@ def _tiny_gguf(tmp_path, kind="llama"):
     if not config["tie_word_embeddings"]:
         ref["lm_head.weight"] = 0.02 * mx.random.normal((vocab, 64))
     arch = "llama" if kind == "mistral" else kind  # llama.cpp writes Mistral as llama
-    names = {v: k for k, v in ms._GGUF_NAMES.items()}
+    names = {v: k for k, v in gc.BLOCK_NAMES["llama"].items()}
     tensors = {}
     for k, v in ref.items():
         if k.startswith("model.layers."):
