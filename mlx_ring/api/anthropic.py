@@ -81,12 +81,15 @@ def media_block(messages: list["Message"]) -> str | None:
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # "system": an instruction within the conversation, as Claude Code sends them (mid-conversation-system beta)
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @model_validator(mode="after")
     def _check(self):
         for b in self.content if isinstance(self.content, list) else []:
+            if self.role == "system" and b.type != "text":
+                raise ValueError("system messages hold text blocks only")
             if b.type == "tool_use" and self.role != "assistant":
                 raise ValueError("tool_use blocks belong in assistant messages")
             if b.type == "tool_result" and self.role != "user":
@@ -217,6 +220,9 @@ class MessagesRequest(CountTokensRequest):
     unsupported: ClassVar[dict[str, str]] = {
         "container": "it runs no code execution", "mcp_servers": "it connects to no MCP servers; send their tools as tools",
         "context_management": "it does not edit the conversation; send it as it should be read"}
+    # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by default).
+    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and all(
+        isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits") or [])}
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
     stream: bool = False
@@ -225,6 +231,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int = Field(0, ge=0, description="0: off.")
     metadata: Metadata | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
+    context_management: dict | None = Field(None, description="Accepted where it only clears thinking blocks, which this model never writes.")
 
 
 def chat_messages(system: str, messages: list[Message]) -> list[dict]:
@@ -246,7 +253,7 @@ def chat_messages(system: str, messages: list[Message]) -> list[dict]:
         if m.role == "assistant":
             out.append({"role": "assistant", "content": "".join(texts)} | ({"tool_calls": calls} if calls else {}))
         elif texts or not any(b.type == "tool_result" for b in m.content):
-            out.append({"role": "user", "content": "".join(texts)})
+            out.append({"role": m.role, "content": "".join(texts)})
     return out
 
 

@@ -50,6 +50,7 @@ class FunctionCallItem(_Strict):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # the namespace tool whose function this is
     id: str | None = None
     status: str | None = None
 
@@ -79,6 +80,25 @@ class FunctionTool(_Strict):
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+
+
+class NamespaceTool(_Strict):
+    """Function tools under one name, as Codex groups some of its tools; the model sees each as
+    `namespace__name`, and its calls come back with `name` and `namespace` apart."""
+    type: Literal["namespace"]
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(min_length=1, max_length=128)
+
+
+class WebSearchTool(BaseModel):
+    """A hosted tool this server does not run: accepted, as a model that never calls it is still answered
+    by the real API (Codex sends one by default), and not offered to the model."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["web_search", "web_search_preview"]
+
+
+HOSTED_NOT_RUN = ("web_search", "web_search_preview")
 
 
 class NamedFunction(_Strict):
@@ -133,7 +153,7 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tools: list[Annotated[FunctionTool | NamespaceTool | WebSearchTool, Field(discriminator="type")]] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -157,7 +177,7 @@ class ResponsesRequest(_Strict):
         tools = data.get("tools") if isinstance(data, dict) else None
         for i, t in enumerate(tools if isinstance(tools, list) else []):
             kind = t.get("type") if isinstance(t, dict) else None
-            if isinstance(kind, str) and kind != "function":
+            if isinstance(kind, str) and kind not in ("function", "namespace", *HOSTED_NOT_RUN):
                 raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; send function tools")
         return data
 
@@ -172,10 +192,13 @@ class ResponsesRequest(_Strict):
         """The internal chat request's fields, after `history` (the conversation so far)."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages += history + input_messages(self.input)
+        functions = [(None, t) for t in self.tools or [] if isinstance(t, FunctionTool)] + [
+            (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
         fields = {"model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "temperature": self.temperature,
                   "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
-        if self.tools:
-            fields["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in self.tools]
+        if functions:
+            fields["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True) | {"name": flat(ns, t.name)}}
+                               for ns, t in functions]
         if isinstance(self.tool_choice, NamedFunction):
             fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         elif self.tool_choice is not None:
@@ -189,6 +212,17 @@ class ResponsesRequest(_Strict):
         return fields
 
 
+def flat(namespace: str | None, name: str) -> str:
+    """A namespaced function's name as the model sees it."""
+    return f"{namespace}__{name}" if namespace else name
+
+
+def namespaced(body: ResponsesRequest) -> dict[str, dict]:
+    """The model's names of namespaced functions -> the `name` and `namespace` their calls carry."""
+    return {flat(ns.name, t.name): {"name": t.name, "namespace": ns.name}
+            for ns in body.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools}
+
+
 def input_messages(items: str | list) -> list[dict]:
     """Input items as chat messages: function calls join the assistant turn before them, their outputs
     become tool messages."""
@@ -199,7 +233,7 @@ def input_messages(items: str | list) -> list[dict]:
         if isinstance(it, MessageItem):
             out.append({"role": it.role, "content": it.text()})
         elif isinstance(it, FunctionCallItem):
-            call = {"id": it.call_id, "type": "function", "function": {"name": it.name, "arguments": it.arguments}}
+            call = {"id": it.call_id, "type": "function", "function": {"name": flat(it.namespace, it.name), "arguments": it.arguments}}
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)
@@ -233,17 +267,17 @@ def message_item(mid: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
 
 
-def call_item(call: dict, status: str = "completed") -> dict:
+def call_item(call: dict, names: dict[str, dict], status: str = "completed") -> dict:
     f = call["function"]
     return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"], "name": f["name"],
-            "arguments": f["arguments"] if status == "completed" else "", "status": status}
+            "arguments": f["arguments"] if status == "completed" else "", "status": status} | names.get(f["name"], {})
 
 
 class Answer:
     """One response being made: its object, filled in as the events come."""
 
     def __init__(self, body: ResponsesRequest, model: str, history: list[dict]):
-        self.body, self.conversation = body, history + input_messages(body.input)
+        self.body, self.conversation, self.names = body, history + input_messages(body.input), namespaced(body)
         self.object = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response", "created_at": int(time.time()),
                        "status": "in_progress", "error": None, "incomplete_details": None, "instructions": body.instructions,
                        "max_output_tokens": body.max_output_tokens, "model": model, "output": [],
@@ -280,7 +314,7 @@ def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
             return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
         text, calls, done = await collect(events)
         output = ([message_item(f"msg_{uuid.uuid4().hex[:24]}", text.strip() if calls else text)] if text.strip() or not calls else [])
-        return answer.finish(text, calls, done, kept, output + [call_item(c) for c in calls])
+        return answer.finish(text, calls, done, kept, output + [call_item(c, answer.names) for c in calls])
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
@@ -325,13 +359,13 @@ async def stream(answer: Answer, events, kept: Kept):
             output.append(item)
             text = None
         if kind == "begin":  # a call's arguments as they are generated
-            open_call, at = call_item(value, "in_progress"), len(output)
+            open_call, at = call_item(value, answer.names, "in_progress"), len(output)
             yield ev("response.output_item.added", output_index=at, item=open_call)
         elif kind == "args":
             yield ev("response.function_call_arguments.delta", item_id=open_call["id"], output_index=len(output), delta=value)
         elif kind in ("call", "end"):
             calls.append(value)
-            item, at = call_item(value), len(output)
+            item, at = call_item(value, answer.names), len(output)
             if kind == "end":
                 item, open_call = item | {"id": open_call["id"]}, None
             else:  # a call parsed whole

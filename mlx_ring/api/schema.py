@@ -18,7 +18,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     # Fields of the real API that would change the answer and that this server cannot honour: refused
     # by name and why ("Extra inputs are not permitted" is left for typos). `harmless`: values that ask
-    # for nothing this server does not do (modalities ["text"]).
+    # for nothing this server does not do (modalities ["text"]), or a test of the value.
     unsupported: ClassVar[dict[str, str]] = {}
     harmless: ClassVar[dict[str, object]] = {}
 
@@ -26,7 +26,10 @@ class _Strict(BaseModel):
     @classmethod
     def _unsupported(cls, data):
         for name, why in cls.unsupported.items():
-            if isinstance(data, dict) and data.get(name) is not None and data[name] != cls.harmless.get(name):
+            if not isinstance(data, dict) or data.get(name) is None:
+                continue
+            ok = cls.harmless.get(name)
+            if not (ok(data[name]) if callable(ok) else data[name] == ok):
                 raise ValueError(f"{name}: not supported by this server/model: {why}")
         return data
 

@@ -56,8 +56,8 @@ def test_responses_reasoning_null_or_an_effort_is_accepted(engine, served):
         assert refusal(http, "/v1/responses", body | {"reasoning": {"effort": "turbo"}}).startswith("reasoning.effort:")
         assert refusal(http, "/v1/responses", body | {"background": True}) == \
             "background: not supported by this server/model: a response is made while its request is open"
-        assert refusal(http, "/v1/responses", body | {"tools": [{"type": "web_search"}]}).startswith(
-            "tools.0: web_search tools are not supported by this server")
+        assert refusal(http, "/v1/responses", body | {"tools": [{"type": "file_search"}]}).startswith(
+            "tools.0: file_search tools are not supported by this server")
         assert "Extra inputs are not permitted" in refusal(http, "/v1/responses", body | {"reasonning": None})
 
 

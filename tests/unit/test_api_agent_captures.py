@@ -1,0 +1,86 @@
+"""The first request of Codex 0.171 (`codex exec`) and Claude Code 2.1 (`claude -p`), as a local HTTP
+server received them from the real clients (tests/data/clients/), replayed in process: each is answered,
+on a model whose context holds it, with what the client reads back. Their prompts are 10k-20k tokens,
+more than the default model's 8k context, which then answers the client's own context error."""
+
+import json
+from pathlib import Path
+
+from apiutil import FakeEngine, client
+
+DATA = Path(__file__).parent.parent / "data" / "clients"
+SPAWN = '<tool_call>\n{"name": "multi_agent_v1__spawn_agent", "arguments": {"message": "look"}}\n</tool_call>'
+
+
+def captured(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def events(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
+
+
+def test_codex_as_it_sends_namespace_tools_and_web_search(tool_served):
+    sent = captured("codex_0.171_responses.json")
+    kinds = [t["type"] for t in sent["body"]["tools"]]
+    assert "namespace" in kinds and "web_search" in kinds  # what the capture holds, and the test is about
+    engine = FakeEngine(tool_served.tokenizer, answer=SPAWN)
+    with client(engine, tool_served, context_length=131072) as http:
+        r = http.post(sent["path"], json=sent["body"], headers=sent["headers"])
+        assert r.status_code == 200, r.text
+        out = events(r.text)
+        done = out[-1]["response"]
+        assert done["status"] == "completed"
+        [call] = done["output"]
+        # the model saw the namespaced function under one flat name; Codex reads name and namespace apart
+        assert (call["type"], call["name"], call["namespace"], json.loads(call["arguments"])) == (
+            "function_call", "spawn_agent", "multi_agent_v1", {"message": "look"})
+        added = [e["item"] for e in out if e["type"] == "response.output_item.added"]
+        assert added[0]["namespace"] == "multi_agent_v1"
+        prompt = tool_served.tokenizer.decode(engine.submitted[0][0].prompt)
+        assert "multi_agent_v1__spawn_agent" in prompt and "exec_command" in prompt
+        assert "web_search" not in prompt  # a hosted tool this server does not run is not offered
+        # the next turn carries the call back with its namespace, and its output
+        turn = sent["body"] | {"input": sent["body"]["input"] + [
+            {"type": "function_call", "name": "spawn_agent", "namespace": "multi_agent_v1", "arguments": call["arguments"],
+             "call_id": call["call_id"]},
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "agent-1"}]}
+        engine.answer = "Spawned."
+        r = http.post(sent["path"], json=turn, headers=sent["headers"])
+        assert r.status_code == 200, r.text
+        assert events(r.text)[-1]["response"]["output"][0]["content"][0]["text"] == "Spawned."
+        assert "multi_agent_v1__spawn_agent" in tool_served.tokenizer.decode(engine.submitted[1][0].prompt)
+        # hosted tools it cannot stand in for are still refused by name
+        other = sent["body"] | {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}
+        r = http.post(sent["path"], json=other, headers=sent["headers"])
+        assert r.status_code == 400 and "tools.0: file_search tools are not supported" in r.json()["error"]["message"]
+
+
+def test_codex_on_a_model_whose_context_it_overflows_gets_the_context_error(tool_served):
+    sent = captured("codex_0.171_responses.json")
+    with client(FakeEngine(tool_served.tokenizer), tool_served) as http:
+        r = http.post(sent["path"], json=sent["body"], headers=sent["headers"])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_claude_code_as_it_sends_context_management_and_effort(tool_served):
+    sent = captured("claude_code_2.1_messages.json")
+    body = sent["body"]
+    assert body["context_management"]["edits"][0]["type"].startswith("clear_thinking_") and body["max_tokens"] == 64000
+    engine = FakeEngine(tool_served.tokenizer, answer="Hello!")
+    with client(engine, tool_served, context_length=131072) as http:
+        r = http.post(sent["path"], json=body, headers=sent["headers"])
+        assert r.status_code == 200, r.text
+        out = events(r.text)
+        assert "".join(e["delta"].get("text", "") for e in out if e["type"] == "content_block_delta") == "Hello!"
+        assert [e["delta"]["stop_reason"] for e in out if e["type"] == "message_delta"] == ["end_turn"]
+        # 64000 asked: cut to the room the prompt leaves
+        [[req]] = engine.submitted
+        assert req.max_tokens == min(64000, 131072 - len(req.prompt))
+        # editing that would change what the model reads is refused by name
+        edits = body | {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
+        r = http.post(sent["path"], json=edits, headers=sent["headers"])
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("context_management: not supported"), r.text
+    with client(FakeEngine(tool_served.tokenizer), tool_served) as http:  # the model's own 8k context
+        r = http.post(sent["path"], json=body, headers=sent["headers"])
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
