@@ -9,10 +9,29 @@ import time
 
 import mlx.core as mx
 
+from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
+
+
+def decode_groups(setting: int, caps: list[Capabilities], batches: bool) -> tuple[int, str]:
+    """The number of decode groups to start with, and why: GROUPS where set; else one per device the
+    ranks compute on (`compute_units`). Ranks that take turns on one machine's cores gain nothing from
+    keeping each at work on a group of its own, while each then runs a step per group, and a decode
+    step costs about as much for a few rows as for a handful (2 ranks on 2 shared cores: 4 streams
+    2.0-2.2x one stream in 2 groups, 3.0x in one). A model that decodes one request per group keeps
+    one per rank: its groups are the requests it serves at once."""
+    if setting:
+        return setting, "GROUPS"
+    if not batches:
+        return len(caps), "one per rank: each decodes one request at a time"
+    units = compute_units(caps)
+    if units == len(caps):
+        return units, "one per rank: each computes on a device of its own"
+    return units, (f"one per device the {len(caps)} ranks compute on: ranks on one machine without cores or a GPU "
+                   "of their own take turns on it")
 
 
 def warm_rows(max_active: int) -> list[int]:
@@ -32,8 +51,8 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
          may_regroup: bool) -> list[dict]:
     """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
     settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
-    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a ring of a batching model) on a
-    GPU, the faster number of decode groups. Returns every rank's `StatusRow` (as a dict) after it:
+    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU, the
+    faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict) after it:
     the warm-up runs the largest batch and the longest chunk, so their peaks are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
     log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
@@ -42,7 +61,7 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
         log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use; "
                  "MLX peak memory %.2f GiB)", chunk, warm_prompts(sched, ids, prompt, lengths), peak_gib())
     seed_prompt_cache(sched, ids, prompt)
-    if may_regroup and mx.default_device() != mx.cpu:
+    if may_regroup and len(sched.groups) > 1 and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, ids, prompt, max_active)
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
                  ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
@@ -162,11 +181,11 @@ def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n
 
 
 def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 8) -> dict[int, float]:
-    """Decode `rows` sequences in one group and in one group per rank, twice each (the first may
+    """Decode `rows` sequences in one group and in as many as the scheduler has, twice each (the first may
     build kernels), and keep the faster: several groups keep every rank at work, but each rank then
     runs a step per group, and where a step costs about the same for any number of rows (a GPU whose
     decode the host bounds) that costs more than the pipeline gains. Returns tokens/s per count tried."""
-    counts = [sched.pipe.ring.size, 1]
+    counts = [len(sched.groups), 1]
     best = {g: 0.0 for g in counts}
     for g in counts * 2:
         sched.set_groups(g)
