@@ -137,7 +137,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import decode_groups, fit_room, warm
+    from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:
@@ -148,7 +148,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     grammars = Grammars(tokenizer, logits.shape[-1])
     groups, why = decode_groups(cfg.groups, caps, shard.batches)
-    log.info("decode groups: %d (%s; GROUPS sets the number)", groups, why)
+    log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
     if not shard.batches:
         log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
                  UNBATCHED[model_config["model_type"]], groups)
@@ -171,6 +171,10 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
                                                                 cluster["plan"]["kv_tokens"])
         sched.kv_budget = max(1, room)
+    if "needs_gb" in cluster["ranks"][0]:  # the plan's figures, now counting what the warm-up measured
+        count_measured(cluster["ranks"], status)
+        log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
+                 format_summary({**cluster["plan"], "hops_ms": None, "ranks": cluster["ranks"]}))
     served = ServedModel(
         id=cfg.model or DEFAULT_MODEL,
         tokenizer=tokenizer,

@@ -80,32 +80,45 @@ def rank_memory(sched: Scheduler) -> list[dict]:
     return rows
 
 
-def beyond_runtime(status: list[dict], ranks: list[dict], runtime_gib: float) -> list[float]:
-    """Bytes of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's
-    `ranks`), the most its KV caches held, its prompt cache and the plan's `runtime_gib`: what its
-    activations took that the plan kept no room for (0 where they fit)."""
-    out = []
-    for row, rank in zip(status, ranks):
-        held_kib = rank.get("parameter_bytes_kib", 0) + row["kv_cache_peak_kib"] + row["prompt_cache_kib"]
-        out.append(max(0.0, (row["mlx_peak_memory_kib"] - held_kib) * 1024 - runtime_gib * 2**30))
-    return out
+def activations_gib(status: list[dict], ranks: list[dict]) -> list[float]:
+    """GiB of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's `ranks`),
+    the most its KV caches held and its prompt cache: what its activations and buffers took."""
+    return [max(0.0, (row["mlx_peak_memory_kib"] - rank.get("parameter_bytes_kib", 0) - row["kv_cache_peak_kib"]
+                      - row["prompt_cache_kib"]) / 2**20) for row, rank in zip(status, ranks)]
+
+
+def planned_runtime(ranks: list[dict]) -> list[float]:
+    """Each rank's runtime in the plan (GiB): its activations as estimated, or the flat reserve."""
+    return [r.get("runtime_gb", RUNTIME_GIB) for r in ranks]
 
 
 def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, kv_tokens: int) -> int:
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
-    the plan's runtime reserve during the warm-up; logged, with a warning below `kv_tokens`."""
+    its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
     # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
-    excess = beyond_runtime(status, ranks, RUNTIME_GIB)
+    planned = planned_runtime(ranks)
+    excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, ranks), planned)]
     fitted = room_after(spec, room, [r["layers"][1] - r["layers"][0] for r in ranks], excess)
     if fitted < room:
         worst = max(range(len(excess)), key=excess.__getitem__)
         log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
-                 "plan's %.1f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, RUNTIME_GIB)
+                 "plan's %.2f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, planned[worst])
     if fitted < kv_tokens:
         log.warning("the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower PREFILL_CHUNK or "
                     "MAX_ACTIVE, or give the ranks more memory", fitted, kv_tokens)
     return fitted
+
+
+def count_measured(ranks: list[dict], status: list[dict]) -> None:
+    """Each rank's memory figures (`runtime_gb`, `needs_gb`, as the startup table and /cluster/status
+    show them) raised to what its activations took in the warm-up, where that is more than planned;
+    `measured_runtime_gb` says what was measured."""
+    for rank, measured, planned in zip(ranks, activations_gib(status, ranks), planned_runtime(ranks)):
+        rank["measured_runtime_gb"] = round(measured, 3)
+        if measured > planned:
+            rank["runtime_gb"] = round(measured, 3)
+            rank["needs_gb"] = round(rank.get("needs_gb", 0.0) + measured - planned, 3)
 
 
 def peak_gib() -> float:
