@@ -189,7 +189,8 @@ def memory_need(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_token
     return fixed_bytes(model, cap, rank, n, kv_tokens) + n * per_layer_bytes(model, kv_tokens)
 
 
-def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int, most: int = 1 << 24) -> int:
+def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
+                most: int = 1 << 24) -> int:
     """Tokens of KV cache every rank can hold beside its slice (weights, runtime for a context of
     `kv_tokens` and, on rank 0, the ends): the room the ring has for the caches of the requests it
     serves at once. A plan that fits gives at least its KV_TOKENS; `most` caps it (caches that stop
@@ -386,8 +387,8 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
             raise ValueError(
                 f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
                 f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * layer_kv_bytes(model, kv_tokens))} "
-                f"KV cache for {kv_tokens} tokens + {_gb(runtime_bytes(model, c, r, e - s, kv_tokens))} runtime) but it has {c.usable_gb:.1f} GB usable "
-                f"of {c.memory_gb:.0f} GB{fix}")
+                f"KV cache for {kv_tokens} tokens + {_gb(runtime_bytes(model, c, r, e - s, kv_tokens))} runtime) but it "
+                f"has {c.usable_gb:.1f} GB usable of {c.memory_gb:.0f} GB{fix}")
 
 
 def hop_seconds(model: ModelSpec, links: list[tuple[float, float]], tokens: int = 1) -> float:
