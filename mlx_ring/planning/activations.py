@@ -29,12 +29,13 @@ def activation_bytes(model: "ModelSpec", cap: "Capabilities", rank: int, n: int,
     """The bytes of intermediate arrays rank `rank` holds at its peak with `n` layers: a prefill chunk
     (`model.prefill_chunk` tokens, or `CHUNK`) or a decode step of `model.max_active` rows, whichever is
     more tokens, through every layer where the device holds a graph's intermediates (else one); off
-    Metal, one layer's attention scores for the chunk against `context` keys; on rank 0 the head's
-    float32 logits of every row, with their softmax."""
+    Metal, one layer's attention scores for the chunk against `context` keys (at most the model's
+    context); on rank 0 the head's float32 logits of every row, with their softmax."""
     chunk = model.prefill_chunk or CHUNK
     tokens = max(chunk, model.max_active)
     held = n if holds_graph(cap) else min(n, 1)
     # Metal attends in one fused kernel; elsewhere a prompt's attention may run unfused (always on a CPU).
-    scores = 2 * model.heads * chunk * context * SCORE_BYTES if n and not metal(cap) else 0
+    keys = min(context, model.context_length or context)  # no prompt is longer than the model's context
+    scores = 2 * model.heads * chunk * keys * SCORE_BYTES if n and not metal(cap) else 0
     head = 2 * model.max_active * model.vocab * 4 if rank == 0 else 0  # the logits and their softmax
     return held * tokens * model.act_bytes_per_token + scores + head

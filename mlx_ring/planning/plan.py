@@ -73,11 +73,12 @@ class ModelSpec:
     kv_window: int = 0
     state_share: float = 0.0
     state_bytes: float = 0.0
-    # The arrays one layer's forward pass makes per token (activations.py counts them), the query heads
-    # and the vocabulary; and the serving settings they are held for (0: PREFILL_CHUNK auto).
+    # The arrays one layer's forward pass makes per token (activations.py counts them), the query heads,
+    # the vocabulary, the longest prompt (0: any); and the serving settings they are held for (0: PREFILL_CHUNK auto).
     act_bytes_per_token: float = 0.0
     heads: int = 0
     vocab: int = 0
+    context_length: int = 0
     prefill_chunk: int = 0
     max_active: int = 1
 

@@ -59,12 +59,13 @@ def _counts(c: dict) -> dict:
     kv = c["kv_lora_rank"] + c["qk_rope_head_dim"] if c.get("kv_lora_rank") else 2 * nkv * d
     return {"layer": attn + mlp + norms, "active": attn + active_mlp + norms, "linear": attn + mlp,
             "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h,
-            "flow": flow, "heads": nh, "vocab": V}
+            "flow": flow, "heads": nh, "vocab": V, "context": c.get("max_position_embeddings") or 4096}  # as served
 
 
 def _shape(n: dict, act: int) -> dict:
     """ModelSpec's fields for the activations estimate (activations.py), from `_counts`."""
-    return {"act_bytes_per_token": float(n["flow"] * act), "heads": n["heads"], "vocab": n["vocab"]}
+    return {"act_bytes_per_token": float(n["flow"] * act), "heads": n["heads"], "vocab": n["vocab"],
+            "context_length": n["context"]}
 
 
 # Elements of one sequence's fixed state in a layer that keeps one instead of keys and values.

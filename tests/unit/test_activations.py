@@ -14,7 +14,8 @@ from mlx_ring.planning.sizes import spec_from_config
 
 # Llama-3-8B's shape, bfloat16, the default model's vocabulary (tools/random_model.py llama3-8b)
 LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49152, "torch_dtype": "bfloat16"}
+            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49152, "torch_dtype": "bfloat16",
+            "max_position_embeddings": 8192}
 H200 = Capabilities("gpu", 140, 120, 700, 4000, "NVIDIA H200")
 CPU = Capabilities("box", 24, 10, 0.05, 2, "AMD EPYC")
 MAC = Capabilities("mac", 64, 48, 30, 546, "Apple M4 Max", working_set_gb=48)
@@ -39,6 +40,9 @@ def test_elsewhere_one_layer_at_a_time_and_the_head_on_rank_0():
     scores = 2 * 32 * 128 * 8192 * 4  # one layer's, unfused, in float32
     assert activation_bytes(spec, CPU, 1, 16, 8192) == pytest.approx(one_layer + scores)
     assert activation_bytes(spec, MAC, 1, 16, 8192) == pytest.approx(one_layer)  # Metal's attention is fused
+    # No prompt is longer than the model's context, however much KV cache the ring keeps room for.
+    assert activation_bytes(spec, CPU, 1, 16, 10**6) == activation_bytes(spec, CPU, 1, 16, 8192)
+    assert spec_from_config({k: v for k, v in LLAMA_8B.items() if k != "max_position_embeddings"}).context_length == 4096
     assert activation_bytes(spec, MAC, 0, 16, 8192) == pytest.approx(one_layer + 2 * 16 * 49152 * 4)
     # More rows decoding at once than a chunk has tokens: the rows count.
     many = serving(spec, 128, 1024)
