@@ -25,6 +25,7 @@ from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
@@ -56,11 +57,11 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, dict]:
+def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
-    computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts."""
-    plan, _, predicted = plan_ring(cfg, spec, world)
-    return plan, predicted
+    computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts.
+    Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
+    return plan_ring(cfg, spec, world)
 
 
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
@@ -126,7 +127,7 @@ def draft_model(cfg: Config, vocab: int):
     return model
 
 
-def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: dict) -> None:
+def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: dict, caps: list[Capabilities]) -> None:
     import uvicorn
 
     from mlx_ring.api.app import make_app, warm_http
@@ -136,7 +137,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
     from mlx_ring.serving.scheduler import Scheduler
-    from mlx_ring.serving.warmup import fit_room, warm
+    from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
 
     room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
     if room is not None:
@@ -146,13 +147,15 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     grammars = Grammars(tokenizer, logits.shape[-1])
+    groups, why = decode_groups(cfg.groups, caps, shard.batches)
+    log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
     if not shard.batches:
         log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
-                 UNBATCHED[model_config["model_type"]], cfg.groups)
+                 UNBATCHED[model_config["model_type"]], groups)
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
-    sched = Scheduler(Pipeline(shard, ring), shard, groups=cfg.groups, chunk=chunk,
+    sched = Scheduler(Pipeline(shard, ring), shard, groups=groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
@@ -163,11 +166,15 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
-                  may_regroup=not cfg.groups and ring.size > 1 and shard.batches)
+                  may_regroup=not cfg.groups and shard.batches)
     if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
         room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
                                                                 cluster["plan"]["kv_tokens"])
         sched.kv_budget = max(1, room)
+    if "needs_gb" in cluster["ranks"][0]:  # the plan's figures, now counting what the warm-up measured
+        count_measured(cluster["ranks"], status)
+        log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
+                 format_summary({**cluster["plan"], "hops_ms": None, "ranks": cluster["ranks"]}))
     served = ServedModel(
         id=served_name(cfg.served_model_name, cfg.model, DEFAULT_MODEL),
         tokenizer=tokenizer,
@@ -269,7 +276,7 @@ def main() -> None:
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
     spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
-    plan, predicted = make_plan(cfg, spec, world)
+    plan, caps, predicted = make_plan(cfg, spec, world)
     if rank == 0:
         log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
@@ -282,7 +289,7 @@ def main() -> None:
         log.info("receiving %s payloads before building the stage on them (RECEIVE_APART%s)",
                  " and ".join(sorted(k.name.lower() for k in ring.apart)), "=auto, on Metal" if cfg.receive_apart is None else "")
     if rank == 0:
-        serve_rank0(cfg, shard, ring, model_path, spec, cluster)
+        serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
     else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
         serve_worker(shard, ring, cfg.drain_timeout)
     log.info("exiting")

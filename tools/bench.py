@@ -138,9 +138,11 @@ async def _stream(client: AsyncOpenAI, model: str, prompt: str, max_tokens: int)
             "decode_tps": (tokens - 1) / span if span > 0 and tokens > 1 else None}
 
 
-async def run_concurrency(urls: list[str], model: str, c: int, max_tokens: int, round_: int) -> dict:
-    """`c` streams at once, stream i sent to urls[i % len(urls)]."""
-    prompts = [f"Request {round_}-{i}. Write a long, detailed story about {TOPICS[i % len(TOPICS)]}." for i in range(c)]
+async def run_concurrency(urls: list[str], model: str, c: int, max_tokens: int, round_: int, text: str = "") -> dict:
+    """`c` streams at once, stream i sent to urls[i % len(urls)]; each prompt `text` after its own
+    number (none shares a cached prefix), else a short request for a story."""
+    prompts = [f"Request {round_}-{i}. " + (text or f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]}.")
+               for i in range(c)]
     clients = [AsyncOpenAI(base_url=u + "/v1", api_key="bench", timeout=3600, max_retries=0) for u in urls]
     try:
         t0 = time.perf_counter()
@@ -196,9 +198,10 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
         long = timed(lambda i: long_prompt(model_dir, a.long_prompt, f"Note {i}"))
         out |= {"ttft_long_s": statistics.median(long), "ttft_long_samples_s": long, "long_prompt_tokens": a.long_prompt}
     out["runs"] = []
+    text = long_prompt(model_dir, a.prompt_tokens, "Note") if a.prompt_tokens else ""
     for c in a.concurrency:
         cpu0, t0 = t.cpu_seconds(), time.perf_counter()
-        r = asyncio.run(run_concurrency(t.urls, model, c, a.max_tokens, round_=c))
+        r = asyncio.run(run_concurrency(t.urls, model, c, a.max_tokens, round_=c, text=text))
         cpu1, wall = t.cpu_seconds(), time.perf_counter() - t0
         # each rank's CPU time over the run's wall time, per core it may use: its cores' busy fraction
         cores = len(a.shares[0].split(",")) if a.pin else 1
@@ -350,6 +353,7 @@ def main():
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--long-prompt", type=int, default=4096, help="tokens in the long TTFT prompt (0: skip)")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="tokens in each timed stream's prompt (0: a short one)")
     p.add_argument("--peers", default="mlx_lm", help="mlx_lm, mlx_lm_tp, mlx_lm_pp, replicas (comma-separated; '' for none)")
     p.add_argument("--gpu", action="store_true", help="one GPU per rank (CUDA)")
     p.add_argument("--pin", action="store_true", help="a device per rank on a CPU (Linux): each rank on its own cores, "

@@ -32,7 +32,7 @@ def plan_cell(spec, caps: list[Capabilities]) -> str:
         plan = plan_layers(spec, caps, "balanced", KV_TOKENS)
     except ValueError:
         return "no"
-    full = max(memory_need(spec, r, e - s, KV_TOKENS) / GIB / caps[r].usable_gb for r, (s, e) in enumerate(plan.ranges))
+    full = max(memory_need(spec, caps[r], r, e - s, KV_TOKENS) / GIB / caps[r].usable_gb for r, (s, e) in enumerate(plan.ranges))
     return f"{'+'.join(map(str, plan.sizes))} ({full:.0%})"
 
 

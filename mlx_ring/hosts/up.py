@@ -24,7 +24,7 @@ from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.planning.assemble import plan_for
+from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
@@ -336,7 +336,7 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
         from mlx_ring.models.source import resolve_model
 
         ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
-        ring.spec = spec_from_folder(ring.model)
+        ring.spec = serving(spec_from_folder(ring.model), ring.cfg.prefill_chunk, ring.cfg.max_active)
         ring.manifest = manifest(ring.model, cfg.cache_dir)
         plan(ring)
     if a.command == "check":

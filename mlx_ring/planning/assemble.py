@@ -9,6 +9,11 @@ from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, wi
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, plan_layers
 
 
+def serving(spec: ModelSpec, prefill_chunk: int, max_active: int) -> ModelSpec:
+    """`spec` with the settings its activations are estimated for (PREFILL_CHUNK, 0 for auto; MAX_ACTIVE)."""
+    return replace(spec, prefill_chunk=prefill_chunk, max_active=max_active)
+
+
 def plan_for(spec: ModelSpec, caps: list[Capabilities], host_keys: list[dict] | None, strategy: str, kv_tokens: int,
              layers: list[int] | tuple[int, ...] | None = None, prompt_cache_gb: float = 0.0,
              provisioned: tuple[str, list[int]] | None = None) -> tuple[LayerPlan, list[Capabilities], list[float]]:

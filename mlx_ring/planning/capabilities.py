@@ -76,6 +76,12 @@ def colocate(caps: list[Capabilities]) -> list[Capabilities]:
     return out
 
 
+def compute_units(caps: list[Capabilities]) -> int:
+    """How many devices the ranks compute on: ranks on one host take turns on its cores (or its one
+    GPU) unless each has a GPU or cores of its own (its `unit`), so together they count once."""
+    return len({(c.host, c.unit) for c in caps})
+
+
 def set_aside(caps: list[Capabilities], gb: float) -> tuple[list[Capabilities], list[float]]:
     """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at most a
     quarter of what the rank may fill, so a small host still takes layers): (caps, GB kept per rank)."""

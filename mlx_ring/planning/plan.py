@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from mlx_ring.gpu import most_wired_mb, wired_limit_mb
+from mlx_ring.planning.activations import activation_bytes
 from mlx_ring.planning.capabilities import Capabilities
 
 GIB = 2**30
@@ -72,6 +73,14 @@ class ModelSpec:
     kv_window: int = 0
     state_share: float = 0.0
     state_bytes: float = 0.0
+    # The arrays one layer's forward pass makes per token (activations.py counts them), the query heads,
+    # the vocabulary, the longest prompt (0: any); and the serving settings they are held for (0: PREFILL_CHUNK auto).
+    act_bytes_per_token: float = 0.0
+    heads: int = 0
+    vocab: int = 0
+    context_length: int = 0
+    prefill_chunk: int = 0
+    max_active: int = 1
 
     @property
     def total_bytes(self) -> float:
@@ -153,8 +162,15 @@ def bottleneck(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> 
     return max(host_seconds(model, caps, sizes).values())
 
 
-def fixed_bytes(model: ModelSpec, rank: int) -> float:
-    return RUNTIME_GIB * GIB + (model.ends_bytes if rank == 0 else 0.0)
+def runtime_bytes(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
+    """Memory a rank with `n` layers needs beside weights and caches: its activations as estimated
+    (`activation_bytes`, a prefill chunk against `kv_tokens` keys) where they are more than the flat
+    `RUNTIME_GIB` reserve, which is what covers them on small models."""
+    return max(RUNTIME_GIB * GIB, activation_bytes(model, cap, rank, n, kv_tokens))
+
+
+def fixed_bytes(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
+    return runtime_bytes(model, cap, rank, n, kv_tokens) + (model.ends_bytes if rank == 0 else 0.0)
 
 
 def layer_kv_bytes(model: ModelSpec, kv_tokens: int) -> float:
@@ -169,18 +185,20 @@ def per_layer_bytes(model: ModelSpec, kv_tokens: int) -> float:
     return model.layer_bytes + layer_kv_bytes(model, kv_tokens)
 
 
-def memory_need(model: ModelSpec, rank: int, n: int, kv_tokens: int) -> float:
+def memory_need(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
     """Bytes rank `rank` needs for `n` layers: weights, KV reserve, runtime, and on rank 0 the ends."""
-    return fixed_bytes(model, rank) + n * per_layer_bytes(model, kv_tokens)
+    return fixed_bytes(model, cap, rank, n, kv_tokens) + n * per_layer_bytes(model, kv_tokens)
 
 
-def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, most: int = 1 << 24) -> int:
-    """Tokens of KV cache every rank can hold beside its slice (weights, runtime and, on rank 0, the
-    ends): the room the ring has for the caches of the requests it serves at once. A plan that fits
-    gives at least its KV_TOKENS; `most` caps it (caches that stop growing: windows, states)."""
+def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
+                most: int = 1 << 24) -> int:
+    """Tokens of KV cache every rank can hold beside its slice (weights, runtime for a context of
+    `kv_tokens` and, on rank 0, the ends): the room the ring has for the caches of the requests it
+    serves at once. A plan that fits gives at least its KV_TOKENS; `most` caps it (caches that stop
+    growing: windows, states)."""
     tokens = most
     for r, (c, (s, e)) in enumerate(zip(caps, plan.ranges)):
-        room = c.usable_gb * GIB - fixed_bytes(model, r) - (e - s) * model.layer_bytes
+        room = c.usable_gb * GIB - fixed_bytes(model, c, r, e - s, kv_tokens) - (e - s) * model.layer_bytes
         lo, hi = 0, tokens
         while lo < hi:  # the most tokens whose caches fit in `room`
             mid = (lo + hi + 1) // 2
@@ -207,8 +225,12 @@ def room_after(model: ModelSpec, room: int, sizes: list[int], excess: list[float
 
 
 def max_layers(model: ModelSpec, cap: Capabilities, rank: int, kv_tokens: int) -> int:
-    room = cap.usable_gb * GIB - fixed_bytes(model, rank)
-    return max(0, math.floor(room / per_layer_bytes(model, kv_tokens) + 1e-9))
+    """The most layers `cap` holds; its activations grow with its layers where it holds them all."""
+    room = cap.usable_gb * GIB - fixed_bytes(model, cap, rank, 0, kv_tokens)
+    most = min(model.n_layers, max(0, math.floor(room / per_layer_bytes(model, kv_tokens) + 1e-9)))
+    while most and memory_need(model, cap, rank, most, kv_tokens) > cap.usable_gb * GIB + 1:
+        most -= 1
+    return most
 
 
 # --- strategies -------------------------------------------------------------------------------
@@ -233,7 +255,7 @@ def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "bal
     elif strategy == "uniform":
         plan = uniform_plan(L, n)
     elif strategy == "memory":
-        room = [max(0.0, c.usable_gb * GIB - fixed_bytes(model, r)) for r, c in enumerate(caps)]
+        room = [max(0.0, c.usable_gb * GIB - fixed_bytes(model, c, r, 0, kv_tokens)) for r, c in enumerate(caps)]
         plan = plan_from_sizes(L, proportional_sizes(L, room), strategy)
     elif strategy == "compute":
         plan = plan_from_sizes(L, proportional_sizes(L, [c.tflops for c in caps]), strategy)
@@ -313,7 +335,8 @@ def _does_not_fit(model: ModelSpec, caps: list[Capabilities], cap: list[int], kv
     each = "; ".join(f"{c.host} (rank {r}) holds at most {cap[r]} in {c.usable_gb:.1f} GB usable"
                      + (f" (its GPU may wire {c.working_set_gb:.1f} of {c.memory_gb:.0f} GB)"
                         if c.working_set_gb else "") for r, c in enumerate(caps))
-    need = memory_need(model, 0, model.n_layers, kv_tokens) + (len(caps) - 1) * RUNTIME_GIB * GIB
+    need = memory_need(model, caps[0], 0, model.n_layers, kv_tokens) + sum(
+        runtime_bytes(model, c, r, 0, kv_tokens) for r, c in enumerate(caps) if r)
     have = sum(c.usable_gb for c in caps) * GIB
     raise_limits = _raise_metal_limits(caps, need - have + per_layer_bytes(model, kv_tokens))
     return (f"the model does not fit: its {model.n_layers} layers of {_gb(model.layer_bytes)} (+ {_gb(model.ends_bytes)} "
@@ -357,7 +380,7 @@ def _metal_limit(c: Capabilities, caps: list[Capabilities], short: float) -> str
 def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> None:
     """ValueError naming the first rank whose slice needs more memory than it has, and the fix."""
     for r, (c, (s, e)) in enumerate(zip(caps, plan.ranges)):
-        need = memory_need(model, r, e - s, kv_tokens)
+        need = memory_need(model, c, r, e - s, kv_tokens)
         if need > c.usable_gb * GIB + 1:
             ends = f" + {_gb(model.ends_bytes)} embedding and head" if r == 0 else ""
             fix = (_metal_limit(c, caps, need - c.usable_gb * GIB) if c.working_set_gb
@@ -365,8 +388,8 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
             raise ValueError(
                 f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
                 f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * layer_kv_bytes(model, kv_tokens))} "
-                f"KV cache for {kv_tokens} tokens + {RUNTIME_GIB} GB runtime) but it has {c.usable_gb:.1f} GB usable "
-                f"of {c.memory_gb:.0f} GB{fix}")
+                f"KV cache for {kv_tokens} tokens + {_gb(runtime_bytes(model, c, r, e - s, kv_tokens))} runtime) but it "
+                f"has {c.usable_gb:.1f} GB usable of {c.memory_gb:.0f} GB{fix}")
 
 
 def hop_seconds(model: ModelSpec, links: list[tuple[float, float]], tokens: int = 1) -> float:

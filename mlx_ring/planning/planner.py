@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
-from mlx_ring.planning.assemble import plan_for
+from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities, declared
 from mlx_ring.planning.entries import host_keys, load_entries
 from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
@@ -45,7 +45,8 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
             else:
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
-                 "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts, "spec": asdict(spec),
+                 "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts,
+                 "spec": asdict(serving(spec, cfg.prefill_chunk, cfg.max_active)),
                  "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None}
     rows = exchange(mine, world)
     lead = rows[0]
@@ -92,6 +93,7 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dic
 def dry_run(cfg: Config) -> dict:
     """What `./launch.sh plan` prints: the plan the ring would run, and every other strategy's."""
     spec, measured, keys, notes = dry_run_inputs(cfg)
+    spec = serving(spec, cfg.prefill_chunk, cfg.max_active)
 
     def plan(strategy: str, layers=None):
         return plan_for(spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb)

@@ -10,6 +10,7 @@ from mlx_ring.planning.plan import (
     hop_seconds,
     kv_capacity,
     memory_need,
+    runtime_bytes,
     stage_seconds,
 )
 
@@ -26,12 +27,13 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
             "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
             "capabilities_from": c.source, "layers": [s, e], "working_set_gb": round(c.working_set_gb, 2),
             "weights_gb": round(((e - s) * model.layer_bytes + (model.ends_bytes if r == 0 else 0)) / GIB, 3),
-            "needs_gb": round(memory_need(model, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
+            "needs_gb": round(memory_need(model, c, r, e - s, kv_tokens) / GIB, 3),
+            "runtime_gb": round(runtime_bytes(model, c, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
         })
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
     return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
-            "kv_capacity_tokens": kv_capacity(model, caps, plan), "ranks": ranks,
+            "kv_capacity_tokens": kv_capacity(model, caps, plan, kv_tokens), "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}
@@ -43,12 +45,13 @@ def format_summary(s: dict) -> str:
     dw = max((len(r["device"]) for r in s["ranks"]), default=0)
     dw = dw + 2 if dw else 0
     lines = [f"{'rank':<5}{'host':<{hw}}{'device' if dw else '':<{dw}}{'memory':>6}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>6}"
-             f"  {'layers':<14}{'weights':>9}{'needs':>9}{'stage':>10}"]
+             f"  {'layers':<14}{'weights':>9}{'runtime':>9}{'needs':>9}{'stage':>10}"]
     for r in s["ranks"]:
         lo, hi = r["layers"]
         lines.append(f"{r['rank']:<5}{r['host']:<{hw}}{r['device']:<{dw}}{r['memory_gb']:>3.0f} GB{r['usable_gb']:>6.1f} GB"
                      f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
-                     f"{r['weights_gb']:>6.1f} GB{r['needs_gb']:>6.1f} GB{r['predicted_stage_ms']:>7.1f} ms")
+                     f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.1f} GB{r['needs_gb']:>6.1f} GB"
+                     f"{r['predicted_stage_ms']:>7.1f} ms")
     lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
                  f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); "
                  + ("network hops not counted (`./launch.sh check` measures them)" if s.get("hops_ms") is None

@@ -41,19 +41,31 @@ def _counts(c: dict) -> dict:
         attn += nh * d + 2 * nkv * d
     norms = 2 * h + (2 * d if c.get("model_type", "").startswith("qwen3") else 0)
     experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    # The arrays a layer makes per token: norms, residuals and projections of the hidden size, queries
+    # (and their rotated copy), keys and values, the MLP's gate, up, activation and product.
+    flow = 6 * h + 2 * nh * d + 2 * nkv * d
     if experts:
         moe_i = c.get("moe_intermediate_size") or c["intermediate_size"]
         k = c.get("num_experts_per_tok") or 1
         shared_i = c.get("shared_expert_intermediate_size") or 0
         shared = 3 * h * shared_i + (h if shared_i else 0)
         mlp, active_mlp = experts * 3 * h * moe_i + h * experts + shared, k * 3 * h * moe_i + h * experts + shared
+        flow += 4 * (k * moe_i + shared_i) + k * h + experts  # each token's copy per expert it is routed to
     else:
         mlp = active_mlp = 3 * h * (c.get("block_ff_dim") or c["intermediate_size"])  # LFM2 names it block_ff_dim
+        flow += 4 * (c.get("block_ff_dim") or c["intermediate_size"])
     tied = c.get("tie_word_embeddings", False)
     # Latent attention (DeepSeek-V2/V3) caches one compressed vector and one rotary key per token.
     kv = c["kv_lora_rank"] + c["qk_rope_head_dim"] if c.get("kv_lora_rank") else 2 * nkv * d
     return {"layer": attn + mlp + norms, "active": attn + active_mlp + norms, "linear": attn + mlp,
-            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h}
+            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h,
+            "flow": flow, "heads": nh, "vocab": V, "context": c.get("max_position_embeddings") or 4096}  # as served
+
+
+def _shape(n: dict, act: int) -> dict:
+    """ModelSpec's fields for the activations estimate (activations.py), from `_counts`."""
+    return {"act_bytes_per_token": float(n["flow"] * act), "heads": n["heads"], "vocab": n["vocab"],
+            "context_length": n["context"]}
 
 
 def parameter_count(c: dict) -> int:
@@ -165,9 +177,9 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
         head_read = exact["head"] or exact["embed"]
         flops = 2.0 * sum(exact["params_active"]) / L
         return ModelSpec(L, layer, ends, head_read, n["kv"] * act, read, flops, 2.0 * n["vocab_hidden"], label, name,
-                         text["hidden_size"] * act, **cache_layout(c, act))
+                         text["hidden_size"] * act, **cache_layout(c, act), **_shape(n, act))
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
-                     label, name, text["hidden_size"] * act, **cache_layout(c, act))
+                     label, name, text["hidden_size"] * act, **cache_layout(c, act), **_shape(n, act))
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
@@ -220,4 +232,4 @@ def spec_from_folder(folder: Path) -> ModelSpec:
     n = _counts(config)
     return ModelSpec(est.n_layers, layer, ends, head or embed, n["kv"] * act, layer * n["active"] / n["layer"],
                      est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name,
-                     _text(config)["hidden_size"] * act, **cache_layout(config, act))
+                     _text(config)["hidden_size"] * act, **cache_layout(config, act), **_shape(n, act))

@@ -9,10 +9,29 @@ import time
 
 import mlx.core as mx
 
+from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
+
+
+def decode_groups(setting: int, caps: list[Capabilities], batches: bool) -> tuple[int, str]:
+    """The number of decode groups to start with, and why: GROUPS where set; else one per device the
+    ranks compute on (`compute_units`). Ranks that take turns on one machine's cores gain nothing from
+    keeping each at work on a group of its own, while each then runs a step per group, and a decode
+    step costs about as much for a few rows as for a handful (2 ranks on 2 shared cores: 4 streams
+    2.0-2.2x one stream in 2 groups, 3.0x in one). A model that decodes one request per group keeps
+    one per rank: its groups are the requests it serves at once."""
+    if setting:
+        return setting, "GROUPS"
+    if not batches:
+        return len(caps), "one per rank: each decodes one request at a time"
+    units = compute_units(caps)
+    if units == len(caps):
+        return units, "one per rank: each computes on a device of its own"
+    return units, (f"one per device the {len(caps)} ranks compute on: ranks on one machine without cores or a GPU "
+                   "of their own take turns on it")
 
 
 def warm_rows(max_active: int) -> list[int]:
@@ -32,8 +51,8 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
          may_regroup: bool) -> list[dict]:
     """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
     settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
-    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a ring of a batching model) on a
-    GPU, the faster number of decode groups. Returns every rank's `StatusRow` (as a dict) after it:
+    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU, the
+    faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict) after it:
     the warm-up runs the largest batch and the longest chunk, so their peaks are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
     log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
@@ -42,7 +61,7 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
         log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use; "
                  "MLX peak memory %.2f GiB)", chunk, warm_prompts(sched, ids, prompt, lengths), peak_gib())
     seed_prompt_cache(sched, ids, prompt)
-    if may_regroup and mx.default_device() != mx.cpu:
+    if may_regroup and len(sched.groups) > 1 and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, ids, prompt, max_active)
         log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
                  ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
@@ -61,32 +80,45 @@ def rank_memory(sched: Scheduler) -> list[dict]:
     return rows
 
 
-def beyond_runtime(status: list[dict], ranks: list[dict], runtime_gib: float) -> list[float]:
-    """Bytes of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's
-    `ranks`), the most its KV caches held, its prompt cache and the plan's `runtime_gib`: what its
-    activations took that the plan kept no room for (0 where they fit)."""
-    out = []
-    for row, rank in zip(status, ranks):
-        held_kib = rank.get("parameter_bytes_kib", 0) + row["kv_cache_peak_kib"] + row["prompt_cache_kib"]
-        out.append(max(0.0, (row["mlx_peak_memory_kib"] - held_kib) * 1024 - runtime_gib * 2**30))
-    return out
+def activations_gib(status: list[dict], ranks: list[dict]) -> list[float]:
+    """GiB of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's `ranks`),
+    the most its KV caches held and its prompt cache: what its activations and buffers took."""
+    return [max(0.0, (row["mlx_peak_memory_kib"] - rank.get("parameter_bytes_kib", 0) - row["kv_cache_peak_kib"]
+                      - row["prompt_cache_kib"]) / 2**20) for row, rank in zip(status, ranks)]
+
+
+def planned_runtime(ranks: list[dict]) -> list[float]:
+    """Each rank's runtime in the plan (GiB): its activations as estimated, or the flat reserve."""
+    return [r.get("runtime_gb", RUNTIME_GIB) for r in ranks]
 
 
 def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, kv_tokens: int) -> int:
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
-    the plan's runtime reserve during the warm-up; logged, with a warning below `kv_tokens`."""
+    its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
     # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
-    excess = beyond_runtime(status, ranks, RUNTIME_GIB)
+    planned = planned_runtime(ranks)
+    excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, ranks), planned)]
     fitted = room_after(spec, room, [r["layers"][1] - r["layers"][0] for r in ranks], excess)
     if fitted < room:
         worst = max(range(len(excess)), key=excess.__getitem__)
         log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
-                 "plan's %.1f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, RUNTIME_GIB)
+                 "plan's %.2f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, planned[worst])
     if fitted < kv_tokens:
         log.warning("the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower PREFILL_CHUNK or "
                     "MAX_ACTIVE, or give the ranks more memory", fitted, kv_tokens)
     return fitted
+
+
+def count_measured(ranks: list[dict], status: list[dict]) -> None:
+    """Each rank's memory figures (`runtime_gb`, `needs_gb`, as the startup table and /cluster/status
+    show them) raised to what its activations took in the warm-up, where that is more than planned;
+    `measured_runtime_gb` says what was measured."""
+    for rank, measured, planned in zip(ranks, activations_gib(status, ranks), planned_runtime(ranks)):
+        rank["measured_runtime_gb"] = round(measured, 3)
+        if measured > planned:
+            rank["runtime_gb"] = round(measured, 3)
+            rank["needs_gb"] = round(rank.get("needs_gb", 0.0) + measured - planned, 3)
 
 
 def peak_gib() -> float:
@@ -162,11 +194,11 @@ def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n
 
 
 def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 8) -> dict[int, float]:
-    """Decode `rows` sequences in one group and in one group per rank, twice each (the first may
+    """Decode `rows` sequences in one group and in as many as the scheduler has, twice each (the first may
     build kernels), and keep the faster: several groups keep every rank at work, but each rank then
     runs a step per group, and where a step costs about the same for any number of rows (a GPU whose
     decode the host bounds) that costs more than the pipeline gains. Returns tokens/s per count tried."""
-    counts = [sched.pipe.ring.size, 1]
+    counts = [len(sched.groups), 1]
     best = {g: 0.0 for g in counts}
     for g in counts * 2:
         sched.set_groups(g)

@@ -128,7 +128,7 @@ def test_a_slow_stage_on_rank_0_is_not_taken_for_a_hung_rank(ring):
 
 
 def test_small_socket_buffers_do_not_deadlock_64_streams(tmp_path, default_model):
-    # Hidden size 2048, float32: a decode step of 64 rows carries 512 KiB (each of two groups' 256 KiB),
+    # Hidden size 2048, float32: a decode step of 64 rows carries 512 KiB (in one group, or two of 256 KiB),
     # and the ring's sockets hold 32 KiB (Linux books twice that). A sender blocks until its peer reads,
     # as over a real link with small buffers. (At 16 KiB, TCP's delayed acknowledgements stretch each
     # transfer to about a second, and the test to over a minute; at 4 KiB, to seconds a transfer.)

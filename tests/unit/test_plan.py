@@ -66,9 +66,11 @@ from mlx_ring.planning.plan import (  # noqa: E402
     layer_kv_bytes,
     max_layers,
     memory_need,
+    per_layer_bytes,
     plan_layers,
     proportional_sizes,
     room_after,
+    runtime_bytes,
 )
 from mlx_ring.planning.report import summary  # noqa: E402
 
@@ -81,9 +83,13 @@ def clusters(draw, max_ranks=6, max_layers=64):
     n_layers = draw(st.integers(1, max_layers))
     layer = draw(st.floats(1e6, 2e9))
     model = ModelSpec(n_layers, layer, draw(st.floats(0, 3e9)), draw(st.floats(0, 2e9)), draw(st.floats(0, 2e5)),
-                      layer * draw(st.floats(0.05, 1)), draw(st.floats(1e6, 1e11)), draw(st.floats(0, 1e10)))
+                      layer * draw(st.floats(0.05, 1)), draw(st.floats(1e6, 1e11)), draw(st.floats(0, 1e10)),
+                      act_bytes_per_token=draw(st.floats(0, 5e5)), heads=draw(st.integers(0, 64)),
+                      vocab=draw(st.integers(0, 262144)), prefill_chunk=draw(st.sampled_from([0, 16, 128, 512])),
+                      max_active=draw(st.integers(1, 128)))
     n_hosts = draw(st.integers(1, max_ranks))
-    machines = [Capabilities(f"h{i}", m, m * draw(st.floats(0.05, 1)), draw(st.floats(0.05, 100)), draw(st.floats(5, 1000)))
+    machines = [Capabilities(f"h{i}", m, m * draw(st.floats(0.05, 1)), draw(st.floats(0.05, 100)), draw(st.floats(5, 1000)),
+                             working_set_gb=draw(st.sampled_from([0.0, m])))
                 for i, m in enumerate(draw(st.lists(st.floats(1, 512), min_size=n_hosts, max_size=n_hosts)))]
     ranks = draw(st.lists(st.integers(0, n_hosts - 1), min_size=1, max_size=max_ranks))
     return model, colocate([machines[h] for h in ranks]), draw(st.integers(0, 32768))
@@ -107,12 +113,13 @@ def test_every_strategy_gives_contiguous_cover_within_memory(c):
         assert plan.size == len(caps) and plan.strategy == strategy
         assert [x for r in range(plan.size) for x in plan.layers_of(r)] == list(range(model.n_layers))
         for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
-            assert n >= 1 and memory_need(model, r, n, kv) <= cap.usable_gb * GIB + 1
+            assert n >= 1 and memory_need(model, cap, r, n, kv) <= cap.usable_gb * GIB + 1
         assert plan_layers(model, caps, strategy, kv) == plan  # deterministic
-        room = kv_capacity(model, caps, plan)  # what the ring admits: the plan's reserve at least, and it fits
+        room = kv_capacity(model, caps, plan, kv)  # what the ring admits: the plan's reserve at least, and it fits
         assert room >= kv or layer_kv_bytes(model, room + 1) == layer_kv_bytes(model, kv)
         for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
-            assert memory_need(model, r, n, room) <= cap.usable_gb * GIB + 1
+            fixed = runtime_bytes(model, cap, r, n, kv) + (model.ends_bytes if r == 0 else 0)
+            assert fixed + n * per_layer_bytes(model, room) <= cap.usable_gb * GIB + 1
 
 
 @SMALL
@@ -137,7 +144,7 @@ def test_balanced_is_optimal_against_every_split(c):
     balanced = _try(model, caps, "balanced", kv)
     best = None
     for sizes in product(range(1, model.n_layers + 1), repeat=len(caps)):
-        if sum(sizes) == model.n_layers and all(memory_need(model, r, n, kv) <= cap.usable_gb * GIB + 1
+        if sum(sizes) == model.n_layers and all(memory_need(model, cap, r, n, kv) <= cap.usable_gb * GIB + 1
                                                  for r, (cap, n) in enumerate(zip(caps, sizes))):
             t = bottleneck(model, caps, list(sizes))
             best = t if best is None else min(best, t)
@@ -318,7 +325,7 @@ def test_kv_capacity_is_what_the_tightest_rank_holds_beside_its_slice():
     per_token = LLAMA_8B.kv_bytes_per_token  # one layer's
     studio = (36 * GIB - RUNTIME_GIB * GIB - LLAMA_8B.ends_bytes - 24 * LLAMA_8B.layer_bytes) // (24 * per_token)
     mini = (16 * 2 / 3 * GIB - RUNTIME_GIB * GIB - 8 * LLAMA_8B.layer_bytes) // (8 * per_token)
-    assert kv_capacity(LLAMA_8B, caps, plan) == min(studio, mini) == mini
+    assert kv_capacity(LLAMA_8B, caps, plan, 8192) == min(studio, mini) == mini
     assert summary(LLAMA_8B, caps, plan, 8192)["kv_capacity_tokens"] == mini
     windowed = replace(LLAMA_8B, kv_window_share=1.0, kv_window=4096)  # every cache stops at its window
-    assert kv_capacity(windowed, caps, plan, most=10**6) == 10**6
+    assert kv_capacity(windowed, caps, plan, 8192, most=10**6) == 10**6
