@@ -25,6 +25,7 @@ from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
@@ -33,7 +34,7 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.serving.prefix import PrefixIndex
-from shard import GROUP_SPARE_TOKENS, Shard, load_shard, serve_worker
+from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
 

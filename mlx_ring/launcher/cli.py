@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                           stdout=subprocess.DEVNULL).returncode:
             return 2
     then = {"prepare": ["server.py", "--prepare"], "test": ["-m", "pytest"], "bench": ["tools/bench.py"],
-            "check": ["-m", "mlx_ring.hosts.up", "check", "--ring-port", str(s.ring_port)],
+            "check": ["-m", "mlx_ring.launcher.up", "check", "--ring-port", str(s.ring_port)],
             "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],  # later flags win
             "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile]}
     if cmd in then:

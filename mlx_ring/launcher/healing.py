@@ -45,7 +45,7 @@ def is_back(conf: Path, host: str, address: str | None = None) -> bool:
 def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
     """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write mlx.launch's inputs."""
     env = {**os.environ, **({"HOSTFILE": str(hostfile)} if hostfile else {})}
-    return subprocess.run([sys.executable, "-m", "mlx_ring.hosts.up", "up", "--ring-port", str(s.ring_port),
+    return subprocess.run([sys.executable, "-m", "mlx_ring.launcher.up", "up", "--ring-port", str(s.ring_port),
                            "--out", str(s.planned), *args], cwd=ROOT, env=env).returncode
 
 

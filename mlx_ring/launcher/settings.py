@@ -27,7 +27,7 @@ class LaunchSettings:
 
     @property
     def planned(self) -> Path:
-        """What `hosts.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
+        """What `launcher.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
         return self.log_dir / "launch"
 
     @property

@@ -192,7 +192,7 @@ def test_install_locations_a_mac_closes_to_ssh_are_named():
 
 def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.hosts.up import Preflight, warnings
+    from mlx_ring.launcher.up import Preflight, warnings
 
     mac = Facts("mini-2.local", system="Darwin arm64", firewall=True, python="/Users/Shared/py/bin/python3.11")
     ring = Preflight(None, None, hosts_from(tmp_path, [{"ssh": "mini-1", "ips": ["192.168.1.10"]},
@@ -206,7 +206,7 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
 
 def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned_of(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.hosts.up import Preflight, firewall_problems, warnings
+    from mlx_ring.launcher.up import Preflight, firewall_problems, warnings
     from mlx_ring.platform import Firewall, parse_pmset
 
     mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
@@ -308,7 +308,7 @@ def test_a_stale_rank_of_an_earlier_ring_is_killed_before_a_new_one_starts(tmp_p
 def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
     from types import SimpleNamespace
 
-    from mlx_ring.hosts import up
+    from mlx_ring.launcher import up
 
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "MAX_QUEUE=9"],
