@@ -18,8 +18,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench import ROOT, Target, stream_one, targets  # noqa: E402
+from bench import ROOT, Target, stream_one, targets  # the script's own folder, tools/, is on the path
 
 
 async def one(url: str, model: str, i: int, max_tokens: int) -> dict:
