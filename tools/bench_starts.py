@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from openai import AsyncOpenAI
-
 from bench import ROOT, Target, stream_one, targets  # the script's own folder, tools/, is on the path
+from openai import AsyncOpenAI
 
 
 async def one(url: str, model: str, i: int, max_tokens: int) -> dict:

@@ -15,13 +15,13 @@ service of its own with its static address.
 import argparse
 import ipaddress
 import json
-import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlx_ring import settings
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import netsetup, ssh
 from mlx_ring.hosts.hostfile import LOCAL, Host, this_machine
@@ -310,14 +310,14 @@ def apply(conf: Path, p: Proposal) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     a = argparse.ArgumentParser(prog="./launch.sh hosts", description=__doc__.split("\n\n")[0])
     a.add_argument("--over", choices=["thunderbolt"], default="thunderbolt")
-    a.add_argument("--hostfile", type=Path, default=ROOT / os.environ.get("HOSTFILE", "hosts.json"))
+    a.add_argument("--hostfile", type=Path, default=ROOT / settings.text("HOSTFILE"))
     a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there, asking here)")
     a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
     args = a.parse_args(argv)
     try:
         entries, envs = read_hostfile(args.hostfile)
-        log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
-        conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
+        log_dir = ROOT / settings.text("LOG_DIR")
+        conf = ssh.write_config(log_dir / "ssh_config", settings.text("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))
         if args.apply:

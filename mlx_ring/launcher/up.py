@@ -8,7 +8,6 @@ host is reachable, holds the same code and environment, owns its ring address, a
 import argparse
 import json
 import logging
-import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from mlx_ring import settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
@@ -358,9 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         cfg, _ = parse_config(rest)  # which also reads .env into the environment
-        env = os.environ
-        opts = Launch(a.ring_port, env.get("CACHE_DIR", ""), env.get("RING_SSH_CONFIG") or None,
-                      env.get("PROVISION", "1") != "0", env.get("MLX_RING_CAPS", ""), settings_to_forward())
+        opts = Launch(a.ring_port, settings.given("CACHE_DIR") or "", settings.text("RING_SSH_CONFIG"),
+                      settings.text("PROVISION") != "0", settings.text("MLX_RING_CAPS") or "", settings_to_forward())
         ring = run(a, cfg, opts)
     except ValueError as e:
         print(f"cannot start: {e}", file=sys.stderr)
