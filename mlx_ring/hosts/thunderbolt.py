@@ -23,9 +23,8 @@ from pathlib import Path
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT
+from mlx_ring.hostfile import LOCAL, Host, read_hostfile, this_machine
 from mlx_ring.hosts import netsetup, ssh
-from mlx_ring.hosts.hostfile import LOCAL, Host, this_machine
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash

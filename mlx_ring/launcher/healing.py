@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
+from mlx_ring.hostfile import read_hostfile
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")

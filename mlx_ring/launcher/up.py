@@ -18,15 +18,14 @@ from tqdm import tqdm
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
+from mlx_ring.hostfile import Host, load_hosts, mlx_hostfile, read_hostfile, resolve
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
-from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.assemble import plan_for
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary, summary

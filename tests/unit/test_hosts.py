@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from ringutil import make_tiny_model
 
+from mlx_ring.hostfile import load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.facts import parse
-from mlx_ring.hosts.hostfile import load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import disagreement
 from mlx_ring.hosts.weights import build_manifest, manifest, missing_pieces, piece_bytes, pieces_for
 
@@ -51,7 +51,7 @@ def test_malformed_hostfiles_are_refused_with_the_entry_named(tmp_path, entries,
 def test_mlx_distributed_configs_hostfile_is_taken_as_mlx_writes_it(tmp_path):
     from mlx._distributed_utils.common import Host, Hostfile
 
-    from mlx_ring.planning.entries import read_hostfile
+    from mlx_ring.hostfile import read_hostfile
 
     # What `mlx.distributed_config --backend ring --output-hostfile` writes (its configure_ring does this).
     written = Hostfile([Host(0, "mac-a", ["192.168.0.5"], []), Host(1, "mac-b", ["192.168.0.2"], [])], "ring",
@@ -143,7 +143,7 @@ def test_disagreement_names_the_host_that_differs():
 
 
 def test_this_machines_entry_is_started_without_ssh_whatever_it_is_called(tmp_path):
-    from mlx_ring.hosts.hostfile import this_machine
+    from mlx_ring.hostfile import this_machine
 
     names = {"studio.local": "192.168.1.10", "mini.local": "192.168.1.11"}
 

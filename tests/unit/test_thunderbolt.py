@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mlx_ring.hostfile import load_hosts
 from mlx_ring.hosts import thunderbolt as tb
-from mlx_ring.hosts.hostfile import load_hosts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "macos" / "thunderbolt"
 TWO = {"127.0.0.1": "two-macs/mbp", "studio.local": "two-macs/studio"}
