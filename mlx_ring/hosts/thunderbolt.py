@@ -26,6 +26,7 @@ from mlx_ring.config import ROOT
 from mlx_ring.hostfile import LOCAL, Host, read_hostfile, this_machine
 from mlx_ring.hosts import netsetup, ssh
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
+from mlx_ring.rundir import RunDir
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
     from mlx._distributed_utils import config as mlx_config
@@ -315,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = a.parse_args(argv)
     try:
         entries, envs = read_hostfile(args.hostfile)
-        log_dir = ROOT / settings.text("LOG_DIR")
-        conf = ssh.write_config(log_dir / "ssh_config", settings.text("RING_SSH_CONFIG"))
+        conf = ssh.write_config(RunDir(ROOT / settings.text("LOG_DIR")).ssh_config, settings.text("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))
         if args.apply:

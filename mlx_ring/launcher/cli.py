@@ -1,7 +1,6 @@
 """`./launch.sh [command] [args]`: the commands a user types, after launch.sh has found uv and made
 the environment. Extra arguments go to the program each command runs (server.py, pytest, ...)."""
 
-import glob
 import logging
 import os
 import subprocess
@@ -69,7 +68,7 @@ def status(s: LaunchSettings) -> int:
 
 def logs(s: LaunchSettings, args: list[str]) -> int:
     s.log_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(glob.glob(str(s.log_dir / "*.log")))
+    files = [str(p) for p in s.run.logs()]
     if not files:
         log.info("no logs yet in %s", s.log_dir)
         return 0

@@ -55,7 +55,7 @@ def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     entries = [e for e in entries if e["ssh"] not in hosts]
     if not entries:
         return None
-    path = s.planned / "hosts.failover.json"
+    path = s.run.launch.failover_hostfile
     path.write_text(json.dumps({"envs": envs, "hosts": entries} if envs else entries))
     return path
 
@@ -75,14 +75,15 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
     """The hosts again before a restart. A host that does not answer is waited for, for as long as the
     supervisor runs (the API's port says so meanwhile), or failed over after FAILOVER_AFTER seconds;
     any other problem ends the supervision: it would fail the same way again. False: do not restart."""
-    local_rank0 = (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1"
-    conf = s.log_dir / "ssh_config"
+    rank0 = s.run.launch.rank0
+    local_rank0 = rank0.is_file() and rank0.read_text().strip() == "127.0.0.1"
+    conf = s.run.ssh_config
     away.hosts, tried_failover = [], False
     while not stopping.is_set():
-        (s.planned / "problems.json").unlink(missing_ok=True)
+        s.run.launch.problems.unlink(missing_ok=True)
         if hosts_up(s, args) == 0:
             return True
-        found = read_state(s.planned / "problems.json") or {"problems": [], "unreachable": []}
+        found = read_state(s.run.launch.problems) or {"problems": [], "unreachable": []}
         lost = found.get("unaddressed", {})  # Macs whose Thunderbolt addresses were reset: back once set again
         if not found["unreachable"] and not lost:
             log.info("not restarting: a host is not ready (above)")
@@ -113,7 +114,7 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
 def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_back) -> None:
     """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the ring,
     which then restarts with every host)."""
-    conf = s.log_dir / "ssh_config"
+    conf = s.run.ssh_config
     while not stopping.is_set() and not away.back.is_set():
         if away.hosts and all(is_back(conf, h, away.addresses.get(h)) for h in away.hosts):
             log.info("%s answers again; taking it back (the ring restarts with every host)", ", ".join(away.hosts))

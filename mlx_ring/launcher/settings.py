@@ -9,6 +9,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from mlx_ring.config import ROOT
+from mlx_ring.rundir import RunDir
 from mlx_ring.settings import read
 
 
@@ -27,20 +28,25 @@ class LaunchSettings:
     tls: tuple[str, str] | None = None  # TLS_CERT, TLS_KEY: rank 0's HTTPS, which the stand-in serves too
 
     @property
+    def run(self) -> RunDir:
+        """The files the launcher and the ranks share under LOG_DIR (mlx_ring/rundir.py)."""
+        return RunDir(self.log_dir)
+
+    @property
     def planned(self) -> Path:
         """What `launcher.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
-        return self.log_dir / "launch"
+        return self.run.launch.root
 
     @property
     def state_file(self) -> Path:
         """The supervisor's state: serving, waiting for a host, ... (launcher/waiting.py)."""
-        return self.planned / "state.json"
+        return self.run.launch.state
 
     @property
     def url(self) -> str:
         """The URL as planned for this start, else as the settings say."""
         try:
-            return (self.planned / "url").read_text().strip()
+            return self.run.launch.url.read_text().strip()
         except OSError:
             return f"http://{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
 
