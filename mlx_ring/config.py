@@ -9,7 +9,7 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from mlx_ring.gpu import receive_apart_setting
-from mlx_ring.settings import FLAG, RANK, SETTINGS, names, read
+from mlx_ring.settings import FLAG, RANK, SETTINGS, given, names, read
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
 CACHE_DIR = Path(SETTINGS["CACHE_DIR"].default).expanduser()  # converted models, probe results
@@ -94,7 +94,7 @@ def setting_names() -> tuple[str, ...]:
 def settings_to_forward() -> dict[str, str]:
     """The settings as this machine has them, which the launcher gives every rank; call after
     `parse_config`, which loads `.env` into the environment (the environment wins)."""
-    return {k: os.environ[k] for k in setting_names() if os.environ.get(k)}
+    return {k: v for k in setting_names() if (v := given(k))}
 
 
 def _parser() -> argparse.ArgumentParser:
