@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
