@@ -10,6 +10,7 @@ given an mDNS name fail in ways that are hard to read.
 """
 
 import ipaddress
+import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,12 @@ def read_hostfile(path: Path) -> tuple[list[dict], list[str]]:
                              '["MLX_METAL_FAST_SYNCH=1"]')
         data = data["hosts"]
     return _check_entries(path, check_objects(data, path, "the hostfile", EXAMPLE, KNOWN_KEYS)), envs
+
+
+def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
+    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
+    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
 
 
 def load_entries(path: Path) -> list[dict]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import LOCAL, Host, read_hostfile, this_machine
+from mlx_ring.hostfile import LOCAL, Host, format_hostfile, read_hostfile, this_machine
 from mlx_ring.hosts import netsetup, ssh
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 from mlx_ring.rundir import RunDir
@@ -205,12 +205,6 @@ def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     cables = [(names[a], ips[a, b][0][0], names[b], ips[b, a][0][0])
               for a, b in ((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else 1))]
     return Proposal(ring, out, commands, cables, addresses)
-
-
-def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
-    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
-    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
-    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
 
 
 def format_proposal(p: Proposal) -> str:

@@ -3,7 +3,6 @@ addresses were reset) is waited for as long as the supervisor runs; with FAILOVE
 serves without it meanwhile (when the others can hold the model), and takes it back once it is back."""
 
 import contextlib
-import json
 import logging
 import os
 import subprocess
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import read_hostfile
+from mlx_ring.hostfile import format_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
@@ -56,7 +55,7 @@ def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     if not entries:
         return None
     path = s.run.launch.failover_hostfile
-    path.write_text(json.dumps({"envs": envs, "hosts": entries} if envs else entries))
+    path.write_text(format_hostfile(entries, envs))
     return path
 
 
