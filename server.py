@@ -26,6 +26,7 @@ from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
@@ -33,8 +34,9 @@ from mlx_ring.planning.sizes import parameter_count, spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
+from mlx_ring.rundir import RunDir
 from mlx_ring.serving.prefix import PrefixIndex
-from shard import GROUP_SPARE_TOKENS, Shard, load_shard, serve_worker
+from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
 
@@ -50,7 +52,7 @@ def setup_logging(cfg: Config, rank: int) -> None:
 
     fmt = logging.Formatter("%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s")
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(cfg.log_dir / f"rank{rank}.log")]
+    handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(RunDir(cfg.log_dir).rank_log(rank))]
     for h in handlers:
         h.setFormatter(fmt)
         h.addFilter(Tag())
@@ -207,7 +209,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         # The launcher saw a rank's host go (its ssh session ended): fail the requests now, naming it,
         # rather than after STEP_TIMEOUT. Off this thread: the engine may hold its lock right now.
         try:
-            why = (cfg.log_dir / "ring.broken").read_text().strip()
+            why = RunDir(cfg.log_dir).broken.read_text().strip()
         except OSError:
             why = "a rank left the ring"
         threading.Thread(target=engine.fail, args=(why,), daemon=True).start()
@@ -264,7 +266,7 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
 def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
-    note(cfg.log_dir / "tempfiles")  # mlx.launch's temporary files, removed once this rank is gone
+    note(RunDir(cfg.log_dir).tempfiles)  # mlx.launch's temporary files, removed once this rank is gone
     world = init_world(cfg.ring_socket_buffer, cfg.ring_verbose)
     drop_hostfile()
     rank = world.rank()
@@ -283,7 +285,7 @@ def main() -> None:
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
-    (cfg.log_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
     ring = Ring(world, cfg.receive_apart)
     if ring.apart:
         log.info("receiving %s payloads before building the stage on them (RECEIVE_APART%s)",

@@ -33,17 +33,13 @@ from mlx_ring.models.compat import (
 )
 from mlx_ring.models.slicing import Slice
 from mlx_ring.models.support import UNBATCHED, check_supported
+from mlx_ring.planning.growth import growth_step
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.platform import resident_bytes
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError, StatusRow
 from mlx_ring.ring.transport import PeerSilent, Ring
 
 log = logging.getLogger(__name__)
-
-# A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
-# left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
-GROUP_SPARE_TOKENS = 256
-
 
 def rss_kib() -> int:
     """Resident memory of this process now, in KiB (Linux and macOS alike)."""
@@ -220,8 +216,7 @@ class Shard:
 
     @staticmethod
     def _size_growth(caches: list) -> None:
-        # Few rows grow in mlx-lm's steps of 256 tokens (fewer copies); many rows in smaller ones.
-        step = max(16, GROUP_SPARE_TOKENS // Shard.rows(caches))
+        step = growth_step(Shard.rows(caches))
         for c in caches:
             c.step = step
 

@@ -1,21 +1,23 @@
-"""Settings: one frozen dataclass, built once in `main()` from flags, the environment and `.env`."""
+"""Settings: one frozen dataclass, built once in `main()` from flags, the environment and `.env`, as the\nsettings table (mlx_ring/settings.py) names, defaults and parses them."""
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from dotenv import load_dotenv
 
 from mlx_ring.gpu import receive_apart_setting
+from mlx_ring.settings import FLAG, RANK, SETTINGS, given, names, read
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: hosts.json, .env, logs/
-CACHE_DIR = Path.home() / ".cache" / "mlx-ring"  # converted models, probe results
+CACHE_DIR = Path(SETTINGS["CACHE_DIR"].default).expanduser()  # converted models, probe results
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
+    """The ranks' settings; their defaults and variables are the settings table's (mlx_ring/settings.py)."""
+
     model: str | None  # None: the default model
     weights: str  # auto | float32 | keep
     host: str
@@ -30,32 +32,32 @@ class Config:
     step_timeout: float  # seconds a ring round trip may take before rank 0 declares the ring broken
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
-    groups: int = 0  # decode micro-batches in flight (0: one per rank)
-    prefill_chunk: int = 0  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
-    strategy: str = "balanced"  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
-    kv_tokens: int = 8192  # KV-cache tokens each rank reserves memory for when the layer plan is made
-    prompt_cache_gb: float = 1.0  # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
-    draft_tokens: int = 0  # speculative decoding: most tokens drafted a step (0: off)
-    draft_model: str | None = None  # drafts from this model on rank 0 (MLX folder, .gguf or repo id), else by prompt lookup
-    hostfile: Path = ROOT / "hosts.json"  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
-    max_tokens_limit: int = 0  # most completion tokens a request may ask for; 0: the model's context
-    ring_socket_buffer: int = 0  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
-    ring_verbose: bool = False  # RING_VERBOSE=1: MLX's ring backend logs how each rank joins the ring
-    model_id: str | None = None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
-    plan: tuple[str, tuple[int, ...]] | None = None  # RING_PLAN (set by the launcher): the plan it provisioned
-    restarts: int = 0  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
-    tls: tuple[Path, Path] | None = None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
-    api_keys_file: Path | None = None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
-    receive_apart: frozenset[str] | None = None  # RECEIVE_APART: steps whose payloads arrive before their stage (None: by device)
-    max_body_bytes: int = 16 * 1024 * 1024  # MAX_BODY_BYTES: larger request bodies get a 413
-    away: dict | None = None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
-    served_model_name: str | None = None  # SERVED_MODEL_NAME: the model's name in the API (None: from MODEL, api/served.served_name)
-    model_aliases: tuple[str, ...] = ()  # MODEL_ALIASES: other names, or shell-style patterns, requests may name it by
+    groups: int  # decode micro-batches in flight (0: one per rank)
+    prefill_chunk: int  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
+    strategy: str  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
+    kv_tokens: int  # KV-cache tokens each rank reserves memory for when the layer plan is made
+    prompt_cache_gb: float  # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
+    draft_tokens: int  # speculative decoding: most tokens drafted a step (0: off)
+    draft_model: str | None  # drafts from this model on rank 0 (MLX folder, .gguf or repo id), else by prompt lookup
+    hostfile: Path  # rank 0 reads its per-host keys (max_memory_gb, layers, ...)
+    max_tokens_limit: int  # most completion tokens a request may ask for; 0: the model's context
+    ring_socket_buffer: int  # bytes of kernel buffer per ring socket; 0: the system's (tests shrink it)
+    ring_verbose: bool  # RING_VERBOSE=1: MLX's ring backend logs how each rank joins the ring
+    model_id: str | None  # RING_MODEL_ID (set by the launcher): load the slice sent to this host
+    plan: tuple[str, tuple[int, ...]] | None  # RING_PLAN (set by the launcher): the plan it provisioned
+    restarts: int  # RING_RESTARTS (set by the launcher): times it restarted the ring before this run
+    tls: tuple[Path, Path] | None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
+    api_keys_file: Path | None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
+    receive_apart: frozenset[str] | None  # RECEIVE_APART: steps whose payloads arrive before their stage (None: by device)
+    max_body_bytes: int  # MAX_BODY_BYTES: larger request bodies get a 413
+    away: dict | None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
+    served_model_name: str | None  # SERVED_MODEL_NAME: the model's name in the API (None: from MODEL, api/served.served_name)
+    model_aliases: tuple[str, ...]  # MODEL_ALIASES: other names, or shell-style patterns, requests may name it by
 
 
 # Settings read from the environment only, with no flag: secrets kept off command lines, and what
 # only tests and multi-GPU hosts set. Every flag of `_parser` is a setting too, under its own name.
-ENV_ONLY = ("API_KEY", "API_KEYS_FILE", "TLS_CERT", "TLS_KEY", "MLX_RING_CAPS", "CUDA_PER_RANK", "RECEIVE_APART", "RING_AWAY")
+ENV_ONLY = names(RANK)
 
 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
@@ -85,68 +87,22 @@ def check_objects(rows, path: Path, what: str, example: str, known: tuple[str, .
 
 def setting_names() -> tuple[str, ...]:
     """Every setting that shapes a rank: each flag's variable (--max-queue: MAX_QUEUE) and ENV_ONLY."""
-    flags = [a.dest.upper() for a in _parser()._actions if a.option_strings and a.dest not in ("help", "prepare")]
-    return (*flags, *ENV_ONLY)
+    return (*names(FLAG), *ENV_ONLY)
 
 
 def settings_to_forward() -> dict[str, str]:
     """The settings as this machine has them, which the launcher gives every rank; call after
     `parse_config`, which loads `.env` into the environment (the environment wins)."""
-    return {k: os.environ[k] for k in setting_names() if os.environ.get(k)}
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
+    return {k: v for k in setting_names() if (v := given(k))}
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The flags, each defaulting to the environment variable of its name."""
+    """The flags of the settings table (mlx_ring/settings.py), each defaulting to its variable."""
     p = argparse.ArgumentParser(description="Serve one model split across the ranks of an MLX ring.")
-    p.add_argument("--model", default=_env("MODEL"), help="MLX folder, .gguf file or HF repo id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--served-model-name", default=_env("SERVED_MODEL_NAME"),
-                   help="the model's name in the API (default: MODEL's folder or file name, a repo id as given)")
-    p.add_argument("--model-aliases", default=_env("MODEL_ALIASES", ""),
-                   help="comma-separated other names or patterns requests may use for the model, e.g. 'claude-*,gpt-*'")
-    p.add_argument("--weights", default=_env("WEIGHTS", "auto"), choices=["auto", "float32", "keep"],
-                   help="auto: float32 on a CPU device (MLX's CPU quantized kernels are slow), as stored elsewhere")
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="HTTP bind address (rank 0)")
-    p.add_argument("--port", type=int, default=int(_env("PORT", "8100")))
-    p.add_argument("--cache-dir", default=_env("CACHE_DIR", str(CACHE_DIR)))
-    p.add_argument("--log-dir", default=_env("LOG_DIR", str(ROOT / "logs")))
-    p.add_argument("--layers", default=_env("LAYERS"), help="per-rank layer counts, e.g. 3,2,2 (default: even split)")
-    p.add_argument("--max-queue", type=int, default=int(_env("MAX_QUEUE", "64")), help="requests waiting beyond MAX_ACTIVE; more get 503")
-    p.add_argument("--max-active", type=int, default=int(_env("MAX_ACTIVE", "16")), help="sequences generating at once")
-    p.add_argument("--max-tokens", type=int, default=int(_env("MAX_TOKENS", "512")), help="default completion limit")
-    p.add_argument("--max-tokens-limit", type=int, default=int(_env("MAX_TOKENS_LIMIT", "0")),
-                   help="most completion tokens one request may ask for (0: the model's context length)")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
-    p.add_argument("--step-timeout", type=float, default=float(_env("STEP_TIMEOUT", "60")),
-                   help="seconds one trip round the ring may take before the ring counts as broken")
-    p.add_argument("--drain-timeout", type=float, default=float(_env("DRAIN_TIMEOUT", "30")))
-    p.add_argument("--groups", default=_env("GROUPS", "auto"),
-                   help="decode micro-batches kept in flight (auto: one per rank, so every rank has a group to work on)")
-    p.add_argument("--prefill-chunk", default=_env("PREFILL_CHUNK", "auto"),
-                   help="prompt tokens per prefill step (auto: 512 on a GPU, 128 on a CPU); chunks of one prompt overlap across ranks")
-    p.add_argument("--strategy", default=_env("STRATEGY", "balanced"), choices=["balanced", "uniform", "memory", "compute", "custom"],
-                   help="how layers are split: balanced (default: fastest plan that fits), uniform, memory, compute, custom (hosts.json)")
-    p.add_argument("--kv-tokens", type=int, default=int(_env("KV_TOKENS", "8192")),
-                   help="tokens of KV cache every rank keeps room for when the layer plan is made")
-    p.add_argument("--prompt-cache-gb", type=float, default=float(_env("PROMPT_CACHE_GB", "1")),
-                   help="GB each rank keeps for the KV caches of recent prompts, reused by later prompts that start alike (0: off)")
-    p.add_argument("--draft-tokens", type=int, default=int(_env("DRAFT_TOKENS", "0")),
-                   help="speculative decoding: up to this many tokens a step guessed from the prompt and output so far "
-                        "(prompt lookup) and verified in one pass; helps when answers repeat their input (0: off)")
-    p.add_argument("--draft-model", default=_env("DRAFT_MODEL"),
-                   help="draft with this smaller model of the same tokenizer on rank 0 instead of prompt lookup")
-    p.add_argument("--hostfile", default=_env("HOSTFILE", "hosts.json"), help="hosts.json, for its per-host planning keys")
-    p.add_argument("--ring-socket-buffer", type=int, default=int(_env("RING_SOCKET_BUFFER", "0")),
-                   help="kernel send/receive buffer of each ring socket in bytes (0: the system's); small ones model a slow link's")
-    p.add_argument("--ring-verbose", default=_env("RING_VERBOSE", "0"), choices=["0", "1"],
-                   help="1: MLX's ring backend logs each rank's connection attempts as the ring starts "
-                        "(MLX_RING_VERBOSE), into logs/attempt.log; for a start that hangs")
-    p.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(16 * 1024 * 1024))),
-                   help="largest request body in bytes (default 16 MiB); larger ones get a 413")
+    for name in names(FLAG):
+        s = SETTINGS[name]
+        p.add_argument(s.flag, default=read(name), type=None if s.parse is str else s.parse, choices=s.choices or None,
+                       help=s.help or None)
     p.add_argument("--prepare", action="store_true", help="resolve/convert the model, print its folder and exit")
     return p
 
@@ -198,26 +154,26 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(f"MAX_BODY_BYTES={a.max_body_bytes} must be at least 1024 (bytes; the default is 16 MiB)")
     if a.served_model_name is not None and not a.served_model_name.strip():
         raise ValueError("SERVED_MODEL_NAME is blank; give the model's name, or unset it for MODEL's own name")
-    cert, key = _env("TLS_CERT"), _env("TLS_KEY")
+    cert, key = read("TLS_CERT"), read("TLS_KEY")
     if bool(cert) != bool(key):
         raise ValueError("TLS_CERT and TLS_KEY go together: set both (PEM files) for HTTPS, or neither for HTTP")
     plan = None
-    if _env("RING_PLAN"):
-        strategy, _, sizes = _env("RING_PLAN").partition(":")
+    if read("RING_PLAN"):
+        strategy, _, sizes = read("RING_PLAN").partition(":")
         plan = (strategy, tuple(int(x) for x in sizes.split(",")))
     cfg = Config(
         model=a.model, weights=a.weights, host=a.host, port=a.port, cache_dir=Path(a.cache_dir).expanduser(),
-        log_dir=Path(a.log_dir), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
+        log_dir=ROOT / Path(a.log_dir).expanduser(), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
         default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
-        drain_timeout=a.drain_timeout, api_key=_env("API_KEY"), groups=0 if a.groups == "auto" else int(a.groups), prefill_chunk=chunk,
+        drain_timeout=a.drain_timeout, api_key=read("API_KEY"), groups=0 if a.groups == "auto" else int(a.groups), prefill_chunk=chunk,
         strategy=a.strategy, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens,
         draft_model=a.draft_model, hostfile=ROOT / Path(a.hostfile).expanduser(),
-        max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=_env("RING_MODEL_ID"),
-        plan=plan, restarts=int(_env("RING_RESTARTS", "0")),
+        max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=read("RING_MODEL_ID"),
+        plan=plan, restarts=read("RING_RESTARTS"),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
-        api_keys_file=Path(_env("API_KEYS_FILE")).expanduser() if _env("API_KEYS_FILE") else None,
+        api_keys_file=Path(read("API_KEYS_FILE")).expanduser() if read("API_KEYS_FILE") else None,
         receive_apart=receive_apart_setting(), ring_verbose=a.ring_verbose == "1", max_body_bytes=a.max_body_bytes,
-        away=ring_away(_env("RING_AWAY")),
+        away=ring_away(read("RING_AWAY")),
         served_model_name=a.served_model_name, model_aliases=tuple(n.strip() for n in a.model_aliases.split(",") if n.strip()),
     )
     return cfg, a.prepare

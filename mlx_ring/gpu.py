@@ -12,6 +12,8 @@ import math
 import os
 import re
 
+from mlx_ring import settings
+
 log = logging.getLogger(__name__)
 GIB = 2**30
 
@@ -19,8 +21,8 @@ GIB = 2**30
 def one_gpu_per_rank() -> None:
     """With CUDA_PER_RANK=1, rank r sees only GPU r (MLX picks its device when it starts). Call
     before the first `import mlx`."""
-    if os.environ.get("CUDA_PER_RANK") == "1":
-        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MLX_RANK", "0")
+    if settings.text("CUDA_PER_RANK") == "1":
+        os.environ["CUDA_VISIBLE_DEVICES"] = settings.text("MLX_RANK") or "0"
 
 
 # --- Apple Silicon's memory -------------------------------------------------------------------
@@ -90,7 +92,7 @@ RECEIVE_APART = {"auto": None, "on": APART_STEPS, "1": APART_STEPS, "prefill": f
 def receive_apart_setting(value: str | None = None) -> frozenset[str] | None:
     """RECEIVE_APART (`value`, else the environment): the step kinds (names) whose payloads are received
     apart: on (prefill and decode), prefill, off, or auto (None: every forward step where Metal runs)."""
-    value = (os.environ.get("RECEIVE_APART") or "auto") if value is None else value
+    value = settings.text("RECEIVE_APART") if value is None else value
     if value.lower() not in RECEIVE_APART:
         raise ValueError(f"RECEIVE_APART={value!r} must be auto (prefill and decode apart where Metal runs), "
                          "on, prefill (decode payloads stay in the graph) or off")

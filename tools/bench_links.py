@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import long_prompt, run_concurrency, ttft  # noqa: E402
-from netns_hosts import NetnsHosts, why_not  # noqa: E402
+from bench import long_prompt, run_concurrency, ttft  # the script's own folder, tools/, is on the path
+from netns_hosts import NetnsHosts, why_not
 
-from mlx_ring.ring.launch import free_port  # noqa: E402
+from mlx_ring.ring.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LINKS = [("loopback", None), ("10 Gbit/s (Thunderbolt bridge)", "10gbit"), ("1 Gbit/s Ethernet", "1gbit")]

@@ -16,10 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench import ROOT, Target, stream_one, targets  # the script's own folder, tools/, is on the path
 from openai import AsyncOpenAI
-
-sys.path.insert(0, str(Path(__file__).parent))
-from bench import ROOT, Target, stream_one, targets  # noqa: E402
 
 
 async def one(url: str, model: str, i: int, max_tokens: int) -> dict:

@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(trace: Path, argv: list[str]) -> None:
-    sys.path.insert(0, str(ROOT))
     import shard
     from mlx_ring.ring import pipeline
     from mlx_ring.serving import engine, scheduler

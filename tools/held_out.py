@@ -16,11 +16,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "ring"), str(ROOT / "tools")]
+from model_zoo import make
+from ringutil import launch_cmd
 
-from model_zoo import make  # noqa: E402
-from ringutil import launch_cmd  # noqa: E402
-from test_model_matrix import judge  # noqa: E402
+from tests.ring.test_model_matrix import judge
 
 DRIVER = str(ROOT / "tests" / "matrix_driver.py")
 # Four sequences, one longer than every tiny window, two joining a running batch.

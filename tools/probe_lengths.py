@@ -7,7 +7,6 @@ mlx-lm's model, attention unfused as the server's prefill is on CUDA.
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlx_ring.models.compat import unfused_attention  # noqa: E402
+from mlx_ring.models.compat import unfused_attention
 
 
 def main():

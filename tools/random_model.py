@@ -4,11 +4,7 @@
     python tools/random_model.py llama3-8b /tmp/llama3-8b [--dtype bfloat16] [--quiet-after 4 --quiet-scale 0.01]
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from random_weights import main  # noqa: E402
+from random_weights import main
 
 if __name__ == "__main__":
     main()

@@ -15,18 +15,18 @@ service of its own with its static address.
 import argparse
 import ipaddress
 import json
-import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlx_ring import settings
 from mlx_ring.config import ROOT
+from mlx_ring.hostfile import LOCAL, Host, format_hostfile, read_hostfile, this_machine
 from mlx_ring.hosts import netsetup, ssh
-from mlx_ring.hosts.hostfile import LOCAL, Host, this_machine
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
+from mlx_ring.rundir import RunDir
 
 try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather than crash
     from mlx._distributed_utils import config as mlx_config
@@ -207,12 +207,6 @@ def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
     return Proposal(ring, out, commands, cables, addresses)
 
 
-def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
-    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
-    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
-    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
-
-
 def format_proposal(p: Proposal) -> str:
     """What the command prints: the ring, each Mac's commands, the hosts.json it would write."""
     order = [e["ssh"] for e in p.entries]
@@ -310,14 +304,13 @@ def apply(conf: Path, p: Proposal) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     a = argparse.ArgumentParser(prog="./launch.sh hosts", description=__doc__.split("\n\n")[0])
     a.add_argument("--over", choices=["thunderbolt"], default="thunderbolt")
-    a.add_argument("--hostfile", type=Path, default=ROOT / os.environ.get("HOSTFILE", "hosts.json"))
+    a.add_argument("--hostfile", type=Path, default=ROOT / settings.text("HOSTFILE"))
     a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there, asking here)")
     a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
     args = a.parse_args(argv)
     try:
         entries, envs = read_hostfile(args.hostfile)
-        log_dir = ROOT / os.environ.get("LOG_DIR", "logs")
-        conf = ssh.write_config(log_dir / "ssh_config", os.environ.get("RING_SSH_CONFIG"))
+        conf = ssh.write_config(RunDir(ROOT / settings.text("LOG_DIR")).ssh_config, settings.text("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))
         if args.apply:

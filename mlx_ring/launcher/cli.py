@@ -1,7 +1,6 @@
 """`./launch.sh [command] [args]`: the commands a user types, after launch.sh has found uv and made
 the environment. Extra arguments go to the program each command runs (server.py, pytest, ...)."""
 
-import glob
 import logging
 import os
 import subprocess
@@ -69,7 +68,7 @@ def status(s: LaunchSettings) -> int:
 
 def logs(s: LaunchSettings, args: list[str]) -> int:
     s.log_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(glob.glob(str(s.log_dir / "*.log")))
+    files = [str(p) for p in s.run.logs()]
     if not files:
         log.info("no logs yet in %s", s.log_dir)
         return 0
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                           stdout=subprocess.DEVNULL).returncode:
             return 2
     then = {"prepare": ["server.py", "--prepare"], "test": ["-m", "pytest"], "bench": ["tools/bench.py"],
-            "check": ["-m", "mlx_ring.hosts.up", "check", "--ring-port", str(s.ring_port)],
+            "check": ["-m", "mlx_ring.launcher.up", "check", "--ring-port", str(s.ring_port)],
             "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],  # later flags win
             "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile]}
     if cmd in then:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from mlx_ring import settings
 from mlx_ring.config import ROOT
 
 log = logging.getLogger("launcher")
@@ -17,7 +18,7 @@ OPENBLAS = Path(f"/usr/lib/{platform.machine()}-linux-gnu/openblas-pthread/libbl
 
 def find_uv() -> str:
     """uv as launch.sh found it (UV), else on PATH or where its installers put it."""
-    for uv in (os.environ.get("UV"), shutil.which("uv"), Path.home() / ".local/bin/uv", Path.home() / ".cargo/bin/uv"):
+    for uv in (settings.text("UV"), shutil.which("uv"), Path.home() / ".local/bin/uv", Path.home() / ".cargo/bin/uv"):
         if uv and Path(uv).is_file():
             return str(uv)
     raise ValueError("uv is not installed; run ./launch.sh, which installs it, or see https://docs.astral.sh/uv/")

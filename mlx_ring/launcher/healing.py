@@ -3,7 +3,6 @@ addresses were reset) is waited for as long as the supervisor runs; with FAILOVE
 serves without it meanwhile (when the others can hold the model), and takes it back once it is back."""
 
 import contextlib
-import json
 import logging
 import os
 import subprocess
@@ -14,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
+from mlx_ring.hostfile import format_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")
@@ -45,7 +44,7 @@ def is_back(conf: Path, host: str, address: str | None = None) -> bool:
 def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
     """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write mlx.launch's inputs."""
     env = {**os.environ, **({"HOSTFILE": str(hostfile)} if hostfile else {})}
-    return subprocess.run([sys.executable, "-m", "mlx_ring.hosts.up", "up", "--ring-port", str(s.ring_port),
+    return subprocess.run([sys.executable, "-m", "mlx_ring.launcher.up", "up", "--ring-port", str(s.ring_port),
                            "--out", str(s.planned), *args], cwd=ROOT, env=env).returncode
 
 
@@ -55,8 +54,8 @@ def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     entries = [e for e in entries if e["ssh"] not in hosts]
     if not entries:
         return None
-    path = s.planned / "hosts.failover.json"
-    path.write_text(json.dumps({"envs": envs, "hosts": entries} if envs else entries))
+    path = s.run.launch.failover_hostfile
+    path.write_text(format_hostfile(entries, envs))
     return path
 
 
@@ -75,14 +74,15 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
     """The hosts again before a restart. A host that does not answer is waited for, for as long as the
     supervisor runs (the API's port says so meanwhile), or failed over after FAILOVER_AFTER seconds;
     any other problem ends the supervision: it would fail the same way again. False: do not restart."""
-    local_rank0 = (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1"
-    conf = s.log_dir / "ssh_config"
+    rank0 = s.run.launch.rank0
+    local_rank0 = rank0.is_file() and rank0.read_text().strip() == "127.0.0.1"
+    conf = s.run.ssh_config
     away.hosts, tried_failover = [], False
     while not stopping.is_set():
-        (s.planned / "problems.json").unlink(missing_ok=True)
+        s.run.launch.problems.unlink(missing_ok=True)
         if hosts_up(s, args) == 0:
             return True
-        found = read_state(s.planned / "problems.json") or {"problems": [], "unreachable": []}
+        found = read_state(s.run.launch.problems) or {"problems": [], "unreachable": []}
         lost = found.get("unaddressed", {})  # Macs whose Thunderbolt addresses were reset: back once set again
         if not found["unreachable"] and not lost:
             log.info("not restarting: a host is not ready (above)")
@@ -113,7 +113,7 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
 def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_back) -> None:
     """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the ring,
     which then restarts with every host)."""
-    conf = s.log_dir / "ssh_config"
+    conf = s.run.ssh_config
     while not stopping.is_set() and not away.back.is_set():
         if away.hosts and all(is_back(conf, h, away.addresses.get(h)) for h in away.hosts):
             log.info("%s answers again; taking it back (the ring restarts with every host)", ", ".join(away.hosts))

@@ -1,6 +1,6 @@
 """The launcher's own settings, read once from the environment and `.env` (the environment wins).
 The ranks' settings (config.setting_names) are read by server.py; these are the ones the launcher needs
-before any rank exists."""
+before any rank exists. Both draw their names, defaults and parsers from mlx_ring/settings.py."""
 
 import os
 from dataclasses import dataclass
@@ -9,6 +9,8 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from mlx_ring.config import ROOT
+from mlx_ring.rundir import RunDir
+from mlx_ring.settings import read
 
 
 @dataclass(frozen=True)
@@ -26,45 +28,40 @@ class LaunchSettings:
     tls: tuple[str, str] | None = None  # TLS_CERT, TLS_KEY: rank 0's HTTPS, which the stand-in serves too
 
     @property
+    def run(self) -> RunDir:
+        """The files the launcher and the ranks share under LOG_DIR (mlx_ring/rundir.py)."""
+        return RunDir(self.log_dir)
+
+    @property
     def planned(self) -> Path:
-        """What `hosts.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
-        return self.log_dir / "launch"
+        """What `launcher.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
+        return self.run.launch.root
 
     @property
     def state_file(self) -> Path:
         """The supervisor's state: serving, waiting for a host, ... (launcher/waiting.py)."""
-        return self.planned / "state.json"
+        return self.run.launch.state
 
     @property
     def url(self) -> str:
         """The URL as planned for this start, else as the settings say."""
         try:
-            return (self.planned / "url").read_text().strip()
+            return self.run.launch.url.read_text().strip()
         except OSError:
             return f"http://{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
 
 
-def _number(name: str, value: str, kind=int):
-    try:
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} must be a number; fix it in the environment or .env") from None
-
-
 def read_settings(env: dict | None = None, root: Path = ROOT) -> LaunchSettings:
-    """The settings from `env` (default: this process's environment) over `root/.env`."""
+    """The settings from `env` (default: this process's environment) over `root/.env`, as the settings
+    table (mlx_ring/settings.py) defaults and parses them."""
     env = dict(os.environ) if env is None else env
     dot = dotenv_values(root / ".env") if (root / ".env").is_file() else {}
 
-    def get(name: str, default: str) -> str:
-        return env.get(name) or dot.get(name) or default
+    def get(name: str):
+        return read(name, env, dot)
 
     return LaunchSettings(
-        hostfile=get("HOSTFILE", "hosts.json"), host=get("HOST", "127.0.0.1"),
-        port=_number("PORT", get("PORT", "8100")), ring_port=_number("RING_PORT", get("RING_PORT", "32323")),
-        startup_timeout=_number("STARTUP_TIMEOUT", get("STARTUP_TIMEOUT", "600"), float),
-        drain_timeout=_number("DRAIN_TIMEOUT", get("DRAIN_TIMEOUT", "30"), float),
-        max_restarts=_number("MAX_RESTARTS", get("MAX_RESTARTS", "5")),
-        log_dir=root / get("LOG_DIR", "logs"), cuda=get("CUDA", "0") == "1",
-        failover_after=_number("FAILOVER_AFTER", get("FAILOVER_AFTER", "0"), float),
-        tls=(get("TLS_CERT", ""), get("TLS_KEY", "")) if get("TLS_CERT", "") and get("TLS_KEY", "") else None)
+        hostfile=get("HOSTFILE"), host=get("HOST"), port=get("PORT"), ring_port=get("RING_PORT"),
+        startup_timeout=get("STARTUP_TIMEOUT"), drain_timeout=get("DRAIN_TIMEOUT"), max_restarts=get("MAX_RESTARTS"),
+        log_dir=root / get("LOG_DIR"), cuda=get("CUDA") == "1", failover_after=get("FAILOVER_AFTER"),
+        tls=(get("TLS_CERT"), get("TLS_KEY")) if get("TLS_CERT") and get("TLS_KEY") else None)

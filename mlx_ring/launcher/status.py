@@ -4,7 +4,7 @@ import json
 import ssl
 import urllib.request
 
-from mlx_ring.hosts.ready import healthy
+from mlx_ring.launcher.ready import healthy
 
 
 def fetch_status(url: str) -> dict:

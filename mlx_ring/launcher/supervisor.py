@@ -16,12 +16,13 @@ from pathlib import Path
 
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
-from mlx_ring.hosts.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.failures import explain
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
+from mlx_ring.launcher.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import reachable, read_state, write_state
 from mlx_ring.ring.leftovers import sweep
+from mlx_ring.rundir import RunDir
 
 log = logging.getLogger("launcher")
 
@@ -46,17 +47,17 @@ def read_pid(path: Path) -> int | None:
 
 def supervisor_pid(s: LaunchSettings) -> int | None:
     """The running supervisor's pid, or None."""
-    pid = read_pid(s.log_dir / "launcher.pid")
+    pid = read_pid(s.run.launcher_pid)
     return pid if pid and alive(pid) else None
 
 
 def drain_rank0(s: LaunchSettings) -> None:
     """Rank 0 drains its requests, then shuts every rank down; it may be on another host."""
     try:
-        r0 = (s.planned / "rank0").read_text().strip()
+        r0 = s.run.launch.rank0.read_text().strip()
     except OSError:
         r0 = "127.0.0.1"
-    pidfile = s.log_dir / "rank0.pid"
+    pidfile = s.run.rank_pid(0)
     if r0 == "127.0.0.1":
         pid = read_pid(pidfile)
         if pid:
@@ -65,7 +66,7 @@ def drain_rank0(s: LaunchSettings) -> None:
             except ProcessLookupError:
                 pass
     else:
-        subprocess.run(ssh.argv(s.log_dir / "ssh_config", r0, 'cd "$1" && kill -TERM "$(cat "$2")"', (ROOT, pidfile)),
+        subprocess.run(ssh.argv(s.run.ssh_config, r0, 'cd "$1" && kill -TERM "$(cat "$2")"', (ROOT, pidfile)),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
 
@@ -87,7 +88,7 @@ LEFT = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)
 
 def rank_hosts(s: LaunchSettings) -> list[str]:
     try:
-        return [h["ssh"] for h in json.loads((s.planned / "hosts.json").read_text())]
+        return [h["ssh"] for h in json.loads(s.run.launch.hostfile.read_text())]
     except (OSError, ValueError):
         return []
 
@@ -99,7 +100,7 @@ def why_left(rank: int, host: str, code: int | None, answers=lambda host: False,
     # remote command died by a signal: a host that still answers tells the two apart.
     if code == 255 and host != "127.0.0.1" and answers(host):
         return (f"rank {rank} on {host} died (killed by a signal, or its ssh session was cut) while {host} still "
-                f"answers; see {log_dir}/rank{rank}.log on {host}; the ring restarts")
+                f"answers; see {RunDir(Path(log_dir)).rank_log(rank)} on {host}; the ring restarts")
     if code == 255:
         return (f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, asleep or "
                 "off the network); the ring restarts once it is back")
@@ -114,9 +115,9 @@ def shown_log_dir(s: LaunchSettings) -> str:
 def tell_rank0(s: LaunchSettings, reason: str) -> None:
     """Rank 0 fails its requests with `reason` at once (its SIGUSR1), instead of waiting out STEP_TIMEOUT
     on a peer that will not answer. Only a rank 0 on this machine can be told."""
-    pid = read_pid(s.log_dir / "rank0.pid")
-    if pid and (s.planned / "rank0").is_file() and (s.planned / "rank0").read_text().strip() == "127.0.0.1":
-        (s.log_dir / "ring.broken").write_text(reason + "\n")
+    pid, rank0 = read_pid(s.run.rank_pid(0)), s.run.launch.rank0
+    if pid and rank0.is_file() and rank0.read_text().strip() == "127.0.0.1":
+        s.run.broken.write_text(reason + "\n")
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -126,23 +127,23 @@ def tell_rank0(s: LaunchSettings, reason: str) -> None:
 def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event,
              away: dict | None = None) -> tuple[dict, str]:
     """One attempt: mlx.launch over the planned hostfile until it exits; ({rank: exit code}, its output)."""
-    planned, attempt = s.planned, s.log_dir / "attempt.log"
-    envs = [x for line in (planned / "env").read_text().splitlines() if line for x in ("--env", line)]
+    planned, attempt = s.run.launch, s.run.attempt_log
+    envs = [x for line in planned.env.read_text().splitlines() if line for x in ("--env", line)]
     envs += ["--env", f"RING_RESTARTS={restarts}"]  # /metrics reports it
     if away:  # failed over: /health and /metrics say which hosts the ring serves without, since when and why
         envs += ["--env", f"RING_AWAY={json.dumps(away)}"]
     # Its `ssh` is ours (bin/ssh, first on PATH): the ring's ssh options.
     env = {**os.environ, "PATH": f"{ssh.BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "RING_SSH_FILE": str((s.log_dir / "ssh_config").resolve())}
-    argv = [str(Path(PYTHON).parent / "mlx.launch"), "--backend", "ring", "--hostfile", str(planned / "hosts.json"),
+           "RING_SSH_FILE": str(s.run.ssh_config.resolve())}
+    argv = [str(Path(PYTHON).parent / "mlx.launch"), "--backend", "ring", "--hostfile", str(planned.hostfile),
             "--starting-port", str(s.ring_port), "--cwd", str(ROOT), *envs, "--", str(ROOT / "launch.sh"), "rank", *args]
     hosts, codes, seen = rank_hosts(s), {}, 0
-    (s.log_dir / "ring.broken").unlink(missing_ok=True)
+    s.run.broken.unlink(missing_ok=True)
     with open(attempt, "wb") as out:
         # A process group of its own, so a ring that cannot exit is killed whole, local ranks included.
         p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                              process_group=0)
-        (s.log_dir / "ring.pgid").write_text(f"{p.pid}\n")
+        s.run.ring_pgid.write_text(f"{p.pid}\n")
         threading.Thread(target=feed, args=(p.stdin,), daemon=True).start()
         gone_since = None
         while p.poll() is None:
@@ -153,13 +154,13 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
                 rank, code = int(m.group(1)), m.group(2) and int(m.group(2))
                 if not codes and rank != 0 and not stopping.is_set():  # the first to leave is the cause
                     reason = why_left(rank, hosts[rank] if rank < len(hosts) else "?", code,
-                                      lambda h: reachable(s.log_dir / "ssh_config", h), shown_log_dir(s))
+                                      lambda h: reachable(s.run.ssh_config, h), shown_log_dir(s))
                     reason = "; ".join([reason, *explain(attempt.read_text(errors="replace"))])  # a Metal error, ...
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code
             # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung): force it.
-            r0 = read_pid(s.log_dir / "rank0.pid")
+            r0 = read_pid(s.run.rank_pid(0))
             if r0 and not alive(r0):
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > 3:
@@ -175,14 +176,14 @@ def sweep_hosts(s: LaunchSettings, kill: bool = False) -> None:
     """mlx.launch's temporary files of the ranks that are gone, removed on every host (ring/leftovers.py);
     a host that does not answer is swept by its next rank instead. `kill`: before a ring starts, stale
     ranks of an earlier ring (on a host that was cut off) are killed too."""
-    notes = s.log_dir / "tempfiles"
+    notes = s.run.tempfiles
     sweep(notes, wait=5, kill=kill)
     remote = sorted({h for h in rank_hosts(s) if h != "127.0.0.1"})
     script = 'cd "$1" && exec .venv/bin/python -m mlx_ring.ring.leftovers "$2" "$3"'
 
     def one(host):
         with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(ssh.argv(s.log_dir / "ssh_config", host, script, (ROOT, notes, "--kill" if kill else "-")),
+            subprocess.run(ssh.argv(s.run.ssh_config, host, script, (ROOT, notes, "--kill" if kill else "-")),
                            timeout=20,
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -219,7 +220,7 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
     signal.signal(signal.SIGINT, stop)
     tries, away, take_back = 0, Away(), False
     while True:
-        (s.log_dir / "rank0.pid").unlink(missing_ok=True)
+        s.run.rank_pid(0).unlink(missing_ok=True)
         if (tries > 0 or take_back) and not restart_hosts(s, args, stopping, away):
             write_state(s.state_file, "stopped" if stopping.is_set() else "failed", why="a host is not ready")
             return 0 if stopping.is_set() else 3
@@ -272,16 +273,16 @@ def start(s: LaunchSettings, args: list[str]) -> int:
         return 2
     url = s.url
     log.info("starting the ring...")
-    logfile = s.log_dir / "launcher.log"
+    logfile = s.run.launcher_log
     seen = logfile.stat().st_size if logfile.exists() else 0  # earlier runs' lines are not this one's
-    (s.log_dir / "attempt.log").unlink(missing_ok=True)
+    s.run.attempt_log.unlink(missing_ok=True)
     # A session of its own (no controlling terminal, so no SIGHUP when this shell closes), which
     # `stop` reaches with one signal to its process group.
     with open(logfile, "ab") as out:
         sup = subprocess.Popen([PYTHON, "-m", "mlx_ring.launcher.cli", "supervise", *args], cwd=ROOT,
                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    (s.log_dir / "launcher.pid").write_text(f"{sup.pid}\n")
-    rc = wait_ready(url, s.log_dir / "attempt.log", s.planned / "hosts.json", lambda: sup.poll() is None,
+    s.run.launcher_pid.write_text(f"{sup.pid}\n")
+    rc = wait_ready(url, s.run.attempt_log, s.run.launch.hostfile, lambda: sup.poll() is None,
                     s.startup_timeout)
     if rc == EXITED:
         new = logfile.read_bytes()[seen:].decode(errors="replace")
@@ -300,7 +301,7 @@ def start(s: LaunchSettings, args: list[str]) -> int:
 
 def stop(s: LaunchSettings) -> int:
     """SIGTERM to the supervisor (it drains rank 0, which shuts every rank down), then anything left."""
-    pidfile = s.log_dir / "launcher.pid"
+    pidfile = s.run.launcher_pid
     pid = supervisor_pid(s)
     if pid is None:
         log.info("not running")
@@ -312,7 +313,7 @@ def stop(s: LaunchSettings) -> int:
         time.sleep(0.5)
     if alive(pid):  # it could not drain: kill what is left of it and of the ring
         kill_group(pid)
-        kill_group(read_pid(s.log_dir / "ring.pgid") or pid)
+        kill_group(read_pid(s.run.ring_pgid) or pid)
     pidfile.unlink(missing_ok=True)
     log.info("stopped")
     return 0

@@ -3,6 +3,8 @@ shared between ranks on one host, less the memory kept for the prompt cache. Pur
 
 from dataclasses import dataclass, replace
 
+from mlx_ring.hostfile import HOST_KEYS
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -27,7 +29,6 @@ def default_usable_gb(memory_gb: float) -> float:
     return memory_gb * (0.75 if memory_gb > 36 else 2 / 3)
 
 
-HOST_KEYS = ("memory_gb", "usable_gb", "max_memory_gb", "tflops", "bandwidth_gbs", "device", "layers", "weight")
 NUMBER_KEYS = ("memory_gb", "usable_gb", "max_memory_gb", "tflops", "bandwidth_gbs", "weight")
 
 

@@ -12,9 +12,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
+from mlx_ring.hostfile import host_keys, load_entries
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities, declared
-from mlx_ring.planning.entries import host_keys, load_entries
 from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder

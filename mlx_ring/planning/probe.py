@@ -17,6 +17,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_ring import settings
 from mlx_ring.gpu import usable_bytes, working_set
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
@@ -83,7 +84,7 @@ def compute_unit() -> str:
     """The GPU or the cores this rank has to itself on its host, "" when it shares the host's: a GPU
     of its own with CUDA_PER_RANK, else (on a CPU device) the cores it is pinned to."""
     if mx.default_device() != mx.cpu:
-        return f"GPU {os.environ.get('CUDA_VISIBLE_DEVICES')}" if os.environ.get("CUDA_PER_RANK") == "1" else ""
+        return f"GPU {settings.text('CUDA_VISIBLE_DEVICES')}" if settings.text("CUDA_PER_RANK") == "1" else ""
     cores = usable_cores()
     return f"cores {','.join(map(str, sorted(cores)))}" if cores else ""
 
@@ -117,7 +118,7 @@ def _cached_speed(cache_dir: Path, device: str, dtype: str, unit: str = "") -> t
 
 def env_override(rank: int) -> dict:
     """This rank's entry of MLX_RING_CAPS, checked."""
-    raw = os.environ.get("MLX_RING_CAPS")
+    raw = settings.text("MLX_RING_CAPS")
     if not raw:
         return {}
     try:

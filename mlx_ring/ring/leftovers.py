@@ -12,11 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlx_ring import settings
+
 
 def own_files(pid: int | None = None, hostfile: str | None = None) -> list[Path]:
     """This rank's files from mlx.launch: the hostfile, and the temporary file holding just its pid."""
     pid = pid or os.getpid()
-    hostfile = hostfile if hostfile is not None else os.environ.get("MLX_HOSTFILE", "")
+    hostfile = hostfile if hostfile is not None else (settings.text("MLX_HOSTFILE") or "")
     folder = Path(hostfile).parent if hostfile else Path(tempfile.gettempdir())
     found = [Path(hostfile)] if hostfile and Path(hostfile).is_file() else []
     for p in folder.glob("tmp.*"):  # mktemp's names; the pid file is the one that holds our pid alone
@@ -79,8 +81,8 @@ def note(notes: Path) -> None:
 
 def drop_hostfile() -> None:
     """Once MLX has read it (at init), the ring's hostfile is of no more use."""
-    if os.environ.get("MLX_HOSTFILE"):
-        Path(os.environ["MLX_HOSTFILE"]).unlink(missing_ok=True)
+    if settings.text("MLX_HOSTFILE"):
+        Path(settings.text("MLX_HOSTFILE")).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the launcher's sweep on a host: python -m mlx_ring.ring.leftovers NOTES [--kill]

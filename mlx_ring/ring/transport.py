@@ -19,6 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_ring import settings
 from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
 from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holders, usable_cores
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
@@ -35,7 +36,7 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     # a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     before = _socket_fds()
-    hostfile = os.environ.get("MLX_HOSTFILE")
+    hostfile = settings.text("MLX_HOSTFILE")
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
@@ -43,10 +44,10 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     try:
         world = mx.distributed.init(backend="ring")
     except RuntimeError as e:  # "[ring] Couldn't connect (error: 65)": which rank, to what (launcher/failures.py)
-        rank = os.environ.get("MLX_RANK")
-        if rank is None or not os.environ.get("MLX_HOSTFILE"):
+        rank = settings.text("MLX_RANK")
+        if rank is None or not settings.text("MLX_HOSTFILE"):
             raise
-        ranks = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
+        ranks = len(json.loads(Path(settings.text("MLX_HOSTFILE")).read_text()))
         after = (int(rank) + 1) % ranks
         raise RuntimeError(f"rank {rank} could not join the ring (its next rank, {after}, at "
                            f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}") from e
@@ -75,7 +76,7 @@ def _hold_own_ports() -> list[socket.socket]:
     and for a minute (TIME_WAIT) so does every restart. A bound port is never handed out; MLX binds
     beside ours (SO_REUSEPORT). A port outside the range (the default ring ports, 32323 and up, with
     macOS's range and with Linux's default one) is never handed out: it is only checked, then let go."""
-    hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
+    hostfile, rank = settings.text("MLX_HOSTFILE"), settings.text("MLX_RANK")
     if not hostfile or rank is None:
         return []
     held, ephemeral = [], ephemeral_ports()
@@ -123,7 +124,7 @@ def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
 
 def _ring_addresses(rank: int) -> list[tuple[str, int]]:
     # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
-    with open(os.environ["MLX_HOSTFILE"]) as f:
+    with open(settings.text("MLX_HOSTFILE")) as f:
         return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in json.load(f)[rank])]
 
 

@@ -6,6 +6,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from mlx_ring.planning.growth import growth_step
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.sampling import SequenceSampler
@@ -36,9 +37,9 @@ class Sequence:
 def cache_rows(seqs: list[Sequence], grow: int, drafts: int = 0) -> int:
     """Token-rows a decode group of `seqs` may come to hold: every row left-padded to the longest
     prompt + limit, with `drafts` more and the room the cache grows by (`grow` token-rows at a time,
-    at least 16 a row: shard.Shard._size_growth)."""
+    as planning/growth.py's rule says)."""
     n = len(seqs)
-    return n * (max(len(s.prompt) + s.limit for s in seqs) + drafts + max(16, grow // n)) if n else 0
+    return n * (max(len(s.prompt) + s.limit for s in seqs) + drafts + growth_step(n, grow)) if n else 0
 
 
 @dataclass(eq=False)

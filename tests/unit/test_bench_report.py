@@ -1,10 +1,6 @@
 """The benchmark's ratio table: each ring against one rank and against the replicas' ceiling."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench import ratios  # noqa: E402
+from tools.bench import ratios
 
 
 def result(target: str, aggregates: dict[int, float]) -> dict:

@@ -1,6 +1,8 @@
 """The user docs hold together: every relative link in README.md and docs/*.md reaches a file, and an
-anchor a heading of it; the README stays short; no issue numbers leak into them."""
+anchor a heading of it; the README stays short; no issue numbers leak into them; the developers'
+"Where things live" names every runtime file."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -76,3 +78,48 @@ def test_the_readme_stays_short():
 def test_no_issue_numbers_in_user_docs(page):
     found = re.findall(r"(?i)\bissues?\s*#?\d+|(?<![\w/&])#\d+\b", page.read_text())
     assert not found, f"{page.name} cites {found}: say what is true now, without the issue trail"
+
+
+def named_in_where_things_live(text: str) -> set[str]:
+    """Every path "Where things live" names: a backticked path, or a file's name in the row of its folder."""
+    section = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for line in section.splitlines():
+        cells = line.split("|")[1:-1]
+        if len(cells) < 2:
+            continue
+        folders = [t for t in re.findall(r"`([^`]+)`", cells[0]) if t.endswith("/")]
+        for t in re.findall(r"`([^`]+)`", line):
+            named |= {t, *(f + t for f in folders)}
+    return named
+
+
+def runtime_files(root: Path) -> list[str]:
+    """Every module a rank or the launcher runs: server.py, shard.py and the package (less an
+    `__init__.py` with no code, at most a docstring)."""
+    def code(p: Path) -> bool:
+        tree = ast.parse(p.read_text())
+        return p.name != "__init__.py" or len(tree.body) > (ast.get_docstring(tree) is not None)
+
+    package = [p for p in sorted((root / "mlx_ring").rglob("*.py")) if code(p)]
+    return ["server.py", "shard.py", *(str(p.relative_to(root)) for p in package)]
+
+
+def test_where_things_live_names_every_runtime_file():
+    named = named_in_where_things_live((ROOT / "docs" / "development.md").read_text())
+    missing = [f for f in runtime_files(ROOT) if f not in named]
+    assert not missing, f"docs/development.md's \"Where things live\" does not name {', '.join(missing)}; add each there"
+
+
+def test_the_runtime_files_check_sees_a_missing_file(tmp_path):
+    (tmp_path / "mlx_ring" / "ring").mkdir(parents=True)
+    for f in ("ring/__init__.py", "ring/wire.py", "ring/extra.py", "top.py"):
+        (tmp_path / "mlx_ring" / f).write_text('"""A docstring alone."""\n')
+    (tmp_path / "mlx_ring" / "__init__.py").write_text("X = 1\n")  # code: it must be named
+    text = ("## Where things live\n\n| place | what |\n| --- | --- |\n| `mlx_ring/ring/` | `wire.py` (the wire) |\n"
+            "| `mlx_ring/top.py` | top |\n\n## Next\n\n`mlx_ring/ring/extra.py`\n")
+    named = named_in_where_things_live(text)
+    files = runtime_files(tmp_path)
+    assert files == ["server.py", "shard.py", "mlx_ring/__init__.py", "mlx_ring/ring/extra.py", "mlx_ring/ring/wire.py",
+                     "mlx_ring/top.py"]
+    assert [f for f in files if f not in named] == ["server.py", "shard.py", "mlx_ring/__init__.py", "mlx_ring/ring/extra.py"]

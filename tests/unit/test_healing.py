@@ -25,7 +25,7 @@ def test_a_thunderbolt_address_lost_is_told_apart_from_a_wrong_one():
 def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from mlx_ring.hosts import up
+    from mlx_ring.launcher import up
 
     # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt ports.
     macos, stem = DATA.parent, DATA / THREE["mini-b.local"]

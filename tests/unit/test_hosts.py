@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from ringutil import make_tiny_model
 
+from mlx_ring.hostfile import load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.facts import parse
-from mlx_ring.hosts.hostfile import load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import disagreement
 from mlx_ring.hosts.weights import build_manifest, manifest, missing_pieces, piece_bytes, pieces_for
 
@@ -51,7 +51,7 @@ def test_malformed_hostfiles_are_refused_with_the_entry_named(tmp_path, entries,
 def test_mlx_distributed_configs_hostfile_is_taken_as_mlx_writes_it(tmp_path):
     from mlx._distributed_utils.common import Host, Hostfile
 
-    from mlx_ring.planning.entries import read_hostfile
+    from mlx_ring.hostfile import read_hostfile
 
     # What `mlx.distributed_config --backend ring --output-hostfile` writes (its configure_ring does this).
     written = Hostfile([Host(0, "mac-a", ["192.168.0.5"], []), Host(1, "mac-b", ["192.168.0.2"], [])], "ring",
@@ -143,7 +143,7 @@ def test_disagreement_names_the_host_that_differs():
 
 
 def test_this_machines_entry_is_started_without_ssh_whatever_it_is_called(tmp_path):
-    from mlx_ring.hosts.hostfile import this_machine
+    from mlx_ring.hostfile import this_machine
 
     names = {"studio.local": "192.168.1.10", "mini.local": "192.168.1.11"}
 
@@ -192,7 +192,7 @@ def test_install_locations_a_mac_closes_to_ssh_are_named():
 
 def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.hosts.up import Preflight, warnings
+    from mlx_ring.launcher.up import Preflight, warnings
 
     mac = Facts("mini-2.local", system="Darwin arm64", firewall=True, python="/Users/Shared/py/bin/python3.11")
     ring = Preflight(None, None, hosts_from(tmp_path, [{"ssh": "mini-1", "ips": ["192.168.1.10"]},
@@ -206,7 +206,7 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
 
 def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned_of(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.hosts.up import Preflight, firewall_problems, warnings
+    from mlx_ring.launcher.up import Preflight, firewall_problems, warnings
     from mlx_ring.platform import Firewall, parse_pmset
 
     mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
@@ -308,7 +308,7 @@ def test_a_stale_rank_of_an_earlier_ring_is_killed_before_a_new_one_starts(tmp_p
 def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
     from types import SimpleNamespace
 
-    from mlx_ring.hosts import up
+    from mlx_ring.launcher import up
 
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "MAX_QUEUE=9"],

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mlx_ring.hostfile import format_hostfile, load_hosts
 from mlx_ring.hosts import thunderbolt as tb
-from mlx_ring.hosts.hostfile import load_hosts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "macos" / "thunderbolt"
 TWO = {"127.0.0.1": "two-macs/mbp", "studio.local": "two-macs/studio"}
@@ -114,7 +114,7 @@ def test_printed_proposal_holds_the_commands_and_the_hosts_json_it_writes():
     assert ("# on this Mac (an administrator's sudo; lasts across restarts):\n"
             "sudo networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off\n") in text
     assert "# on mini-c.local" in text and "sudo networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.10 255.255.255.252" in text
-    written = tb.format_hostfile(p.entries)
+    written = format_hostfile(p.entries)
     assert text.endswith(written.rstrip())
     assert json.loads(written) == p.entries
     assert json.loads(written)[2] == {"ssh": "mini-c.local", "ips": ["192.168.0.10"], "memory_gb": 18}

@@ -8,7 +8,6 @@ host is reachable, holds the same code and environment, owns its ring address, a
 import argparse
 import json
 import logging
-import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,21 +16,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from mlx_ring import settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
+from mlx_ring.hostfile import Host, load_hosts, mlx_hostfile, read_hostfile, resolve
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
-from mlx_ring.hosts.hostfile import Host, load_hosts, mlx_hostfile, resolve
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.entries import read_hostfile
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import firewall_advice, firewall_blocks, power_advice, stealth_note
+from mlx_ring.rundir import LaunchDir, RunDir
 
 log = logging.getLogger("up")
 
@@ -87,7 +87,7 @@ def read_all(ring: Preflight, files: list[str]) -> dict:
 
 def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
     hosts = load_hosts(cfg.hostfile, opts.ring_port)
-    conf = ssh.write_config(cfg.log_dir / "ssh_config", opts.ssh_config)
+    conf = ssh.write_config(RunDir(cfg.log_dir).ssh_config, opts.ssh_config)
     ring = Preflight(cfg, opts, hosts, conf, {}, [])
     ring.facts = read_all(ring, files)
     if any(h.local for h in hosts):
@@ -269,17 +269,18 @@ def send_weights(ring: Preflight) -> dict:
 def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "hosts.json").write_text(json.dumps(mlx_hostfile(ring.hosts)))
+    d = LaunchDir(out)
+    d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts)))
     # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
     envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
     env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
                                    "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
-    (out / "env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+    d.env.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
     rank0 = ring.hosts[0]
-    (out / "rank0").write_text(rank0.ssh + "\n")
+    d.rank0.write_text(rank0.ssh + "\n")
     host = ring.cfg.host if rank0.local or ring.cfg.host not in ("0.0.0.0", "") else rank0.address
     scheme = "https" if ring.cfg.tls else "http"
-    (out / "url").write_text(f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
+    d.url.write_text(f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{ring.cfg.port}\n")
 
 
 def check_table(ring: Preflight) -> str:
@@ -344,7 +345,7 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
     elif not ring.problems:
         sent = send_weights(ring)
         launch_args(ring, a.out)
-        (a.out / "sent.json").write_text(json.dumps(sent, indent=1))
+        LaunchDir(a.out).sent.write_text(json.dumps(sent, indent=1))
     return ring
 
 
@@ -358,16 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         cfg, _ = parse_config(rest)  # which also reads .env into the environment
-        env = os.environ
-        opts = Launch(a.ring_port, env.get("CACHE_DIR", ""), env.get("RING_SSH_CONFIG") or None,
-                      env.get("PROVISION", "1") != "0", env.get("MLX_RING_CAPS", ""), settings_to_forward())
+        opts = Launch(a.ring_port, settings.given("CACHE_DIR") or "", settings.text("RING_SSH_CONFIG"),
+                      settings.text("PROVISION") != "0", settings.text("MLX_RING_CAPS") or "", settings_to_forward())
         ring = run(a, cfg, opts)
     except ValueError as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
     if a.out:  # for the supervisor: a host that did not answer, or lost its address, is waited for; others are not
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "problems.json").write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable,
+        LaunchDir(a.out).problems.write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable,
                                                          "unaddressed": ring.unaddressed}))
     for problem in ring.problems:
         print(f"cannot start: {problem}", file=sys.stderr)

@@ -1,0 +1,155 @@
+"""hosts.json, the ring in order, rank 0 first: read, checked for shape and resolved, in one place for
+the planner, the launcher and the hosts' tools.
+
+The file is a JSON list with one object per rank, or the object MLX's `mlx.distributed_config
+--output-hostfile` writes (the list under "hosts", with "backend" and "envs", the variables every rank
+gets). An entry names the machine to ssh into (`ssh`) and the address its ring sockets use (`ips`, the
+first one is used), plus optional planning keys (`memory_gb`, `max_memory_gb`, `layers`, ...). Names in
+`ips` (`mac-b.local`) are resolved here, once, and the address is what mlx.launch gets: ring sockets
+given an mDNS name fail in ways that are hard to read.
+"""
+
+import ipaddress
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx_ring.config import check_objects, read_json
+
+# The planning keys an entry may carry (planning/capabilities.py reads them).
+HOST_KEYS = ("memory_gb", "usable_gb", "max_memory_gb", "tflops", "bandwidth_gbs", "device", "layers", "weight")
+KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)
+EXAMPLE = '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.local", "ips": ["192.168.1.11"]}]'
+
+
+def read_hostfile(path: Path) -> tuple[list[dict], list[str]]:
+    """The hostfile's entries (one per rank, ring order), checked for shape, and its "envs" (MLX's form:
+    "NAME=value" strings, for every rank; none in a plain list)."""
+    data, envs = read_json(path, "the hostfile", EXAMPLE), []
+    if isinstance(data, dict) and "hosts" in data:  # as mlx.distributed_config writes it
+        unknown = sorted(set(data) - {"backend", "envs", "hosts"})
+        if unknown:
+            raise ValueError(f"the hostfile {path} has unknown key(s) {', '.join(unknown)}; MLX's hostfile has "
+                             "backend, envs and hosts")
+        if data.get("backend") not in ("", "ring", None):
+            raise ValueError(f"the hostfile {path} is for MLX's {data['backend']!r} backend, but this ring runs MLX's "
+                             "ring backend; write it with `mlx.distributed_config --backend ring`, or drop \"backend\"")
+        envs = data.get("envs") or []
+        if not isinstance(envs, list) or not all(isinstance(e, str) and "=" in e.strip("=") for e in envs):
+            raise ValueError(f"the hostfile {path}: \"envs\" must be a list of \"NAME=value\" strings, e.g. "
+                             '["MLX_METAL_FAST_SYNCH=1"]')
+        data = data["hosts"]
+    return _check_entries(path, check_objects(data, path, "the hostfile", EXAMPLE, KNOWN_KEYS)), envs
+
+
+def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
+    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
+    text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
+    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
+
+
+def load_entries(path: Path) -> list[dict]:
+    """The hostfile's entries (one per rank, ring order), checked for shape."""
+    return read_hostfile(path)[0]
+
+
+def _check_entries(path: Path, entries: list[dict]) -> list[dict]:
+    for i, e in enumerate(entries):
+        where = f"{path}: entry {i}"
+        if not isinstance(e.get("ssh"), str) or not e["ssh"].strip():
+            raise ValueError(f"{where} lacks \"ssh\", the name to ssh into (\"127.0.0.1\" for this machine), e.g. {EXAMPLE}")
+        ips = e.get("ips")
+        if not isinstance(ips, list) or not ips or not all(isinstance(a, str) and a.strip() for a in ips):
+            raise ValueError(f"{where} ({e['ssh']}) lacks \"ips\", a list with the address its ring sockets use "
+                             "(Macs cabled with Thunderbolt: its end of the cable from the rank before it, which "
+                             f"`./launch.sh hosts --over thunderbolt` proposes), e.g. {EXAMPLE}")
+    return entries
+
+
+def host_keys(entry: dict) -> dict:
+    """An entry's planning keys (memory_gb, max_memory_gb, layers, ...)."""
+    return {k: entry[k] for k in HOST_KEYS if k in entry}
+
+
+LOCAL = ("127.0.0.1", "localhost")  # mlx.launch starts a rank itself, without ssh, when its entry says 127.0.0.1
+
+
+@dataclass(frozen=True)
+class Host:
+    rank: int
+    ssh: str  # the name ssh is given ("127.0.0.1": started locally)
+    address: str  # the ring address, resolved
+    named: str  # the address as hosts.json spells it
+    port: int  # this rank's ring port (mlx.launch: the starting port plus one per rank)
+    keys: dict  # the entry's planning keys
+
+    @property
+    def local(self) -> bool:
+        return self.ssh in LOCAL
+
+
+def resolve(name: str) -> str:
+    """An IPv4 address for `name` (itself if it is an address)."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(f"cannot resolve {name!r} ({e.strerror or e}); put its IP address in hosts.json "
+                         "(on macOS: System Settings > Network > the interface > Details)") from None
+    return infos[0][4][0]
+
+
+def owned_here(address: str) -> bool:
+    """Whether this machine owns `address` (binding it is the portable test: no ip or ifconfig to read)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def this_machine(name: str, address: str, resolver=resolve, owns=owned_here, hostname: str | None = None) -> bool:
+    """Whether the entry naming `name` to ssh, with ring address `address`, is this machine: its rank is
+    started here, without ssh (a Mac's own Remote Login may be off), whatever name or address it is given."""
+    me = (hostname or socket.gethostname()).lower()
+    short, n = me.split(".")[0], name.strip().lower().rstrip(".")
+    if n in LOCAL or n in (me, short, f"{short}.local") or owns(address):
+        return True
+    try:
+        return owns(resolver(name))
+    except ValueError:
+        return False  # a name only ssh's config knows: another machine, as far as we can tell
+
+
+def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machine) -> list[Host]:
+    """Every rank's host, its resolved ring address and port; ValueError naming the entry if wrong."""
+    entries = load_entries(path)
+    hosts, port, owner = [], starting_port, {}
+    for i, e in enumerate(entries):
+        named = e["ips"][0].strip()
+        try:
+            address = resolver(named)
+        except ValueError as err:
+            raise ValueError(f"{path}: entry {i} ({e['ssh']}): {err}") from None
+        ssh = "127.0.0.1" if here(e["ssh"], address, resolver) else e["ssh"].strip()
+        # Two machines cannot own one address: the second one's ring sockets could not bind it.
+        if owner.setdefault(address, ssh) != ssh:
+            raise ValueError(f"{path}: entries name ring address {address} for two hosts ({owner[address]} and "
+                             f"{ssh}); give entry {i} its own machine's address")
+        hosts.append(Host(i, ssh, address, named, port, host_keys(e)))
+        port += 1  # mlx.launch is given one address per rank (mlx_hostfile)
+    local = [h for h in hosts if h.local]
+    if local and len(local) != len(hosts) and any(h.address.startswith("127.") for h in local):
+        raise ValueError(f"{path}: rank {local[0].rank} uses ring address {local[0].address}, which other machines "
+                         "cannot reach; give it this machine's address on the network the others are on")
+    return hosts
+
+
+def mlx_hostfile(hosts: list[Host]) -> list[dict]:
+    """What mlx.launch reads: ssh names and resolved addresses, nothing else."""
+    return [{"ssh": h.ssh, "ips": [h.address]} for h in hosts]
