@@ -2,8 +2,8 @@
 over each command's output (tested on recorded macOS outputs, tests/data/macos/), and thin readers
 that run the command, or read the file, on this machine.
 
-Memory, addresses per interface, a boot id, the ephemeral port range, resident memory, the
-Application Firewall, a Mac's power settings, keeping a Mac awake, and Local Network privacy.
+Memory, addresses per interface, a boot id, the ephemeral port range, resident memory, keeping a
+Mac awake, and Local Network privacy; a Mac's firewall and power settings are in macos_settings.py.
 """
 
 import ctypes
@@ -20,7 +20,6 @@ from pathlib import Path
 
 MACOS = sys.platform == "darwin"
 LINUX = sys.platform.startswith("linux")
-SOCKETFILTERFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
 
 # --- memory: (total, available) bytes ---------------------------------------------------------
 
@@ -260,144 +259,6 @@ def resident_bytes() -> int:
 def peak_resident_bytes() -> int:
     """The most memory this process has held resident (ru_maxrss, in bytes on every system)."""
     return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, platform.system())
-
-
-# --- macOS Application Firewall ---------------------------------------------------------------
-
-
-def parse_firewall(text: str) -> bool | None:
-    """Whether `socketfilterfw --getglobalstate` says the firewall is on (state 1, or 2: block all);
-    None for output it does not recognise (a managed Mac's refusal, nothing)."""
-    m = re.search(r"\(State = (\d+)\)", text)
-    if m:
-        return m.group(1) != "0"
-    low = text.lower()
-    if "is disabled" in low:
-        return False
-    if "is enabled" in low or "block" in low:
-        return True
-    return None
-
-
-def parse_switch(text: str) -> bool | None:
-    """On or off from `socketfilterfw --getblockall` or `--getstealthmode` ("... set to enabled.",
-    "... is on", older "Block all DISABLED!"); None for anything else (a managed Mac's refusal)."""
-    low = text.strip().lower()
-    if re.search(r"set to enabled|mode is on|enabled!|mode enabled", low):
-        return True
-    if re.search(r"set to disabled|mode is off|disabled!|mode disabled", low):
-        return False
-    return None
-
-
-def parse_app_allowed(text: str) -> bool | None:
-    """Whether `socketfilterfw --getappblocked PATH` lets that program accept incoming connections:
-    False when it is blocked or not in the firewall's list at all (then macOS would ask in a dialog,
-    which nobody sees over ssh); None for output it does not recognise."""
-    low = text.strip().lower()
-    if "not part of the firewall" in low:
-        return False
-    if "not blocked" in low or "permitted" in low:
-        return True
-    if "blocked" in low:
-        return False
-    return None
-
-
-@dataclass
-class Firewall:
-    """A Mac's Application Firewall as `socketfilterfw` reports it; None where it did not say."""
-    on: bool | None = None
-    block_all: bool | None = None
-    stealth: bool | None = None
-    app_allowed: bool | None = None  # the environment's Python may accept incoming connections
-
-
-def firewall_enabled() -> bool | None:
-    """This Mac's Application Firewall: on, off, or None (not a Mac, or unreadable)."""
-    if not Path(SOCKETFILTERFW).exists():
-        return None
-    try:
-        return parse_firewall(_run([SOCKETFILTERFW, "--getglobalstate"]))
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def allow_line(python: str) -> str:
-    """The command that lets `python` accept incoming connections through the Application Firewall."""
-    return f"sudo {SOCKETFILTERFW} --add {python} --unblockapp {python}"
-
-
-def firewall_advice(enabled: bool | None, python: str) -> str | None:
-    """The sentence that tells how to let the environment's `python` accept the ring's connections
-    through a Mac's Application Firewall (which drops them silently for an unsigned Python; nobody
-    sees its prompt over ssh); None when the firewall is off or unknown (Linux)."""
-    if not enabled:
-        return None
-    return (f"the macOS Application Firewall is on and will silently drop the ring's connections to {python}; "
-            f"allow it there: {allow_line(python)} "
-            "(if it blocks all incoming connections, also turn that off in System Settings > Network > Firewall)")
-
-
-def firewall_blocks(fw: Firewall, python: str) -> str | None:
-    """Why the firewall certainly drops the ring's connections to `python`, with the lines that let
-    them in; None where it lets them in, is off, or did not say (then `firewall_advice` warns)."""
-    if not fw.on:
-        return None
-    if fw.block_all:
-        return ("the macOS Application Firewall blocks all incoming connections, the ring's too; turn that off "
-                f"(System Settings > Network > Firewall > Options, or sudo {SOCKETFILTERFW} --setblockall off), "
-                f"then allow the environment's Python: {allow_line(python)}")
-    if fw.app_allowed is False:
-        return (f"the macOS Application Firewall does not let {python} accept incoming connections, so it drops "
-                "the ring's (silently: nobody sees its prompt over ssh); allow it there: " + allow_line(python))
-    return None
-
-
-def stealth_note(fw: Firewall) -> str | None:
-    """What stealth mode changes for the ring: nothing it allows is blocked, but a connection that
-    comes before its neighbour listens gets no refusal, so it waits out TCP's retries."""
-    if not (fw.on and fw.stealth):
-        return None
-    return ("the macOS Application Firewall is in stealth mode: the ring still connects, but a rank that starts "
-            "before its neighbour listens gets no answer and waits out TCP's retries, so starting takes longer")
-
-
-# --- power: a Mac asleep does not answer ssh -------------------------------------------------
-
-
-def parse_pmset(text: str) -> dict[str, str]:
-    """`pmset -g`'s settings by name, each its value's first word ("(sleep prevented by ...)" notes
-    dropped). Names may hold spaces ("Sleep On Power Button")."""
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s+([A-Za-z][A-Za-z ]*?)\s+(\S+)(\s+\(.*\))?\s*$", line)
-        if m:
-            out.setdefault(m.group(1), m.group(2))
-    return out
-
-
-def power_advice(settings: dict[str, str]) -> str | None:
-    """What in a Mac's `pmset -g` settings can take it away from the ring (idle sleep: a sleeping Mac
-    answers no ssh; staying off after a power failure; no wake for network access), with the command
-    and the System Settings switches that fix it; None when nothing does, or nothing was read (Linux)."""
-    said, fix = [], []
-    sleep = settings.get("sleep")
-    if sleep not in (None, "0") and settings.get("SleepDisabled") != "1":
-        said.append(f"it goes to sleep after {sleep} idle minute(s) (pmset sleep {sleep}), and a Mac asleep "
-                    "answers no ssh")
-        fix.append("sleep 0")
-    if settings.get("womp") == "0":
-        said.append("it does not wake for network access (womp 0)")
-        fix.append("womp 1")
-    if settings.get("autorestart") == "0":  # absent on a laptop, which has a battery
-        said.append("it stays off after a power failure (autorestart 0)")
-        fix.append("autorestart 1")
-    if not said:
-        return None
-    return (f"{'; '.join(said)}; run there: sudo pmset -a {' '.join(fix)} (or System Settings > Energy, Energy "
-            "Saver before macOS 15, Battery > Options on a laptop: 'Prevent automatic sleeping when the display is "
-            "off', 'Wake for network access', 'Start up automatically after a power failure')")
 
 
 # --- keeping a Mac awake, Local Network privacy ----------------------------------------------

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUND = {"settings", "platform", "rundir", "gpu", "config", "hostfile"}  # mlx_ring/*.py
+GROUND = {p.stem for p in (ROOT / "mlx_ring").glob("*.py")} - {"__init__"}  # mlx_ring/*.py: the ground floor
 FLOOR = {"ground": 0, "ring": 1, "models": 1, "planning": 2, "serving": 3, "hosts": 3, "api": 4, "launcher": 5,
          "shard": 5, "server": 6}
 

@@ -6,7 +6,7 @@ pieces it holds. The script prints the system's own commands' output raw; mlx_ri
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlx_ring import platform
+from mlx_ring import macos_settings, platform
 from mlx_ring.hosts import ssh
 
 # $1 project path, $2 cache folder (empty: the default under that host's home); stdin: the project's tracked files, one per line (hashed there).
@@ -69,7 +69,7 @@ class Facts:
     addresses: tuple[str, ...] = ()  # every IPv4 address it holds, sorted
     interfaces: dict = field(default_factory=dict)  # interface name -> platform.Interface (IPv4 addresses, UP, members)
     firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
-    fw: platform.Firewall = field(default_factory=platform.Firewall)  # its settings, as far as it said
+    fw: macos_settings.Firewall = field(default_factory=macos_settings.Firewall)  # its settings, as far as it said
     power: dict = field(default_factory=dict)  # macOS `pmset -g` settings by name; empty elsewhere
     uv: str = ""
     openblas: bool = False
@@ -119,11 +119,11 @@ def parse(host: str, out: str) -> Facts:
     else:
         f.interfaces = platform.parse_ifconfig_interfaces(raw.get("ifconfig", ""))
     f.addresses = tuple(sorted({a for i in f.interfaces.values() for a in i.addresses}))
-    f.firewall = platform.parse_firewall(raw["firewall"]) if "firewall" in raw else None
-    switch = {k: platform.parse_switch(raw[k]) if k in raw else None for k in ("blockall", "stealth")}
-    f.fw = platform.Firewall(f.firewall, switch["blockall"], switch["stealth"],
-                             platform.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None)
-    f.power = platform.parse_pmset(raw.get("pmset", ""))
+    f.firewall = macos_settings.parse_firewall(raw["firewall"]) if "firewall" in raw else None
+    switch = {k: macos_settings.parse_switch(raw[k]) if k in raw else None for k in ("blockall", "stealth")}
+    f.fw = macos_settings.Firewall(f.firewall, switch["blockall"], switch["stealth"],
+                             macos_settings.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None)
+    f.power = macos_settings.parse_pmset(raw.get("pmset", ""))
     for line in plain:
         key, _, value = line.partition("=")
         if key == "hosted" and len(value.split()) == 2:

@@ -207,7 +207,7 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
 def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned_of(tmp_path):
     from mlx_ring.hosts.facts import Facts
     from mlx_ring.launcher.up import Preflight, firewall_problems, warnings
-    from mlx_ring.platform import Firewall, parse_pmset
+    from mlx_ring.macos_settings import Firewall, parse_pmset
 
     mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
     py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlx_ring import platform
+from mlx_ring import macos_settings, platform
 from mlx_ring.hosts import ssh
 from mlx_ring.hosts.facts import SCRIPT, parse
 from mlx_ring.hosts.link import measure_pair
@@ -147,62 +147,62 @@ def test_mach_task_basic_info_has_the_layout_of_the_header():
 @pytest.mark.parametrize("recording, on", [("firewall_enabled.txt", True), ("firewall_disabled.txt", False),
                                            ("firewall_state2.txt", True), ("firewall_blocking_all.txt", True)])
 def test_firewall_state(recording, on):
-    assert platform.parse_firewall(rec(recording)) is on
+    assert macos_settings.parse_firewall(rec(recording)) is on
 
 
 def test_firewall_advice_names_the_environment_python_only_when_on():
     py = "/Users/Shared/mlx-ring/.venv/bin/python"
-    text = platform.firewall_advice(True, py)
+    text = macos_settings.firewall_advice(True, py)
     assert f"sudo /usr/libexec/ApplicationFirewall/socketfilterfw --add {py} --unblockapp {py}" in text
-    assert platform.firewall_advice(False, py) is None and platform.firewall_advice(None, py) is None
-    assert platform.parse_firewall("Firewall settings cannot be modified from command line on managed Mac computers.") is None
+    assert macos_settings.firewall_advice(False, py) is None and macos_settings.firewall_advice(None, py) is None
+    assert macos_settings.parse_firewall("Firewall settings cannot be modified from command line on managed Mac computers.") is None
 
 
 @pytest.mark.parametrize("recording, value", [
     ("firewall_blockall_enabled.txt", True), ("firewall_blockall_disabled.txt", False),
     ("firewall_stealth_on.txt", True), ("firewall_stealth_off.txt", False)])
 def test_firewall_switches(recording, value):
-    assert platform.parse_switch(rec(recording)) is value
-    assert platform.parse_switch("Firewall settings cannot be modified from command line on managed Mac computers.") is None
+    assert macos_settings.parse_switch(rec(recording)) is value
+    assert macos_settings.parse_switch("Firewall settings cannot be modified from command line on managed Mac computers.") is None
 
 
 @pytest.mark.parametrize("recording, allowed", [
     ("appblocked_blocked.txt", False), ("appblocked_permitted.txt", True), ("appblocked_not_listed.txt", False),
     ("appblocked_not_blocked_path.txt", True)])
 def test_firewall_standing_of_a_program(recording, allowed):
-    assert platform.parse_app_allowed(rec(recording)) is allowed
-    assert platform.parse_app_allowed("") is None and platform.parse_app_allowed("usage: socketfilterfw ...") is None
+    assert macos_settings.parse_app_allowed(rec(recording)) is allowed
+    assert macos_settings.parse_app_allowed("") is None and macos_settings.parse_app_allowed("usage: socketfilterfw ...") is None
 
 
 def test_a_firewall_that_drops_the_ring_is_named_with_the_lines_that_let_it_in():
     py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
     allow = f"sudo /usr/libexec/ApplicationFirewall/socketfilterfw --add {py} --unblockapp {py}"
-    on = platform.parse_firewall(rec("firewall_enabled.txt"))
-    blocked = platform.Firewall(on, False, False, platform.parse_app_allowed(rec("appblocked_not_listed.txt")))
-    assert allow in platform.firewall_blocks(blocked, py) and "does not let" in platform.firewall_blocks(blocked, py)
-    all_in = platform.Firewall(on, platform.parse_switch(rec("firewall_blockall_enabled.txt")), False, True)
-    said = platform.firewall_blocks(all_in, py)
+    on = macos_settings.parse_firewall(rec("firewall_enabled.txt"))
+    blocked = macos_settings.Firewall(on, False, False, macos_settings.parse_app_allowed(rec("appblocked_not_listed.txt")))
+    assert allow in macos_settings.firewall_blocks(blocked, py) and "does not let" in macos_settings.firewall_blocks(blocked, py)
+    all_in = macos_settings.Firewall(on, macos_settings.parse_switch(rec("firewall_blockall_enabled.txt")), False, True)
+    said = macos_settings.firewall_blocks(all_in, py)
     assert "blocks all incoming connections" in said and "--setblockall off" in said and allow in said
-    assert platform.firewall_blocks(platform.Firewall(on, False, False, True), py) is None  # allowed
-    assert platform.firewall_blocks(platform.Firewall(on, False, False, None), py) is None  # unknown: a warning
-    assert platform.firewall_blocks(platform.Firewall(False, True, True, False), py) is None  # off
-    assert "stealth mode" in platform.stealth_note(platform.Firewall(on, False, True, True))
-    assert platform.stealth_note(platform.Firewall(False, False, True, None)) is None
+    assert macos_settings.firewall_blocks(macos_settings.Firewall(on, False, False, True), py) is None  # allowed
+    assert macos_settings.firewall_blocks(macos_settings.Firewall(on, False, False, None), py) is None  # unknown: a warning
+    assert macos_settings.firewall_blocks(macos_settings.Firewall(False, True, True, False), py) is None  # off
+    assert "stealth mode" in macos_settings.stealth_note(macos_settings.Firewall(on, False, True, True))
+    assert macos_settings.stealth_note(macos_settings.Firewall(False, False, True, None)) is None
 
 
 def test_power_settings_that_take_a_mac_away_are_named_with_their_fix():
-    desktop = platform.parse_pmset(rec("pmset_g_desktop.txt"))
+    desktop = macos_settings.parse_pmset(rec("pmset_g_desktop.txt"))
     assert desktop["sleep"] == "1" and desktop["Sleep On Power Button"] == "1" and desktop["SleepDisabled"] == "0"
-    said = platform.power_advice(desktop)
+    said = macos_settings.power_advice(desktop)
     assert "goes to sleep after 1 idle minute(s)" in said and "stays off after a power failure" in said
     assert "sudo pmset -a sleep 0 autorestart 1" in said and "Prevent automatic sleeping when the display is off" in said
-    laptop = platform.parse_pmset(rec("pmset_g_macbook.txt"))
-    assert "autorestart" not in laptop and "sudo pmset -a sleep 0 (" in platform.power_advice(laptop)
-    womp = platform.parse_pmset(rec("pmset_g_womp_off.txt"))
-    assert womp["displaysleep"] == "10" and "sleep 0 womp 1 autorestart 1" in platform.power_advice(womp)
+    laptop = macos_settings.parse_pmset(rec("pmset_g_macbook.txt"))
+    assert "autorestart" not in laptop and "sudo pmset -a sleep 0 (" in macos_settings.power_advice(laptop)
+    womp = macos_settings.parse_pmset(rec("pmset_g_womp_off.txt"))
+    assert womp["displaysleep"] == "10" and "sleep 0 womp 1 autorestart 1" in macos_settings.power_advice(womp)
     ready = dict(desktop, sleep="0", autorestart="1")
-    assert platform.power_advice(ready) is None and platform.power_advice({}) is None  # Linux: nothing read
-    assert platform.power_advice(dict(desktop, SleepDisabled="1", autorestart="1")) is None  # pmset disablesleep 1
+    assert macos_settings.power_advice(ready) is None and macos_settings.power_advice({}) is None  # Linux: nothing read
+    assert macos_settings.power_advice(dict(desktop, SleepDisabled="1", autorestart="1")) is None  # pmset disablesleep 1
 
 
 def test_no_route_on_macos_15_names_local_network_privacy():
@@ -292,8 +292,8 @@ def test_facts_script_asks_a_macs_firewall_about_the_environments_python(shell, 
     p = subprocess.run([shell, "-c", script, "sh", str(tmp_path), str(tmp_path / "cache")], input="", text=True,
                        capture_output=True, env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}, timeout=60)
     f = parse("mac-b", p.stdout)
-    assert f.python == py and f.fw == platform.Firewall(True, False, False, False), p.stdout
-    assert "does not let" in platform.firewall_blocks(f.fw, f.python)
+    assert f.python == py and f.fw == macos_settings.Firewall(True, False, False, False), p.stdout
+    assert "does not let" in macos_settings.firewall_blocks(f.fw, f.python)
 
 
 def test_facts_parse_every_section():
@@ -303,7 +303,7 @@ def test_facts_parse_every_section():
            f"stealth<<\n{rec('firewall_stealth_on.txt')}>>\nappblocked<<\n{rec('appblocked_blocked.txt')}>>\n"
            f"pmset<<\n{rec('pmset_g_macbook.txt')}>>\nuv=/Users/me/.local/bin/uv\n")
     f = parse("mac-b", out)
-    assert f.fw == platform.Firewall(True, False, True, False) and f.power["lidwake"] == "1"
+    assert f.fw == macos_settings.Firewall(True, False, True, False) and f.power["lidwake"] == "1"
     assert f.memory_gb == 16.0 and {k: i.addresses for k, i in f.interfaces.items() if i.addresses} == {
         "lo0": ["127.0.0.1"], "en1": ["169.254.243.94"]}
     assert f.firewall is True and f.uv == "/Users/me/.local/bin/uv"
