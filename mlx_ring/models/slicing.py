@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import CacheList, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, CacheList, make_prompt_cache
 
 from mlx_ring.models.carry import Carrying, find_carry
 from mlx_ring.models.compat import plain_kv_caches
@@ -98,6 +98,19 @@ class Elsewhere:
         if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.integer):
             return self._embed(x)
         raise AssertionError(f"{self.name} runs on rank 0 only")
+
+
+def share_offsets(caches: list) -> None:
+    """Let a decode group's plain batch caches hold one offset array: each layer's cache adds the
+    step's length to its own (equal) offsets, one small device op a layer every step, and each next
+    step's rotary embedding reads them. Shared, the other layers' additions are never computed.
+    Exact: every layer's cache of a group goes through the same steps, so their offsets are equal."""
+    first = next((c for c in caches if type(c) is BatchKVCache), None)
+    if first is None:
+        return
+    for c in caches:
+        if type(c) is BatchKVCache and c._idx == first._idx:
+            c.offset = first.offset
 
 
 def cache_kind(cache) -> tuple:
