@@ -9,7 +9,8 @@ takes N concurrent greedy sequences to produce their tokens. Run it under mlx.la
 With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is timed in --rounds
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
 the run-to-run drift of separate servers. With --peers (one rank), each line alternates the ring's
-scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise.
+scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
+--split then times one stream's step by its parts (Python, MLX encoding, the wait for the token).
 """
 
 import argparse
@@ -29,6 +30,7 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 one_gpu_per_rank()  # before MLX starts
 
 import mlx_lm_loop  # noqa: E402
+import step_split  # noqa: E402
 from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
 from ring_timeline import between_pings, decode_times, summary  # noqa: E402
 
@@ -178,6 +180,8 @@ def main():
                    "{n} in it becomes a number new to each request")
     p.add_argument("--peers", action="store_true", help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
                    "times (generate_step for one stream, BatchGenerator for several; a second copy of the model)")
+    p.add_argument("--split", action="store_true", help="one stream's decode step split into Python, MLX encoding and "
+                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step")
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
@@ -203,6 +207,10 @@ def main():
             draft_ab(sched, n, a)
         else:
             print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_of)[1], flush=True)
+    for _ in range(a.rounds if a.split else 0):
+        print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
+        if peer is not None:
+            print(step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)
