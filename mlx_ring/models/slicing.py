@@ -42,6 +42,25 @@ class FreshBatch:
         return "causal"
 
 
+class LoneRow:
+    """A decode group of one row's batch cache, for a step of one position: that row has no left
+    padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone row with none),
+    so every key it holds is attended and no mask is needed, as in mlx-lm's own single-stream
+    loop. The batch cache's mask is an array, which keeps CUDA off its fused one-query attention
+    kernel and costs a mask conversion a layer."""
+
+    def __init__(self, cache):
+        self._cache = cache
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        if N == 1 and not return_array:
+            return None
+        return self._cache.make_mask(N, return_array=return_array, window_size=window_size)
+
+
 def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
     """The module whose layer list the forward loops over (`model.model`, or deeper, as in Gemma 3's
     `language_model.model`), and that list's name (`layers`, or `h` in GPT-2-shaped models)."""
@@ -248,6 +267,8 @@ class Slice:
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:
             view = [FreshBatch(c) if c is not None else None for c in view]
+        elif h.shape[0] == 1 and h.shape[1] == 1:  # a decode group of one row (a lone prompt's cache is no batch's)
+            view = [LoneRow(c) if type(c) is BatchKVCache else c for c in view]
         embedded, self._embedded = self._embedded, None
         if self.start == 0 and embedded is not None and embedded[0] is h:
             with self._using(self.from_tokens):
