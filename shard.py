@@ -31,7 +31,7 @@ from mlx_ring.models.compat import (
     trim_rows,
     unfused_attention,
 )
-from mlx_ring.models.slicing import Slice
+from mlx_ring.models.slicing import Slice, share_offsets
 from mlx_ring.models.support import UNBATCHED, check_supported
 from mlx_ring.planning.growth import growth_step
 from mlx_ring.planning.plan import LayerPlan
@@ -140,6 +140,7 @@ class Shard:
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
             out = self.cut.forward(payload, caches)
+        share_offsets(caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
         return out

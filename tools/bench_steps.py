@@ -8,7 +8,9 @@ takes N concurrent greedy sequences to produce their tokens. Run it under mlx.la
 
 With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is timed in --rounds
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
-the run-to-run drift of separate servers.
+the run-to-run drift of separate servers. With --peers (one rank), each line alternates the ring's
+scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
+--split then times one stream's step by its parts (Python, MLX encoding, the wait for the token).
 """
 
 import argparse
@@ -16,6 +18,7 @@ import cProfile
 import itertools
 import json
 import pstats
+import statistics
 import sys
 import time
 import zlib
@@ -26,6 +29,8 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 
 one_gpu_per_rank()  # before MLX starts
 
+import mlx_lm_loop  # noqa: E402
+import step_split  # noqa: E402
 from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
 from ring_timeline import between_pings, decode_times, summary  # noqa: E402
 
@@ -65,10 +70,12 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
             if count[s.id] >= max_tokens:
                 sched.remove(s)
     pipe.submit = submit
-    dt = time.perf_counter() - t0
+    last = time.perf_counter()
+    dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # to compare ring sizes (where they batch alike)
+    decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0  # after every stream's first token
     return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, "
-                f"steps {kinds}, tokens {digest:08x}")
+                f"decode {decode:.1f} tokens/s, steps {kinds}, tokens {digest:08x}")
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
@@ -84,6 +91,23 @@ def draft_ab(sched: Scheduler, n: int, a) -> None:
             print(f"round {r} {'drafting' if drafting else 'plain'}: {line}{kept}", flush=True)
     sched.draft_tokens = k
     print(f"{n} streams, {a.rounds} rounds: drafting took {totals[1] / totals[0]:.3f}x the time of plain decoding", flush=True)
+
+
+def peer_ab(sched: Scheduler, model, n: int, a) -> None:
+    """The ring's scheduler and mlx-lm's own loop (`generate_step` for one stream, `BatchGenerator` for
+    several) in turn, --rounds times, in this process; then the min and median of ring/mlx-lm."""
+    times: dict[str, list[float]] = {"ring": [], "mlx_lm": []}
+    for r in range(a.rounds):
+        seconds, line = run(sched, n, a.max_tokens, a.prompt_of)
+        times["ring"].append(seconds)
+        print(f"round {r} ring-{sched.pipe.ring.size}: {line}", flush=True)
+        seconds, line = mlx_lm_loop.one_stream(model, a.prompt_of(0), a.max_tokens) if n == 1 else \
+            mlx_lm_loop.many_streams(model, n, a.max_tokens, a.prompt_of)
+        times["mlx_lm"].append(seconds)
+        print(f"round {r} {line}", flush=True)
+    ratios = sorted(p / q for p, q in zip(times["mlx_lm"], times["ring"]))  # speed: ring over mlx-lm
+    print(f"{n} streams, {a.rounds} rounds: ring/mlx-lm speed min {ratios[0]:.3f}, median {statistics.median(ratios):.3f}, "
+          f"max {ratios[-1]:.3f}", flush=True)
 
 
 def prompts(a) -> Callable[[int], list[int]]:
@@ -154,6 +178,10 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt", default=None, help="a user message for every stream (else token ids that mean nothing); "
                    "{n} in it becomes a number new to each request")
+    p.add_argument("--peers", action="store_true", help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
+                   "times (generate_step for one stream, BatchGenerator for several; a second copy of the model)")
+    p.add_argument("--split", action="store_true", help="one stream's decode step split into Python, MLX encoding and "
+                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step")
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
@@ -165,13 +193,24 @@ def main():
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
     sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter)
     streams = [int(x) for x in a.streams.split(",")]
+    if a.peers and pipe.ring.size > 1:
+        raise SystemExit("--peers runs mlx-lm's loop beside a ring of one rank")
+    peer = load_model(a.model)[0] if a.peers else None
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_of)
+        if peer is not None:
+            mlx_lm_loop.one_stream(peer, a.prompt_of(0), 4) if n == 1 else mlx_lm_loop.many_streams(peer, n, 4, a.prompt_of)
     for n in streams:
-        if a.draft_tokens:
+        if peer is not None:
+            peer_ab(sched, peer, n, a)
+        elif a.draft_tokens:
             draft_ab(sched, n, a)
         else:
             print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_of)[1], flush=True)
+    for _ in range(a.rounds if a.split else 0):
+        print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
+        if peer is not None:
+            print(step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import CacheList, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, CacheList, make_prompt_cache
 
 from mlx_ring.models.carry import Carrying, find_carry
 from mlx_ring.models.compat import plain_kv_caches
@@ -40,6 +40,25 @@ class FreshBatch:
         if return_array or (window_size and N > window_size):
             return self._cache.make_mask(N, return_array=return_array, window_size=window_size)
         return "causal"
+
+
+class LoneRow:
+    """A decode group of one row's batch cache, for a step of one position: that row has no left
+    padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone row with none),
+    so every key it holds is attended and no mask is needed, as in mlx-lm's own single-stream
+    loop. The batch cache's mask is an array, which keeps CUDA off its fused one-query attention
+    kernel and costs a mask conversion a layer."""
+
+    def __init__(self, cache):
+        self._cache = cache
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        if N == 1 and not return_array:
+            return None
+        return self._cache.make_mask(N, return_array=return_array, window_size=window_size)
 
 
 def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
@@ -98,6 +117,19 @@ class Elsewhere:
         if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.integer):
             return self._embed(x)
         raise AssertionError(f"{self.name} runs on rank 0 only")
+
+
+def share_offsets(caches: list) -> None:
+    """Let a decode group's plain batch caches hold one offset array: each layer's cache adds the
+    step's length to its own (equal) offsets, one small device op a layer every step, and each next
+    step's rotary embedding reads them. Shared, the other layers' additions are never computed.
+    Exact: every layer's cache of a group goes through the same steps, so their offsets are equal."""
+    first = next((c for c in caches if type(c) is BatchKVCache), None)
+    if first is None:
+        return
+    for c in caches:
+        if type(c) is BatchKVCache and c._idx == first._idx:
+            c.offset = first.offset
 
 
 def cache_kind(cache) -> tuple:
@@ -235,6 +267,8 @@ class Slice:
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:
             view = [FreshBatch(c) if c is not None else None for c in view]
+        elif h.shape[0] == 1 and h.shape[1] == 1:  # a decode group of one row (a lone prompt's cache is no batch's)
+            view = [LoneRow(c) if type(c) is BatchKVCache else c for c in view]
         embedded, self._embedded = self._embedded, None
         if self.start == 0 and embedded is not None and embedded[0] is h:
             with self._using(self.from_tokens):

@@ -1,6 +1,7 @@
 """One sequence's logits turned into a token with mlx-lm's samplers and logits processors; rows
 that share plain settings sample in one batched call."""
 
+import math
 import secrets
 from dataclasses import dataclass, field
 from functools import partial
@@ -70,9 +71,10 @@ class SequenceSampler:
         self.step += 1
 
 
-def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, mx.array] | None:
+def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.array, ...] | None:
     """Rows that all share plain parameters sample in one batched call, left unevaluated, so the
-    next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`.
+    next step can be built on the ids before they are read: `(ids (B,), their logprobs (B,))`, or
+    `(ids,)` where no logprob is asked for (no array, so nothing more to compute and read a step).
     None when some row needs its own processors or seed (or the batched call cannot be built:
     `sample_rows` then finds the row at fault)."""
     first = samplers[0].params
@@ -87,13 +89,16 @@ def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.a
     except Exception as e:
         _heal(e)
         return None
-    chosen = mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0] if normalise else mx.full(ids.shape, mx.nan)
-    return ids, chosen
+    if not normalise:
+        return (ids,)
+    return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
-def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array) -> list[Token]:
-    """Materialise what `sample_lazy` built."""
-    tokens = [Token(i, lp) for i, lp in zip(ids.tolist(), chosen.tolist())]
+def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array | None = None) -> list[Token]:
+    """Materialise what `sample_lazy` built (a logprob of NaN where none was asked for)."""
+    picked = ids.tolist()
+    logprobs = chosen.tolist() if chosen is not None else [math.nan] * len(picked)
+    tokens = [Token(i, lp) for i, lp in zip(picked, logprobs)]
     for s, t in zip(samplers, tokens):
         s.accept(t.id)
     return tokens
