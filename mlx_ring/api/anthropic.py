@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import error_body
-from mlx_ring.api.schema import MAX_STOP, NAME, _Strict
+from mlx_ring.api.schema import MAX_STOP, NAME, _Strict, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
@@ -181,13 +181,7 @@ class CountTokensRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _client_tools(cls, data):
-        tools = data.get("tools") if isinstance(data, dict) else None
-        for i, t in enumerate(tools if isinstance(tools, list) else []):
-            kind = t.get("type") if isinstance(t, dict) else None
-            if isinstance(kind, str) and kind != "custom":
-                raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; "
-                                 "send client tools (name, description, input_schema)")
-        return data
+        return hosted_tools_refused(data, ("custom",), "client tools (name, description, input_schema)")
 
     @model_validator(mode="after")
     def _text_only(self):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import NAME, _Strict
+from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
 
 KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
 
@@ -174,12 +174,7 @@ class ResponsesRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _function_tools(cls, data):
-        tools = data.get("tools") if isinstance(data, dict) else None
-        for i, t in enumerate(tools if isinstance(tools, list) else []):
-            kind = t.get("type") if isinstance(t, dict) else None
-            if isinstance(kind, str) and kind not in ("function", "namespace", *HOSTED_NOT_RUN):
-                raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; send function tools")
-        return data
+        return hosted_tools_refused(data, ("function", "namespace", *HOSTED_NOT_RUN), "function tools")
 
     @model_validator(mode="after")
     def _text_only(self):

@@ -52,6 +52,17 @@ class _Strict(BaseModel):
         return out
 
 
+def hosted_tools_refused(data, runs: tuple[str, ...], send: str):
+    """`data` (a request body) unless a tool in it has a type outside `runs`: a tool the API's own
+    servers would run (web search, code execution, ...), which this server does not."""
+    tools = data.get("tools") if isinstance(data, dict) else None
+    for i, t in enumerate(tools if isinstance(tools, list) else []):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if isinstance(kind, str) and kind not in runs:
+            raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; send {send}")
+    return data
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
