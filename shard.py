@@ -66,8 +66,8 @@ class Shard:
         self.plain_kv = plain_kv
         self.batches = batches  # the layers take several rows at once (else one row a decode group)
         self.inner = cut.owner
-        self.start, self.end = plan.ranges[rank]
-        self.last = rank == len(plan.ranges) - 1  # hands steps back to rank 0
+        self.start, self.end = plan.ranges[plan.stage_of(rank)]
+        self.last = rank == plan.size - 1  # hands steps back to rank 0
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
         self.saved: dict[int, list] = {}  # prompt-cache entry -> per-layer (keys, values) of its tokens
@@ -256,7 +256,7 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and head),
     then materialise what is left: tensors of other ranks are never read from disk. A folder the
     launcher sent holds only this host's pieces; it must hold all of this rank's."""
-    start, end = plan.ranges[rank]
+    start, end = plan.ranges[plan.stage_of(rank)]
     lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0))
     if lacking:
         raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "

@@ -35,6 +35,7 @@ class Config:
     groups: int  # decode micro-batches in flight (0: one per rank)
     prefill_chunk: int  # prompt tokens per prefill step; 0: by device (server.prefill_chunk)
     strategy: str  # layer plan: balanced | uniform | memory | compute | custom (plan.py)
+    parallel: str  # PARALLEL: pipeline | tensor (plan.py's LayerPlan.tensor)
     kv_tokens: int  # KV-cache tokens each rank reserves memory for when the layer plan is made
     prompt_cache_gb: float  # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
     draft_tokens: int  # speculative decoding: most tokens drafted a step (0: off)
@@ -166,7 +167,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         log_dir=ROOT / Path(a.log_dir).expanduser(), layers=layers, max_queue=a.max_queue, max_active=a.max_active,
         default_max_tokens=a.max_tokens, log_level=a.log_level.upper(), step_timeout=a.step_timeout,
         drain_timeout=a.drain_timeout, api_key=read("API_KEY"), groups=0 if a.groups == "auto" else int(a.groups), prefill_chunk=chunk,
-        strategy=a.strategy, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens,
+        strategy=a.strategy, parallel=a.parallel, kv_tokens=a.kv_tokens, prompt_cache_gb=a.prompt_cache_gb, draft_tokens=a.draft_tokens,
         draft_model=a.draft_model, hostfile=ROOT / Path(a.hostfile).expanduser(),
         max_tokens_limit=a.max_tokens_limit, ring_socket_buffer=a.ring_socket_buffer, model_id=read("RING_MODEL_ID"),
         plan=plan, restarts=read("RING_RESTARTS"),

@@ -231,7 +231,7 @@ def send_weights(ring: Preflight) -> dict:
     address = {}  # ssh name -> its first rank's ring address
     for h in ring.hosts:
         address.setdefault(h.ssh, h.address)
-        s, e = ring.plan.ranges[h.rank]
+        s, e = ring.plan.ranges[ring.plan.stage_of(h.rank)]
         needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
     sent = {}
 
@@ -290,7 +290,7 @@ def check_table(ring: Preflight) -> str:
         f: Facts | None = ring.facts.get(h.ssh)
         need = "-"
         if needs:
-            s, e = ring.plan.ranges[h.rank]
+            s, e = ring.plan.ranges[ring.plan.stage_of(h.rank)]
             need = f"{needs[h.rank]['needs_gb']:.2f} GB ({e - s} layers{' + ends' if h.rank == 0 else ''})"
         addr = h.address if h.named == h.address else f"{h.named} -> {h.address}"
         rows.append((str(h.rank), h.ssh, f"{addr}:{h.port}", f.system if f else "unreachable",

@@ -20,34 +20,51 @@ RUNTIME_GIB = 0.5  # per rank: Python, MLX, activations and buffers besides weig
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """`ranges[r] = (start, end)`: rank r runs layers [start, end); together they cover [0, n_layers)."""
+    """`ranges[s] = (start, end)`: stage s runs layers [start, end); together they cover [0, n_layers).
+    `tensor` ranks hold each stage, each a 1/`tensor` share of every one of its layers (heads, MLP
+    columns, experts), joined by all_sums: rank r is in stage `r // tensor`. A pipeline has
+    `tensor == 1` (a stage a rank); tensor mode one stage of every rank."""
 
     n_layers: int
     ranges: tuple[tuple[int, int], ...]
     strategy: str = "uniform"
+    tensor: int = 1
 
     def __post_init__(self):
         assert self.ranges and self.ranges[0][0] == 0 and self.ranges[-1][1] == self.n_layers, self
         assert all(a[1] == b[0] for a, b in zip(self.ranges, self.ranges[1:])), self
         assert all(s < e for s, e in self.ranges), self
+        assert self.tensor >= 1, self
+
+    @property
+    def mode(self) -> str:
+        return "tensor" if self.tensor > 1 else "pipeline"
 
     @property
     def size(self) -> int:
-        return len(self.ranges)
+        """Ranks in the ring."""
+        return len(self.ranges) * self.tensor
 
     @property
     def sizes(self) -> list[int]:
+        """Layers of each stage."""
         return [e - s for s, e in self.ranges]
 
+    def stage_of(self, rank: int) -> int:
+        return rank // self.tensor
+
     def layers_of(self, rank: int) -> range:
-        return range(*self.ranges[rank])
+        return range(*self.ranges[self.stage_of(rank)])
 
     def describe(self, hosts: list[str] | None = None) -> str:
-        """One line per rank, e.g. `rank 0 (mac-a): layers [0, 15)  15 layers`."""
+        """One line per rank, e.g. `rank 0 (mac-a): layers [0, 15)  15 layers` (in tensor mode
+        `... 30 layers, a 1/2 share of each`)."""
         lines = []
-        for r, (s, e) in enumerate(self.ranges):
+        for r in range(self.size):
+            s, e = self.ranges[self.stage_of(r)]
             host = f" ({hosts[r]})" if hosts else ""
-            lines.append(f"rank {r}{host}: layers [{s}, {e})  {e - s} layers")
+            share = f", a 1/{self.tensor} share of each" if self.tensor > 1 else ""
+            lines.append(f"rank {r}{host}: layers [{s}, {e})  {e - s} layers{share}")
         return "\n".join(lines)
 
 
@@ -98,6 +115,13 @@ def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:
         )
     base, extra = divmod(n_layers, n_ranks)
     return plan_from_sizes(n_layers, [base + (1 if r < extra else 0) for r in range(n_ranks)], "uniform")
+
+
+def tensor_plan(n_layers: int, n_ranks: int, strategy: str = "uniform") -> LayerPlan:
+    """Tensor mode: one stage of all `n_layers`, every rank a 1/`n_ranks` share of each layer."""
+    if n_ranks < 1:
+        raise ValueError(f"need at least one rank, got {n_ranks}")
+    return LayerPlan(n_layers, ((0, n_layers),), strategy, tensor=n_ranks)
 
 
 def plan_from_sizes(n_layers: int, sizes: list[int], strategy: str = "custom") -> LayerPlan:
