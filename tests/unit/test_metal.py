@@ -5,7 +5,6 @@ payloads a rank receives apart, how many prompt tokens go in a prefill step)."""
 import mlx.core as mx
 import pytest
 
-import server
 from mlx_ring.config import parse_config
 from mlx_ring.gpu import (
     PREFILL_SHARE,
@@ -21,6 +20,7 @@ from mlx_ring.planning.capabilities import Capabilities, default_usable_gb, with
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_layers
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring, in_graph, receives_apart
+from mlx_ring.serving import assembly
 
 # `mx.device_info()` as Macs report it. A 16 GB Apple M1 (macOS 13.7.8, mlx 0.29.3's
 # `mx.metal.device_info()`), from a public benchmark receipt found with the code search (its
@@ -178,7 +178,7 @@ def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_
     cfg = parse_config([])[0]
     linux = {"host": "box", "layers": [0, 32], "tflops": 0.15, "working_set_gb": 0.0}
     mini = {"host": "mini", "layers": [32, 64], "tflops": 3.5, "working_set_gb": 10.67}
-    assert server.prefill_chunk(cfg, {"ranks": [linux]}, Q32B.layer_flops) == 128  # this CPU's default
+    assert assembly.prefill_chunk(cfg, {"ranks": [linux]}, Q32B.layer_flops) == 128  # this CPU's default
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5)], cap=128)
-    assert server.prefill_chunk(cfg, {"ranks": [linux, mini]}, Q32B.layer_flops) == want < 128
-    assert server.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], {"ranks": [linux, mini]}, Q32B.layer_flops) == 300
+    assert assembly.prefill_chunk(cfg, {"ranks": [linux, mini]}, Q32B.layer_flops) == want < 128
+    assert assembly.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], {"ranks": [linux, mini]}, Q32B.layer_flops) == 300

@@ -1,0 +1,129 @@
+"""Rank 0's assembly before it serves: the prefill-chunk size, the prompt-cache budget, the draft
+model, the scheduler and engine around the ring, the warm-up, and the KV room the warm-up leaves."""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.utils import load_config, load_model, load_tokenizer
+
+from mlx_ring import gpu
+from mlx_ring.config import Config
+from mlx_ring.models.source import resolve_model
+from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
+from mlx_ring.planning.report import format_summary
+from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.serving.engine import Engine
+from mlx_ring.serving.grammar import Grammars
+from mlx_ring.serving.prefix import PrefixIndex
+from mlx_ring.serving.scheduler import Scheduler
+from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
+
+log = logging.getLogger("server")
+
+
+@dataclass
+class Rank0:
+    """What rank 0 serves with, warmed up: the engine, the tokenizer, the model's config and head, and
+    the KV room (tokens every rank holds at once; None: no bound)."""
+
+    engine: Engine
+    tokenizer: object  # mlx_lm TokenizerWrapper
+    config: dict  # the model's config.json
+    grammars: Grammars
+    vocab: int  # the head's logits per token
+    dtype: mx.Dtype  # the type the head computes in
+    cluster: dict
+    room: int | None
+
+
+def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
+    """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
+    steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU). Fewer where a
+    Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`), from each Mac's
+    measured speed (`cluster`: ranks with a recommended working set) and a layer's FLOPs per token."""
+    if cfg.prefill_chunk:
+        return cfg.prefill_chunk
+    cap = 128 if mx.default_device() == mx.cpu else 512
+    macs = [(r["host"], (r["layers"][1] - r["layers"][0]) * layer_flops, r["tflops"])
+            for r in cluster["ranks"] if r.get("working_set_gb")]
+    if not macs:
+        return cap
+    chunk = gpu.watchdog_chunk(macs, cap)
+    log.info("prefill chunks of %d tokens: the busiest Mac's stage of one stays within %.0f s (Metal's watchdog "
+             "aborts at about %.0f s); PREFILL_CHUNK sets it", chunk, gpu.STAGE_BUDGET_S, gpu.WATCHDOG_S)
+    return chunk
+
+
+def prompt_cache(cfg: Config, shard, spec, cluster: dict) -> PrefixIndex | None:
+    """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
+    memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
+    tokens is what the tightest rank holds. None when off or when the caches are not plain KV caches."""
+    if not cfg.prompt_cache_gb or not shard.plain_kv:
+        if cfg.prompt_cache_gb:
+            log.info("prompt cache off: this model's caches cannot be reused by prefix")
+        return None
+    per_token = spec.kv_bytes_per_token  # one layer's
+    kept = [r.get("prompt_cache_gb", cfg.prompt_cache_gb) for r in cluster["ranks"]]
+    budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
+    log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
+    return PrefixIndex(budget)
+
+
+def draft_model(cfg: Config, vocab: int):
+    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits over the same vocabulary."""
+    if not cfg.draft_model:
+        return None
+    path = resolve_model(cfg.draft_model, cfg.cache_dir, cfg.weights)
+    model, _ = load_model(path)
+    rows = model(mx.array([[0]])).shape[-1]  # only the shape is read: nothing computed
+    if rows != vocab:
+        raise ValueError(f"DRAFT_MODEL {cfg.draft_model} gives logits over {rows} tokens, the model over {vocab}; "
+                         "a draft model must share the model's tokenizer (pick one of the same family)")
+    log.info("drafts from %s, up to %d tokens a step", path.name, cfg.draft_tokens)
+    return model
+
+
+def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster: dict, caps: list[Capabilities]) -> Rank0:
+    """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
+    rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
+    room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
+    if room is not None:
+        log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
+                 "for room", room, cluster["plan"]["kv_tokens"])
+    model_config = load_config(model_path)
+    tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
+    logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
+    grammars = Grammars(tokenizer, logits.shape[-1])
+    groups, why = decode_groups(cfg.groups, caps, shard.batches)
+    log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
+    if not shard.batches:
+        log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
+                 UNBATCHED[model_config["model_type"]], groups)
+    if cfg.draft_tokens and not shard.plain_kv:
+        log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
+    chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
+    sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
+                      prefix=prompt_cache(cfg, shard, spec, cluster),
+                      draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
+                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
+                      kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
+    engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
+                    step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
+    engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
+    hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+             if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
+    status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
+                  may_regroup=not cfg.groups and shard.batches)
+    if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
+        room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
+                                                                cluster["plan"]["kv_tokens"])
+        sched.kv_budget = max(1, room)
+    if "needs_gb" in cluster["ranks"][0]:  # the plan's figures, now counting what the warm-up measured
+        count_measured(cluster["ranks"], status)
+        log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
+                 format_summary({**cluster["plan"], "hops_ms": None, "ranks": cluster["ranks"]}))
+    return Rank0(engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, room)
