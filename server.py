@@ -22,6 +22,7 @@ from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import resolve_model
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.cluster import Cluster, PlanFacts, Prediction, RankFacts
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
@@ -60,23 +61,19 @@ def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan
     return plan_ring(cfg, spec, world)
 
 
-def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
+def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> Cluster:
     """Every rank's static facts (host, range, bytes held), gathered with one collective, plus the
     planner's view of each rank (capabilities, memory needed, predicted stage time)."""
-    ranks = []
-    for info in exchange(shard.info(), world):
-        kib = info.pop("parameter_bytes") >> 10
-        ranks.append(info | {"parameter_bytes_kib": kib})
+    infos = exchange(shard.info(), world)
+    # every rank computed the same prediction; it joins the facts each rank measured of itself
+    views = predicted["ranks"] if predicted else [None] * len(infos)
+    ranks = tuple(RankFacts.of(info, view) for info, view in zip(infos, views))
     plan = shard.plan
-    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
-    if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts
-        for r, p in zip(ranks, predicted["ranks"]):
-            r.update({k: v for k, v in p.items() if k not in r})
-        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "kv_capacity_tokens", "predicted_tokens_per_s", "slowest_stage_ms")})
-    return out
+    return Cluster(ranks, PlanFacts(plan.strategy, plan.n_layers, tuple(map(tuple, plan.ranges)),
+                                    Prediction.of(predicted) if predicted else None))
 
 
-def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: dict, caps: list[Capabilities]) -> None:
+def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: Cluster, caps: list[Capabilities]) -> None:
     """Rank 0: its scheduler and engine, warmed up (serving/assembly.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
@@ -84,7 +81,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.serving.assembly import assemble
 
     rank0 = assemble(cfg, shard, Pipeline(shard, ring), model_path, spec, cluster, caps)
-    hosts = [r["host"] for r in cluster["ranks"]]
+    hosts = [r.host for r in cluster.ranks]
     serve(cfg, rank0.engine, served_model(cfg, rank0), ring.size, shard.plan.describe(hosts))
 
 

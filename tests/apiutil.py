@@ -12,7 +12,8 @@ from mlx_lm.utils import load_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_ring.api.app import make_app
-from mlx_ring.api.served import Cluster, ServedModel
+from mlx_ring.api.served import ServedModel
+from mlx_ring.planning.cluster import Cluster, PlanFacts, RankFacts
 from mlx_ring.planning.sizes import parameter_count
 from mlx_ring.ring.protocol import StatusRow
 from mlx_ring.serving.grammar import Grammars
@@ -130,11 +131,11 @@ def served_model(model, tokenizer) -> ServedModel:
     """The default model as server.py serves it on a ring of two."""
     config = load_config(model)
     vocab = config["vocab_size"]
-    ranks = [{"rank": r, "host": h, "layers": [15 * r, 15 * (r + 1)], "parameter_bytes_kib": 100_000 - r}
-             for r, h in enumerate(HOSTS)]
+    ranks = tuple(RankFacts(rank=r, host=h, layers=(15 * r, 15 * (r + 1)), parameter_bytes_kib=100_000 - r)
+                  for r, h in enumerate(HOSTS))
     return ServedModel(id=MODEL, tokenizer=tokenizer, context_length=config["max_position_embeddings"],
                        default_max_tokens=512, vocab_size=min(vocab, len(tokenizer.get_vocab())),
-                       cluster=Cluster(ranks, {"strategy": "balanced", "n_layers": 30, "ranges": [[0, 15], [15, 30]]}),
+                       cluster=Cluster(ranks, PlanFacts("balanced", 30, ((0, 15), (15, 30)))),
                        grammars=Grammars(tokenizer, vocab), config=config, parameters=parameter_count(config), weights="float32")
 
 

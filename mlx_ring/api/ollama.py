@@ -205,7 +205,7 @@ def model_info(served: ServedModel) -> dict:
 
 
 def listing(served: ServedModel, name: str) -> dict:
-    size = sum(r.get("parameter_bytes_kib", 0) for r in served.cluster.ranks) * 1024
+    size = sum(r.parameter_bytes_kib for r in served.cluster.ranks) * 1024
     return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": size,
             "digest": hashlib.sha256(served.id.encode()).hexdigest(), "details": details(served)}
 

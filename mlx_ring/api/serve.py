@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from mlx_ring.api.app import make_app, warm_http
 from mlx_ring.api.keys import load_keys
-from mlx_ring.api.served import Cluster, ServedModel, served_name
+from mlx_ring.api.served import ServedModel, served_name
 from mlx_ring.config import Config
 from mlx_ring.models.source import DEFAULT_MODEL
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
@@ -34,7 +34,7 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
         vocab_size=min(rank0.vocab, len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
         cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
-        cluster=Cluster(**rank0.cluster),
+        cluster=rank0.cluster,
         grammars=rank0.grammars,
         aliases=cfg.model_aliases,
         config=model_config,

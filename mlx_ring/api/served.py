@@ -7,17 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mlx_ring.api.errors import ApiError
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """The ring's static facts, gathered once at startup (server.gather_cluster)."""
-
-    ranks: list[dict] = field(default_factory=list)  # per rank: host, layers, bytes held, the planner's view
-    plan: dict = field(default_factory=dict)  # strategy, layer ranges, the planner's predictions
-
-    def hosts(self) -> dict[int, str]:
-        return {r["rank"]: r["host"] for r in self.ranks}
+from mlx_ring.planning.cluster import Cluster
 
 
 def served_name(setting: str | None, model: str | None, default: str) -> str:

@@ -43,8 +43,9 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics,
             live = await ping()
         except Exception as e:
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
-        ranks = [static | dyn for static, dyn in zip(served.cluster.ranks, live)]
-        return {"model": served.id, "plan": served.cluster.plan, "ranks": ranks} | engine_status(engine.stats()) | failed_over
+        cluster = served.cluster.to_json()
+        ranks = [static | dyn for static, dyn in zip(cluster["ranks"], live)]
+        return {"model": served.id, "plan": cluster["plan"], "ranks": ranks} | engine_status(engine.stats()) | failed_over
 
     page = PAGE.read_text()
 

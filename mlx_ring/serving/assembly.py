@@ -2,7 +2,7 @@
 model, the scheduler and engine around the ring, the warm-up, and the KV room the warm-up leaves."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,6 +13,7 @@ from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.report import format_summary
 from mlx_ring.ring.pipeline import Pipeline
@@ -36,11 +37,11 @@ class Rank0:
     grammars: Grammars
     vocab: int  # the head's logits per token
     dtype: mx.Dtype  # the type the head computes in
-    cluster: dict
+    cluster: Cluster
     room: int | None
 
 
-def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
+def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
     """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
     steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU). Fewer where a
     Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`), from each Mac's
@@ -48,8 +49,8 @@ def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
     if cfg.prefill_chunk:
         return cfg.prefill_chunk
     cap = 128 if mx.default_device() == mx.cpu else 512
-    macs = [(r["host"], (r["layers"][1] - r["layers"][0]) * layer_flops, r["tflops"])
-            for r in cluster["ranks"] if r.get("working_set_gb")]
+    macs = [(r.host, (r.layers[1] - r.layers[0]) * layer_flops, r.planned.tflops)
+            for r in cluster.ranks if r.planned and r.planned.working_set_gb]
     if not macs:
         return cap
     chunk = gpu.watchdog_chunk(macs, cap)
@@ -58,7 +59,7 @@ def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
     return chunk
 
 
-def prompt_cache(cfg: Config, shard, spec, cluster: dict) -> PrefixIndex | None:
+def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | None:
     """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
     memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
     tokens is what the tightest rank holds. None when off or when the caches are not plain KV caches."""
@@ -67,7 +68,8 @@ def prompt_cache(cfg: Config, shard, spec, cluster: dict) -> PrefixIndex | None:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
     per_token = spec.kv_bytes_per_token  # one layer's
-    kept = [r.get("prompt_cache_gb", cfg.prompt_cache_gb) for r in cluster["ranks"]]
+    kept = [cfg.prompt_cache_gb if r.planned is None or r.planned.prompt_cache_gb is None else r.planned.prompt_cache_gb
+            for r in cluster.ranks]
     budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
     log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
     return PrefixIndex(budget)
@@ -87,13 +89,13 @@ def draft_model(cfg: Config, vocab: int):
     return model
 
 
-def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster: dict, caps: list[Capabilities]) -> Rank0:
+def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster: Cluster, caps: list[Capabilities]) -> Rank0:
     """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
     rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
-    room = cluster["plan"].get("kv_capacity_tokens")  # token-rows of KV cache every rank has room for
+    room = cluster.kv_room  # token-rows of KV cache every rank has room for
     if room is not None:
         log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
-                 "for room", room, cluster["plan"]["kv_tokens"])
+                 "for room", room, cluster.plan.prediction.kv_tokens)
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
@@ -113,17 +115,18 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
                       kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
-    engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
+    engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
                   may_regroup=not cfg.groups and shard.batches)
     if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
-        room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
-                                                                cluster["plan"]["kv_tokens"])
+        room = fit_room(spec, cluster.ranks, status, room, cluster.plan.prediction.kv_tokens)
+        cluster = cluster.with_kv_room(room)
         sched.kv_budget = max(1, room)
-    if "needs_gb" in cluster["ranks"][0]:  # the plan's figures, now counting what the warm-up measured
-        count_measured(cluster["ranks"], status)
+    if cluster.ranks[0].planned is not None:  # the plan's figures, now counting what the warm-up measured
+        cluster = replace(cluster, ranks=count_measured(cluster.ranks, status))
+        shown = cluster.to_json()
         log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
-                 format_summary({**cluster["plan"], "hops_ms": None, "ranks": cluster["ranks"]}))
+                 format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}))
     return Rank0(engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, room)

@@ -6,10 +6,12 @@ full batch fastest there."""
 import itertools
 import logging
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 
 from mlx_ring.planning.capabilities import Capabilities, compute_units
+from mlx_ring.planning.cluster import RankFacts
 from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
@@ -80,26 +82,30 @@ def rank_memory(sched: Scheduler) -> list[dict]:
     return rows
 
 
-def activations_gib(status: list[dict], ranks: list[dict]) -> list[float]:
-    """GiB of each rank's MLX peak beyond its weights (`parameter_bytes_kib` of the cluster's `ranks`),
-    the most its KV caches held and its prompt cache: what its activations and buffers took."""
-    return [max(0.0, (row["mlx_peak_memory_kib"] - rank.get("parameter_bytes_kib", 0) - row["kv_cache_peak_kib"]
-                      - row["prompt_cache_kib"]) / 2**20) for row, rank in zip(status, ranks)]
+def activations_gib(status: list[dict], weights: list[int]) -> list[float]:
+    """GiB of each rank's MLX peak beyond its `weights` (KiB), the most its KV caches held and its
+    prompt cache: what its activations and buffers took."""
+    return [max(0.0, (row["mlx_peak_memory_kib"] - kib - row["kv_cache_peak_kib"] - row["prompt_cache_kib"]) / 2**20)
+            for row, kib in zip(status, weights)]
 
 
-def planned_runtime(ranks: list[dict]) -> list[float]:
+def weights_kib(ranks: tuple[RankFacts, ...]) -> list[int]:
+    return [r.parameter_bytes_kib for r in ranks]
+
+
+def planned_runtime(ranks: tuple[RankFacts, ...]) -> list[float]:
     """Each rank's runtime in the plan (GiB): its activations as estimated, or the flat reserve."""
-    return [r.get("runtime_gb", RUNTIME_GIB) for r in ranks]
+    return [r.planned.runtime_gb if r.planned else RUNTIME_GIB for r in ranks]
 
 
-def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, kv_tokens: int) -> int:
+def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], room: int, kv_tokens: int) -> int:
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
     its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
     # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
     planned = planned_runtime(ranks)
-    excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, ranks), planned)]
-    fitted = room_after(spec, room, [r["layers"][1] - r["layers"][0] for r in ranks], excess)
+    excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, weights_kib(ranks)), planned)]
+    fitted = room_after(spec, room, [r.layers[1] - r.layers[0] for r in ranks], excess)
     if fitted < room:
         worst = max(range(len(excess)), key=excess.__getitem__)
         log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
@@ -110,15 +116,17 @@ def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, 
     return fitted
 
 
-def count_measured(ranks: list[dict], status: list[dict]) -> None:
-    """Each rank's memory figures (`runtime_gb`, `needs_gb`, as the startup table and /cluster/status
-    show them) raised to what its activations took in the warm-up, where that is more than planned;
-    `measured_runtime_gb` says what was measured."""
-    for rank, measured, planned in zip(ranks, activations_gib(status, ranks), planned_runtime(ranks)):
-        rank["measured_runtime_gb"] = round(measured, 3)
+def count_measured(ranks: tuple[RankFacts, ...], status: list[dict]) -> tuple[RankFacts, ...]:
+    """The ranks, each one's planned memory figures (`runtime_gb`, `needs_gb`, as the startup table
+    and /cluster/status show them) raised to what its activations took in the warm-up, where that is
+    more than planned; `measured_runtime_gb` says what was measured."""
+    out = []
+    for rank, measured, planned in zip(ranks, activations_gib(status, weights_kib(ranks)), planned_runtime(ranks)):
+        view = replace(rank.planned, measured_runtime_gb=round(measured, 3))
         if measured > planned:
-            rank["runtime_gb"] = round(measured, 3)
-            rank["needs_gb"] = round(rank.get("needs_gb", 0.0) + measured - planned, 3)
+            view = replace(view, runtime_gb=round(measured, 3), needs_gb=round(view.needs_gb + measured - planned, 3))
+        out.append(replace(rank, planned=view))
+    return tuple(out)
 
 
 def peak_gib() -> float:

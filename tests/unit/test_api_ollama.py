@@ -77,7 +77,7 @@ def test_format_is_enforced_by_the_grammar(ol, engine):
 
 def test_listings(ol, served):
     [m] = ol.list().models
-    assert m.model == MODEL and m.size == sum(r["parameter_bytes_kib"] for r in served.cluster.ranks) * 1024
+    assert m.model == MODEL and m.size == sum(r.parameter_bytes_kib for r in served.cluster.ranks) * 1024
     show = ol.show(MODEL)
     assert show.capabilities == ["completion"] and show.template == served.tokenizer.chat_template
     info = show.modelinfo

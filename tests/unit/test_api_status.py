@@ -78,8 +78,8 @@ def test_health_cluster_status_and_the_page(engine, served):
         h = http.get("/health").json()
         assert h["status"] == "ok" and h["ranks"] == 2 and h["ring_round_trip_ms"] >= 0
         s = http.get("/cluster/status").json()
-        assert s["model"] == MODEL and s["plan"] == served.cluster.plan
-        assert s["ranks"] == [static | rank_row(r) for r, static in enumerate(served.cluster.ranks)]
+        assert s["model"] == MODEL and s["plan"] == served.cluster.to_json()["plan"]
+        assert s["ranks"] == [static | rank_row(r) for r, static in enumerate(served.cluster.to_json()["ranks"])]
         assert s["queued_requests"] == 0 and s["waiting_prompts"] == 0
         assert s["prompt_cache"] == {"enabled": True, "entries": 2, "tokens": 300, "budget_tokens": 4000, "hits": 5, "hit_tokens": 120}
         assert s["speculative"] == {"draft_tokens": 0, "drafted": 0, "accepted": 0}

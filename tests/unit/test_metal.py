@@ -17,6 +17,7 @@ from mlx_ring.gpu import (
     working_set,
 )
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb, with_host_keys
+from mlx_ring.planning.cluster import Cluster, Planned, RankFacts
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_layers
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring, in_graph, receives_apart
@@ -176,9 +177,9 @@ def test_chunks_are_capped_shared_per_machine_and_never_empty():
 def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_is_set(monkeypatch):
     monkeypatch.delenv("PREFILL_CHUNK", raising=False)
     cfg = parse_config([])[0]
-    linux = {"host": "box", "layers": [0, 32], "tflops": 0.15, "working_set_gb": 0.0}
-    mini = {"host": "mini", "layers": [32, 64], "tflops": 3.5, "working_set_gb": 10.67}
-    assert assembly.prefill_chunk(cfg, {"ranks": [linux]}, Q32B.layer_flops) == 128  # this CPU's default
+    linux = RankFacts(0, "box", (0, 32), planned=Planned(tflops=0.15, working_set_gb=0.0))
+    mini = RankFacts(1, "mini", (32, 64), planned=Planned(tflops=3.5, working_set_gb=10.67))
+    assert assembly.prefill_chunk(cfg, Cluster((linux,)), Q32B.layer_flops) == 128  # this CPU's default
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5)], cap=128)
-    assert assembly.prefill_chunk(cfg, {"ranks": [linux, mini]}, Q32B.layer_flops) == want < 128
-    assert assembly.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], {"ranks": [linux, mini]}, Q32B.layer_flops) == 300
+    assert assembly.prefill_chunk(cfg, Cluster((linux, mini)), Q32B.layer_flops) == want < 128
+    assert assembly.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], Cluster((linux, mini)), Q32B.layer_flops) == 300

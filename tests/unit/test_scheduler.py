@@ -155,6 +155,7 @@ def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
 def test_after_the_warm_up_each_ranks_memory_beyond_the_plans_runtime_is_measured(tmp_path):
     import itertools
 
+    from mlx_ring.planning.cluster import Planned, RankFacts
     from mlx_ring.serving.warmup import activations_gib, count_measured, rank_memory, warm_up
 
     model = make_tiny_model(tmp_path / "model", "llama")
@@ -166,18 +167,18 @@ def test_after_the_warm_up_each_ranks_memory_beyond_the_plans_runtime_is_measure
     assert sched.idle() and [r["rank"] for r in status] == [0]
     row = status[0]
     assert row["mlx_peak_memory_kib"] >= shard.info()["parameter_bytes"] >> 10 and row["kv_cache_peak_kib"] > 0
-    (taken,) = activations_gib(status, [{"parameter_bytes_kib": held_kib}])
+    (taken,) = activations_gib(status, [held_kib])
     assert taken < 0.5  # a tiny model's activations fit the plan's flat reserve
     # Counted without its weights: its peak less the caches it held.
-    (took,) = activations_gib(status, [{}])
+    (took,) = activations_gib(status, [0])
     assert took * 2**20 == row["mlx_peak_memory_kib"] - row["kv_cache_peak_kib"] - row["prompt_cache_kib"] > 0
     # The plan's figures count what was measured where it is more than planned, and only there.
-    ranks = [{"runtime_gb": took / 2, "needs_gb": 1.0}]
-    count_measured(ranks, status)
-    assert ranks == [{"runtime_gb": round(took, 3), "needs_gb": round(1.0 + took / 2, 3), "measured_runtime_gb": round(took, 3)}]
-    ranks = [{"runtime_gb": 0.5, "needs_gb": 1.0, "parameter_bytes_kib": held_kib}]
-    count_measured(ranks, status)
-    assert ranks[0]["runtime_gb"] == 0.5 and ranks[0]["needs_gb"] == 1.0
+    ranks = (RankFacts(0, "here", (0, 7), planned=Planned(runtime_gb=took / 2, needs_gb=1.0)),)
+    (counted,) = count_measured(ranks, status)
+    assert counted.planned == Planned(runtime_gb=round(took, 3), needs_gb=round(1.0 + took / 2, 3), measured_runtime_gb=round(took, 3))
+    ranks = (RankFacts(0, "here", (0, 7), parameter_bytes_kib=held_kib, planned=Planned(runtime_gb=0.5, needs_gb=1.0)),)
+    (counted,) = count_measured(ranks, status)
+    assert counted.planned.runtime_gb == 0.5 and counted.planned.needs_gb == 1.0
 
 
 def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):

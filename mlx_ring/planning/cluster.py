@@ -1,0 +1,111 @@
+"""The ring as rank 0 serves it: every rank's static facts (gathered from the ranks at startup,
+`server.gather_cluster`) and the plan with the planner's predictions, as frozen records; `to_json`
+gives what /cluster/status shows. Plain data, no MLX."""
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The planner's view of one rank (a row of `planning/report.summary`, its rank, host and layers
+    aside), with what the warm-up measured once it has."""
+
+    device: str = ""
+    memory_gb: float = 0.0
+    usable_gb: float = 0.0
+    tflops: float = 0.0
+    bandwidth_gbs: float = 0.0
+    capabilities_from: str = ""
+    working_set_gb: float = 0.0  # a Mac's recommended working set (0: not a Mac)
+    weights_gb: float = 0.0
+    needs_gb: float = 0.0
+    runtime_gb: float = 0.0
+    predicted_stage_ms: float = 0.0
+    prompt_cache_gb: float | None = None  # set aside for the prompt cache on this rank (None: not planned)
+    measured_runtime_gb: float | None = None  # the warm-up's measure of its activations (None: before it)
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One rank as it reported itself (`Shard.info`), and the planner's view of it."""
+
+    rank: int
+    host: str
+    layers: tuple[int, int]  # [start, end) of the layers it holds
+    parameter_bytes_kib: int = 0
+    holds_embedding: bool = False
+    holds_head: bool = False
+    planned: Planned | None = None  # None: no prediction was made
+
+    @classmethod
+    def of(cls, info: dict, planned: dict | None = None) -> "RankFacts":
+        """From a rank's `Shard.info()` and its row of the planner's summary (its keys that the
+        rank's own facts hold are not taken from the summary)."""
+        view = {k: v for k, v in (planned or {}).items() if k not in ("rank", "host", "layers")}
+        return cls(rank=info["rank"], host=info["host"], layers=tuple(info["layers"]),
+                   parameter_bytes_kib=info["parameter_bytes"] >> 10, holds_embedding=info["holds_embedding"],
+                   holds_head=info["holds_head"], planned=Planned(**view) if planned is not None else None)
+
+    def to_json(self) -> dict:
+        out = {"rank": self.rank, "host": self.host, "layers": list(self.layers), "holds_embedding": self.holds_embedding,
+               "holds_head": self.holds_head, "parameter_bytes_kib": self.parameter_bytes_kib}
+        if self.planned is not None:
+            out |= {k: v for k, v in asdict(self.planned).items() if v is not None}
+        return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the planner predicts of the whole ring."""
+
+    kv_tokens: int  # KV_TOKENS: the context the plan keeps room for on every rank
+    kv_room: int  # tokens of KV cache every rank holds at once, beside its slice (JSON: kv_capacity_tokens)
+    predicted_tokens_per_s: float | None
+    slowest_stage_ms: float
+
+    @classmethod
+    def of(cls, summary: dict) -> "Prediction":
+        """From the planner's summary (`planning/report.summary`)."""
+        return cls(summary["kv_tokens"], summary["kv_capacity_tokens"], summary["predicted_tokens_per_s"],
+                   summary["slowest_stage_ms"])
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """The layer plan the ring runs, and the planner's predictions of it."""
+
+    strategy: str = ""
+    n_layers: int = 0
+    ranges: tuple[tuple[int, int], ...] = ()
+    prediction: Prediction | None = None
+
+    def to_json(self) -> dict:
+        out = {"strategy": self.strategy, "n_layers": self.n_layers, "ranges": [list(r) for r in self.ranges]}
+        p = self.prediction
+        if p is not None:
+            out |= {"kv_tokens": p.kv_tokens, "kv_capacity_tokens": p.kv_room,
+                    "predicted_tokens_per_s": p.predicted_tokens_per_s, "slowest_stage_ms": p.slowest_stage_ms}
+        return out
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The ring's static facts, gathered once at startup."""
+
+    ranks: tuple[RankFacts, ...] = ()
+    plan: PlanFacts = PlanFacts()
+
+    @property
+    def kv_room(self) -> int | None:
+        """Tokens of KV cache every rank holds at once (None: the planner made no prediction)."""
+        return self.plan.prediction.kv_room if self.plan.prediction else None
+
+    def with_kv_room(self, kv_room: int) -> "Cluster":
+        return replace(self, plan=replace(self.plan, prediction=replace(self.plan.prediction, kv_room=kv_room)))
+
+    def hosts(self) -> dict[int, str]:
+        return {r.rank: r.host for r in self.ranks}
+
+    def to_json(self) -> dict:
+        """What /cluster/status shows of the ring: `ranks` (each rank's static facts) and `plan`."""
+        return {"ranks": [r.to_json() for r in self.ranks], "plan": self.plan.to_json()}
