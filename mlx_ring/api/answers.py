@@ -13,7 +13,7 @@ from mlx_ring.api.errors import ApiError, error_body
 from mlx_ring.api.keys import RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, RingMetrics
 from mlx_ring.api.responses import chat_logprobs, completion_logprobs, sse, usage
-from mlx_ring.api.served import ServedModel, limit_tokens
+from mlx_ring.api.served import ServedModel, max_tokens_for
 from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.port import Delta, Done, EnginePort, Failed, QueueFull, Request, Unavailable
 
@@ -56,9 +56,9 @@ class Answers:
         """The request's choices, queued together; their events arrive on one asyncio queue as (index, event)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        limit, top, reqs = limit_tokens(self.served, prompt, body), body.logprob_count() or 0, []
+        max_tokens, top, reqs = max_tokens_for(self.served, prompt, body), body.logprob_count() or 0, []
         for i in range(body.n):
-            reqs.append(Request(prompt, limit, body.sampling(top, i, grammar), stop=body.stops(),
+            reqs.append(Request(prompt, max_tokens, body.sampling(top, i, grammar), stop=body.stops(),
                                 emit=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
                                 after=reqs[0] if reqs else None))  # the others start from the first's cached prompt
         try:
@@ -75,7 +75,7 @@ class Answers:
         if key is None:
             return None
         try:
-            return reserve_tokens(key, len(prompt) + body.n * limit_tokens(self.served, prompt, body))
+            return reserve_tokens(key, len(prompt) + body.n * max_tokens_for(self.served, prompt, body))
         except RateLimited as e:
             raise ApiError(429, str(e), e.kind, code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}) from None
 

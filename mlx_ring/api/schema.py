@@ -316,7 +316,8 @@ class ChatCompletionRequest(_Sampling):
         """The tools the chat template shows the model (none with tool_choice none)."""
         return [] if self.tool_choice == "none" else list(self.tools or [])
 
-    def token_limit(self) -> int | None:
+    def max_tokens_asked(self) -> int | None:
+        """The completion limit the client asked for (max_completion_tokens, else max_tokens), if any."""
         return self.max_completion_tokens or self.max_tokens
 
     def logprob_count(self) -> int | None:
@@ -340,7 +341,7 @@ class CompletionRequest(_Sampling):
             raise ValueError(f"prompt: token id {min(self.prompt)} is negative; token ids are 0 or more")
         return self
 
-    def token_limit(self) -> int | None:
+    def max_tokens_asked(self) -> int | None:
         return self.max_tokens
 
     def logprob_count(self) -> int | None:

@@ -25,7 +25,7 @@ log = logging.getLogger("server")
 
 def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
     """The model as the HTTP side sees it, from rank 0's assembly."""
-    room, tokenizer, model_config = rank0.room, rank0.tokenizer, rank0.config
+    kv_room, tokenizer, model_config = rank0.kv_room, rank0.tokenizer, rank0.config
     return ServedModel(
         id=served_name(cfg.served_model_name, cfg.model, DEFAULT_MODEL),
         tokenizer=tokenizer,
@@ -33,7 +33,7 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(rank0.vocab, len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
+        request_kv_room=max(1, kv_room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if kv_room is not None else 0,
         cluster=rank0.cluster,
         grammars=rank0.grammars,
         aliases=cfg.model_aliases,

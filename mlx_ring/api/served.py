@@ -34,7 +34,7 @@ class ServedModel:
     default_max_tokens: int
     vocab_size: int  # token ids a request may name are in [0, vocab_size): the model's and the tokenizer's
     max_tokens_limit: int = 0  # most completion tokens one request may ask for; 0: the context length
-    cache_tokens: int = 0  # most tokens (prompt and answer) the ring's memory holds the KV cache of, for one request; 0: no bound
+    request_kv_room: int = 0  # the KV room for one request alone: most tokens (prompt and answer) the ring holds the KV cache of; 0: no bound
     cluster: Cluster = field(default_factory=Cluster)
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
     aliases: tuple[str, ...] = ()  # MODEL_ALIASES: other names or patterns a request may name the model by
@@ -87,7 +87,7 @@ def check_model(served: ServedModel, name: str | None) -> None:
 
 def _held(served: ServedModel) -> tuple[int, str]:
     """The tokens one request may hold (prompt and answer), and what bounds them, in words."""
-    held = min(served.context_length, served.cache_tokens or served.context_length)
+    held = min(served.context_length, served.request_kv_room or served.context_length)
     return held, (f"the model's context is {held}" if held == served.context_length else
                   f"the ring's memory holds the KV cache of {held} tokens for one request (the model's context: {served.context_length})")
 
@@ -102,7 +102,7 @@ def context_cuts(served: ServedModel, prompt_tokens: int, asked: int) -> bool:
     return context_room(served, prompt_tokens) < min(asked, served.max_tokens_limit or served.context_length)
 
 
-def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
+def max_tokens_for(served: ServedModel, prompt: list[int], body) -> int:
     """The completion limit for `prompt`, or a 400 when it does not fit the context or the server's limit.
     A request that clamps (the agent dialects) gets what is left where it asks for more, instead of a 400."""
     held, what = _held(served)
@@ -110,13 +110,13 @@ def limit_tokens(served: ServedModel, prompt: list[int], body) -> int:
     if room <= 0:
         raise ApiError(400, f"the prompt has {len(prompt)} tokens but {what}; shorten it", param="messages", code="context_length_exceeded")
     cap = served.max_tokens_limit or served.context_length
-    if body.clamps and body.token_limit() is not None:
-        return min(body.token_limit(), room, cap)
+    if body.clamps and body.max_tokens_asked() is not None:
+        return min(body.max_tokens_asked(), room, cap)
     for name in ("max_tokens", "max_completion_tokens"):
         asked = getattr(body, name, None)
         if asked is not None and asked > cap:
             raise ApiError(400, f"{name}={asked} is over this server's limit of {cap} (MAX_TOKENS_LIMIT); ask for fewer", param=name)
-    asked = body.token_limit()
+    asked = body.max_tokens_asked()
     if asked is not None and asked > room:
         raise ApiError(400, f"max_tokens={asked} plus the prompt's {len(prompt)} tokens is more than {held}: {what}; ask for at most {room}", param="max_tokens", code="context_length_exceeded")
     return asked if asked is not None else min(room, cap, body.default_tokens or served.default_max_tokens)

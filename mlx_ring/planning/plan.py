@@ -214,7 +214,7 @@ def memory_need(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_token
     return fixed_bytes(model, cap, rank, n, kv_tokens) + n * per_layer_bytes(model, kv_tokens)
 
 
-def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
+def kv_room(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
                 most: int = 1 << 24) -> int:
     """Tokens of KV cache every rank can hold beside its slice (weights, runtime for a context of
     `kv_tokens` and, on rank 0, the ends): the room the ring has for the caches of the requests it
@@ -231,19 +231,19 @@ def kv_capacity(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_
     return tokens
 
 
-def room_after(model: ModelSpec, room: int, sizes: list[int], excess: list[float]) -> int:
-    """`room` (KV tokens every rank has room for, `kv_capacity`) once each rank's `excess` bytes come
+def room_after(model: ModelSpec, kv_room: int, sizes: list[int], excess: list[float]) -> int:
+    """`kv_room` (KV tokens every rank has room for, `kv_room()`) once each rank's `excess` bytes come
     out of its share: memory measured in use beyond what the plan counts. Rank r holds the caches of
     `sizes[r]` layers."""
-    tokens = room
+    tokens = kv_room
     for n, x in zip(sizes, excess):
         if x <= 0 or n == 0:
             continue
-        budget = n * layer_kv_bytes(model, room) - x
+        left = n * layer_kv_bytes(model, kv_room) - x
         lo, hi = 0, tokens
         while lo < hi:  # the most tokens whose caches fit in what is left of this rank's room
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if n * layer_kv_bytes(model, mid) <= budget else (lo, mid - 1)
+            lo, hi = (mid, hi) if n * layer_kv_bytes(model, mid) <= left else (lo, mid - 1)
         tokens = lo
     return tokens
 

@@ -8,7 +8,7 @@ from mlx_ring.planning.plan import (
     ModelSpec,
     bottleneck,
     hop_seconds,
-    kv_capacity,
+    kv_room,
     memory_need,
     runtime_bytes,
     stage_seconds,
@@ -33,7 +33,7 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
     return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
-            "kv_capacity_tokens": kv_capacity(model, caps, plan, kv_tokens), "ranks": ranks,
+            "kv_capacity_tokens": kv_room(model, caps, plan, kv_tokens), "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}

@@ -38,7 +38,7 @@ class Rank0:
     vocab: int  # the head's logits per token
     dtype: mx.Dtype  # the type the head computes in
     cluster: Cluster
-    room: int | None
+    kv_room: int | None
 
 
 def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
@@ -92,10 +92,10 @@ def draft_model(cfg: Config, vocab: int):
 def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster: Cluster, caps: list[Capabilities]) -> Rank0:
     """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
     rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
-    room = cluster.kv_room  # token-rows of KV cache every rank has room for
-    if room is not None:
+    kv_room = cluster.kv_room  # token-rows of KV cache every rank has room for
+    if kv_room is not None:
         log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
-                 "for room", room, cluster.plan.prediction.kv_tokens)
+                 "for room", kv_room, cluster.plan.prediction.kv_tokens)
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
@@ -112,7 +112,7 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
+                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
@@ -120,13 +120,13 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
                   may_regroup=not cfg.groups and shard.batches)
-    if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
-        room = fit_room(spec, cluster.ranks, status, room, cluster.plan.prediction.kv_tokens)
-        cluster = cluster.with_kv_room(room)
-        sched.kv_budget = max(1, room)
+    if kv_room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
+        kv_room = fit_room(spec, cluster.ranks, status, kv_room, cluster.plan.prediction.kv_tokens)
+        cluster = cluster.with_kv_room(kv_room)
+        sched.kv_room = max(1, kv_room)
     if cluster.ranks[0].planned is not None:  # the plan's figures, now counting what the warm-up measured
         cluster = replace(cluster, ranks=count_measured(cluster.ranks, status))
         shown = cluster.to_json()
         log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
                  format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}))
-    return Rank0(engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, room)
+    return Rank0(engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, kv_room)

@@ -244,7 +244,7 @@ class Engine:
                 req.emit(Failed("cancelled by the client", 499, "cancelled"))
                 continue
             try:
-                seq = Sequence(next(self.seq_ids), req.prompt, req.params, self.constrain, limit=req.max_tokens)
+                seq = Sequence(next(self.seq_ids), req.prompt, req.params, self.constrain, max_tokens=req.max_tokens)
             except Exception as e:  # e.g. a sampler that cannot be built from these parameters
                 req.emit(Failed(f"cannot start generation: {e}", 400, "invalid_request_error"))
                 continue

@@ -26,7 +26,7 @@ class Sequence:
     prefilled: bool = False
     fed: int = 0  # sampled tokens its decode steps have put in its cache
     drafter: Drafter | None = None  # speculative decoding: its drafts and their length
-    limit: int = 0  # most tokens it may generate: with its prompt, the cache it may come to need
+    max_tokens: int = 0  # the completion limit: with its prompt, the cache it may come to need
     cached: int = 0  # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
 
     def __post_init__(self):
@@ -36,10 +36,10 @@ class Sequence:
 
 def cache_rows(seqs: list[Sequence], grow: int, drafts: int = 0) -> int:
     """Token-rows a decode group of `seqs` may come to hold: every row left-padded to the longest
-    prompt + limit, with `drafts` more and the room the cache grows by (`grow` token-rows at a time,
+    prompt + max_tokens, with `drafts` more and the room the cache grows by (`grow` token-rows at a time,
     as planning/growth.py's rule says)."""
     n = len(seqs)
-    return n * (max(len(s.prompt) + s.limit for s in seqs) + drafts + growth_step(n, grow)) if n else 0
+    return n * (max(len(s.prompt) + s.max_tokens for s in seqs) + drafts + growth_step(n, grow)) if n else 0
 
 
 @dataclass(eq=False)
@@ -99,14 +99,14 @@ class Step:
     done: Callable[[mx.array | None], None] | None = None
 
 
-def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], budget: int,
+def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], kv_room: int,
             grow: int, drafts: int) -> bool:
     """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they can
-    within `budget` token-rows. Alone, a request always fits (the API refuses one that cannot)."""
+    within `kv_room` token-rows. Alone, a request always fits (the API refuses one that cannot)."""
     members = {g: [*g.rows, *(s for b in g.joining for s in b.rows)] for g in groups}
     for b in prefilling:
         members[b.group] += b.rows
     if not any(members.values()):
         return True
     members[group] += seqs
-    return sum(cache_rows(m, grow, drafts) for m in members.values()) <= budget
+    return sum(cache_rows(m, grow, drafts) for m in members.values()) <= kv_room

@@ -39,11 +39,11 @@ class Scheduler:
     while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_budget: int = 0, kv_spare: int = 0):
+                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
-        # only when every group, each row padded to its longest prompt + limit, still fits (rows.cache_rows).
-        self.kv_budget, self.kv_spare = kv_budget, kv_spare
+        # only when every group, each row padded to its longest prompt + max_tokens, still fits (rows.cache_rows).
+        self.kv_room, self.kv_spare = kv_room, kv_spare
         self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
         self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
@@ -153,7 +153,7 @@ class Scheduler:
         return next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
 
     def _kv_fits(self, group: Group, seqs: list[Sequence]) -> bool:
-        return not self.kv_budget or kv_fits(self.groups, self.prefilling, group, seqs, self.kv_budget, self.kv_spare, self.draft_tokens)
+        return not self.kv_room or kv_fits(self.groups, self.prefilling, group, seqs, self.kv_room, self.kv_spare, self.draft_tokens)
 
     def _drop(self, b: Prefill) -> None:
         self.to_free.append(b)

@@ -98,18 +98,18 @@ def planned_runtime(ranks: tuple[RankFacts, ...]) -> list[float]:
     return [r.planned.runtime_gb if r.planned else RUNTIME_GIB for r in ranks]
 
 
-def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], room: int, kv_tokens: int) -> int:
+def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], kv_room: int, kv_tokens: int) -> int:
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
     its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
     # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
     planned = planned_runtime(ranks)
     excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, weights_kib(ranks)), planned)]
-    fitted = room_after(spec, room, [r.layers[1] - r.layers[0] for r in ranks], excess)
-    if fitted < room:
+    fitted = room_after(spec, kv_room, [r.layers[1] - r.layers[0] for r in ranks], excess)
+    if fitted < kv_room:
         worst = max(range(len(excess)), key=excess.__getitem__)
         log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
-                 "plan's %.2f GiB runtime during the warm-up", fitted, room, worst, excess[worst] / 2**30, planned[worst])
+                 "plan's %.2f GiB runtime during the warm-up", fitted, kv_room, worst, excess[worst] / 2**30, planned[worst])
     if fitted < kv_tokens:
         log.warning("the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower PREFILL_CHUNK or "
                     "MAX_ACTIVE, or give the ranks more memory", fitted, kv_tokens)

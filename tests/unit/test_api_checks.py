@@ -5,7 +5,7 @@ import pytest
 
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, limit_tokens, served_name
+from mlx_ring.api.served import ServedModel, check_ids, check_model, check_sampling, max_tokens_for, served_name
 
 SERVED = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, max_tokens_limit=32)
 
@@ -31,21 +31,21 @@ def test_token_ids_must_index_the_vocabulary():
 
 def test_lengths_fit_the_context_and_the_servers_limit():
     prompt = list(range(60))
-    assert limit_tokens(SERVED, prompt, chat()) == 4  # the room left, below the default of 16
-    assert limit_tokens(SERVED, prompt[:10], chat()) == 16
-    assert limit_tokens(SERVED, prompt[:10], CompletionRequest.model_validate({"prompt": "x"})) == 16  # OpenAI's default
-    assert rejected(limit_tokens, SERVED, prompt, chat(max_tokens=5)).code == "context_length_exceeded"
-    assert rejected(limit_tokens, SERVED, prompt[:10], chat(max_completion_tokens=33)).param == "max_completion_tokens"
-    assert rejected(limit_tokens, SERVED, list(range(64)), chat()).code == "context_length_exceeded"
+    assert max_tokens_for(SERVED, prompt, chat()) == 4  # the room left, below the default of 16
+    assert max_tokens_for(SERVED, prompt[:10], chat()) == 16
+    assert max_tokens_for(SERVED, prompt[:10], CompletionRequest.model_validate({"prompt": "x"})) == 16  # OpenAI's default
+    assert rejected(max_tokens_for, SERVED, prompt, chat(max_tokens=5)).code == "context_length_exceeded"
+    assert rejected(max_tokens_for, SERVED, prompt[:10], chat(max_completion_tokens=33)).param == "max_completion_tokens"
+    assert rejected(max_tokens_for, SERVED, list(range(64)), chat()).code == "context_length_exceeded"
 
 
 def test_lengths_fit_what_the_rings_memory_holds_for_one_request():
-    held = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, cache_tokens=40)
-    assert limit_tokens(held, list(range(30)), chat()) == 10  # the room the KV cache has left, below the default
-    e = rejected(limit_tokens, held, list(range(30)), chat(max_tokens=11))
+    held = ServedModel(id="tiny", tokenizer=None, context_length=64, default_max_tokens=16, vocab_size=320, request_kv_room=40)
+    assert max_tokens_for(held, list(range(30)), chat()) == 10  # the room the KV cache has left, below the default
+    e = rejected(max_tokens_for, held, list(range(30)), chat(max_tokens=11))
     assert e.code == "context_length_exceeded" and "holds the KV cache of 40 tokens for one request" in e.message
     assert "ask for at most 10" in e.message
-    e = rejected(limit_tokens, held, list(range(40)), chat())
+    e = rejected(max_tokens_for, held, list(range(40)), chat())
     assert e.param == "messages" and "holds the KV cache of 40 tokens" in e.message
 
 

@@ -62,7 +62,7 @@ from mlx_ring.planning.plan import (  # noqa: E402
     ModelSpec,
     bottleneck,
     hop_seconds,
-    kv_capacity,
+    kv_room,
     layer_kv_bytes,
     max_layers,
     memory_need,
@@ -115,7 +115,7 @@ def test_every_strategy_gives_contiguous_cover_within_memory(c):
         for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
             assert n >= 1 and memory_need(model, cap, r, n, kv) <= cap.usable_gb * GIB + 1
         assert plan_layers(model, caps, strategy, kv) == plan  # deterministic
-        room = kv_capacity(model, caps, plan, kv)  # what the ring admits: the plan's reserve at least, and it fits
+        room = kv_room(model, caps, plan, kv)  # what the ring admits: the plan's reserve at least, and it fits
         assert room >= kv or layer_kv_bytes(model, room + 1) == layer_kv_bytes(model, kv)
         for r, (cap, n) in enumerate(zip(caps, plan.sizes)):
             fixed = runtime_bytes(model, cap, r, n, kv) + (model.ends_bytes if r == 0 else 0)
@@ -319,13 +319,13 @@ def test_the_kv_room_shrinks_by_what_a_rank_used_beyond_the_plan():
     assert room_after(LLAMA_8B, room, [32, 0], [0.0, 1e12]) == room  # a rank without layers holds no cache
 
 
-def test_kv_capacity_is_what_the_tightest_rank_holds_beside_its_slice():
+def test_kv_room_is_what_the_tightest_rank_holds_beside_its_slice():
     caps = [Capabilities("studio", 48, 36, 30, 546), Capabilities("mini", 16, 16 * 2 / 3, 4, 120)]
     plan = plan_from_sizes(32, [24, 8])
     per_token = LLAMA_8B.kv_bytes_per_token  # one layer's
     studio = (36 * GIB - RUNTIME_GIB * GIB - LLAMA_8B.ends_bytes - 24 * LLAMA_8B.layer_bytes) // (24 * per_token)
     mini = (16 * 2 / 3 * GIB - RUNTIME_GIB * GIB - 8 * LLAMA_8B.layer_bytes) // (8 * per_token)
-    assert kv_capacity(LLAMA_8B, caps, plan, 8192) == min(studio, mini) == mini
+    assert kv_room(LLAMA_8B, caps, plan, 8192) == min(studio, mini) == mini
     assert summary(LLAMA_8B, caps, plan, 8192)["kv_capacity_tokens"] == mini
     windowed = replace(LLAMA_8B, kv_window_share=1.0, kv_window=4096)  # every cache stops at its window
-    assert kv_capacity(windowed, caps, plan, 8192, most=10**6) == 10**6
+    assert kv_room(windowed, caps, plan, 8192, most=10**6) == 10**6

@@ -182,16 +182,16 @@ def test_after_the_warm_up_each_ranks_memory_beyond_the_plans_runtime_is_measure
 
 
 def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
-    """With room for one sequence's cache (its prompt + limit, and the room a cache grows by), a
+    """With room for one sequence's cache (its prompt + max_tokens, and the room a cache grows by), a
     second prompt starts only once the first has left; with room for both they decode together.
     Each decodes what mlx-lm decodes for it alone either way."""
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
     prompts = [[5, 17, 42, 99, 3], [8, 1, 7, 7, 2]]
     want = [reference_logits(model, p, 6)[1] for p in prompts]
-    for budget, together in ((27, False), (54, True)):  # one row: 1 x (5 + 6 + 16); two: 2 x (11 + 16)
-        sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, kv_budget=budget, kv_spare=16)
-        seqs = [Sequence(i, p, SamplingParams(temperature=0.0), limit=6) for i, p in enumerate(prompts)]
+    for kv_room, together in ((27, False), (54, True)):  # one row: 1 x (5 + 6 + 16); two: 2 x (11 + 16)
+        sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, kv_room=kv_room, kv_spare=16)
+        seqs = [Sequence(i, p, SamplingParams(temperature=0.0), max_tokens=6) for i, p in enumerate(prompts)]
         got, steps = {0: [], 1: []}, {0: [], 1: []}
         for s in seqs:
             sched.add(s)
@@ -203,6 +203,6 @@ def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
                 if len(got[s.id]) == 6:
                     sched.remove(s)
             step += 1
-        assert [got[0], got[1]] == want, budget
-        assert (steps[1][0] < steps[0][-1]) == together, (budget, steps)
+        assert [got[0], got[1]] == want, kv_room
+        assert (steps[1][0] < steps[0][-1]) == together, (kv_room, steps)
         assert shard.status_row().open_sequences == 0 and not sched.prefilling
