@@ -21,7 +21,7 @@ import ring_driver
 from mlx_lm.utils import load_model
 from ringutil import reference_logits
 
-import mlx_ring.serving.scheduler as batching
+import mlx_ring.serving.runner as batching
 import shard
 from mlx_ring.models.slicing import Slice
 from mlx_ring.ring.transport import Ring, init_world

@@ -20,7 +20,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
-import mlx_ring.serving.scheduler as batching  # noqa: E402
+import mlx_ring.serving.runner as batching  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402

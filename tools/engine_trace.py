@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(trace: Path, argv: list[str]) -> None:
     import shard
     from mlx_ring.ring import pipeline
-    from mlx_ring.serving import engine, scheduler
+    from mlx_ring.serving import engine, runner
 
     rounds, now = [], {}
 
@@ -48,7 +48,7 @@ def run(trace: Path, argv: list[str]) -> None:
     # Methods the shard binds at construction and module functions looked up at call time: patched
     # before server.py builds anything.
     for owner, name in ((shard.Shard, "apply"), (shard.Shard, "head"), (pipeline.Pipeline, "submit"),
-                        (scheduler, "read_tokens"), (scheduler, "sample_lazy"), (scheduler, "sample_rows"),
+                        (runner, "read_tokens"), (runner, "sample_lazy"), (runner, "sample_rows"),
                         (engine.Engine, "_advance")):
         timed(owner, name, name.strip("_"))
     started = [0.0]

@@ -79,7 +79,7 @@ def split_ring(sched, run, max_tokens: int, prompt) -> str:
     """The ring's scheduler, one stream: python = the stage, head and sampling built (`Shard.apply`,
     `head`, `sample_lazy`), encode = the rest of `Pipeline.submit` (its `async_eval`) and the
     head's prefetch, wait = `read_tokens`; `run` is bench_steps' driver."""
-    from mlx_ring.serving import scheduler as sch
+    from mlx_ring.serving import runner as sch
 
     clock, shard, pipe = Clock(), sched.pipe.stage, sched.pipe
     apply, submit, prefetch = shard.apply, pipe.submit, pipe.prefetch

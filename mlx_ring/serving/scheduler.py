@@ -1,392 +1,95 @@
-"""Continuous batching on rank 0: which step goes round the ring next.
-
-Waiting prompts are prefilled together: several short ones in one step (right-padded to the longest,
-as mlx-lm's batch generator does), a long one alone in chunks (its cache exactly what one process
-would build). Then the batch joins a decode group: a micro-batch whose rows decode together in one
-step per token. Sequences join and leave a group between its steps, without waiting for each other. Each
-group has at most one decode step outstanding (its next tokens depend on the last), but different
-groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes its stage of group B
-or of the next prompt chunk. The caller calls `step()` in a loop and decides when sequences stop.
+"""Continuous batching on rank 0, one step at a time: choose the work that goes round the ring next
+(`choosing.py`), run rank 0's part of the oldest step when it comes home (`runner.py`: the head,
+sampling, the verification of drafts), then postprocess its tokens: into their sequences, a prefill
+batch into its decode group and the prompt cache, rejected drafts out of every rank's cache. The
+caller calls `step()` in a loop and decides when sequences stop.
 """
-
-from collections import deque
-from typing import Callable, Protocol
 
 import mlx.core as mx
 
 from mlx_ring.ring.pipeline import Pipeline
-from mlx_ring.ring.protocol import Header, Kind, StatusRow
-from mlx_ring.serving.prefix import PrefixIndex, common_prefix
-from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
-from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
-from mlx_ring.serving.speculative import MODEL_DRAFT_ROWS, Drafter, ModelDrafter, Streak, verify_rows
+from mlx_ring.ring.protocol import Kind
+from mlx_ring.serving.choosing import Chooser, Ends
+from mlx_ring.serving.rows import Group, Sequence, Step
+from mlx_ring.serving.runner import Ran, Runner
+from mlx_ring.serving.sampling import Token
 
 
-class Ends(Protocol):
-    """The ends of the model, which only rank 0 holds (`shard.Shard`)."""
+class Scheduler(Chooser):
+    """The chooser's lanes, with rank 0's runner for the steps that come home; the keyword arguments
+    are `Chooser`'s."""
 
-    def embed(self, tokens: mx.array) -> mx.array: ...  # (B, L) -> (B, L, H)
-
-    def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
-
-    plain_kv: bool  # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
-    batches: bool  # the model's layers take several rows at once (else: one row a decode group)
-
-
-class Scheduler:
-    """`groups`: decode micro-batches; new sequences join the smallest. 0: one per rank, the fewest
-    that keep every rank at work once there are as many sequences (each rank runs one group's stage
-    while the others run theirs); with fewer sequences, the empty groups take no steps."""
-
-    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0):
-        self.pipe, self.ends, self.chunk = pipe, ends, chunk
-        # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
-        # only when every group, each row padded to its longest prompt + max_tokens, still fits (rows.cache_rows).
-        self.kv_room, self.kv_spare = kv_room, kv_spare
-        self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
-        self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
+    def __init__(self, pipe: Pipeline, ends: Ends, **lanes):
+        super().__init__(pipe, ends, **lanes)
+        self.runner = Runner(pipe, ends)
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)
-        self.streak = Streak()  # the draft model's cycles in a row that kept nothing, over all streams
-        self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
-        # The fewest cached tokens a prompt starts from, or waits for another's prefill to save: fewer
-        # are prefilled again, in a batch with others. A short shared start such as a chat template's
-        # costs less to recompute than to load (on a GPU, with 512-token chunks: under 64 tokens).
-        self.least_reuse = max(1, chunk // 8)
-        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
-        self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
-        self.filling: Prefill | None = None  # the batch whose chunks are going out
-        self.prefilling: list[Prefill] = []  # formed and not yet joined to their group (or dropped)
-        self.to_free: list[Prefill] = []
-        self.calls: deque[tuple[Header, mx.array | None, Callable]] = deque()
-        self.turn = 0
-        self.prefill_turn = -1
-
-    # -- what the caller does -------------------------------------------------------------------
-    def set_groups(self, n: int) -> None:
-        """Decode in `n` groups from now on (while idle: every group's cache is gone on every rank)."""
-        assert self.idle() and n >= 1
-        self.groups = [Group(g) for g in range(n)]
-
-    def add(self, seq: Sequence) -> None:
-        if self.draft_tokens and seq.params.speculable():
-            seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak) if self.draft_model else Drafter(self.draft_tokens)
-        if self.prefix is None or len(seq.prompt) - 1 < self.least_reuse:
-            seq.after = None  # another choice of a prompt it cannot start from: prefilled beside it
-        self.waiting.append(seq)
-
-    def remove(self, seq: Sequence) -> None:
-        """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence leaving a
-        decode group leaves its prompt and answer in the prompt cache first (a chat's next turn
-        starts with both): queued now, so a prompt that comes next finds it."""
-        if seq.removed:
-            return
-        seq.removed = True
-        group = next((g for g in self.groups if seq in g.rows), None)
-        if self.prefix and group is not None and group.verifying:
-            group.saves.append(seq)  # its cache row holds drafts until the step is back and trimmed
-        elif self.prefix and group is not None:
-            self._save_row(group, seq)
-
-    def ping(self, done: Callable[[None], None]) -> None:
-        """A step through every rank between the others; `done(None)` when it is back."""
-        self.calls.append((Header(Kind.PING), None, lambda _: done(None)))
-
-    def status(self, done: Callable[[list[dict]], None]) -> None:
-        """Every rank's `StatusRow`, filled in as a step goes round; `done` gets them as dicts."""
-        table = StatusRow.table(self.pipe.ring.size)
-        self.calls.append((Header.for_payload(Kind.STATUS, table), table, lambda t: done(StatusRow.parse(t))))
-
-    def idle(self) -> bool:
-        return not (self.pipe.outstanding() or self.waiting or self.filling or self.calls or self.to_free
-                    or any(g.load() for g in self.groups))
 
     def step(self) -> list[tuple[Sequence, Token | Exception]]:
         """Fill the ring with ready work, then take the oldest step home; returns the tokens it gave
         (or, for a row whose sampling failed, the error: the caller removes that sequence)."""
-        while self.pipe.can_submit() and self._submit_next():
-            pass
+        self.schedule()
         if not self.pipe.outstanding():
             return []
         step, out = self.pipe.collect()  # the oldest step, tagged with what to do with it
-        return self._complete(step, out)
+        if not self._gives_tokens(step, out):
+            return []
+        return self.postprocess(step, self.run(step, out))
 
-    # -- choosing work --------------------------------------------------------------------------
-    def _submit_next(self) -> bool:
-        if self.calls:
-            header, payload, done = self.calls.popleft()
-            return self._submit(header, payload, Step(header.kind, done=done))
-        if self.to_free:
-            batch = self.to_free.pop()
-            return self._submit(Header(Kind.FREE, batch=batch.id), None, Step(Kind.FREE))
-        # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
-        # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
-        ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
-        if self._prefill_ready():
-            ready.append((self.prefill_turn, None))
-        if not ready:
-            return False
-        self.turn += 1
-        _, lane = min(ready, key=lambda x: x[0])
-        if lane is None:
-            self.prefill_turn = self.turn
-            return self._submit_chunk(self.filling or self._next_batch())
-        return self._submit_decode(lane)
-
-    def _prefill_ready(self) -> bool:
-        if self.filling is not None and self.filling.removed():  # every client left: stop its chunks
-            if not self.filling.chunks_out:
-                self._drop(self.filling)  # else freed when its last chunk on the ring is back
-            self.filling = None
-        while self.waiting and self.waiting[0].removed:
-            self.waiting.popleft()  # nothing of it exists on any rank yet
-        if self.filling:
-            return True
-        # A model that does not batch starts a prompt only when a decode group is empty for it.
-        room = self.ends.batches or any(g.free() for g in self.groups)
-        first = next((s for s in self.waiting if self._free_to_start(s)), None)
-        return room and first is not None and self._kv_fits(self._group_for(), [first])  # FIFO: none passes it
-
-    def _group_for(self) -> Group:
-        # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
-        # over the groups, each batch filling its group up to an even share of all rows.
-        return next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
-
-    def _kv_fits(self, group: Group, seqs: list[Sequence]) -> bool:
-        return not self.kv_room or kv_fits(self.groups, self.prefilling, group, seqs, self.kv_room, self.kv_spare, self.draft_tokens)
-
-    def _drop(self, b: Prefill) -> None:
-        self.to_free.append(b)
-        self._release(b)
-
-    def _release(self, b: Prefill) -> Group | None:
-        """The group `b` was prefilled for, its rows no longer reserved there."""
-        if b in self.prefilling:
-            self.prefilling.remove(b)
-        group, b.group = b.group, None
-        if group is not None:
-            group.reserved -= len(b.rows)
-        return group
-
-    @staticmethod
-    def _free_to_start(s: Sequence) -> bool:
-        return not s.removed and (s.after is None or s.after.prefilled or s.after.removed)
-
-    def _next_batch(self) -> Prefill:
-        # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded to
-        # the longest (with plain KV caches only: a sliding window or a recurrent state would take in
-        # the padding). They start from the same number of cached tokens, each from its own entry:
-        # the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go from its own).
-        first = next(s for s in self.waiting if self._free_to_start(s))
-        group = self._group_for()
-        rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
-        share = max(1, -(-rows_now // len(self.groups)) - group.coming())
-        self.waiting.remove(first)
-        entry, reused = self._lookup(first.prompt)
-        rows, entries, longest = [first], [entry], len(first.prompt)
-        for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
-            e, r = self._lookup(s.prompt)
-            if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
-                continue
-            n = max(longest, len(s.prompt))
-            if (n - reused) * (len(rows) + 1) > self.chunk or len(rows) == share or not self._kv_fits(group, [*rows, s]):
-                break
-            self.waiting.remove(s)
-            rows.append(s)
-            entries.append(e)
-            longest = n
-        reuse = entries if reused else []
-        for e in reuse:
-            self.prefix.use(e, reused)
-        for row in rows:
-            row.cached = reused
-        if self.prefix:
-            self._wait_for_shared(rows)
-        tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
-        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse, group=group)
-        self.prefilling.append(self.filling)
-        group.reserved += len(rows)
-        return self.filling
-
-    def _lookup(self, prompt: list[int]) -> tuple[int, int]:
-        entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)
-        return (entry, n) if n >= self.least_reuse else (0, 0)
-
-    def _wait_for_shared(self, rows: list[Sequence]) -> None:
-        # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
-        # waits for that row's prefill, then starts from its saved prompt: the shared part is computed once.
-        starts = [(r, tuple(r.prompt)) for r in rows]
-        for s in self.waiting:
-            if s.after is not None or s.removed:
-                continue
-            cached, prompt = self._lookup(s.prompt)[1], tuple(s.prompt)
-            s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + self.least_reuse), None)
-
-    def _submit_chunk(self, b: Prefill) -> bool:
-        if b.reuse:  # first, on every rank: each row's cache starts as its entry's first `sent` tokens
-            entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
-            return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, Step(Kind.LOAD))
-        offset = b.sent
-        tokens = [t[offset : offset + self.chunk] for t in b.tokens]
-        h = self.ends.embed(mx.array(tokens))  # (B, L, H)
-        b.sent += len(tokens[0])
-        b.chunks_out += 1
-        last = b.sent == len(b.tokens[0])
-        if last:
-            self.filling = None  # its chunks are all out; the next batch may start behind them
-        header = Header.for_payload(Kind.PREFILL, h, batch=b.id, offset=offset)
-        return self._submit(header, h, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
-
-    def _submit_decode(self, g: Group) -> bool:
-        # Rows leave and join only while none of the group's steps is on the ring, and every rank
-        # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
-        keep = [i for i, s in enumerate(g.rows) if not s.removed]
-        if g.drop and keep and (len(keep) < len(g.rows) or g.joining):
-            return self._submit(*self._trim(g), Step(Kind.TRIM))  # rows leave or join once rejected drafts are gone
-        if len(keep) < len(g.rows):
-            g.drop = 0  # nothing left to trim, or the trim went first
-            g.rows = [g.rows[i] for i in keep]
-            rows = mx.array(keep, dtype=mx.int32) if keep else None  # none left: the group's cache goes
-            header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
-            return self._submit(header, rows, Step(Kind.FILTER))
-        while g.joining:
-            b = g.joining.pop(0)
-            if b.removed():
-                self.to_free.append(b)
-                continue
-            g.rows += b.rows  # rows whose client left meanwhile go with the next FILTER
-            padding = mx.array(b.padding(), dtype=mx.int32)
-            return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, Step(Kind.JOIN))
-        if not g.rows:
-            return True
-        drafting = self._drafting(g.rows)
-        drafts = [s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows]
-        width = max(map(len, drafts))
-        if not width:
-            return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
-        # Every row feeds its last token and its drafts, padded to one width (padding is never kept).
-        tokens = mx.array([[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)])
-        return self._submit_decode_of(g, tokens, drafts=drafts)
-
-    def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
-        # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
-        # A row that would draft next needs this step's tokens read first.
-        return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
-                and not (self._drafting(rows) and any(self._may_draft_next(s) for s in rows))
-                and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
-
-    @staticmethod
-    def _may_draft_next(s: Sequence) -> bool:
-        return s.drafter is not None and not s.drafter.pause and s.drafter.may_propose_next(s.sampler.history)
-
-    def _drafting(self, rows: list[Sequence]) -> bool:
-        return self.draft_model is None or len(rows) <= MODEL_DRAFT_ROWS
-
-    def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False, drafts: list | None = None) -> bool:
-        self.turn += 1
-        g.last_turn = self.turn
-        g.busy, g.verifying = True, drafts is not None
-        for s in g.rows:
-            s.fed += 1  # the input token; accepted drafts are counted when the step is back
-            if chained and s.drafter:
-                s.drafter.skip()
-        h = self.ends.embed(tokens)  # tokens (B, L) -> (B, L, H); L = 1 + drafts
-        step = Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
-        header, g.drop = Header.for_payload(Kind.DECODE, h, group=g.id, offset=g.drop), 0
-        return self._submit(header, h, step, chained)
-
-    def _submit(self, header: Header, payload: mx.array | None, step: Step, chained: bool = False) -> bool:
-        self.pipe.submit(header, payload, step, chained)
-        return True
-
-    @staticmethod
-    def _trim(g: Group, drops: list[int] | None = None) -> tuple[Header, mx.array]:
-        """The TRIM step that drops `drops` (else the group's pending `drop`) from the group's rows."""
-        payload = mx.array(drops or [g.drop] * len(g.rows), dtype=mx.int32)
-        g.drop = 0
-        return Header.for_payload(Kind.TRIM, payload, group=g.id), payload
-
-    def _save_row(self, g: Group, seq: Sequence) -> None:
-        if g.drop:  # queued as calls, the trim first: they go before anything else touches the group
-            self.calls.append((*self._trim(g), lambda _: None))
-        assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
-        self._save(Kind.SAVE_ROW, g.id, [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])])
-
-    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
-        # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
-        # Rows saved together (a prefill batch, rows leaving at once) go in one step.
-        lines = []
-        for row, tokens in rows:
-            entry, drop = self.prefix.add(tokens)
-            lines += [(-1, d, 0) for d in drop] + ([(row, entry, len(tokens))] if entry else [])
-        where = {"batch": source} if kind == Kind.SAVE else {"group": source}
-        header = Header(kind, **where)
-        if self.calls and self.calls[-1][0].same_step(header):  # the last call saves from the same cache
-            lines = [tuple(line) for line in self.calls.pop()[1].tolist()] + lines
-        if lines:
-            payload = mx.array(lines, dtype=mx.int32)  # (k, 3): (row, entry, tokens), line by line
-            self.calls.append((Header.for_payload(kind, payload, **where), payload, lambda _: None))
-
-    # -- results --------------------------------------------------------------------------------
-    def _complete(self, step: Step, out: mx.array | None) -> list[tuple[Sequence, Token | Exception]]:
+    def _gives_tokens(self, step: Step, out: mx.array | None) -> bool:
+        """Whether rank 0 runs the head on `step`: a call's result goes to its caller, and a prefill
+        chunk before the last, or of a batch every client left, gives no token."""
         if step.done is not None:
             step.done(out)
-            return []
+            return False
         if step.kind == Kind.PREFILL:
             b = step.prefill
             b.chunks_out -= 1
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
                     self._drop(b)
-                return []
-            if out.shape[1] > 1:  # a batch of padded prompts comes back whole: take each row's last token
-                last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])
-                out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
-            logits = self.ends.head(out)[:, -1, :]  # (B, V)
-            tokens = sample_rows([s.sampler for s in b.rows], logits)
-            for s, t in zip(b.rows, tokens):
+                return False
+            return True
+        return step.kind == Kind.DECODE
+
+    def run(self, step: Step, out: mx.array) -> Ran:
+        """Rank 0's part of a prefill batch's last chunk or of a decode step."""
+        if step.kind == Kind.PREFILL:
+            return self.runner.prefill(step, out)
+        if step.drafts is not None:
+            return self.runner.verify(step, out)
+        return self.runner.decode(step, out, self._chain(step.group, step.rows))
+
+    def _chain(self, g: Group, rows: list[Sequence]):
+        g.busy = False  # its step is home
+        if not self._may_chain(g, rows):
+            return None
+        return lambda ids: self._submit_decode_of(g, ids, chained=True)
+
+    def postprocess(self, step: Step, ran: Ran) -> list[tuple[Sequence, Token | Exception]]:
+        """The step's tokens into their sequences (a failed row leaves before the next step); a prefill
+        batch saved in the prompt cache and on to its group; rejected drafts dropped."""
+        if step.kind == Kind.PREFILL:
+            b = step.prefill
+            for s, t in ran.tokens:
                 s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
                 s.prefilled = True
             if self.prefix:
                 self._save(Kind.SAVE, b.id, [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed])
             group = self._release(b)
-            assert group is not None, "every prefill batch is formed for a group (_next_batch)"
+            assert group is not None, "every prefill batch is formed for a group (choosing._next_batch)"
             group.joining.append(b)
-            return [(s, t) for s, t in zip(b.rows, tokens) if not s.removed]
-        if step.kind == Kind.DECODE and step.drafts is not None:
-            return self._complete_verify(step, out)
-        if step.kind == Kind.DECODE:
-            g = step.group
-            g.busy = False
-            samplers = [s.sampler for s in step.rows]
-            logits = self.ends.head(out)[:, -1, :]  # (B, V)
-            lazy = sample_lazy(samplers, logits) if self._may_chain(g, step.rows) else None
-            if lazy is not None:
-                # Build and start the group's next step on the ids before reading them (as mlx-lm's
-                # generate loop does): rank 0 then handles these tokens while that step computes.
-                # Rows that finish now compute one token more, which is dropped.
-                self.pipe.prefetch(*lazy)
-                self._submit_decode_of(g, mx.expand_dims(lazy[0], 1), chained=True)
-                tokens = read_tokens(samplers, *lazy)
-            else:
-                self.pipe.settle()  # the payload, off the socket before it is read
-                tokens = sample_rows(samplers, logits)
-            results = []
-            for seq, token in zip(step.rows, tokens):
+        elif ran.drops is not None:
+            self._verified(step, ran)
+        else:
+            for seq, token in ran.tokens:
                 seq.last = token.id if isinstance(token, Token) else 0  # a failed row leaves before the next step
-                if not seq.removed:
-                    results.append((seq, token))
-            return results
-        return []
+        return [(s, t) for s, t in ran.tokens if not s.removed]
 
-    def _complete_verify(self, step: Step, out: mx.array) -> list[tuple[Sequence, Token | Exception]]:
+    def _verified(self, step: Step, ran: Ran) -> None:
         # Every rank then drops the positions rows did not keep: with the group's next step when
         # every row drops the same, else by a TRIM step queued before anything else touches the group.
-        g = step.group
-        logits = self.ends.head(out)  # (B, 1 + width, V)
-        self.pipe.settle()
-        results, drops, accepted = verify_rows(step.rows, logits, step.drafts)
-        self.drafted, self.accepted = self.drafted + sum(map(len, step.drafts)), self.accepted + accepted
+        g, drops = step.group, ran.drops
+        self.drafted, self.accepted = self.drafted + sum(map(len, step.drafts)), self.accepted + ran.accepted
         if len(set(drops)) == 1:
             g.drop = drops[0]  # the same for every row (always, alone): folded into the group's next step
         else:
@@ -395,4 +98,3 @@ class Scheduler:
         for s in g.saves:  # rows that left while the step was out: saved as trimmed
             self._save_row(g, s)
         g.saves.clear()
-        return [(s, t) for s, t in results if not s.removed]

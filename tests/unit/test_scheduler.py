@@ -41,7 +41,7 @@ def test_a_draft_model_rests_in_a_group_of_more_than_four_rows(tmp_path):
     from mlx_lm.utils import load_model
 
     from mlx_ring.ring.protocol import Kind
-    from mlx_ring.serving.scheduler import MODEL_DRAFT_ROWS
+    from mlx_ring.serving.speculative import MODEL_DRAFT_ROWS
 
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
