@@ -35,9 +35,9 @@ class Ends(Protocol):
 
 class Chooser:
     """The lanes of work (waiting prompts, prefill batches, decode groups, calls) and the choice of
-    the next step. `groups`: decode micro-batches; new sequences join the smallest. 0: one per rank, the fewest
-    that keep every rank at work once there are as many sequences (each rank runs one group's stage
-    while the others run theirs); with fewer sequences, the empty groups take no steps."""
+    the next step. `groups`: decode micro-batches; new sequences join the smallest. 0: one per rank,
+    the fewest that keep every rank at work once there are as many sequences (each rank runs one
+    group's stage while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
                  draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0):
