@@ -15,6 +15,7 @@ from pydantic import Field
 from mlx_ring.api.lark_regex import lark_to_regex
 from mlx_ring.api.schema import NAME, _Strict
 from mlx_ring.api.toolcalls import _scan_string
+from mlx_ring.serving.grammar import calls_in_text_grammar
 
 INPUT_START = '{"input": "'  # a custom call's arguments as the parsers give them, up to its text
 SEARCH = "tool_search"
@@ -141,6 +142,30 @@ def loaded_tools(data):
 def client_tools(tools: list) -> dict[str, CustomTool | ToolSearchTool]:
     """The model's function names of the custom and tool_search tools among `tools`."""
     return {t.name: t for t in tools or [] if isinstance(t, (CustomTool, ToolSearchTool))}
+
+
+def constrain_calls(chat, tools: list | None) -> None:
+    """With tool_choice auto, a custom tool's grammar still holds wherever the model calls it (as the real
+    API's does): the answer is free text in which each call's arguments are an object, and a custom
+    call's input matches its grammar. A grammar that cannot be one regular expression leaves its input free."""
+    fmt = chat.response_format
+    if chat.tool_choice not in (None, "auto") or (fmt is not None and fmt.type != "text"):
+        return
+    patterns = {}
+    for t in tools or []:
+        if isinstance(t, CustomTool) and isinstance(t.format, GrammarInput):
+            try:
+                patterns[t.name] = t.format.pattern()
+            except ValueError:
+                continue
+    if not patterns:
+        return
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"], "properties": {
+        "name": {"const": t.function.name}, "arguments": {
+            "type": "object", "properties": {"input": {"type": "string", "pattern": patterns[t.function.name]}},
+            "required": ["input"], "additionalProperties": False} if t.function.name in patterns else {"type": "object"}}}
+        for t in chat.offered_tools()]
+    chat.constrain_calls(lambda start, end: calls_in_text_grammar(calls, start, end))
 
 
 def custom_input(arguments: str) -> str:

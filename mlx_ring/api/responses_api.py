@@ -324,6 +324,7 @@ def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
     async def create(body: ResponsesRequest, http: HttpRequest):
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
         chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
+        custom_tools.constrain_calls(chat, body.tools)
         answer = Answer(body, engine.served.id, history)
         _, events = await engine.events(chat, http, stream_calls=body.stream)
         if body.stream:

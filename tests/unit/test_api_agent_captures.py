@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from apiutil import FakeEngine, client
+from llguidance import LLMatcher
 
 DATA = Path(__file__).parent.parent / "data" / "clients"
 SPAWN = '<tool_call>\n{"name": "multi_agent_v1__spawn_agent", "arguments": {"message": "look"}}\n</tool_call>'
@@ -95,6 +96,9 @@ def test_codex_with_an_openai_model_name_sends_custom_and_tool_search_tools(tool
         assert "".join(e["delta"] for e in out if e["type"] == "response.custom_tool_call_input.delta") == patch
         prompt = tool_served.tokenizer.decode(engine.submitted[0][0].prompt)
         assert '"name": "apply_patch"' in prompt and '"name": "tool_search"' in prompt and "web_search" not in prompt
+        # tool_choice auto: the answer is free, and an apply_patch call in it holds to the patch grammar
+        matcher = LLMatcher(tool_served.grammars.tokenizer, engine.submitted[0][0].params.grammar, log_level=0)
+        assert all(matcher.consume_token(t) for t in tool_served.tokenizer.encode(engine.answer, add_special_tokens=False))
         # Codex's next turn: the call and its output
         turn = body | {"input": body["input"] + [
             {"type": "custom_tool_call", "call_id": call["call_id"], "name": "apply_patch", "input": patch},

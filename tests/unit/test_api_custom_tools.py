@@ -54,7 +54,6 @@ def test_a_custom_tool_call_whole_streamed_and_its_output(tool_served):
         # the template shows a function taking one string, its grammar in the parameter's description
         prompt = tool_served.tokenizer.decode(engine.submitted[0][0].prompt)
         assert '"name": "apply_patch"' in prompt and '"input"' in prompt and "begin_patch hunk+ end_patch" in prompt
-        assert engine.submitted[0][0].params.grammar is None  # auto: the model may answer in words
         events = list(oa.responses.create(model=MODEL, input=QUESTION, tools=[TOOL], stream=True))
         types = [e.type for e in events]
         deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
@@ -86,6 +85,26 @@ def accepts(served, grammar: str, text: str) -> bool:
     """Whether llguidance, under `grammar`, lets the model write `text` whole."""
     matcher = LLMatcher(served.grammars.tokenizer, grammar, log_level=0)
     return all(matcher.consume_token(t) for t in served.tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
+
+
+def test_with_tool_choice_auto_a_call_is_decoded_under_its_grammar(tool_served):
+    engine = FakeEngine(tool_served.tokenizer, answer=call_text("apply_patch", {"input": PATCH}))
+    weather = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    with client(engine, tool_served) as http:
+        oa = sdk(http)
+        assert oa.responses.create(model=MODEL, input=QUESTION, tools=[weather, TOOL]).output[0].input == PATCH
+        grammar = engine.submitted[-1][0].params.grammar
+        # words, calls, words and calls: the model chooses; a call it opens is whole, its input in the grammar
+        for fine in [engine.answer, "I cannot edit files.", "Here:\n" + engine.answer, engine.answer + "\n" + CALL, CALL]:
+            assert accepts(tool_served, grammar, fine), fine
+        for broken in [call_text("apply_patch", {"input": "*** Begin Patch\nrm -rf /\n*** End Patch\n"}),
+                       call_text("apply_patch", {"patch": PATCH}), call_text("delete_files", {}), "<tool_call>\nnot JSON\n</tool_call>"]:
+            assert not accepts(tool_served, grammar, broken), broken
+        recursive = TOOL | {"format": {"type": "grammar", "syntax": "lark", "definition": 'start: "(" start? ")"'}}
+        oa.responses.create(model=MODEL, input=QUESTION, tools=[weather, recursive, {"type": "custom", "name": "note"}])
+        assert engine.submitted[-1][0].params.grammar is None  # no grammar it can hold: calls stay free
+        oa.responses.create(model=MODEL, input=QUESTION, tools=[weather, TOOL], tool_choice="none")
+        assert engine.submitted[-1][0].params.grammar is None
 
 
 def test_a_forced_custom_call_is_decoded_under_its_grammar(tool_served):
