@@ -108,13 +108,13 @@ class FakeEngine:
             else:
                 piece = text.add(tid, token)
             if piece is not None:
-                emit(Delta(piece.text, piece.tokens))
+                emit(Delta(piece.text, piece.tokens, self.cached))
             if tid == eos:
                 return emit(Done("stop", len(r.prompt), n, self.cached))
             if not text.closed and n >= r.max_tokens:
                 end = text.end()
                 if end is not None:
-                    emit(Delta(end.text, end.tokens))
+                    emit(Delta(end.text, end.tokens, self.cached))
                 if not text.stop_hit:
                     return emit(Done("length", len(r.prompt), n, self.cached))
             if text.closed:

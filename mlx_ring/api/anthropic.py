@@ -264,8 +264,11 @@ def stop_reason(done, calls: list, window: bool) -> dict:
 def usage(done) -> dict:
     """Anthropic's usage: `input_tokens` the prompt's tokens after the last cache read, which
     `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing is counted as written)."""
-    return {"input_tokens": done.prompt_tokens - done.cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": done.cached_tokens, "output_tokens": done.completion_tokens}
+    return prompt_usage(done.prompt_tokens, done.cached_tokens) | {"output_tokens": done.completion_tokens}
+
+
+def prompt_usage(prompt: int, cached: int) -> dict:
+    return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def tool_use(call: dict) -> dict:
@@ -281,7 +284,7 @@ def anthropic_routes(engine: Engine) -> APIRouter:
                                       top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
                             {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
                              "response_format": "output_config.format"})
-        used, events = await engine.events(chat, http, stream_calls=body.stream)
+        used, events = await engine.events(chat, http, stream_calls=body.stream, start=body.stream)
         window = context_cuts(engine.served, used, body.max_tokens)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
         if body.stream:
@@ -300,12 +303,24 @@ def anthropic_routes(engine: Engine) -> APIRouter:
 
 async def stream(head: dict, used: int, events, window: bool):
     """Anthropic's event sequence: message_start, ping, each content block's start, deltas and stop,
-    message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error` event."""
-    yield named_sse({"type": "message_start", "message": head | {"content": [], "stop_reason": None, "stop_sequence": None,
-                                                                  "usage": {"input_tokens": used, "output_tokens": 0}}})
-    yield named_sse({"type": "ping"})
-    index, text_open, blank, calls = 0, False, "", []
+    message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error` event. As in
+    Anthropic's API, message_start comes once the prompt is read, and its usage splits the prompt into
+    `input_tokens` and `cache_read_input_tokens` as the final usage does."""
+
+    def start(cached: int) -> str:
+        usage = prompt_usage(used, cached) | {"output_tokens": 0}
+        return named_sse({"type": "message_start", "message": head | {"content": [], "stop_reason": None, "stop_sequence": None,
+                                                                       "usage": usage}}) + named_sse({"type": "ping"})
+
+    index, text_open, blank, calls, started = 0, False, "", [], False
     async for kind, value in events:
+        if kind == "start":
+            yield start(value)
+            started = True
+            continue
+        if not started:  # a failure before the prompt was read
+            yield start(0)
+            started = True
         if kind == "text":
             if not text_open and not (blank + value).strip():
                 blank += value  # whitespace before a tool call opens no block

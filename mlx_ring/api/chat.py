@@ -68,6 +68,9 @@ def output_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | No
         elif fmt is not None and fmt.type != "text":
             where = "response_format"
             grammar = json_grammar(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)
+        elif body._call_grammar is not None and getattr(served.tokenizer.tool_parser, "__module__", None) == "mlx_lm.tool_parsers.json_tools":
+            where, tok = "tools", served.tokenizer
+            grammar = body._call_grammar(tok.tool_call_start, tok.tool_call_end)
         else:
             return None
     except ValueError as e:  # llguidance's compiler: a schema it cannot read

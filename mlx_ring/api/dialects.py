@@ -61,16 +61,18 @@ class Engine:
         prompt, grammar = await self.prompts.chat(body)
         return prompt, grammar, tools
 
-    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False) -> tuple[int, AsyncIterator[tuple]]:
+    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False,
+                     start: bool = False) -> tuple[int, AsyncIterator[tuple]]:
         """(prompt tokens, the answer's events): ("text", str), ("call", OpenAI tool call dict),
         ("done", Done) or ("failed", Failed). `stream_calls`: a call whose format allows it comes as
         ("begin", the call with arguments ""), ("args", a fragment)..., ("end", the whole call) instead
-        of one "call". Errors before anything is queued are raised here. max_tokens over the room the
+        of one "call". `start`: first ("start", the prompt's tokens the prompt cache held), once known
+        (when the first text or the end comes). Errors before anything is queued are raised here. max_tokens over the room the
         prompt leaves is cut to it, as agents expect (docs/api.md)."""
         body.clamp_tokens()
         prompt, grammar, tools = await self.prompt(body)
         flow = self.answers.start(body, prompt, http, grammar)
-        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None))
+        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None), start)
 
     async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
         """As `events`, for a prompt sent as it is: tokenized, no chat template."""
@@ -81,8 +83,11 @@ class Engine:
         return len(prompt), _events(self.answers.start(body, prompt, http), Choice(0, None))
 
 
-async def _events(flow, choice: Choice):
+async def _events(flow, choice: Choice, start: bool = False):
     async for _, ev in flow:
+        if start and isinstance(ev, (Delta, Done)):
+            start = False
+            yield "start", ev.cached_tokens
         if isinstance(ev, Failed):
             yield "failed", ev
             return

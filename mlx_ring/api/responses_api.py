@@ -14,6 +14,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from mlx_ring.api import custom_tools
+from mlx_ring.api.custom_tools import (CustomTool, CustomToolCallItem, InputStream, ToolChoiceCustom, ToolSearchCallItem,
+                                       ToolSearchOutputItem, ToolSearchTool)
 from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
@@ -56,7 +59,7 @@ class FunctionCallItem(_Strict):
 
 
 class FunctionCallOutputItem(_Strict):
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[Annotated[TextContent | MediaContent, Field(discriminator="type")]]
     id: str | None = None
@@ -71,7 +74,9 @@ def _item_type(v) -> str:
 
 
 Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")], Discriminator(_item_type)]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
+                 | Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+                 | Annotated[ToolSearchOutputItem, Tag("tool_search_output")], Discriminator(_item_type)]
 
 
 class FunctionTool(_Strict):
@@ -153,8 +158,9 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    tools: list[Annotated[FunctionTool | NamespaceTool | WebSearchTool, Field(discriminator="type")]] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tools: list[Annotated[FunctionTool | NamespaceTool | WebSearchTool | CustomTool | ToolSearchTool, Field(discriminator="type")]] | None = Field(
+        None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | ToolChoiceCustom | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     stream: bool = False
@@ -174,28 +180,36 @@ class ResponsesRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _function_tools(cls, data):
-        return hosted_tools_refused(data, ("function", "namespace", *HOSTED_NOT_RUN), "function tools")
+        data = custom_tools.loaded_tools(custom_tools.hosted_search_refused(data))
+        return hosted_tools_refused(data, ("function", "namespace", "custom", "tool_search", *HOSTED_NOT_RUN), "function or custom tools")
 
     @model_validator(mode="after")
     def _text_only(self):
         refusal = media_part(self.input)
         if refusal:
             raise ValueError(refusal)
+        choice = self.tool_choice
+        for t in self.tools or []:  # a forced custom call's grammar must be one decoding can enforce
+            if isinstance(t, CustomTool) and (choice == "required" or (isinstance(choice, ToolChoiceCustom) and choice.name == t.name)):
+                t.function(forced=True)
         return self
 
     def chat(self, history: list[dict]) -> dict:
         """The internal chat request's fields, after `history` (the conversation so far)."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages += history + input_messages(self.input)
-        functions = [(None, t) for t in self.tools or [] if isinstance(t, FunctionTool)] + [
+        functions = [(None, t) for t in self.tools or [] if isinstance(t, (FunctionTool, CustomTool, ToolSearchTool))] + [
             (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
+        choice = self.tool_choice
+        named = choice.name if isinstance(choice, (NamedFunction, ToolChoiceCustom)) else None
         fields = {"model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "temperature": self.temperature,
                   "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
         if functions:
-            fields["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True) | {"name": flat(ns, t.name)}}
-                               for ns, t in functions]
-        if isinstance(self.tool_choice, NamedFunction):
-            fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+            fields["tools"] = [{"type": "function", "function": t.function(choice == "required" or named == t.name)
+                                if isinstance(t, (CustomTool, ToolSearchTool))
+                                else t.model_dump(exclude={"type"}, exclude_none=True) | {"name": flat(ns, t.name)}} for ns, t in functions]
+        if named is not None:
+            fields["tool_choice"] = {"type": "function", "function": {"name": named}}
         elif self.tool_choice is not None:
             fields["tool_choice"] = self.tool_choice
         fmt = self.text.format if self.text else None
@@ -227,11 +241,14 @@ def input_messages(items: str | list) -> list[dict]:
     for it in items:
         if isinstance(it, MessageItem):
             out.append({"role": it.role, "content": it.text()})
-        elif isinstance(it, FunctionCallItem):
-            call = {"id": it.call_id, "type": "function", "function": {"name": flat(it.namespace, it.name), "arguments": it.arguments}}
+        elif isinstance(it, (FunctionCallItem, CustomToolCallItem, ToolSearchCallItem)):
+            call = ({"id": it.call_id, "type": "function", "function": {"name": flat(it.namespace, it.name), "arguments": it.arguments}}
+                    if isinstance(it, FunctionCallItem) else it.message_call())
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)
+        elif isinstance(it, ToolSearchOutputItem):
+            out.append(it.message())
         else:
             out.append({"role": "tool", "tool_call_id": it.call_id, "content": it.text()})
     return out
@@ -262,8 +279,10 @@ def message_item(mid: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
 
 
-def call_item(call: dict, names: dict[str, dict], status: str = "completed") -> dict:
+def call_item(call: dict, names: dict[str, dict], status: str = "completed", clients: dict | None = None) -> dict:
     f = call["function"]
+    if f["name"] in (clients or {}):  # a custom or tool_search tool's call: the item of its own type
+        return custom_tools.output_item(call, clients[f["name"]], status)
     return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"], "name": f["name"],
             "arguments": f["arguments"] if status == "completed" else "", "status": status} | names.get(f["name"], {})
 
@@ -273,12 +292,14 @@ class Answer:
 
     def __init__(self, body: ResponsesRequest, model: str, history: list[dict]):
         self.body, self.conversation, self.names = body, history + input_messages(body.input), namespaced(body)
+        self.clients = custom_tools.client_tools(body.tools)
         self.object = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response", "created_at": int(time.time()),
                        "status": "in_progress", "error": None, "incomplete_details": None, "instructions": body.instructions,
                        "max_output_tokens": body.max_output_tokens, "model": model, "output": [],
                        "parallel_tool_calls": body.parallel_tool_calls is not False,
                        "previous_response_id": body.previous_response_id, "temperature": body.temperature, "top_p": body.top_p,
-                       "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction) else body.tool_choice or "auto",
+                       "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, (NamedFunction, ToolChoiceCustom))
+                       else body.tool_choice or "auto",
                        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
                        "text": body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
                        "store": body.store, "metadata": body.metadata or {}, "usage": None}
@@ -303,13 +324,14 @@ def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
     async def create(body: ResponsesRequest, http: HttpRequest):
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
         chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
+        custom_tools.constrain_calls(chat, body.tools)
         answer = Answer(body, engine.served.id, history)
         _, events = await engine.events(chat, http, stream_calls=body.stream)
         if body.stream:
             return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
         text, calls, done = await collect(events)
         output = ([message_item(f"msg_{uuid.uuid4().hex[:24]}", text.strip() if calls else text)] if text.strip() or not calls else [])
-        return answer.finish(text, calls, done, kept, output + [call_item(c, answer.names) for c in calls])
+        return answer.finish(text, calls, done, kept, output + [call_item(c, answer.names, clients=answer.clients) for c in calls])
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
@@ -331,7 +353,7 @@ async def stream(answer: Answer, events, kept: Kept):
 
     yield ev("response.created", response=answer.object)
     yield ev("response.in_progress", response=answer.object)
-    output, text, said, blank, calls, mid, open_call = [], None, [], "", [], "", None
+    output, text, said, blank, calls, mid, open_call, custom = [], None, [], "", [], "", None, None
     async for kind, value in events:
         if kind == "text":
             if text is None and not (blank + value).strip():
@@ -354,19 +376,30 @@ async def stream(answer: Answer, events, kept: Kept):
             output.append(item)
             text = None
         if kind == "begin":  # a call's arguments as they are generated
-            open_call, at = call_item(value, answer.names, "in_progress"), len(output)
+            open_call, at = call_item(value, answer.names, "in_progress", answer.clients), len(output)
+            custom = InputStream() if open_call["type"] == "custom_tool_call" else None
             yield ev("response.output_item.added", output_index=at, item=open_call)
         elif kind == "args":
-            yield ev("response.function_call_arguments.delta", item_id=open_call["id"], output_index=len(output), delta=value)
+            if open_call["type"] == "function_call":
+                yield ev("response.function_call_arguments.delta", item_id=open_call["id"], output_index=len(output), delta=value)
+            elif custom and (text_in := custom.feed(value)):
+                yield ev("response.custom_tool_call_input.delta", item_id=open_call["id"], output_index=len(output), delta=text_in)
         elif kind in ("call", "end"):
             calls.append(value)
-            item, at = call_item(value, answer.names), len(output)
+            item, at = call_item(value, answer.names, clients=answer.clients), len(output)
             if kind == "end":
                 item, open_call = item | {"id": open_call["id"]}, None
             else:  # a call parsed whole
-                yield ev("response.output_item.added", output_index=at, item=item | {"arguments": "", "status": "in_progress"})
-                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
-            yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=item["arguments"])
+                yield ev("response.output_item.added", output_index=at, item=call_item(value, answer.names, "in_progress", answer.clients)
+                         | {"id": item["id"]})
+                if item["type"] == "function_call":
+                    yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
+                elif item["type"] == "custom_tool_call":
+                    yield ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=at, delta=item["input"])
+            if item["type"] == "function_call":
+                yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=item["arguments"])
+            elif item["type"] == "custom_tool_call":
+                yield ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=at, input=item["input"])
             yield ev("response.output_item.done", output_index=at, item=item)
             output.append(item)
         elif kind == "failed":

@@ -291,6 +291,12 @@ class ChatCompletionRequest(_Sampling):
         None, description="[\"text\"] or left out: answers are text.")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description="Accepted and ignored: this server's models answer without a separate reasoning phase.")
+    # set by a dialect whose tool calls are constrained in free answers too: (the template's call markers) -> grammar
+    _call_grammar: object = PrivateAttr(None)
+
+    def constrain_calls(self, grammar) -> None:
+        """Decode this answer under `grammar(start, end)` (text, and tool calls between those markers)."""
+        self._call_grammar = grammar
 
     @model_validator(mode="after")
     def _check_logprobs(self):

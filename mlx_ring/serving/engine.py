@@ -276,7 +276,7 @@ class Engine:
     @staticmethod
     def _send(a: _Active, piece: Piece | None) -> None:
         if piece is not None:
-            a.req.emit(Delta(piece.text, piece.tokens))
+            a.req.emit(Delta(piece.text, piece.tokens, a.seq.cached))
 
     def _finish(self, a: _Active, outcome: Done | Failed) -> None:
         del self.active[a.seq.id]

@@ -37,6 +37,16 @@ def tool_call_grammar(tools: list[dict], start: str, end: str) -> str:
                                        f"call: %json {json.dumps(schema)}\n")
 
 
+def calls_in_text_grammar(calls: list[dict], start: str, end: str) -> str:
+    """A grammar for free text in which each tool call, once the model opens one with the template's
+    start marker, is one of `calls` (JSON schemas of the call object) up to the end marker, as the
+    json_tools family writes it; any number of calls, text between them, or none."""
+    schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
+    return LLMatcher.grammar_from_lark(f"start: call* rest\nrest: TEXT\nTEXT: /(.|\\n)*/\n"
+                                       f"head[lazy]: TEXT {json.dumps(start + chr(10))}\n"
+                                       f"call: head body {json.dumps(chr(10) + end)}\nbody: %json {json.dumps(schema)}\n")
+
+
 class Grammars:
     """The served tokenizer as llguidance sees it (built once: 0.37 s for 49k tokens here), to
     check grammars on the HTTP side and to make per-sequence processors on the engine thread."""

@@ -17,6 +17,7 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class Delta:
     text: str
     tokens: list  # serving.sampling.Token: id, logprob, top alternatives
+    cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held (known once its prefill began)
 
 
 @dataclass

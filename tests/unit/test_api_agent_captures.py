@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from apiutil import FakeEngine, client
+from llguidance import LLMatcher
 
 DATA = Path(__file__).parent.parent / "data" / "clients"
 SPAWN = '<tool_call>\n{"name": "multi_agent_v1__spawn_agent", "arguments": {"message": "look"}}\n</tool_call>'
@@ -77,3 +78,33 @@ def test_claude_code_as_it_sends_context_management_and_effort(tool_served):
     with client(FakeEngine(tool_served.tokenizer), tool_served, aliases=("claude-*",)) as http:  # the model's own 8k context
         r = http.post(sent["path"], json=body, headers=sent["headers"])
     assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
+
+
+def test_codex_with_an_openai_model_name_sends_custom_and_tool_search_tools(tool_served):
+    sent = captured("codex_0.171_gpt55_responses.json")
+    body = sent["body"]
+    tools = {t["type"]: t for t in body["tools"]}
+    assert body["model"] == "gpt-5.5" and tools["custom"]["format"]["syntax"] == "lark" and tools["tool_search"]["execution"] == "client"
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
+    engine = FakeEngine(tool_served.tokenizer, answer=f'<tool_call>\n{json.dumps({"name": "apply_patch", "arguments": {"input": patch}})}\n</tool_call>')
+    with client(engine, tool_served, context_length=131072, aliases=("gpt-*",)) as http:
+        r = http.post(sent["path"], json=body, headers=sent["headers"])
+        assert r.status_code == 200, r.text
+        out = events(r.text)
+        [call] = out[-1]["response"]["output"]
+        assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", patch)
+        assert "".join(e["delta"] for e in out if e["type"] == "response.custom_tool_call_input.delta") == patch
+        prompt = tool_served.tokenizer.decode(engine.submitted[0][0].prompt)
+        assert '"name": "apply_patch"' in prompt and '"name": "tool_search"' in prompt and "web_search" not in prompt
+        # tool_choice auto: the answer is free, and an apply_patch call in it holds to the patch grammar
+        matcher = LLMatcher(tool_served.grammars.tokenizer, engine.submitted[0][0].params.grammar, log_level=0)
+        assert all(matcher.consume_token(t) for t in tool_served.tokenizer.encode(engine.answer, add_special_tokens=False))
+        # Codex's next turn: the call and its output
+        turn = body | {"input": body["input"] + [
+            {"type": "custom_tool_call", "call_id": call["call_id"], "name": "apply_patch", "input": patch},
+            {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Success. Updated the following files:\nA hello.txt"}]}
+        engine.answer = "Created hello.txt."
+        r = http.post(sent["path"], json=turn, headers=sent["headers"])
+        assert r.status_code == 200, r.text
+        assert events(r.text)[-1]["response"]["output"][0]["content"][0]["text"] == "Created hello.txt."
+        assert "A hello.txt" in tool_served.tokenizer.decode(engine.submitted[1][0].prompt)

@@ -134,8 +134,19 @@ def test_cached_tokens_are_read_from_the_cache_and_not_input(ant, engine):
     prompt = len(engine.submitted[-1][0].prompt)
     assert (m.usage.input_tokens, m.usage.cache_read_input_tokens, m.usage.cache_creation_input_tokens) == (prompt - 9, 9, 0)
     with ant.messages.stream(model=MODEL, max_tokens=100, messages=QUESTION) as s:
-        final = s.get_final_message()  # message_delta's usage replaces message_start's
+        final = s.get_final_message()
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (prompt - 9, 9)
+    # message_start already splits the prompt as Anthropic's does (its input_tokens are not cache reads)
+    events = list(ant.messages.create(model=MODEL, max_tokens=100, messages=QUESTION, stream=True))
+    start, delta = events[0], next(e for e in events if e.type == "message_delta")
+    assert start.type == "message_start"
+    assert (start.message.usage.input_tokens, start.message.usage.cache_read_input_tokens,
+            start.message.usage.cache_creation_input_tokens, start.message.usage.output_tokens) == (prompt - 9, 9, 0, 0)
+    assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens, delta.usage.output_tokens) == (
+        prompt - 9, 9, m.usage.output_tokens)
+    engine.fail_after = 0  # a failure before the first token: message_start (nothing read from the cache), then the error
+    with pytest.raises(anthropic.APIStatusError, match="a rank stopped"):
+        list(ant.messages.create(model=MODEL, max_tokens=100, messages=QUESTION, stream=True))
 
 
 def test_claude_model_names_by_alias(engine, served):
