@@ -93,6 +93,9 @@ _TABLE = (
     _s("RING_RESTARTS", "0", RUN, "times the launcher restarted the ring before this run", int),
     _s("MLX_RANK", None, MLX, "this rank's index"),
     _s("MLX_HOSTFILE", None, MLX, "the ring's description: per rank, the ip:port addresses it listens on"),
+    _s("MLX_IBV_DEVICES", None, MLX, "JACCL: a file of every rank's RDMA device to every other rank (mlx.launch --backend jaccl)"),
+    _s("MLX_JACCL_COORDINATOR", None, MLX, "JACCL: rank 0's ip:port, where the ranks exchange their RDMA addresses"),
+    _s("MLX_JACCL_RING", None, MLX, "JACCL: set for --backend jaccl-ring (only neighbours have a device)"),
     _s("CUDA_VISIBLE_DEVICES", None, MLX, "the GPUs this process sees (CUDA's own)"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}

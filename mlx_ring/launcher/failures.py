@@ -37,6 +37,16 @@ def ring_connect_failure(output: str) -> str | None:
     return f"{said}: {todo}"
 
 
+# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which rank it waited on.
+DEADLINE = re.compile(r"ring deadline: (?P<why>[^\n]*?); leaving")
+
+
+def deadline_failure(output: str) -> str | None:
+    """The first wait a rank timed out, as it named it; None where there is none."""
+    m = DEADLINE.search(output)
+    return m.group("why") if m else None
+
+
 def explain(output: str) -> list[str]:
     """Every cause the ranks' `output` names, each a sentence with its fix."""
-    return [s for s in (metal_failure(output), ring_connect_failure(output)) if s]
+    return [s for s in (metal_failure(output), ring_connect_failure(output), deadline_failure(output)) if s]

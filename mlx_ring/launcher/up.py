@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
-from mlx_ring.hostfile import Host, load_hosts, mlx_hostfile, read_hostfile, resolve
+from mlx_ring.hostfile import Host, hostfile_backend, load_hosts, mlx_hostfile, read_hostfile, resolve
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
@@ -270,7 +270,9 @@ def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     d = LaunchDir(out)
-    d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts)))
+    backend = hostfile_backend(ring.cfg.hostfile)
+    d.backend.write_text(backend + "\n")
+    d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts, backend)))
     # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
     envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
     env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
