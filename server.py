@@ -34,6 +34,7 @@ from mlx_ring.planning.sizes import parameter_count, spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.deadline import Deadlines
+from mlx_ring.ring.frames import framed
 from mlx_ring.ring.transport import Ring, exchange, init_world, world_backend
 from mlx_ring.rundir import RunDir
 from mlx_ring.serving.prefix import PrefixIndex
@@ -288,8 +289,9 @@ def main() -> None:
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
     # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed (ring/deadline.py).
-    deadlines = Deadlines(cfg.step_timeout) if world_backend() == "jaccl" and rank != 0 else None
-    ring = Ring(world, cfg.receive_apart, deadlines)
+    jaccl = world_backend() == "jaccl"
+    deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
+    ring = Ring(world, cfg.receive_apart, deadlines, framed(jaccl, cfg.ring_frames))
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:

@@ -24,6 +24,7 @@ from mlx_ring import settings
 from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
 from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holders, usable_cores
 from mlx_ring.ring.deadline import Deadlines
+from mlx_ring.ring.frames import frame_count, header_of, pack, payload_of
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -235,10 +236,12 @@ class Ring:
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
     def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None,
-                 deadlines: Deadlines | None = None):
+                 deadlines: Deadlines | None = None, frame: int = 0):
         self.world = world
         # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed instead.
         self.deadlines = deadlines
+        # JACCL: every message the same size (ring/frames.py); its payloads arrive on the host, frame by frame.
+        self.frame = frame
         self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
@@ -272,6 +275,8 @@ class Ring:
         self.send_payload(header, payload)
 
     def send_header(self, header: Header, payload: mx.array | None) -> None:
+        if self.frame:
+            return  # framed: the header leaves in its payload's first frame
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
@@ -279,7 +284,9 @@ class Ring:
             mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
     def send_payload(self, header: Header, payload: mx.array | None) -> None:
-        if payload is not None and payload.ndim:
+        if self.frame:
+            self._send_frames(header, payload)
+        elif payload is not None and payload.ndim:
             # A payload still to arrive is received within this graph: either neighbour may be the one waited on.
             waited = f"rank {self.next} to take a step's payload" + (f" (and rank {self.prev} to send it)" if self.unread else "")
             with self._timed(waited):
@@ -289,12 +296,39 @@ class Ring:
                 mx.eval(mx.distributed.send(payload, self.next, group=self.world))
         self.mark("out", header)
 
+    def _send_frames(self, header: Header, payload: mx.array | None) -> None:
+        if payload is not None:
+            header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
+        frames = pack(header, payload, self.frame)
+        with self._timed(f"rank {self.next} to take a step"):
+            mx.eval(frames)
+            for i in range(frames.shape[0]):  # one by one: sends within one graph have no order
+                mx.eval(mx.distributed.send(frames[i], self.next, group=self.world))
+
+    def _recv_frames(self) -> tuple[Header, mx.array | None]:
+        with self._timed(f"the next step from rank {self.prev}", bounded=False):
+            self._wait_for_data()
+            first = mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world)
+            mx.eval(first)
+        header = header_of(first)
+        self.mark("in", header)
+        if not header.shape:
+            return header, None
+        frames = [first]
+        with self._timed(f"the payload of a {Kind(header.kind).name} step from rank {self.prev}"):
+            for _ in range(frame_count(header, self.frame) - 1):
+                frames.append(mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world))
+                mx.eval(frames[-1])
+        return header, payload_of(header, frames)
+
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
         """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
         states) may be left in the graph (`in_graph` decides), for a caller that calls
         `wait_payload()` and then evaluates it (with what it computes from it) before the next recv;
         `send_payload` does both. Other payloads arrive here, on the host, before this returns.
         (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
+        if self.frame:
+            return self._recv_frames()
         with self._timed(f"the next step from rank {self.prev}", bounded=False):  # an idle ring is silent
             self._wait_for_data()
             # The header tells the payload's shape and dtype, so it must arrive first.
