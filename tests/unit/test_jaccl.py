@@ -200,3 +200,12 @@ def test_a_tcp_hostfile_still_starts_the_ring_backend(tmp_path):
     assert json.loads(planned.hostfile.read_text()) == [{"ssh": "mac-a", "ips": ["192.168.0.5"]},
                                                          {"ssh": "mac-b", "ips": ["192.168.0.2"]}]
     assert mlx_launch_argv(planned, 32323, [], ["x"])[1:3] == ["--backend", "ring"]
+
+
+def test_thunderbolt_write_refuses_to_turn_a_jaccl_hostfile_into_a_tcp_ring(tmp_path, capsys):
+    path = tmp_path / "hosts.json"
+    path.write_text(format_hostfile(mesh(3), [], "jaccl"))
+    before = path.read_text()
+    assert tb.main(["--hostfile", str(path), "--write"]) == 2
+    assert "runs the ring over RDMA (JACCL), which --write would turn into a TCP ring; --apply alone" in capsys.readouterr().err
+    assert path.read_text() == before
