@@ -291,7 +291,7 @@ def main() -> None:
     # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed (ring/deadline.py).
     jaccl = world_backend() == "jaccl"
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
-    ring = Ring(world, cfg.receive_apart, deadlines, framed(jaccl, cfg.ring_frames))
+    ring = Ring(world, cfg.receive_apart, deadlines, framed(jaccl, cfg.ring_frames), [c.host for c in caps])
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:

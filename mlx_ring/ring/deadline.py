@@ -35,7 +35,7 @@ def leave(reason: str) -> None:
 
 @dataclass(frozen=True)
 class Wait:
-    what: str  # what this rank waits for, naming the rank it waits on
+    what: str | Callable[[], str]  # what this rank waits for, naming the rank it waits on
     since: float  # monotonic seconds
     bounded: bool  # False for the wait for a step's header: a ring with nothing to do is silent
 
@@ -53,8 +53,9 @@ class Deadlines:
         self.quiet = limit
 
     @contextmanager
-    def waiting(self, what: str, bounded: bool = True):
-        """Mark a wait on a neighbour (not nested: the innermost is timed)."""
+    def waiting(self, what: str | Callable[[], str], bounded: bool = True):
+        """Mark a wait on a neighbour (not nested: the innermost is timed); `what` may be a function
+        that gives the words, called only if the wait is overdue."""
         outer, self.wait = self.wait, Wait(what, time.monotonic(), bounded)
         try:
             yield
@@ -71,10 +72,11 @@ class Deadlines:
         w = self.wait
         if w is None:
             return None
+        what = w.what() if callable(w.what) else w.what
         if w.bounded and now - w.since > self.limit:
-            return f"waited {now - w.since:.0f} s for {w.what}, over STEP_TIMEOUT ({self.limit:.0f} s): the rank waited on is stopped, hung or unreachable"
+            return f"waited {now - w.since:.0f} s for {what}, over STEP_TIMEOUT ({self.limit:.0f} s): the rank waited on is stopped, hung or unreachable"
         if self.term is not None and now - max(w.since, self.term[0]) > self.term[1]:
-            return (f"was asked to stop (SIGTERM) and has waited {now - max(w.since, self.term[0]):.0f} s since for {w.what}, "
+            return (f"was asked to stop (SIGTERM) and has waited {now - max(w.since, self.term[0]):.0f} s since for {what}, "
                     "which did not come")
         return None
 

@@ -236,10 +236,11 @@ class Ring:
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
     def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None,
-                 deadlines: Deadlines | None = None, frame: int = 0):
+                 deadlines: Deadlines | None = None, frame: int = 0, hosts: list[str] | None = None):
         self.world = world
-        # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed instead.
-        self.deadlines = deadlines
+        # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed instead,
+        # each naming the rank (and its host, `hosts`) waited on.
+        self.deadlines, self.hosts = deadlines, hosts
         # JACCL: every message the same size (ring/frames.py); its payloads arrive on the host, frame by frame.
         self.frame = frame
         self.rank, self.size = world.rank(), world.size()
@@ -280,7 +281,7 @@ class Ring:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
-        with self._timed(f"rank {self.next} to take a step's header"):
+        with self._timed(lambda: f"{self._who(self.next)} to take a step's header"):
             mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
     def send_payload(self, header: Header, payload: mx.array | None) -> None:
@@ -288,7 +289,11 @@ class Ring:
             self._send_frames(header, payload)
         elif payload is not None and payload.ndim:
             # A payload still to arrive is received within this graph: either neighbour may be the one waited on.
-            waited = f"rank {self.next} to take a step's payload" + (f" (and rank {self.prev} to send it)" if self.unread else "")
+            unread = self.unread
+
+            def waited():
+                return f"{self._who(self.next)} to take a step's payload" + (f" (and {self._who(self.prev)} to send it)" if unread else "")
+
             with self._timed(waited):
                 self.wait_payload()  # this payload may be computed from one still to arrive
                 if self.compute_before_send:
@@ -300,13 +305,13 @@ class Ring:
         if payload is not None:
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         frames = pack(header, payload, self.frame)
-        with self._timed(f"rank {self.next} to take a step"):
+        with self._timed(lambda: f"{self._who(self.next)} to take a step"):
             mx.eval(frames)
             for i in range(frames.shape[0]):  # one by one: sends within one graph have no order
                 mx.eval(mx.distributed.send(frames[i], self.next, group=self.world))
 
     def _recv_frames(self) -> tuple[Header, mx.array | None]:
-        with self._timed(f"the next step from rank {self.prev}", bounded=False):
+        with self._timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):
             self._wait_for_data()
             first = mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world)
             mx.eval(first)
@@ -315,7 +320,7 @@ class Ring:
         if not header.shape:
             return header, None
         frames = [first]
-        with self._timed(f"the payload of a {Kind(header.kind).name} step from rank {self.prev}"):
+        with self._timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
             for _ in range(frame_count(header, self.frame) - 1):
                 frames.append(mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world))
                 mx.eval(frames[-1])
@@ -329,7 +334,7 @@ class Ring:
         (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
         if self.frame:
             return self._recv_frames()
-        with self._timed(f"the next step from rank {self.prev}", bounded=False):  # an idle ring is silent
+        with self._timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
             self._wait_for_data()
             # The header tells the payload's shape and dtype, so it must arrive first.
             header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
@@ -339,12 +344,16 @@ class Ring:
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True
         if not in_graph(header.kind, lazy, self.apart):
-            with self._timed(f"the payload of a {Kind(header.kind).name} step from rank {self.prev}"):
+            with self._timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
                 self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
                 mx.eval(payload)
         return header, payload
 
-    def _timed(self, what: str, bounded: bool = True):
+    def _who(self, rank: int) -> str:
+        return f"rank {rank} ({self.hosts[rank]})" if self.hosts else f"rank {rank}"
+
+    def _timed(self, what, bounded: bool = True):
+        # `what`: a function giving the words, called only if the wait is overdue (no cost per step).
         return self.deadlines.waiting(what, bounded) if self.deadlines is not None else nullcontext()
 
     def wait_payload(self) -> None:
