@@ -32,9 +32,9 @@ from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import parameter_count, spec_from_folder
 from mlx_ring.platform import keep_awake
-from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
+from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world, world_backend
 from mlx_ring.rundir import RunDir
 from mlx_ring.serving.prefix import PrefixIndex
