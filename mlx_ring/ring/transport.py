@@ -44,7 +44,11 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
     if world_backend() == "jaccl":  # RDMA: no sockets of MLX's to hold, find or watch (ring/deadline.py)
-        world = mx.distributed.init(backend="jaccl", strict=True)
+        try:
+            world = mx.distributed.init(backend="jaccl", strict=True)
+        except RuntimeError as e:  # which rank, its devices, and where the ranks meet (launcher/failures.py)
+            raise RuntimeError(f"rank {settings.text('MLX_RANK')} could not join the JACCL ring (its RDMA devices "
+                               f"{_own_devices()}, coordinator {settings.text('MLX_JACCL_COORDINATOR')}): {e}") from e
         _share_cores(world)
         return world
     held = _hold_own_ports()
@@ -71,6 +75,14 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
                     if local in mine or peer in theirs]
     _share_cores(world)
     return world
+
+
+def _own_devices() -> str:
+    try:
+        row = json.loads(Path(settings.text("MLX_IBV_DEVICES")).read_text())[int(settings.text("MLX_RANK") or 0)]
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+    return ", ".join(str(d) for d in row if d is not None) or "none"
 
 
 def world_backend() -> str:
@@ -281,7 +293,7 @@ class Ring:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
-        with self._timed(lambda: f"{self._who(self.next)} to take a step's header"):
+        with self.timed(lambda: f"{self._who(self.next)} to take a step's header"):
             mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
     def send_payload(self, header: Header, payload: mx.array | None) -> None:
@@ -294,7 +306,7 @@ class Ring:
             def waited():
                 return f"{self._who(self.next)} to take a step's payload" + (f" (and {self._who(self.prev)} to send it)" if unread else "")
 
-            with self._timed(waited):
+            with self.timed(waited):
                 self.wait_payload()  # this payload may be computed from one still to arrive
                 if self.compute_before_send:
                     mx.eval(payload)
@@ -305,13 +317,13 @@ class Ring:
         if payload is not None:
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         frames = pack(header, payload, self.frame)
-        with self._timed(lambda: f"{self._who(self.next)} to take a step"):
+        with self.timed(lambda: f"{self._who(self.next)} to take a step"):
             mx.eval(frames)
             for i in range(frames.shape[0]):  # one by one: sends within one graph have no order
                 mx.eval(mx.distributed.send(frames[i], self.next, group=self.world))
 
     def _recv_frames(self) -> tuple[Header, mx.array | None]:
-        with self._timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):
+        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):
             self._wait_for_data()
             first = mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world)
             mx.eval(first)
@@ -320,7 +332,7 @@ class Ring:
         if not header.shape:
             return header, None
         frames = [first]
-        with self._timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
+        with self.timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
             for _ in range(frame_count(header, self.frame) - 1):
                 frames.append(mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world))
                 mx.eval(frames[-1])
@@ -334,7 +346,7 @@ class Ring:
         (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
         if self.frame:
             return self._recv_frames()
-        with self._timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
+        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
             self._wait_for_data()
             # The header tells the payload's shape and dtype, so it must arrive first.
             header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
@@ -344,7 +356,7 @@ class Ring:
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True
         if not in_graph(header.kind, lazy, self.apart):
-            with self._timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
+            with self.timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
                 self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
                 mx.eval(payload)
         return header, payload
@@ -352,8 +364,10 @@ class Ring:
     def _who(self, rank: int) -> str:
         return f"rank {rank} ({self.hosts[rank]})" if self.hosts else f"rank {rank}"
 
-    def _timed(self, what, bounded: bool = True):
-        # `what`: a function giving the words, called only if the wait is overdue (no cost per step).
+    def timed(self, what, bounded: bool = True):
+        """A wait on other ranks, timed where the transport cannot time it (JACCL's deadlines; nothing
+        elsewhere): wrap every blocking evaluation that waits on a peer, a collective's too (an all_sum).
+        `what`: a function giving the words ("an all_sum with every rank"), called only if it is overdue."""
         return self.deadlines.waiting(what, bounded) if self.deadlines is not None else nullcontext()
 
     def wait_payload(self) -> None:

@@ -209,3 +209,24 @@ def test_thunderbolt_write_refuses_to_turn_a_jaccl_hostfile_into_a_tcp_ring(tmp_
     assert tb.main(["--hostfile", str(path), "--write"]) == 2
     assert "runs the ring over RDMA (JACCL), which --write would turn into a TCP ring; --apply alone" in capsys.readouterr().err
     assert path.read_text() == before
+
+
+def test_a_rank_that_cannot_start_jaccl_names_its_devices_and_the_launcher_says_what_to_check(tmp_path):
+    import os
+    import subprocess
+
+    from mlx_ring.launcher.failures import explain
+
+    # This Linux wheel has no JACCL: MLX's own init fails as it would on a Mac whose device cannot open.
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps([[None, "rdma_en2"], ["rdma_en3", None]]))
+    env = {**os.environ, "MLX_IBV_DEVICES": str(devices), "MLX_RANK": "1", "MLX_JACCL_COORDINATOR": "10.0.1.10:32323"}
+    p = subprocess.run([sys.executable, "-c", "from mlx_ring.ring.transport import init_world; init_world()"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "rank 1 could not join the JACCL ring (its RDMA devices rdma_en3, coordinator 10.0.1.10:32323): " in p.stderr
+    [said] = explain(p.stderr)
+    assert said.startswith("rank 1 could not join the JACCL ring (its RDMA devices rdma_en3, coordinator "
+                           "10.0.1.10:32323; MLX: ")
+    assert said.endswith("): `./launch.sh check` lists each Mac's RDMA devices; RDMA must be on at both ends of each "
+                         "cable (`rdma_ctl enable` in macOS Recovery), and every Mac must reach the coordinator's address")
