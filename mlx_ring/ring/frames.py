@@ -16,7 +16,10 @@ import mlx.core as mx
 from mlx_ring import settings
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header
 
-FRAME_BYTES = 1 << 16  # 64 KiB: 16 of Thunderbolt's 4 KiB frames; prefill chunks span many
+# 64 KiB: one of JACCL's own buffer sizes (4 KiB times a power of two up to 512 KiB, chosen per message
+# from its size, mlx/distributed/jaccl/utils.h), so each frame is exactly one RDMA send and one receive,
+# all of one size; a decode step fits one, a prompt chunk spans several.
+FRAME_BYTES = 1 << 16
 HEADER_BYTES = HEADER_LEN * 4  # int32s
 
 
