@@ -74,7 +74,8 @@ class Deadlines:
             return None
         what = w.what() if callable(w.what) else w.what
         if w.bounded and now - w.since > self.limit:
-            return f"waited {now - w.since:.0f} s for {what}, over STEP_TIMEOUT ({self.limit:.0f} s): the rank waited on is stopped, hung or unreachable"
+            return (f"waited {now - w.since:.0f} s for {what}, over STEP_TIMEOUT ({self.limit:.0f} s): the rank waited "
+                    "on is stopped, hung or unreachable")
         if self.term is not None and now - max(w.since, self.term[0]) > self.term[1]:
             return (f"was asked to stop (SIGTERM) and has waited {now - max(w.since, self.term[0]):.0f} s since for {what}, "
                     "which did not come")

@@ -304,7 +304,8 @@ class Ring:
             unread = self.unread
 
             def waited():
-                return f"{self._who(self.next)} to take a step's payload" + (f" (and {self._who(self.prev)} to send it)" if unread else "")
+                also = f" (and {self._who(self.prev)} to send it)" if unread else ""
+                return f"{self._who(self.next)} to take a step's payload{also}"
 
             with self.timed(waited):
                 self.wait_payload()  # this payload may be computed from one still to arrive
