@@ -28,8 +28,10 @@ from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
+from mlx_ring.ring.deadline import Deadlines
+from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
-from mlx_ring.ring.transport import Ring, exchange, init_world
+from mlx_ring.ring.transport import Ring, exchange, init_world, world_backend
 from mlx_ring.rundir import RunDir
 from shard import Shard, load_shard, serve_worker
 
@@ -130,7 +132,12 @@ def main() -> None:
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
-    ring = Ring(world, cfg.receive_apart)
+    # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed (ring/deadline.py).
+    jaccl = world_backend() == "jaccl"
+    deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
+    ring = Ring(world, cfg.receive_apart, deadlines, framed(jaccl, cfg.ring_frames), [c.host for c in caps])
+    if deadlines is not None:
+        deadlines.start(cfg.drain_timeout)
     if ring.apart:
         log.info("receiving %s payloads before building the stage on them (RECEIVE_APART%s)",
                  " and ".join(sorted(k.name.lower() for k in ring.apart)), "=auto, on Metal" if cfg.receive_apart is None else "")

@@ -50,6 +50,7 @@ class Config:
     tls: tuple[Path, Path] | None  # TLS_CERT, TLS_KEY: rank 0 serves HTTPS with them
     api_keys_file: Path | None  # API_KEYS_FILE: keys with names and per-minute limits (api/keys.py)
     receive_apart: frozenset[str] | None  # RECEIVE_APART: steps whose payloads arrive before their stage (None: by device)
+    ring_frames: str = "auto"  # RING_FRAMES: steps in fixed-size frames (auto: on JACCL), ring/frames.py
     max_body_bytes: int  # MAX_BODY_BYTES: larger request bodies get a 413
     away: dict | None  # RING_AWAY (set by the launcher): the hosts a failed-over ring serves without
     served_model_name: str | None  # SERVED_MODEL_NAME: the model's name in the API (None: from MODEL, api/served.served_name)
@@ -173,7 +174,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         plan=plan, restarts=read("RING_RESTARTS"),
         tls=(Path(cert).expanduser(), Path(key).expanduser()) if cert else None,
         api_keys_file=Path(read("API_KEYS_FILE")).expanduser() if read("API_KEYS_FILE") else None,
-        receive_apart=receive_apart_setting(), ring_verbose=a.ring_verbose == "1", max_body_bytes=a.max_body_bytes,
+        receive_apart=receive_apart_setting(), ring_frames=read("RING_FRAMES"), ring_verbose=a.ring_verbose == "1", max_body_bytes=a.max_body_bytes,
         away=ring_away(read("RING_AWAY")),
         served_model_name=a.served_model_name, model_aliases=tuple(n.strip() for n in a.model_aliases.split(",") if n.strip()),
     )

@@ -7,6 +7,10 @@ gets). An entry names the machine to ssh into (`ssh`) and the address its ring s
 first one is used), plus optional planning keys (`memory_gb`, `max_memory_gb`, `layers`, ...). Names in
 `ips` (`mac-b.local`) are resolved here, once, and the address is what mlx.launch gets: ring sockets
 given an mDNS name fail in ways that are hard to read.
+
+Entries may carry `rdma`, as `mlx.distributed_config --backend jaccl|jaccl-ring` writes them: per rank,
+its RDMA device (Thunderbolt 5) to every other rank, null to itself and to ranks it has no cable to.
+`ring_backend` alone decides from them which of MLX's backends carries the ring.
 """
 
 import ipaddress
@@ -26,27 +30,119 @@ EXAMPLE = '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.loca
 def read_hostfile(path: Path) -> tuple[list[dict], list[str]]:
     """The hostfile's entries (one per rank, ring order), checked for shape, and its "envs" (MLX's form:
     "NAME=value" strings, for every rank; none in a plain list)."""
-    data, envs = read_json(path, "the hostfile", EXAMPLE), []
+    data, envs, named = read_json(path, "the hostfile", EXAMPLE), [], ""
     if isinstance(data, dict) and "hosts" in data:  # as mlx.distributed_config writes it
         unknown = sorted(set(data) - {"backend", "envs", "hosts"})
         if unknown:
             raise ValueError(f"the hostfile {path} has unknown key(s) {', '.join(unknown)}; MLX's hostfile has "
                              "backend, envs and hosts")
-        if data.get("backend") not in ("", "ring", None):
-            raise ValueError(f"the hostfile {path} is for MLX's {data['backend']!r} backend, but this ring runs MLX's "
-                             "ring backend; write it with `mlx.distributed_config --backend ring`, or drop \"backend\"")
+        if data.get("backend") not in ("", None, *BACKENDS):
+            raise ValueError(f"the hostfile {path} is for MLX's {data['backend']!r} backend, but this ring runs on MLX's "
+                             f"{', '.join(BACKENDS)} backends; write it with `mlx.distributed_config --backend ring` "
+                             "(or jaccl, jaccl-ring), or drop \"backend\"")
         envs = data.get("envs") or []
         if not isinstance(envs, list) or not all(isinstance(e, str) and "=" in e.strip("=") for e in envs):
             raise ValueError(f"the hostfile {path}: \"envs\" must be a list of \"NAME=value\" strings, e.g. "
                              '["MLX_METAL_FAST_SYNCH=1"]')
-        data = data["hosts"]
-    return _check_entries(path, check_objects(data, path, "the hostfile", EXAMPLE, KNOWN_KEYS)), envs
+        data, named = data["hosts"], data.get("backend") or ""
+    entries = _check_entries(path, check_objects(data, path, "the hostfile", EXAMPLE, KNOWN_KEYS))
+    ring_backend(entries, named, str(path))  # a JACCL matrix MLX would refuse is refused here, before any start
+    return entries, envs
 
 
-def format_hostfile(entries: list[dict], envs: list[str] | None = None) -> str:
-    """hosts.json's text: one entry a line (under "hosts", with the "envs" of MLX's form, if any)."""
+def named_backend(path: Path) -> str:
+    """The hostfile's own "backend" (MLX's form), "" if it names none."""
+    data = read_json(path, "the hostfile", EXAMPLE)
+    return (data.get("backend") or "") if isinstance(data, dict) else ""
+
+
+def hostfile_backend(path: Path) -> str:
+    """MLX's backend for the ring `path` describes (`ring_backend`)."""
+    return ring_backend(load_entries(path), named_backend(path), str(path))
+
+
+def format_hostfile(entries: list[dict], envs: list[str] | None = None, backend: str = "") -> str:
+    """hosts.json's text: one entry a line (under "hosts", with the "envs" and "backend" of MLX's form, if any)."""
     text = "[\n" + ",\n".join("  " + json.dumps(e) for e in entries) + "\n]\n"
-    return text if not envs else f'{{"envs": {json.dumps(envs)}, "hosts": {text.rstrip()}}}\n'
+    head = (f'"backend": {json.dumps(backend)}, ' if backend else "") + (f'"envs": {json.dumps(envs)}, ' if envs else "")
+    return text if not head else f'{{{head}"hosts": {text.rstrip()}}}\n'
+
+
+# MLX's backends a ring may run on: TCP sockets, and RDMA over Thunderbolt 5 (JACCL) between every pair of
+# ranks (a full mesh) or between neighbours only.
+BACKENDS = ("ring", "jaccl", "jaccl-ring")
+RDMA_FIX = ("`mlx.distributed_config --over thunderbolt --backend jaccl` (or jaccl-ring) writes a hostfile with "
+            "them, or drop \"rdma\" from every entry to run over TCP")
+
+
+def ring_backend(entries: list[dict], named: str = "", where: str = "hosts.json") -> str:
+    """MLX's backend for the ring: "jaccl" where every pair of ranks has an RDMA device (a full mesh),
+    "jaccl-ring" where only ring neighbours do, "ring" (TCP) where no entry lists one or the hostfile
+    names "ring". `named`: the hostfile's own "backend". The one place the choice is made: pipeline
+    and tensor mode alike run on it. ValueError("what; how to fix") for a matrix MLX would refuse."""
+    if named == "ring" or not any(_lists_devices(e.get("rdma")) for e in entries):
+        if named in ("jaccl", "jaccl-ring"):
+            raise ValueError(f"{where} is for MLX's {named!r} backend but no entry lists its RDMA devices "
+                             f"(\"rdma\"); {RDMA_FIX}")
+        return "ring"
+    n = len(entries)
+    for i, e in enumerate(entries):
+        rdma = e.get("rdma")
+        if not isinstance(rdma, list) or len(rdma) != n:
+            raise ValueError(f"{where}: entry {i} ({e.get('ssh')}) needs \"rdma\", a list of {n} devices, one for each "
+                             f"rank in order (null for itself and for ranks it has no cable to), as every other entry "
+                             f"has; {RDMA_FIX}")
+        if rdma[i] is not None:
+            raise ValueError(f"{where}: entry {i} ({e['ssh']}) names RDMA device {rdma[i]!r} to itself; its own place "
+                             f"in \"rdma\" (position {i}) must be null")
+        for j, d in enumerate(rdma):
+            if d is not None and not _device(d):
+                raise ValueError(f"{where}: entry {i} ({e['ssh']}) has {d!r} as its RDMA device to rank {j}; each is a "
+                                 "device name such as \"rdma_en3\" (`ibv_devices` lists them), a list of such names "
+                                 "(several cables), or null")
+    mesh = _missing(entries, lambda i: range(n))
+    ring = _missing(entries, lambda i: ((i - 1) % n, (i + 1) % n))
+    if named == "jaccl" or (not named and not ring and not mesh):
+        if mesh:
+            raise ValueError(f"{where} is for JACCL's full mesh (every Mac cabled to every other), but {_pairs(entries, mesh)}; "
+                             "cable them, or use \"backend\": \"jaccl-ring\" where each Mac is cabled to the next")
+        return "jaccl"
+    if ring:
+        raise ValueError(f"{where}: {_pairs(entries, ring)}, so the ring's neighbours cannot use RDMA; cable each Mac "
+                         "to the next in hosts.json's order (and the last to the first) and run `mlx.distributed_config "
+                         "--over thunderbolt --backend jaccl-ring` again")
+    return "jaccl-ring"
+
+
+def _lists_devices(rdma) -> bool:
+    # `--backend ring` writes "rdma": [] for every host; a list of nulls names no device either.
+    return any(d is not None for d in rdma) if isinstance(rdma, list) else rdma is not None
+
+
+def _device(d) -> bool:
+    names = d if isinstance(d, list) else [d]
+    return bool(names) and all(isinstance(x, str) and x.strip() for x in names)
+
+
+def _missing(entries: list[dict], peers) -> list[tuple[int, int]]:
+    return [(i, j) for i, e in enumerate(entries) for j in peers(i) if i != j and e["rdma"][j] is None]
+
+
+def _pairs(entries: list[dict], missing: list[tuple[int, int]]) -> str:
+    named = ", ".join(f"{entries[i]['ssh']} (rank {i}) to {entries[j]['ssh']} (rank {j})" for i, j in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return f"no RDMA device is listed from {named}{more}"
+
+
+def without_ranks(entries: list[dict], keep: list[int]) -> list[dict]:
+    """The entries at `keep`, each one's "rdma" cut to the ranks kept (a ring without some hosts)."""
+    out = []
+    for i in keep:
+        e = dict(entries[i])
+        if e.get("rdma"):
+            e["rdma"] = [e["rdma"][j] for j in keep]
+        out.append(e)
+    return out
 
 
 def load_entries(path: Path) -> list[dict]:
@@ -83,6 +179,7 @@ class Host:
     named: str  # the address as hosts.json spells it
     port: int  # this rank's ring port (mlx.launch: the starting port plus one per rank)
     keys: dict  # the entry's planning keys
+    rdma: tuple = ()  # JACCL: its RDMA device to each rank (None: itself, or no cable), as hosts.json lists them
 
     @property
     def local(self) -> bool:
@@ -141,7 +238,7 @@ def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machi
         if owner.setdefault(address, ssh) != ssh:
             raise ValueError(f"{path}: entries name ring address {address} for two hosts ({owner[address]} and "
                              f"{ssh}); give entry {i} its own machine's address")
-        hosts.append(Host(i, ssh, address, named, port, host_keys(e)))
+        hosts.append(Host(i, ssh, address, named, port, host_keys(e), tuple(e.get("rdma") or ())))
         port += 1  # mlx.launch is given one address per rank (mlx_hostfile)
     local = [h for h in hosts if h.local]
     if local and len(local) != len(hosts) and any(h.address.startswith("127.") for h in local):
@@ -150,6 +247,8 @@ def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machi
     return hosts
 
 
-def mlx_hostfile(hosts: list[Host]) -> list[dict]:
-    """What mlx.launch reads: ssh names and resolved addresses, nothing else."""
-    return [{"ssh": h.ssh, "ips": [h.address]} for h in hosts]
+def mlx_hostfile(hosts: list[Host], backend: str = "ring") -> list[dict]:
+    """What mlx.launch reads: ssh names and resolved addresses, and for JACCL each rank's RDMA devices
+    (rank 0's address is then the coordinator's)."""
+    return [{"ssh": h.ssh, "ips": [h.address], **({"rdma": list(h.rdma)} if backend != "ring" else {})}
+            for h in hosts]

@@ -1,6 +1,7 @@
 """The macOS settings a ring host depends on, beside platform.py's system readers: the Application
 Firewall (global state, block-all, stealth mode, whether the environment's Python may accept
-connections) and power (pmset: sleep, wake for network access, start after a power failure), each
+connections), power (pmset: sleep, wake for network access, start after a power failure) and RDMA
+over Thunderbolt (ibv_devices, ibv_devinfo: the devices JACCL uses, and how to turn them on), each
 a pure parser over the command's output (tested on recorded outputs, tests/data/macos/) and the
 advice a user acts on."""
 
@@ -150,3 +151,58 @@ def power_advice(settings: dict[str, str]) -> str | None:
     return (f"{'; '.join(said)}; run there: sudo pmset -a {' '.join(fix)} (or System Settings > Energy, Energy "
             "Saver before macOS 15, Battery > Options on a laptop: 'Prevent automatic sleeping when the display is "
             "off', 'Wake for network access', 'Start up automatically after a power failure')")
+
+
+# --- RDMA over Thunderbolt (JACCL) --------------------------------------------------------------
+
+RDMA_MACOS = (26, 2)  # the first macOS with RDMA over Thunderbolt (Apple's TN3205), on Thunderbolt 5 ports
+RDMA_ENABLE = ("turn RDMA over Thunderbolt on once in macOS Recovery (hold the power button while it starts, "
+               "Options, then Utilities > Terminal), run `rdma_ctl enable` there and restart; `ibv_devices` then "
+               "lists its rdma_en* devices")
+
+
+def parse_ibv_devices(text: str) -> list[str]:
+    """The device names `ibv_devices` lists (the first column below its `------` rule)."""
+    lines = text.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip().startswith("------")), len(lines))
+    return [line.split()[0] for line in lines[start:] if line.split()]
+
+
+def parse_ibv_devinfo(text: str) -> dict[str, str]:
+    """Each device `ibv_devinfo` shows (its `hca_id`) and its port's state (PORT_ACTIVE, PORT_DOWN, ...)."""
+    states, device = {}, None
+    for line in text.splitlines():
+        if m := re.match(r"\s*hca_id:\s*(\S+)", line):
+            device = m.group(1)
+            states.setdefault(device, "")
+        elif (m := re.match(r"\s*state:\s*(\S+)", line)) and device and not states[device]:
+            states[device] = m.group(1)
+    return states
+
+
+def parse_macos_version(text: str) -> tuple[int, ...]:
+    """`sw_vers -productVersion` as numbers ("26.2" -> (26, 2)); () if it says nothing readable."""
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", text)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def rdma_devices(devices_out: str, devinfo_out: str) -> dict[str, str]:
+    """Device -> its port's state ("" where `ibv_devinfo` did not say), from both commands' outputs."""
+    states = parse_ibv_devinfo(devinfo_out)
+    return {d: states.get(d, "") for d in [*parse_ibv_devices(devices_out), *states] if d.startswith("rdma_")}
+
+
+def rdma_advice(version: tuple[int, ...], devices: dict[str, str]) -> str | None:
+    """What a Mac without RDMA devices needs for JACCL (None where it has some)."""
+    if devices:
+        return None
+    if version and version < RDMA_MACOS:
+        return (f"it has no RDMA devices: RDMA over Thunderbolt needs macOS {'.'.join(map(str, RDMA_MACOS))} or later "
+                f"(it runs {'.'.join(map(str, version))}) and Thunderbolt 5 ports; after updating, {RDMA_ENABLE}")
+    return f"it has no RDMA devices (`ibv_devices` lists none): on a Mac with Thunderbolt 5 ports, {RDMA_ENABLE}"
+
+
+def format_rdma(devices: dict[str, str]) -> str:
+    """A Mac's RDMA devices for the `check` table: names, each port that is not active marked."""
+    return ", ".join(d + ("" if s in ("PORT_ACTIVE", "") else f" ({s.removeprefix('PORT_').lower()})")
+                     for d, s in devices.items()) or "none"

@@ -18,6 +18,11 @@ class LaunchDir:
         return self.root / "hosts.json"
 
     @property
+    def backend(self) -> Path:
+        """MLX's backend mlx.launch starts: ring, jaccl or jaccl-ring (hostfile.ring_backend)."""
+        return self.root / "backend"
+
+    @property
     def env(self) -> Path:
         """The settings every rank gets, NAME=value a line (mlx.launch --env)."""
         return self.root / "env"

@@ -78,6 +78,8 @@ _TABLE = (
     _s("TLS_KEY", None, RANK, "PEM key on rank 0's host: HTTPS (with TLS_CERT)"),
     _s("MLX_RING_CAPS", None, RANK, "a JSON list of per-rank capabilities that replace the probes' (tests, or to pretend)"),
     _s("CUDA_PER_RANK", "0", RANK, "1: each local rank gets its own GPU", choices=("0", "1")),
+    _s("RING_FRAMES", "auto", RANK, "auto: steps cross the ring in fixed-size frames on JACCL (its sends of changing "
+       "sizes are unsafe); on: on every transport (tests), or a frame size in bytes; off: never"),
     _s("RECEIVE_APART", "auto", RANK, "steps whose payloads a rank receives before it builds their stage: auto, on, prefill, off"),
     _s("RING_AWAY", None, RANK, "the hosts a failed-over ring serves without, as JSON (the launcher sets it)"),
     _s("RING_PORT", "32323", LAUNCHER, "first port of the ring's sockets, one per rank counting up", int),
@@ -93,6 +95,9 @@ _TABLE = (
     _s("RING_RESTARTS", "0", RUN, "times the launcher restarted the ring before this run", int),
     _s("MLX_RANK", None, MLX, "this rank's index"),
     _s("MLX_HOSTFILE", None, MLX, "the ring's description: per rank, the ip:port addresses it listens on"),
+    _s("MLX_IBV_DEVICES", None, MLX, "JACCL: a file of every rank's RDMA device to every other rank (mlx.launch --backend jaccl)"),
+    _s("MLX_JACCL_COORDINATOR", None, MLX, "JACCL: rank 0's ip:port, where the ranks exchange their RDMA addresses"),
+    _s("MLX_JACCL_RING", None, MLX, "JACCL: set for --backend jaccl-ring (only neighbours have a device)"),
     _s("CUDA_VISIBLE_DEVICES", None, MLX, "the GPUs this process sees (CUDA's own)"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}

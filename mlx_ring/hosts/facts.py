@@ -1,6 +1,6 @@
 """What the launcher needs to know about a host before it starts a rank there, read by one small
 POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses, memory,
-the macOS firewall and power settings, whether the checkout and its environment exist, their versions, and which weight
+the macOS firewall and power settings, its RDMA devices, whether the checkout and its environment exist, their versions, and which weight
 pieces it holds. The script prints the system's own commands' output raw; mlx_ring.platform parses it."""
 
 from dataclasses import dataclass, field
@@ -21,6 +21,10 @@ if [ "$(uname -s)" = Darwin ]; then
   echo "vm_stat<<"; vm_stat 2>/dev/null; echo ">>"
   echo "ifconfig<<"; ifconfig 2>/dev/null; echo ">>"
   echo "pmset<<"; pmset -g 2>/dev/null; echo ">>"
+  echo "sw_vers<<"; sw_vers -productVersion 2>/dev/null; echo ">>"
+  # RDMA over Thunderbolt (macOS 26.2+): its devices, and whether each port is up (JACCL).
+  echo "ibv_devices<<"; ibv_devices 2>/dev/null; echo ">>"
+  echo "ibv_devinfo<<"; ibv_devinfo 2>/dev/null; echo ">>"
   fw=/usr/libexec/ApplicationFirewall/socketfilterfw
   if [ -x "$fw" ]; then
     echo "firewall<<"; "$fw" --getglobalstate 2>/dev/null; echo ">>"
@@ -71,6 +75,8 @@ class Facts:
     firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
     fw: macos_settings.Firewall = field(default_factory=macos_settings.Firewall)  # its settings, as far as it said
     power: dict = field(default_factory=dict)  # macOS `pmset -g` settings by name; empty elsewhere
+    macos: tuple = ()  # macOS's version, (26, 2); () elsewhere
+    rdma: dict = field(default_factory=dict)  # macOS: RDMA device -> its port's state (ibv_devices, ibv_devinfo)
     uv: str = ""
     openblas: bool = False
     checkout: bool = False
@@ -124,6 +130,8 @@ def parse(host: str, out: str) -> Facts:
     f.fw = macos_settings.Firewall(f.firewall, switch["blockall"], switch["stealth"],
                              macos_settings.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None)
     f.power = macos_settings.parse_pmset(raw.get("pmset", ""))
+    f.macos = macos_settings.parse_macos_version(raw.get("sw_vers", ""))
+    f.rdma = macos_settings.rdma_devices(raw.get("ibv_devices", ""), raw.get("ibv_devinfo", ""))
     for line in plain:
         key, _, value = line.partition("=")
         if key == "hosted" and len(value.split()) == 2:

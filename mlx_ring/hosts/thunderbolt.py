@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import LOCAL, Host, format_hostfile, read_hostfile, this_machine
+from mlx_ring.hostfile import LOCAL, Host, format_hostfile, hostfile_backend, read_hostfile, this_machine
 from mlx_ring.hosts import netsetup, ssh
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 from mlx_ring.rundir import RunDir
@@ -310,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     args = a.parse_args(argv)
     try:
         entries, envs = read_hostfile(args.hostfile)
+        if args.write and hostfile_backend(args.hostfile) != "ring":
+            # Its ips are the Macs' LAN addresses (rank 0's is where every rank meets) and its rdma lists follow
+            # hosts.json's order: a TCP ring's Thunderbolt addresses in ring order would break both.
+            raise ValueError(f"{args.hostfile} runs the ring over RDMA (JACCL), which --write would turn into a TCP "
+                             "ring; --apply alone saves each cable's addresses across restarts, and `mlx.distributed_config "
+                             "--over thunderbolt --backend jaccl` writes JACCL hostfiles")
         conf = ssh.write_config(RunDir(ROOT / settings.text("LOG_DIR")).ssh_config, settings.text("RING_SSH_CONFIG"))
         proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))

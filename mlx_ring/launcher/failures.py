@@ -37,6 +37,30 @@ def ring_connect_failure(output: str) -> str | None:
     return f"{said}: {todo}"
 
 
+JACCL_JOIN = re.compile(r"rank (?P<rank>\d+) could not join the JACCL ring \((?P<how>[^)]*)\): (?P<why>[^\n]*)")
+
+
+def jaccl_join_failure(output: str) -> str | None:
+    """A rank that could not start JACCL, with what to look at; None where there is none."""
+    m = JACCL_JOIN.search(output)
+    if not m:
+        return None
+    return (f"rank {m.group('rank')} could not join the JACCL ring ({m.group('how')}; MLX: {m.group('why').strip()}): "
+            "`./launch.sh check` lists each Mac's RDMA devices; RDMA must be on at both ends of each cable "
+            "(`rdma_ctl enable` in macOS Recovery), and every Mac must reach the coordinator's address")
+
+
+# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which rank it waited on.
+DEADLINE = re.compile(r"ring deadline: (?P<why>[^\n]*?); leaving")
+
+
+def deadline_failure(output: str) -> str | None:
+    """The first wait a rank timed out, as it named it; None where there is none."""
+    m = DEADLINE.search(output)
+    return m.group("why") if m else None
+
+
 def explain(output: str) -> list[str]:
     """Every cause the ranks' `output` names, each a sentence with its fix."""
-    return [s for s in (metal_failure(output), ring_connect_failure(output)) if s]
+    return [s for s in (metal_failure(output), ring_connect_failure(output), jaccl_join_failure(output),
+                        deadline_failure(output)) if s]

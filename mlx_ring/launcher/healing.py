@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import format_hostfile, read_hostfile
+from mlx_ring.hostfile import format_hostfile, named_backend, read_hostfile, ring_backend, without_ranks
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
@@ -51,11 +51,19 @@ def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -
 def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     """A hostfile of HOSTFILE's entries less `hosts`' (None if none is left)."""
     entries, envs = read_hostfile(ROOT / s.hostfile)
-    entries = [e for e in entries if e["ssh"] not in hosts]
+    entries = without_ranks(entries, [i for i, e in enumerate(entries) if e["ssh"] not in hosts])
     if not entries:
         return None
+    backend = named_backend(ROOT / s.hostfile)
+    try:
+        ring_backend(entries, backend)
+    except ValueError as e:
+        # The Macs left may not be cabled to each other (a JACCL ring less one): their `ips` still reach
+        # each other, so the ring heals over TCP until the host is back.
+        log.info("without %s, RDMA cannot join the rest (%s): failing over to TCP", ", ".join(hosts), e)
+        entries, backend = [{k: v for k, v in x.items() if k != "rdma"} for x in entries], ""
     path = s.run.launch.failover_hostfile
-    path.write_text(format_hostfile(entries, envs))
+    path.write_text(format_hostfile(entries, envs, backend))
     return path
 
 

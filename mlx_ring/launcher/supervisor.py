@@ -22,7 +22,7 @@ from mlx_ring.launcher.ready import EXITED, READY, wait_ready
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import reachable, read_state, write_state
 from mlx_ring.ring.leftovers import sweep
-from mlx_ring.rundir import RunDir
+from mlx_ring.rundir import LaunchDir, RunDir
 
 log = logging.getLogger("launcher")
 
@@ -124,6 +124,14 @@ def tell_rank0(s: LaunchSettings, reason: str) -> None:
             pass
 
 
+def mlx_launch_argv(planned: LaunchDir, ring_port: int, envs: list[str], command: list[str]) -> list[str]:
+    """mlx.launch over the planned hostfile, on the backend `up` chose (ring, jaccl or jaccl-ring; the
+    ring's ports, or JACCL's coordinator on rank 0's address, start at `ring_port`)."""
+    backend = planned.backend.read_text().strip() if planned.backend.is_file() else "ring"
+    return [str(Path(PYTHON).parent / "mlx.launch"), "--backend", backend, "--hostfile", str(planned.hostfile),
+            "--starting-port", str(ring_port), "--cwd", str(ROOT), *envs, "--", *command]
+
+
 def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: threading.Event,
              away: dict | None = None) -> tuple[dict, str]:
     """One attempt: mlx.launch over the planned hostfile until it exits; ({rank: exit code}, its output)."""
@@ -135,8 +143,7 @@ def run_ring(s: LaunchSettings, args: list[str], restarts: int, stopping: thread
     # Its `ssh` is ours (bin/ssh, first on PATH): the ring's ssh options.
     env = {**os.environ, "PATH": f"{ssh.BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "RING_SSH_FILE": str(s.run.ssh_config.resolve())}
-    argv = [str(Path(PYTHON).parent / "mlx.launch"), "--backend", "ring", "--hostfile", str(planned.hostfile),
-            "--starting-port", str(s.ring_port), "--cwd", str(ROOT), *envs, "--", str(ROOT / "launch.sh"), "rank", *args]
+    argv = mlx_launch_argv(planned, s.ring_port, envs, [str(ROOT / "launch.sh"), "rank", *args])
     hosts, codes, seen = rank_hosts(s), {}, 0
     s.run.broken.unlink(missing_ok=True)
     with open(attempt, "wb") as out:

@@ -18,13 +18,14 @@ from tqdm import tqdm
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
-from mlx_ring.hostfile import Host, load_hosts, mlx_hostfile, read_hostfile, resolve
+from mlx_ring.hostfile import Host, hostfile_backend, load_hosts, mlx_hostfile, read_hostfile, resolve
 from mlx_ring.hosts import provision, ssh
 from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
+from mlx_ring.hosts.rdma import rdma_notes, rdma_problems
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
+from mlx_ring.macos_settings import firewall_advice, firewall_blocks, format_rdma, power_advice, stealth_note
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
@@ -270,7 +271,9 @@ def launch_args(ring: Preflight, out: Path) -> None:
     """mlx.launch's hostfile and the settings every rank gets (rank 0's, whatever its host)."""
     out.mkdir(parents=True, exist_ok=True)
     d = LaunchDir(out)
-    d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts)))
+    backend = hostfile_backend(ring.cfg.hostfile)
+    d.backend.write_text(backend + "\n")
+    d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts, backend)))
     # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
     envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
     env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
@@ -284,7 +287,7 @@ def launch_args(ring: Preflight, out: Path) -> None:
 
 
 def check_table(ring: Preflight) -> str:
-    rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs")]
+    rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs", "rdma")]
     needs = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
     for h in ring.hosts:
         f: Facts | None = ring.facts.get(h.ssh)
@@ -295,7 +298,8 @@ def check_table(ring: Preflight) -> str:
         addr = h.address if h.named == h.address else f"{h.named} -> {h.address}"
         rows.append((str(h.rank), h.ssh, f"{addr}:{h.port}", f.system if f else "unreachable",
                      ("yes" if f.checkout else "missing") if f else "-", (f.versions or "no environment") if f else "-",
-                     f"{f.free_gb:.1f} of {f.memory_gb:.1f} GB" if f else "-", need))
+                     f"{f.free_gb:.1f} of {f.memory_gb:.1f} GB" if f else "-", need,
+                     format_rdma(f.rdma) if f and f.system.startswith("Darwin") else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -313,10 +317,13 @@ def check(ring: Preflight, as_json: bool) -> None:
         text, hops = measure_links(ring)
         if ring.plan:
             predicted = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
+    notes = "\n".join(rdma_notes(ring.hosts, ring.facts, hostfile_backend(ring.cfg.hostfile)))
     if as_json:
-        print(json.dumps({"problems": ring.problems, "pending": ring.pending, "links": hops, "plan": predicted}))
+        rdma = {n: f.rdma for n, f in ring.facts.items() if f.system.startswith("Darwin")}
+        print(json.dumps({"problems": ring.problems, "pending": ring.pending, "links": hops, "plan": predicted,
+                          "rdma": rdma}))
     else:
-        print("\n".join(x for x in (table, text, predicted and format_summary(predicted)) if x))
+        print("\n".join(x for x in (table, notes, text, predicted and format_summary(predicted)) if x))
 
 
 def run(a, cfg: Config, opts: Launch) -> Preflight:
@@ -327,7 +334,9 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
         bring_up(ring, sums, f"{platform.system()} {platform.machine()}")
         ring.facts |= read_all(ring, files)
     firewall_problems(ring)  # after provisioning: each host's environment Python is known
-    for warning in warnings(ring):
+    problems, warned = rdma_problems(ring.hosts, ring.facts)
+    ring.problems += problems
+    for warning in [*warned, *warnings(ring)]:
         log.warning("warning: %s", warning)
     if not ring.problems:
         # Before the first start, hosts without the project are what `start` sets up: not a problem to `check`.

@@ -1,5 +1,5 @@
 """mlx.launch leaves two temporary files per rank on its host at every start: the ring's hostfile
-(MLX_HOSTFILE) and the pid file it reads to stop the rank. A rank notes both as it starts and removes the
+(MLX_HOSTFILE; JACCL's devices file, MLX_IBV_DEVICES) and the pid file it reads to stop the rank. A rank notes both as it starts and removes the
 hostfile once MLX has read it; once the rank is gone, the launcher's sweep (after every run, on every
 host) or the next rank on that host removes what is left. A rank's own exit cannot: mlx.launch may still run its
 stop script, which fails on a missing pid file."""
@@ -18,7 +18,7 @@ from mlx_ring import settings
 def own_files(pid: int | None = None, hostfile: str | None = None) -> list[Path]:
     """This rank's files from mlx.launch: the hostfile, and the temporary file holding just its pid."""
     pid = pid or os.getpid()
-    hostfile = hostfile if hostfile is not None else (settings.text("MLX_HOSTFILE") or "")
+    hostfile = hostfile if hostfile is not None else _launch_file()
     folder = Path(hostfile).parent if hostfile else Path(tempfile.gettempdir())
     found = [Path(hostfile)] if hostfile and Path(hostfile).is_file() else []
     for p in folder.glob("tmp.*"):  # mktemp's names; the pid file is the one that holds our pid alone
@@ -79,10 +79,14 @@ def note(notes: Path) -> None:
     (notes / str(os.getpid())).write_text("".join(f"{p}\n" for p in own_files()))
 
 
+def _launch_file() -> str:
+    return settings.text("MLX_HOSTFILE") or settings.text("MLX_IBV_DEVICES") or ""
+
+
 def drop_hostfile() -> None:
-    """Once MLX has read it (at init), the ring's hostfile is of no more use."""
-    if settings.text("MLX_HOSTFILE"):
-        Path(settings.text("MLX_HOSTFILE")).unlink(missing_ok=True)
+    """Once MLX has read it (at init), the ring's hostfile (or JACCL's devices file) is of no more use."""
+    if _launch_file():
+        Path(_launch_file()).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the launcher's sweep on a host: python -m mlx_ring.ring.leftovers NOTES [--kill]

@@ -14,6 +14,7 @@ import socket
 import stat
 import time
 import zlib
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import mlx.core as mx
 from mlx_ring import settings
 from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
 from mlx_ring.platform import boot_id, ephemeral_ports, in_ephemeral, port_holders, usable_cores
+from mlx_ring.ring.deadline import Deadlines
+from mlx_ring.ring.frames import frame_count, header_of, pack, payload_of
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 
 
@@ -40,6 +43,14 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
+    if world_backend() == "jaccl":  # RDMA: no sockets of MLX's to hold, find or watch (ring/deadline.py)
+        try:
+            world = mx.distributed.init(backend="jaccl", strict=True)
+        except RuntimeError as e:  # which rank, its devices, and where the ranks meet (launcher/failures.py)
+            raise RuntimeError(f"rank {settings.text('MLX_RANK')} could not join the JACCL ring (its RDMA devices "
+                               f"{_own_devices()}, coordinator {settings.text('MLX_JACCL_COORDINATOR')}): {e}") from e
+        _share_cores(world)
+        return world
     held = _hold_own_ports()
     try:
         world = mx.distributed.init(backend="ring")
@@ -64,6 +75,20 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
                     if local in mine or peer in theirs]
     _share_cores(world)
     return world
+
+
+def _own_devices() -> str:
+    try:
+        row = json.loads(Path(settings.text("MLX_IBV_DEVICES")).read_text())[int(settings.text("MLX_RANK") or 0)]
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+    return ", ".join(str(d) for d in row if d is not None) or "none"
+
+
+def world_backend() -> str:
+    """MLX's backend mlx.launch set this rank up for: "jaccl" (its RDMA devices file given, for
+    --backend jaccl and jaccl-ring alike), else "ring"."""
+    return "jaccl" if settings.text("MLX_IBV_DEVICES") else "ring"
 
 
 PORT_WAIT_S = 10  # a rank of a ring that just stopped may hold its port a moment longer
@@ -222,8 +247,14 @@ class Ring:
     """Point-to-point links to the ring neighbours: receive from rank-1, send to rank+1 (mod size).
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
-    def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None):
+    def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None,
+                 deadlines: Deadlines | None = None, frame: int = 0, hosts: list[str] | None = None):
         self.world = world
+        # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed instead,
+        # each naming the rank (and its host, `hosts`) waited on.
+        self.deadlines, self.hosts = deadlines, hosts
+        # JACCL: every message the same size (ring/frames.py); its payloads arrive on the host, frame by frame.
+        self.frame = frame
         self.rank, self.size = world.rank(), world.size()
         self.next, self.prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
         self.unread = False  # a payload's recv was handed out lazily and its data not yet waited for
@@ -257,18 +288,56 @@ class Ring:
         self.send_payload(header, payload)
 
     def send_header(self, header: Header, payload: mx.array | None) -> None:
+        if self.frame:
+            return  # framed: the header leaves in its payload's first frame
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
-        mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
+        with self.timed(lambda: f"{self._who(self.next)} to take a step's header"):
+            mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
     def send_payload(self, header: Header, payload: mx.array | None) -> None:
-        if payload is not None and payload.ndim:
-            self.wait_payload()  # this payload may be computed from one still to arrive
-            if self.compute_before_send:
-                mx.eval(payload)
-            mx.eval(mx.distributed.send(payload, self.next, group=self.world))
+        if self.frame:
+            self._send_frames(header, payload)
+        elif payload is not None and payload.ndim:
+            # A payload still to arrive is received within this graph: either neighbour may be the one waited on.
+            unread = self.unread
+
+            def waited():
+                also = f" (and {self._who(self.prev)} to send it)" if unread else ""
+                return f"{self._who(self.next)} to take a step's payload{also}"
+
+            with self.timed(waited):
+                self.wait_payload()  # this payload may be computed from one still to arrive
+                if self.compute_before_send:
+                    mx.eval(payload)
+                mx.eval(mx.distributed.send(payload, self.next, group=self.world))
         self.mark("out", header)
+
+    def _send_frames(self, header: Header, payload: mx.array | None) -> None:
+        if payload is not None:
+            header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
+        frames = pack(header, payload, self.frame)
+        with self.timed(lambda: f"{self._who(self.next)} to take a step"):
+            mx.eval(frames)
+            for i in range(frames.shape[0]):  # one by one: sends within one graph have no order
+                mx.eval(mx.distributed.send(frames[i], self.next, group=self.world))
+
+    def _recv_frames(self) -> tuple[Header, mx.array | None]:
+        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):
+            self._wait_for_data()
+            first = mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world)
+            mx.eval(first)
+        header = header_of(first)
+        self.mark("in", header)
+        if not header.shape:
+            return header, None
+        frames = [first]
+        with self.timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
+            for _ in range(frame_count(header, self.frame) - 1):
+                frames.append(mx.distributed.recv((self.frame,), mx.uint8, self.prev, group=self.world))
+                mx.eval(frames[-1])
+        return header, payload_of(header, frames)
 
     def recv(self, lazy: bool = False) -> tuple[Header, mx.array | None]:
         """The next step from the previous rank. `lazy`: the payload of a forward step (hidden
@@ -276,18 +345,31 @@ class Ring:
         `wait_payload()` and then evaluates it (with what it computes from it) before the next recv;
         `send_payload` does both. Other payloads arrive here, on the host, before this returns.
         (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
-        self._wait_for_data()
-        # The header tells the payload's shape and dtype, so it must arrive first.
-        header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
+        if self.frame:
+            return self._recv_frames()
+        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
+            self._wait_for_data()
+            # The header tells the payload's shape and dtype, so it must arrive first.
+            header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
         self.mark("in", header)
         if not header.shape:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True
         if not in_graph(header.kind, lazy, self.apart):
-            self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
-            mx.eval(payload)
+            with self.timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
+                self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
+                mx.eval(payload)
         return header, payload
+
+    def _who(self, rank: int) -> str:
+        return f"rank {rank} ({self.hosts[rank]})" if self.hosts else f"rank {rank}"
+
+    def timed(self, what, bounded: bool = True):
+        """A wait on other ranks, timed where the transport cannot time it (JACCL's deadlines; nothing
+        elsewhere): wrap every blocking evaluation that waits on a peer, a collective's too (an all_sum).
+        `what`: a function giving the words ("an all_sum with every rank"), called only if it is overdue."""
+        return self.deadlines.waiting(what, bounded) if self.deadlines is not None else nullcontext()
 
     def wait_payload(self) -> None:
         """Block until the payload of the last lazy `recv` starts to arrive (at once if it has)."""
@@ -299,6 +381,8 @@ class Ring:
         """A SIGTERM came: keep serving rank 0's drain, but leave once the previous rank goes quiet
         for `quiet` seconds (one that vanished without closing its sockets never wakes us)."""
         self.term = (time.monotonic(), quiet)
+        if self.deadlines is not None:
+            self.deadlines.terminate(quiet)
 
     def _wait_for_data(self) -> None:
         # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting

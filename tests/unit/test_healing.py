@@ -111,4 +111,5 @@ def test_failover_hostfile_keeps_an_mlx_hostfiles_envs(tmp_path):
     s = LaunchSettings(str(hostfile), "127.0.0.1", 0, 32323, 60, 5, 0, tmp_path / "logs", False)
     s.planned.mkdir(parents=True)
     reduced = json.loads(healing.without(s, ["mac-b"]).read_text())
-    assert reduced == {"envs": ["MLX_METAL_FAST_SYNCH=1"], "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}
+    assert reduced == {"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1"],
+                       "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}

@@ -64,8 +64,10 @@ def test_mlx_distributed_configs_hostfile_is_taken_as_mlx_writes_it(tmp_path):
 
 
 @pytest.mark.parametrize("hostfile, says", [
+    ({"backend": "mpi", "envs": [], "hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}]},
+     "is for MLX's 'mpi' backend, but this ring runs on MLX's ring, jaccl, jaccl-ring backends"),
     ({"backend": "jaccl", "envs": [], "hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}]},
-     "is for MLX's 'jaccl' backend, but this ring runs MLX's ring backend"),
+     "is for MLX's 'jaccl' backend but no entry lists its RDMA devices"),
     ({"envs": ["NOEQUALS"], "hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}]}, '"envs" must be a list of "NAME=value"'),
     ({"hosts": [{"ssh": "mac-a", "ips": ["10.0.0.1"]}], "env": ["A=1"]}, "unknown key(s) env; MLX's hostfile has"),
     ({"backend": "ring", "hosts": []}, "must be a non-empty JSON list"),
