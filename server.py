@@ -28,7 +28,7 @@ from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.plan import LayerPlan
-from mlx_ring.planning.planner import plan_ring
+from mlx_ring.planning.planner import plan_ring, read_config
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import parameter_count, spec_from_folder
 from mlx_ring.platform import keep_awake
@@ -59,11 +59,12 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, list[Capabilities], dict]:
+def make_plan(cfg: Config, spec, world: mx.distributed.Group, model_path: Path) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
-    computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts.
+    computes the same plan from the model's sizes (weight headers only) in the mode PARALLEL gives or
+    auto chooses (from the model's config: how its layers split); LAYERS= fixes the counts.
     Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
-    return plan_ring(cfg, spec, world)
+    return plan_ring(cfg, spec, world, read_config(model_path))
 
 
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
@@ -74,11 +75,13 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
         kib = info.pop("parameter_bytes") >> 10
         ranks.append(info | {"parameter_bytes_kib": kib})
     plan = shard.plan
-    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
+    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "mode": plan.mode, "tensor": plan.tensor,
+                                    "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
     if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts
         for r, p in zip(ranks, predicted["ranks"]):
             r.update({k: v for k, v in p.items() if k not in r})
-        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "kv_capacity_tokens", "predicted_tokens_per_s", "slowest_stage_ms")})
+        out["plan"].update({k: predicted[k] for k in ("kv_tokens", "kv_capacity_tokens", "predicted_tokens_per_s", "slowest_stage_ms",
+                                                      "allsum_ms_per_token", "mode_reason", "modes") if k in predicted})
     return out
 
 
@@ -278,9 +281,9 @@ def main() -> None:
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
     spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
-    plan, caps, predicted = make_plan(cfg, spec, world)
+    plan, caps, predicted = make_plan(cfg, spec, world, model_path)
     if rank == 0:
-        log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
+        log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from mlx_ring.planning.modes import AllSum
+from mlx_ring.planning.modes import DEFAULT_ALLSUM, AllSum
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -
     return out
 
 
-def fit(result: dict, backend: str = "ring", when: str = "") -> AllSum:
+def fit(result: dict, transport: str = "ring (TCP)", when: str = "") -> AllSum:
     """The latency and bandwidth through the two measured sizes (`measure`'s result)."""
     small = result["hidden"] * result["bytes_per_element"]
     big = ROWS[1] * small
@@ -51,7 +51,7 @@ def fit(result: dict, backend: str = "ring", when: str = "") -> AllSum:
     # A bigger array that took no longer says the link's bandwidth is beyond what was measured.
     gbs = (big - small) / (t64 - t1) / 1e9 if t64 > t1 else (big - small) / max(t64, 1e-6) / 1e9
     latency = max(t1 - small / (gbs * 1e9), 0.0)
-    return AllSum(round(latency * 1e3, 4), round(gbs, 3), int(result["ranks"]), TRANSPORTS.get(backend, backend),
+    return AllSum(round(latency * 1e3, 4), round(gbs, 3), int(result["ranks"]), transport,
                   f"measured on this ring{' ' + when if when else ''}: {result[f'rows_{ROWS[0]}_ms']:.3g} ms for "
                   f"(1, {result['hidden']}), {result[f'rows_{ROWS[1]}_ms']:.3g} ms for ({ROWS[1]}, {result['hidden']})")
 
@@ -83,7 +83,7 @@ def cached(cache_dir: Path, key: str) -> AllSum | None:
     """The all_sum measured on the ring `key`, if it was."""
     try:
         row = json.loads(_path(cache_dir).read_text()).get(key)
-        return fit(row, key.split("|", 1)[0], row.get("measured", "")) if row else None
+        return fit(row, TRANSPORTS.get(key.split("|", 1)[0], "ring (TCP)"), row.get("measured", "")) if row else None
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return None
 
@@ -103,6 +103,18 @@ def remember(cache_dir: Path, key: str, result: dict) -> None:
         tmp.replace(path)
     except OSError as e:
         log.warning("cannot cache the all_sum measurement in %s: %s", path, e)
+
+
+def backend_of(entries: list[dict]) -> str:
+    """The backend a ring of these hosts.json entries runs its collectives on: JACCL where every host
+    names RDMA devices, else MLX's ring over TCP."""
+    return "jaccl" if len(entries) > 1 and all(e.get("rdma") for e in entries) else "ring"
+
+
+def ring_allsum(cache_dir: Path, entries: list[dict]) -> AllSum:
+    """The all_sum measured on the ring of these hosts.json entries, else the default for its backend."""
+    backend = backend_of(entries)
+    return cached(cache_dir, ring_key([str(e.get("ssh", "")) for e in entries], backend)) or DEFAULT_ALLSUM[backend]
 
 
 def main(argv: list[str]) -> None:

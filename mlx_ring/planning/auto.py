@@ -76,7 +76,7 @@ def decide(parallel: str, n: int, modes: dict, fixed: str = "") -> tuple[str, st
         raise ValueError(f"PARALLEL={parallel!r} is not known; use one of {', '.join(MODES)}")
     if parallel == "tensor":
         if t["error"]:
-            raise ValueError(f"PARALLEL=tensor: {t['error']}")
+            raise ValueError(f"PARALLEL=tensor: {t['error']}; use PARALLEL=auto or pipeline")
         return "tensor", "tensor: PARALLEL=tensor"
     if parallel == "pipeline":
         if p["error"]:
@@ -99,8 +99,8 @@ def decide(parallel: str, n: int, modes: dict, fixed: str = "") -> tuple[str, st
     if ratio < 1:
         return "pipeline", (f"pipeline: {link} would cost {t['allsum_ms_per_token']:.3g} ms a token; tensor mode "
                             f"predicted {ratio:.2f}x the pipeline's one stream")
-    return "pipeline", (f"pipeline: tensor mode predicted only {ratio:.2f}x the pipeline's one stream ({link}), "
-                        f"under the {MARGIN:.1f}x it must gain")
+    return "pipeline", (f"pipeline: tensor mode predicted only {ratio:.3f}x the pipeline's one stream ({link}), "
+                        f"under the {MARGIN:.1f}x it must gain to be chosen")
 
 
 def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dict] | None, parallel: str,
@@ -113,16 +113,22 @@ def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dic
     allsum = allsum or DEFAULT_ALLSUM["ring"]
     caps, kept = ring_caps(measured, host_keys, prompt_cache_gb)
     n = len(caps)
-    if provisioned and len(provisioned[1]) == 1 and n > 1:
-        parallel, provisioned = "tensor", None  # the launcher shipped every host every layer
+    shipped = ""  # the mode of the plan the launcher provisioned: one stage on several ranks is tensor mode
+    if provisioned:
+        shipped = "tensor" if len(provisioned[1]) == 1 and n > 1 else "pipeline"
+        provisioned = provisioned if shipped == "pipeline" else None
     try:
         pipe: LayerPlan | str = plan_for(spec, measured, host_keys, strategy, kv_tokens, layers, prompt_cache_gb,
                                          provisioned)[0]
     except ValueError as e:
         pipe = str(e)
     modes = predict(spec, caps, pipe, split if split != "" else [1.0 / n] * n, allsum, kv_tokens, links)
-    fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
-    mode, reason = decide(parallel, n, modes, "the plan the launcher provisioned" if provisioned else fixed)
+    if shipped:
+        mode, reason = decide(shipped, n, modes)
+        reason = f"{shipped}: as the launcher planned it (PARALLEL={parallel})"
+    else:
+        fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
+        mode, reason = decide(parallel, n, modes, fixed)
     plan = pipe if mode == "pipeline" else tensor_plan(spec.n_layers, n, strategy)
     return plan, caps, kept, Choice(mode, reason, modes)
 

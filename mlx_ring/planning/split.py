@@ -30,8 +30,8 @@ def config_shares(config: dict, n: int) -> list[float]:
         experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
         inter = int((c.get("moe_intermediate_size") if experts else None) or c.get("block_ff_dim") or c["intermediate_size"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{kind}: config.json lacks {e} the tensor split needs (heads, hidden and intermediate sizes); "
-                         "use PARALLEL=pipeline") from None
+        raise ValueError(f"{kind}: config.json lacks {e}, which the tensor split needs (heads, hidden and "
+                         "intermediate sizes)") from None
     wrong = []
     if heads % n:
         wrong.append(f"its {heads} attention heads")
@@ -48,8 +48,7 @@ def config_shares(config: dict, n: int) -> list[float]:
         if (inter // n) % group:
             wrong.append(f"a 1/{n} share of its intermediate size ({inter // n}) in groups of {group}")
     if wrong:
-        raise ValueError(f"{kind} cannot be split {n} ways: {' and '.join(wrong)} do not divide evenly; "
-                         f"use PARALLEL=pipeline, or a ring whose size divides them")
+        raise ValueError(f"{kind} cannot be split {n} ways: {' and '.join(wrong)} do not divide evenly")
     return [1.0 / n] * n
 
 
