@@ -24,14 +24,14 @@ from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
 from mlx_ring.launcher.collectives import measure_ring
+from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
 from mlx_ring.planning.allsum import ring_allsum
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.auto import Choice, plan_mode, shares_or_refusal, with_choice
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.modes import AllSum
+from mlx_ring.planning.plan import LayerPlan, ModelSpec
 from mlx_ring.planning.planner import dtype_of, hidden_size, read_config
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder

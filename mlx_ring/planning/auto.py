@@ -18,8 +18,8 @@ from mlx_ring.planning.modes import (
     tensor_misfit,
     tensor_tokens_per_s,
 )
-from mlx_ring.planning.split import tensor_shares
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, kv_capacity, tensor_plan
+from mlx_ring.planning.split import tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
 MARGIN = 1.1  # tensor mode must beat the pipeline's one stream by this much: host costs are not modelled

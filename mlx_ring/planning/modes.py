@@ -54,8 +54,9 @@ DEFAULT_ALLSUM = {
     "ring": AllSum(0.5, 1.25, 2, "ring (TCP)", "default for MLX's ring backend over TCP (0.3-1 ms measured)"),
     # JACCL (RDMA over Thunderbolt 5): about 30 us a message; Thunderbolt 5 carries 80 Gbit/s.
     "jaccl": AllSum(0.03, 6.0, 2, "JACCL (Thunderbolt)", "default for JACCL (about 30 us a message)"),
-    # NCCL: 0.109 ms for a (64, 4096) bf16 array on 2 x H100 over NVLink.
-    "nccl": AllSum(0.05, 9.0, 2, "NCCL", "default for NCCL (0.109 ms for (64, 4096) bf16 on 2 x H100)"),
+    # NCCL: 0.109 ms for a (64, 4096) bf16 array on 2 x H100 over NVLink; about 0.03 ms for one row, as the
+    # 70B-shaped cut's 1.60x (8.1 ms a token against 6.5 ms of reads) leaves for its 40 all_sums.
+    "nccl": AllSum(0.03, 6.5, 2, "NCCL", "default for NCCL (0.109 ms for (64, 4096) bf16 on 2 x H100)"),
 }
 
 

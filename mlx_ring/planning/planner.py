@@ -17,9 +17,9 @@ from mlx_ring.planning.allsum import backend_of, ring_allsum, ring_key
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal, with_choice
 from mlx_ring.planning.capabilities import Capabilities, declared
+from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
 from mlx_ring.planning.report import format_summary, summary
-from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
 
 log = logging.getLogger("planner")
@@ -65,7 +65,9 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
     lead = rows[0]
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
-    if not allsum.source.startswith("measured") and lead["parallel"] == "auto" and size > 1 and not lead["provisioned"]:
+    splits = isinstance(lead["split"], list)  # else tensor mode is out whatever its links cost: nothing to measure
+    if splits and not allsum.source.startswith("measured") and lead["parallel"] == "auto" and size > 1 \
+            and not lead["provisioned"]:
         measured = exchange({"allsum": measure(world, hidden_size(spec), dtype_of(spec))}, world)[0]["allsum"]
         allsum = fit(measured, allsum.transport)
         if rank == 0:

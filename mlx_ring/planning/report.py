@@ -3,6 +3,14 @@
 
 from mlx_ring.planning.auto import format_modes
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.modes import (
+    DEFAULT_ALLSUM,
+    AllSum,
+    embed_bytes,
+    tensor_kv_capacity,
+    tensor_need,
+    tensor_parts,
+)
 from mlx_ring.planning.plan import (
     GIB,
     LayerPlan,
@@ -13,14 +21,6 @@ from mlx_ring.planning.plan import (
     memory_need,
     runtime_bytes,
     stage_seconds,
-)
-from mlx_ring.planning.modes import (
-    DEFAULT_ALLSUM,
-    AllSum,
-    embed_bytes,
-    tensor_kv_capacity,
-    tensor_need,
-    tensor_parts,
 )
 
 
