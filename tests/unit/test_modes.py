@@ -238,4 +238,4 @@ def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
     assert d["modes"]["tensor"]["tokens_per_s"]["1"] == d["predicted_tokens_per_s"]
     assert main([*args, "--parallel", "pipeline", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["mode"] == "pipeline" and d["mode_reason"] == "pipeline: PARALLEL=pipeline" and d["ranks"][0]["layers"] == [0, 40]
+    assert d["mode"] == "pipeline" and d["mode_reason"] == "pipeline: PARALLEL=pipeline" and d["ranks"][0]["layers"] == [0, 39]
