@@ -4,7 +4,7 @@ the same mode for the same reason."""
 
 import json
 
-from ringutil import ROOT, launch, make_tiny_model
+from ringutil import ROOT, launch, make_tiny_model, write_hostfile
 
 from mlx_ring.planning.allsum import cached, fit, parse, ring_key
 
@@ -38,3 +38,21 @@ def test_auto_measures_the_all_sum_once_and_every_rank_chooses_alike(tmp_path):
     hosts = [e["ssh"] for e in json.loads((ROOT / "hosts.json").read_text())]
     kept = cached(tmp_path / "cache", ring_key(hosts))  # the next start reads it instead of measuring
     assert kept is not None and kept.source.startswith("measured") and kept.ranks == 2
+
+
+def test_checks_probe_runs_the_launcher_on_every_host_and_caches_it(tmp_path):
+    """`./launch.sh check`'s path: mlx.launch over the ring's hostfile, `./launch.sh probe allsum` on each
+    host, the result cached under the ring's hosts for the planner."""
+    from mlx_ring.hostfile import load_hosts
+    from mlx_ring.hosts import ssh
+    from mlx_ring.launcher.collectives import measure_ring
+    from mlx_ring.ring.launch import free_port
+
+    hostfile = write_hostfile(tmp_path / "hosts.json", 2)
+    hosts = load_hosts(hostfile, free_port(3))
+    conf = ssh.write_config(tmp_path / "ssh_config")
+    said, allsum = measure_ring(hosts, conf, hosts[0].port, 576, "float32", tmp_path / "cache")
+    assert allsum is not None, said
+    assert said.startswith("all_sum over the ring (2 ranks): ") and "for (64, 576) float32" in said
+    assert cached(tmp_path / "cache", ring_key(["127.0.0.1", "127.0.0.1"])).latency_ms == allsum.latency_ms
+    assert measure_ring(hosts[:1], conf, hosts[0].port, 576, "float32", tmp_path / "cache") == ("", None)

@@ -239,3 +239,16 @@ def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
     assert main([*args, "--parallel", "pipeline", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["mode"] == "pipeline" and d["mode_reason"] == "pipeline: PARALLEL=pipeline" and d["ranks"][0]["layers"] == [0, 39]
+
+
+def test_status_names_the_mode_and_why():
+    from mlx_ring.launcher.status import table
+
+    row = {"rank": 0, "host": "a", "layers": [0, 20], "holds_embedding": True, "parameter_bytes_kib": 1024,
+           "rss_kib": 2048, "kv_cache_kib": 0, "open_sequences": 0}
+    s = {"model": "m", "queued_requests": 0, "ranks": [row, {**row, "rank": 1, "holds_embedding": False}],
+         "plan": {"strategy": "balanced", "n_layers": 20, "mode": "tensor", "mode_reason": "tensor: PARALLEL=tensor"}}
+    lines = table(s).splitlines()
+    assert lines[:2] == ["model m, plan balanced over 20 layers, tensor mode", "  mode tensor: PARALLEL=tensor"]
+    del s["plan"]["mode"], s["plan"]["mode_reason"]  # a ring of an older version
+    assert table(s).splitlines()[1].split()[0] == "rank"
