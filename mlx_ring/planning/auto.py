@@ -124,8 +124,12 @@ def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dic
         pipe = str(e)
     modes = predict(spec, caps, pipe, split if split != "" else [1.0 / n] * n, allsum, kv_tokens, links)
     if shipped:
-        mode, reason = decide(shipped, n, modes)
-        reason = f"{shipped}: as the launcher planned it (PARALLEL={parallel})"
+        mode, reason = decide(shipped, n, modes)  # raises where the shipped mode cannot run here
+        try:  # the launcher's reason, where these inputs give its choice; else only that it chose
+            again, why = decide(parallel, n, modes)
+        except ValueError:
+            again = ""
+        reason = why if again == shipped else f"{shipped}: as the launcher planned it (PARALLEL={parallel})"
     else:
         fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
         mode, reason = decide(parallel, n, modes, fixed)

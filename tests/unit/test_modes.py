@@ -115,9 +115,15 @@ def test_settings_that_fix_the_mode_or_the_split_are_kept():
 def test_the_launchers_plan_keeps_its_mode_on_every_rank():
     """RING_PLAN of one stage on several ranks is a tensor plan; of a stage a rank, a pipeline's."""
     plan, _, _, choice = choose(LLAMA_8B, H100, TCP_1MS, provisioned=("balanced", [32]))
-    assert plan.tensor == 2 and choice.reason == "tensor: as the launcher planned it (PARALLEL=auto)"
+    assert plan.tensor == 2 and choice.reason == "tensor: as the launcher planned it (PARALLEL=auto)"  # not what TCP says
+    plan, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [20]))
+    assert plan.tensor == 2 and choice.reason.startswith("tensor: 2 ranks, all_sum")  # the same inputs: its reason
     plan, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [11, 9]))
     assert plan.sizes == [11, 9] and plan.mode == "pipeline" and choice.mode == "pipeline"
+    assert choice.reason == "pipeline: as the launcher planned it (PARALLEL=auto)"
+    split = "llama cannot be split 2 ways"
+    with pytest.raises(ValueError, match=split):  # a tensor plan shipped for a model this build cannot split
+        choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [20]), split=split)
 
 
 def test_all_sum_cost_scales_with_the_ring():
