@@ -185,13 +185,14 @@ def format_dry_run(d: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="./launch.sh plan", add_help=False,
-                                description="Print the layer plan for a hostfile and a model, without loading weights.")
+                                description="Print the layer plan for a hostfile and a model, each mode's predictions and "
+                                            "the mode PARALLEL gives or auto chooses, without loading weights.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-h", "--help", action="store_true")
     a, rest = p.parse_known_args(argv)
     if a.help:
         p.print_help()
-        print("\nOther flags are server.py's: --model, --hostfile, --strategy, --kv-tokens, --layers, --cache-dir")
+        print("\nOther flags are server.py's: --model, --hostfile, --parallel, --strategy, --kv-tokens, --layers, --cache-dir")
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
