@@ -48,15 +48,16 @@ class AllSum:
         return self.latency_ms / 1e3 * steps + nbytes * moved / (self.gbytes_s * 1e9)
 
 
-# Defaults where nothing was measured on this ring, from recorded measurements (2 ranks each).
+# Defaults where nothing was measured on this ring, from recorded measurements (2 ranks each; all_sums
+# chained in one graph as the probe times them).
 DEFAULT_ALLSUM = {
-    # MLX's ring backend: 0.3-1 ms an all_sum through the host; 0.631 ms for (64, 4096) bf16 on 2 x H100.
-    "ring": AllSum(0.5, 1.25, 2, "ring (TCP)", "default for MLX's ring backend over TCP (0.3-1 ms measured)"),
+    # MLX's ring backend through the host: 0.22 ms for (1, 4096) and 1.09 ms for (64, 4096) bf16 between
+    # two GPUs of one host (2 x H100); links between machines add their own round trip (0.3-1 ms seen).
+    "ring": AllSum(0.5, 0.6, 2, "ring (TCP)", "default for MLX's ring backend over TCP (0.3-1 ms an all_sum seen)"),
     # JACCL (RDMA over Thunderbolt 5): about 30 us a message; Thunderbolt 5 carries 80 Gbit/s.
     "jaccl": AllSum(0.03, 6.0, 2, "JACCL (Thunderbolt)", "default for JACCL (about 30 us a message)"),
-    # NCCL: 0.109 ms for a (64, 4096) bf16 array on 2 x H100 over NVLink; about 0.03 ms for one row, as the
-    # 70B-shaped cut's 1.60x (8.1 ms a token against 6.5 ms of reads) leaves for its 40 all_sums.
-    "nccl": AllSum(0.03, 6.5, 2, "NCCL", "default for NCCL (0.109 ms for (64, 4096) bf16 on 2 x H100)"),
+    # NCCL on 2 x H100 (NVLink): 0.047 ms for (1, 4096), 0.054 ms for (64, 4096) bf16.
+    "nccl": AllSum(0.047, 75.0, 2, "NCCL", "default for NCCL (0.047 ms for (1, 4096) bf16 on 2 x H100)"),
 }
 
 
