@@ -1,5 +1,5 @@
 """What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)` and a
-larger `(64, hidden)` array, 16 all_sums chained in one graph as a model's layers issue them; the
+larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
 median of each gives a latency and a bandwidth (a line through the two), cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto
 reads it; `./launch.sh check` measures it under mlx.launch on every host (`./launch.sh probe allsum`),
 and a ring that starts without one measures it once at startup.
@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 ROWS = (1, 64)  # one stream's hidden state, and a batch's
 ROUNDS = 5  # timings of a chain; the median is kept
-CHAIN = 16  # all_sums in one graph, one after the other
+CHAIN = (16, 4)  # all_sums in one graph, one after the other, of each size: latency needs the longer chain
+BUDGET_S = 1.5  # past this, a size's timing stops after the round in hand (a slow link)
 TRANSPORTS = {"ring": "ring (TCP)", "jaccl": "JACCL (Thunderbolt)", "jaccl-ring": "JACCL (Thunderbolt)", "nccl": "NCCL"}
 
 
@@ -27,28 +28,31 @@ def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -
     """Collective (every rank calls it): milliseconds one all_sum of `(rows, hidden)` takes for each of
     ROWS, as this rank saw them. The all_sums are chained in one graph, each on the last one's result,
     as a model's layers issue them: an all_sum evaluated alone also pays a trip to the host and back
-    (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms chained)."""
+    (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms chained). A slow link is timed on fewer rounds:
+    the ranks agree after each whether one of them is past BUDGET_S, so all run the same collectives."""
     import mlx.core as mx
 
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
-    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size, "chain": CHAIN}
-    for rows in ROWS:
+    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size}
+    for rows, chain in zip(ROWS, CHAIN):
         x = mx.ones((rows, hidden), dtype=dt)
-        mx.eval(x)
+        mx.eval(mx.distributed.all_sum(x, group=world))  # the first call builds kernels and buffers
 
-        def chain():
+        def chained():
             y = x
-            for _ in range(CHAIN):
+            for _ in range(chain):
                 y = mx.distributed.all_sum(y, group=world) * (1 / world.size())  # stays ones: no overflow
             return y
 
-        mx.eval(chain())  # the first call builds kernels and buffers
-        ts = []
-        for _ in range(rounds):
+        ts, start = [], time.perf_counter()
+        while len(ts) < rounds:
             t = time.perf_counter()
-            mx.eval(chain())
+            mx.eval(chained())
             ts.append(time.perf_counter() - t)
-        out[f"rows_{rows}_ms"] = sorted(ts)[rounds // 2] * 1e3 / CHAIN
+            late = mx.array([1.0 if time.perf_counter() - start > BUDGET_S else 0.0])
+            if mx.distributed.all_sum(late, group=world).item() > 0:
+                break
+        out[f"rows_{rows}_ms"] = sorted(ts)[len(ts) // 2] * 1e3 / chain
     return out
 
 
