@@ -1,6 +1,7 @@
-"""`./launch.sh check`'s all_sum over the real ring: every host in hosts.json runs the probe
-(`./launch.sh probe allsum`, planning/allsum.py) under mlx.launch on the ring's own addresses and port,
-as the ranks will, and the result is cached for the planner (PARALLEL=auto)."""
+"""The launcher's choice of mode: the all_sum over the real ring, where every host in hosts.json runs
+the probe (`./launch.sh probe allsum`, planning/allsum.py) under mlx.launch on the ring's own addresses
+and port, as the ranks will (cached for the planner); and the plan in the mode PARALLEL gives or auto
+chooses from it. `check` measures it every time, a first `start` where auto would otherwise guess."""
 
 import json
 import os
@@ -11,10 +12,12 @@ import tempfile
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import Host, mlx_hostfile
+from mlx_ring.hostfile import Host, mlx_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
-from mlx_ring.planning.allsum import fit, parse, remember, ring_key
+from mlx_ring.planning.allsum import fit, parse, remember, ring_allsum, ring_key
+from mlx_ring.planning.auto import plan_mode, shares_or_refusal
 from mlx_ring.planning.modes import AllSum
+from mlx_ring.planning.planner import read_config
 from mlx_ring.ring.launch import under_feed
 
 TIMEOUT_S = 120  # the ranks start (over ssh), connect, then time 80 all_sums each of two sizes
@@ -54,3 +57,22 @@ def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: s
     return (f"all_sum over the ring ({len(hosts)} ranks): {found['rows_1_ms']:.3f} ms for (1, {hidden}), "
             f"{found['rows_64_ms']:.3f} ms for (64, {hidden}) {dtype}: {allsum.latency_ms:.3f} ms + "
             f"{allsum.gbytes_s:.2f} GB/s"), allsum
+
+
+def choose(ring) -> None:
+    """The plan in the mode PARALLEL gives or auto chooses, from what was measured (`ring`: up.py's Preflight)."""
+    cfg, spec = ring.cfg, ring.spec
+    ring.split = shares_or_refusal(read_config(ring.model), len(ring.hosts))
+    ring.allsum = ring.allsum or ring_allsum(cfg.cache_dir, read_hostfile(cfg.hostfile)[0])
+    try:
+        ring.plan, ring.caps, _, ring.choice = plan_mode(
+            spec, ring.measured, [h.keys for h in ring.hosts], cfg.parallel, cfg.strategy, cfg.kv_tokens, cfg.layers,
+            cfg.prompt_cache_gb, split=ring.split, allsum=ring.allsum, links=ring.links)
+    except ValueError as e:
+        ring.problems.append(f"{e} (free memory as measured on each host now)")
+
+
+def unmeasured(ring) -> bool:
+    """Whether PARALLEL=auto would choose with a default all_sum where the model could run in tensor mode."""
+    return (not ring.problems and ring.cfg.parallel == "auto" and len(ring.hosts) > 1 and isinstance(ring.split, list)
+            and ring.allsum is not None and not ring.allsum.source.startswith("measured"))

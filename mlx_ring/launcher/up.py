@@ -24,15 +24,14 @@ from mlx_ring.hosts.facts import Facts, read_facts
 from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
-from mlx_ring.launcher.collectives import measure_ring
+from mlx_ring.launcher.collectives import choose, measure_ring, unmeasured
 from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
-from mlx_ring.planning.allsum import ring_allsum
 from mlx_ring.planning.assemble import serving
-from mlx_ring.planning.auto import Choice, plan_mode, shares_or_refusal, with_choice
+from mlx_ring.planning.auto import Choice, with_choice
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
-from mlx_ring.planning.planner import dtype_of, hidden_size, read_config
+from mlx_ring.planning.planner import dtype_of, hidden_size
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.rundir import LaunchDir, RunDir
@@ -214,19 +213,6 @@ def plan(ring: Preflight) -> None:
     choose(ring)
 
 
-def choose(ring: Preflight) -> None:
-    """The plan in the mode PARALLEL gives or auto chooses, from what was measured."""
-    cfg, spec = ring.cfg, ring.spec
-    ring.split = shares_or_refusal(read_config(ring.model), len(ring.hosts))
-    ring.allsum = ring.allsum or ring_allsum(cfg.cache_dir, read_hostfile(cfg.hostfile)[0])
-    try:
-        ring.plan, ring.caps, _, ring.choice = plan_mode(
-            spec, ring.measured, [h.keys for h in ring.hosts], cfg.parallel, cfg.strategy, cfg.kv_tokens, cfg.layers,
-            cfg.prompt_cache_gb, split=ring.split, allsum=ring.allsum, links=ring.links)
-    except ValueError as e:
-        ring.problems.append(f"{e} (free memory as measured on each host now)")
-
-
 def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
     """Provision code and environment on every remote host, then the weights of each one's slice."""
     def code_and_env(name: str) -> str:
@@ -365,6 +351,11 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
         ring.spec = serving(spec_from_folder(ring.model), ring.cfg.prefill_chunk, ring.cfg.max_active)
         ring.manifest = manifest(ring.model, cfg.cache_dir)
         plan(ring)
+        if a.command == "up" and unmeasured(ring):  # a first start: auto needs the all_sum before it ships a plan
+            said, ring.allsum = measure_ring(ring.hosts, ring.conf, opts.ring_port, hidden_size(ring.spec),
+                                             dtype_of(ring.spec), cfg.cache_dir)
+            log.info("%s", said)
+            choose(ring)
         if ring.choice and a.command == "up":
             log.info("mode %s", ring.choice.reason)
     if a.command == "check":
