@@ -258,3 +258,29 @@ def test_status_names_the_mode_and_why():
     assert lines[:2] == ["model m, plan balanced over 20 layers, tensor mode", "  mode tensor: PARALLEL=tensor"]
     del s["plan"]["mode"], s["plan"]["mode_reason"]  # a ring of an older version
     assert table(s).splitlines()[1].split()[0] == "rank"
+
+
+def test_the_launcher_chooses_and_knows_when_auto_would_guess(tmp_path):
+    """up.py's plan: the mode from the model's config, hosts.json and the cached all_sum."""
+    from types import SimpleNamespace
+
+    from mlx_ring.config import parse_config
+    from mlx_ring.hostfile import load_hosts
+    from mlx_ring.launcher.collectives import choose, unmeasured
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_hidden_layers": 20,
+                                                                "hidden_size": 8192, "num_attention_heads": 64}))
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]))
+    cfg, _ = parse_config(["--hostfile", str(hostfile), "--cache-dir", str(tmp_path / "cache"), "--layers", "",
+                           "--parallel", "auto", "--prompt-cache-gb", "0"])
+    hosts = load_hosts(hostfile, 40000, resolver=lambda name: name, here=lambda *_: False)
+    ring = SimpleNamespace(cfg=cfg, spec=LLAMA_70B_CUT, model=tmp_path / "model", hosts=hosts, measured=H100,
+                           problems=[], allsum=None, links=None, split="", plan=None, caps=None, choice=None)
+    choose(ring)
+    assert ring.split == [0.5, 0.5] and ring.allsum == DEFAULT_ALLSUM["ring"] and ring.choice.mode == "pipeline"
+    assert unmeasured(ring)  # a first start measures before it ships the plan
+    ring.allsum = AllSum(0.047, 75.0, 2, "NCCL", "measured on this ring")  # as check measures NVLink
+    choose(ring)
+    assert ring.choice.mode == "tensor" and ring.plan.tensor == 2 and not unmeasured(ring)
