@@ -16,6 +16,7 @@ from mlx_ring.hostfile import Host, mlx_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
 from mlx_ring.planning.allsum import fit, parse, remember, ring_allsum, ring_key
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal
+from mlx_ring.planning.capabilities import compute_units
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.planner import read_config
 from mlx_ring.ring.launch import under_feed
@@ -73,6 +74,8 @@ def choose(ring) -> None:
 
 
 def unmeasured(ring) -> bool:
-    """Whether PARALLEL=auto would choose with a default all_sum where the model could run in tensor mode."""
+    """Whether PARALLEL=auto would choose with a default all_sum where tensor mode could pay: the model
+    splits and the ranks compute on more than one device."""
     return (not ring.problems and ring.cfg.parallel == "auto" and len(ring.hosts) > 1 and isinstance(ring.split, list)
-            and ring.allsum is not None and not ring.allsum.source.startswith("measured"))
+            and compute_units(ring.measured) > 1 and ring.allsum is not None
+            and not ring.allsum.source.startswith("measured"))

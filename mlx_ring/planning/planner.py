@@ -16,7 +16,7 @@ from mlx_ring.hostfile import host_keys, load_entries
 from mlx_ring.planning.allsum import backend_of, ring_allsum, ring_key
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal, with_choice
-from mlx_ring.planning.capabilities import Capabilities, declared
+from mlx_ring.planning.capabilities import Capabilities, compute_units, declared
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
 from mlx_ring.planning.report import format_summary, summary
@@ -65,7 +65,9 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
     lead = rows[0]
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
-    splits = isinstance(lead["split"], list)  # else tensor mode is out whatever its links cost: nothing to measure
+    # Nothing to measure where tensor mode is out whatever its links cost: a model that does not split,
+    # or ranks that take turns on one device (each would do the whole model's work, and the all_sums too).
+    splits = isinstance(lead["split"], list) and compute_units([Capabilities(**r["caps"]) for r in rows]) > 1
     if splits and not allsum.source.startswith("measured") and lead["parallel"] == "auto" and size > 1 \
             and not lead["provisioned"]:
         measured = exchange({"allsum": measure(world, hidden_size(spec), dtype_of(spec))}, world)[0]["allsum"]

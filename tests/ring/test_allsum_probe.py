@@ -27,12 +27,12 @@ def test_auto_measures_the_all_sum_once_and_every_rank_chooses_alike(tmp_path):
     argv = [DRIVER, "--model", str(model), "--out", str(tmp_path), "--",
             "--model", str(model), "--spec", spec, "--out", str(tmp_path)]
     env = {"PARALLEL": "auto", "HOSTFILE": str(ROOT / "hosts.json"), "LAYERS": "", "PROMPT_CACHE_GB": "0",
-           "MLX_RING_CAPS": json.dumps([{"memory_gb": 16, "tflops": 0.05, "bandwidth_gbs": 5}] * 2)}
+           "MLX_RING_CAPS": json.dumps([{"host": h, "memory_gb": 16, "tflops": 0.05, "bandwidth_gbs": 5} for h in "ab"])}
     launch(2, tmp_path, argv, timeout=180, env=env)
     plans = [json.loads((tmp_path / f"plan{r}.json").read_text())["predicted"] for r in range(2)]
     assert plans[0] == plans[1], "every rank must choose the same mode for the same reason"
     p = plans[0]
-    # Two ranks taking turns on one machine's cores gain nothing from sharing every layer.
+    # Two "machines" (MLX_RING_CAPS) with tiny layers: the all_sums cost more than sharing them saves.
     assert p["mode"] == "pipeline" and p["mode_reason"].startswith("pipeline: all_sum ")
     assert p["modes"]["tensor"]["allsum_from"].startswith("measured on this ring")
     hosts = [e["ssh"] for e in json.loads((ROOT / "hosts.json").read_text())]

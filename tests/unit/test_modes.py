@@ -281,6 +281,9 @@ def test_the_launcher_chooses_and_knows_when_auto_would_guess(tmp_path):
     choose(ring)
     assert ring.split == [0.5, 0.5] and ring.allsum == DEFAULT_ALLSUM["ring"] and ring.choice.mode == "pipeline"
     assert unmeasured(ring)  # a first start measures before it ships the plan
+    ring.measured = [Capabilities("box", 64, 40, 0.1, 20)] * 2
+    assert not unmeasured(ring)  # ranks taking turns on one device: tensor mode cannot pay, nothing to measure
+    ring.measured = H100
     ring.allsum = AllSum(0.047, 75.0, 2, "NCCL", "measured on this ring")  # as check measures NVLink
     choose(ring)
     assert ring.choice.mode == "tensor" and ring.plan.tensor == 2 and not unmeasured(ring)
