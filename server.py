@@ -24,7 +24,7 @@ from mlx_ring.models.source import resolve_model
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster, PlanFacts, Prediction, RankFacts
 from mlx_ring.planning.plan import LayerPlan
-from mlx_ring.planning.planner import plan_ring
+from mlx_ring.planning.planner import plan_ring, read_config
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
@@ -56,11 +56,12 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, list[Capabilities], dict]:
+def make_plan(cfg: Config, spec, world: mx.distributed.Group, model_path: Path) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
-    computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts.
+    computes the same plan from the model's sizes (weight headers only) in the mode PARALLEL gives or
+    auto chooses (from the model's config: how its layers split); LAYERS= fixes the counts.
     Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
-    return plan_ring(cfg, spec, world)
+    return plan_ring(cfg, spec, world, read_config(model_path))
 
 
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> Cluster:
@@ -71,7 +72,7 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
     views = predicted["ranks"] if predicted else [None] * len(infos)
     ranks = tuple(RankFacts.of(info, view) for info, view in zip(infos, views))
     plan = shard.plan
-    return Cluster(ranks, PlanFacts(plan.strategy, plan.n_layers, tuple(map(tuple, plan.ranges)),
+    return Cluster(ranks, PlanFacts(plan.strategy, plan.mode, plan.tensor, plan.n_layers, tuple(map(tuple, plan.ranges)),
                                     Prediction.of(predicted) if predicted else None))
 
 
@@ -124,9 +125,9 @@ def main() -> None:
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
     spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
-    plan, caps, predicted = make_plan(cfg, spec, world)
+    plan, caps, predicted = make_plan(cfg, spec, world, model_path)
     if rank == 0:
-        log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
+        log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
     shard = load_shard(model_path, plan, rank)
     log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)

@@ -56,9 +56,10 @@ _TABLE = (
     _s("STRATEGY", "balanced", FLAG,
        "how layers are split: balanced (default: fastest plan that fits), uniform, memory, compute, custom (hosts.json)",
        choices=("balanced", "uniform", "memory", "compute", "custom")),
-    _s("PARALLEL", "pipeline", FLAG,
-       "how the ranks split the model: pipeline (each rank a range of layers) or tensor (each rank a share of every layer)",
-       choices=("pipeline", "tensor")),
+    _s("PARALLEL", "auto", FLAG,
+       "how the ranks split the model: pipeline (each rank a range of layers), tensor (each rank a share of every layer), "
+       "or auto (the one predicted faster from the ring's measured all_sum, each rank's speed and memory)",
+       choices=("auto", "pipeline", "tensor")),
     _s("KV_TOKENS", "8192", FLAG, "tokens of KV cache every rank keeps room for when the layer plan is made", int),
     _s("PROMPT_CACHE_GB", "1", FLAG,
        "GB each rank keeps for the KV caches of recent prompts, reused by later prompts that start alike (0: off)", float),

@@ -23,7 +23,7 @@ def main():
     model, out = Path(mine[mine.index("--model") + 1]), Path(mine[mine.index("--out") + 1])
     world = init_world()
     cfg, _ = parse_config(["--model", str(model), "--cache-dir", str(out / "cache"), "--log-dir", str(out / "logs")])
-    plan, _, predicted = make_plan(cfg, spec_from_folder(model), world)
+    plan, _, predicted = make_plan(cfg, spec_from_folder(model), world, model)
     (out / f"plan{world.rank()}.json").write_text(json.dumps({"ranges": plan.ranges, "strategy": plan.strategy,
                                                                "predicted": predicted}))
     # ring_driver joins the world this process already holds, and runs the plan it is given.

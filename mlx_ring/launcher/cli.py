@@ -19,8 +19,10 @@ USAGE = """usage: ./launch.sh [command] [args]
             (code, environment, its slice of the weights), start a rank on each (the default)
   stop      stop every rank                restart   stop, then start
   status    is it up, and the per-rank layer plan and memory
-  check     a preflight table per host (ssh, path, versions, memory against its slice, links); exit 0 when all is well
-  plan      print the layer plan for the hostfile and model, loading no weights (--json, --model, --strategy)
+  check     a preflight table per host (ssh, path, versions, memory against its slice, links, the ring's all_sum)
+            and each mode's predicted tokens/s; exit 0 when all is well
+  plan      print the layer plan for the hostfile and model and each mode's predicted tokens/s, loading no weights
+            (--json, --model, --parallel, --strategy)
   hosts     propose ring addresses for Macs cabled with Thunderbolt, as MLX's distributed_config does
             (--over thunderbolt; --apply sets them on each Mac, --write saves hosts.json)
   logs      follow logs/*.log              prepare   install and convert the model only

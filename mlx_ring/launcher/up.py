@@ -25,11 +25,14 @@ from mlx_ring.hosts.identity import file_sums, runtime_files, versions
 from mlx_ring.hosts.rdma import rdma_notes, rdma_problems
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.weights import manifest, pieces_for
+from mlx_ring.launcher.collectives import choose, measure_ring, unmeasured
 from mlx_ring.macos_settings import firewall_advice, firewall_blocks, format_rdma, power_advice, stealth_note
-from mlx_ring.planning.assemble import plan_for, serving
+from mlx_ring.planning.assemble import serving
+from mlx_ring.planning.auto import Choice, with_choice
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
-from mlx_ring.planning.planner import dtype_of
+from mlx_ring.planning.planner import dtype_of, hidden_size
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.rundir import LaunchDir, RunDir
@@ -65,6 +68,11 @@ class Preflight:
     model: Path | None = None
     spec: ModelSpec | None = None  # the model's sizes, from its weight headers
     manifest: dict | None = None
+    measured: list[Capabilities] | None = None  # each host's capabilities as probed, before hosts.json's keys
+    split: list[float] | str = ""  # each rank's share in tensor mode, or why the model does not split
+    allsum: AllSum | None = None  # the ring's all_sum: measured by check, else cached or a default
+    links: list[tuple[float, float]] | None = None  # each hop (rtt ms, Gbit/s), as check measured them
+    choice: Choice | None = None  # the mode and why (PARALLEL)
 
 
 def each_host(ring: Preflight, fn) -> dict:
@@ -188,7 +196,7 @@ def compare(ring: Preflight, sums: dict[str, str], found: list[str], setup: bool
 
 def plan(ring: Preflight) -> None:
     """The layer plan from every host's measured capabilities and hosts.json's keys."""
-    cfg, spec = ring.cfg, ring.spec
+    spec = ring.spec
     measured = {}
 
     def measure(h: Host) -> dict:
@@ -202,12 +210,8 @@ def plan(ring: Preflight) -> None:
                 ring.problems.append(str(e))
     if ring.problems:
         return
-    caps = [replace(Capabilities(**measured[h.rank]), host=h.ssh) for h in ring.hosts]
-    try:
-        ring.plan, ring.caps, _ = plan_for(spec, caps, [h.keys for h in ring.hosts], cfg.strategy, cfg.kv_tokens,
-                                           cfg.layers, cfg.prompt_cache_gb)
-    except ValueError as e:
-        ring.problems.append(f"{e} (free memory as measured on each host now)")
+    ring.measured = [replace(Capabilities(**measured[h.rank]), host=h.ssh) for h in ring.hosts]
+    choose(ring)
 
 
 def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
@@ -315,8 +319,15 @@ def check(ring: Preflight, as_json: bool) -> None:
                           *(f"  {p}" for p in ring.pending)])
     elif not ring.problems:
         text, hops = measure_links(ring)
+        if ring.plan and not ring.problems:
+            said, ring.allsum = measure_ring(ring.hosts, ring.conf, ring.opts.ring_port, hidden_size(ring.spec),
+                                             dtype_of(ring.spec), ring.cfg.cache_dir)
+            text, ring.links = "\n".join(x for x in (text, said) if x), hops
+            choose(ring)  # again, with the links and the all_sum as measured
         if ring.plan:
-            predicted = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops)
+            shares = ring.split if isinstance(ring.split, list) else None
+            predicted = with_choice(summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops, shares,
+                                            ring.allsum), ring.choice)
     notes = "\n".join(rdma_notes(ring.hosts, ring.facts, hostfile_backend(ring.cfg.hostfile)))
     if as_json:
         rdma = {n: f.rdma for n, f in ring.facts.items() if f.system.startswith("Darwin")}
@@ -349,6 +360,13 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
         ring.spec = serving(spec_from_folder(ring.model), ring.cfg.prefill_chunk, ring.cfg.max_active)
         ring.manifest = manifest(ring.model, cfg.cache_dir)
         plan(ring)
+        if a.command == "up" and unmeasured(ring):  # a first start: auto needs the all_sum before it ships a plan
+            said, ring.allsum = measure_ring(ring.hosts, ring.conf, opts.ring_port, hidden_size(ring.spec),
+                                             dtype_of(ring.spec), cfg.cache_dir)
+            log.info("%s", said)
+            choose(ring)
+        if ring.choice and a.command == "up":
+            log.info("mode %s", ring.choice.reason)
     if a.command == "check":
         check(ring, a.json)
     elif not ring.problems:

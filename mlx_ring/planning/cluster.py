@@ -21,6 +21,7 @@ class Planned:
     needs_gb: float = 0.0
     runtime_gb: float = 0.0
     predicted_stage_ms: float = 0.0
+    share: float | None = None  # tensor mode: its share of every layer (None: a pipeline's stage)
     prompt_cache_gb: float | None = None  # set aside for the prompt cache on this rank (None: not planned)
     measured_runtime_gb: float | None = None  # the warm-up's measure of its activations (None: before it)
 
@@ -62,12 +63,16 @@ class Prediction:
     kv_room: int  # tokens of KV cache every rank holds at once, beside its slice (JSON: kv_capacity_tokens)
     predicted_tokens_per_s: float | None
     slowest_stage_ms: float
+    allsum_ms_per_token: float | None = None  # tensor mode: the all_sums' share of a token
+    mode_reason: str | None = None  # why PARALLEL chose this mode
+    modes: dict | None = None  # each mode's predictions, as `planning/auto.py` compares them
 
     @classmethod
     def of(cls, summary: dict) -> "Prediction":
         """From the planner's summary (`planning/report.summary`)."""
         return cls(summary["kv_tokens"], summary["kv_capacity_tokens"], summary["predicted_tokens_per_s"],
-                   summary["slowest_stage_ms"])
+                   summary["slowest_stage_ms"], summary.get("allsum_ms_per_token"), summary.get("mode_reason"),
+                   summary.get("modes"))
 
 
 @dataclass(frozen=True)
@@ -75,16 +80,21 @@ class PlanFacts:
     """The layer plan the ring runs, and the planner's predictions of it."""
 
     strategy: str = ""
+    mode: str = "pipeline"  # pipeline | tensor
+    tensor: int = 1  # ranks sharing each stage (LayerPlan.tensor)
     n_layers: int = 0
     ranges: tuple[tuple[int, int], ...] = ()
     prediction: Prediction | None = None
 
     def to_json(self) -> dict:
-        out = {"strategy": self.strategy, "n_layers": self.n_layers, "ranges": [list(r) for r in self.ranges]}
+        out = {"strategy": self.strategy, "mode": self.mode, "tensor": self.tensor, "n_layers": self.n_layers,
+               "ranges": [list(r) for r in self.ranges]}
         p = self.prediction
         if p is not None:
             out |= {"kv_tokens": p.kv_tokens, "kv_capacity_tokens": p.kv_room,
                     "predicted_tokens_per_s": p.predicted_tokens_per_s, "slowest_stage_ms": p.slowest_stage_ms}
+            out |= {k: v for k, v in (("allsum_ms_per_token", p.allsum_ms_per_token), ("mode_reason", p.mode_reason),
+                                      ("modes", p.modes)) if v is not None}
         return out
 
 

@@ -13,11 +13,14 @@ from pathlib import Path
 
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hostfile import host_keys, load_entries
+from mlx_ring.planning.allsum import backend_of, ring_allsum, ring_key
 from mlx_ring.planning.assemble import plan_for, serving
-from mlx_ring.planning.capabilities import Capabilities, declared
+from mlx_ring.planning.auto import plan_mode, shares_or_refusal, with_choice
+from mlx_ring.planning.capabilities import Capabilities, compute_units, declared
+from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
 from mlx_ring.planning.report import format_summary, summary
-from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
 
 log = logging.getLogger("planner")
 
@@ -27,43 +30,83 @@ def dtype_of(spec: ModelSpec) -> str:
     return spec.dtype.split()[0] if spec.dtype.split()[0] in ("float32", "float16", "bfloat16") else "float16"
 
 
-def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capabilities], dict]:
-    """Every rank measures itself; rank 0 adds the settings, hosts.json's keys and the model's sizes;
+def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -> tuple[LayerPlan, list[Capabilities], dict]:
+    """Every rank measures itself; rank 0 adds the settings, hosts.json's keys, the model's sizes, how
+    its layers split between the ranks (`config`: its config.json) and the ring's all_sum as cached;
     one exchange later every rank holds the same inputs and so computes the same plan (rank 0's win).
+    PARALLEL=auto on a ring whose all_sum was never measured measures it first, every rank at once.
     A plan the launcher provisioned (RING_PLAN) is kept as it is: each host holds only its slice."""
+    from mlx_ring.planning.allsum import fit, measure, remember
     from mlx_ring.planning.probe import local_capabilities
     from mlx_ring.ring.transport import exchange
 
     rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}
+    key, backend = "", "ring"
     if rank == 0:
-        hosts = []
+        hosts, entries = [], []
         if cfg.hostfile.is_file():
             entries = load_entries(cfg.hostfile)
             if len(entries) == size:
                 hosts = [host_keys(e) for e in entries]
             else:
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
+                entries = []
+        entries = entries or [{"ssh": "?"}] * size
+        backend = backend_of(entries)
+        key = ring_key([str(e.get("ssh", "")) for e in entries], backend)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
                  "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts,
                  "spec": asdict(serving(spec, cfg.prefill_chunk, cfg.max_active)),
-                 "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None}
+                 "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None,
+                 "parallel": cfg.parallel, "split": shares_or_refusal(config, size),
+                 "allsum": asdict(ring_allsum(cfg.cache_dir, entries))}
     rows = exchange(mine, world)
     lead = rows[0]
     spec = ModelSpec(**lead["spec"])
-    plan, caps, kept = plan_for(spec, [Capabilities(**r["caps"]) for r in rows], lead["hosts"], lead["strategy"],
-                                lead["kv_tokens"], lead["layers"], lead["prompt_cache_gb"], lead["provisioned"])
-    out = summary(spec, caps, plan, lead["kv_tokens"])
+    allsum = AllSum(**lead["allsum"])
+    # Nothing to measure where tensor mode is out whatever its links cost: a model that does not split,
+    # or ranks that take turns on one device (each would do the whole model's work, and the all_sums too).
+    splits = isinstance(lead["split"], list) and compute_units([Capabilities(**r["caps"]) for r in rows]) > 1
+    if splits and not allsum.source.startswith("measured") and lead["parallel"] == "auto" and size > 1 \
+            and not lead["provisioned"]:
+        measured = exchange({"allsum": measure(world, hidden_size(spec), dtype_of(spec))}, world)[0]["allsum"]
+        allsum = fit(measured, allsum.transport)
+        if rank == 0:
+            remember(cfg.cache_dir, key, measured)
+            log.info("all_sum on this ring: %.3f ms + %.2f GB/s (%s)", allsum.latency_ms, allsum.gbytes_s, allsum.source)
+    plan, caps, kept, choice = plan_mode(spec, [Capabilities(**r["caps"]) for r in rows], lead["hosts"], lead["parallel"],
+                                         lead["strategy"], lead["kv_tokens"], lead["layers"], lead["prompt_cache_gb"],
+                                         lead["provisioned"], lead["split"], allsum)
+    out = with_choice(summary(spec, caps, plan, lead["kv_tokens"], shares=_shares(lead["split"]), allsum=allsum), choice)
     for r, k in zip(out["ranks"], kept):
         r["prompt_cache_gb"] = round(k, 3)
     return plan, caps, out
 
 
+def hidden_size(spec: ModelSpec) -> int:
+    """The model's hidden size: one token's hidden state in the dtype the probe measures."""
+    return int(spec.hidden_bytes // DTYPE_BYTES.get(dtype_of(spec), 2))
+
+
+def read_config(folder: Path) -> dict | None:
+    """The model's config.json, or None where it cannot be read."""
+    try:
+        return json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _shares(split: list[float] | str) -> list[float] | None:
+    return split if isinstance(split, list) else None
+
+
 # --- the dry run ------------------------------------------------------------------------------
 
-def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dict], list[str]]:
+def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dict], list[str], Path]:
     """The model's sizes (config.json, or weight headers), each host's capabilities as declared in
-    hosts.json or else probed on this machine, each host's hosts.json keys, and notes for the reader."""
+    hosts.json or else probed on this machine, each host's hosts.json keys, notes for the reader, and
+    the model's folder."""
     model = Path(cfg.model).expanduser() if cfg.model else None
     if model is None or not model.is_dir():
         from mlx_ring.models.source import (
@@ -87,24 +130,32 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dic
         caps.append(cap)
     notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "
              "so measured on this machine"] if probed else []
-    return spec, caps, [host_keys(e) for e in entries], notes
+    return spec, caps, [host_keys(e) for e in entries], notes, model
 
 
 def dry_run(cfg: Config) -> dict:
-    """What `./launch.sh plan` prints: the plan the ring would run, and every other strategy's."""
-    spec, measured, keys, notes = dry_run_inputs(cfg)
+    """What `./launch.sh plan` prints: the plan the ring would run, each mode's predictions and why the
+    mode, and every other strategy's pipeline."""
+    spec, measured, keys, notes, folder = dry_run_inputs(cfg)
     spec = serving(spec, cfg.prefill_chunk, cfg.max_active)
+    entries = load_entries(cfg.hostfile)
+    allsum = ring_allsum(cfg.cache_dir, entries)
+    if len(entries) > 1 and not allsum.source.startswith("measured"):
+        notes.append(f"the all_sum was not measured on this ring (`./launch.sh check` measures it): tensor mode is "
+                     f"predicted with the {allsum.source}")
+    split = shares_or_refusal(read_config(folder), len(measured))
 
     def plan(strategy: str, layers=None):
         return plan_for(spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb)
 
-    chosen, caps, kept = plan(cfg.strategy, cfg.layers)
-    out = summary(spec, caps, chosen, cfg.kv_tokens)
+    chosen, caps, kept, choice = plan_mode(spec, measured, keys, cfg.parallel, cfg.strategy, cfg.kv_tokens, cfg.layers,
+                                           cfg.prompt_cache_gb, None, split, allsum)
+    out = with_choice(summary(spec, caps, chosen, cfg.kv_tokens, shares=_shares(split), allsum=allsum), choice)
     for r, k in zip(out["ranks"], kept):
         r["prompt_cache_gb"] = round(k, 3)
     others = {}
     for s in STRATEGIES:
-        if s in (chosen.strategy, "custom"):
+        if s == "custom" or (s == chosen.strategy and chosen.mode == "pipeline"):
             continue
         try:
             p, _, _ = plan(s)
@@ -123,26 +174,27 @@ def format_dry_run(d: dict) -> str:
     m = d["model"]
     lines = [f"model {m['name']}: {m['n_layers']} layers x {m['layer_gb']:.2f} GB + {m['ends_gb']:.2f} GB embedding and head "
              f"= {m['total_gb']:.1f} GB ({m['dtype']}); KV reserve for {d['kv_tokens']} tokens: {m['kv_reserve_gb']:.2f} GB",
-             f"plan {d['strategy']} for {d['hostfile']}:", format_summary(d)]
+             f"plan {d['strategy'] if d['mode'] == 'pipeline' else 'tensor'} for {d['hostfile']}:", format_summary(d)]
     alt = []
     for s, o in d["other_strategies"].items():
         alt.append(f"{s} {'/'.join(map(str, o['sizes']))}: {o['predicted_tokens_per_s']} tokens/s, slowest stage "
                    f"{o['slowest_stage_ms']:.1f} ms" if "sizes" in o else f"{s} does not fit")
     if alt:
-        lines.append("other strategies: " + "; ".join(alt))
+        lines.append(f"other {'strategies' if d['mode'] == 'pipeline' else 'pipelines'}: " + "; ".join(alt))
     lines += [f"note: {n}" for n in d["notes"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="./launch.sh plan", add_help=False,
-                                description="Print the layer plan for a hostfile and a model, without loading weights.")
+                                description="Print the layer plan for a hostfile and a model, each mode's predictions and "
+                                            "the mode PARALLEL gives or auto chooses, without loading weights.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-h", "--help", action="store_true")
     a, rest = p.parse_known_args(argv)
     if a.help:
         p.print_help()
-        print("\nOther flags are server.py's: --model, --hostfile, --strategy, --kv-tokens, --layers, --cache-dir")
+        print("\nOther flags are server.py's: --model, --hostfile, --parallel, --strategy, --kv-tokens, --layers, --cache-dir")
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -160,13 +160,18 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
 
 
 def main() -> None:
-    """`./launch.sh probe DTYPE RANK` on a host: its capabilities as JSON (the launcher plans with them)."""
+    """`./launch.sh probe DTYPE RANK` on a host: its capabilities as JSON (the launcher plans with them);
+    `./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: the ring's all_sum (allsum.py)."""
     import sys
     from dataclasses import asdict
 
     from mlx_ring.config import parse_config
 
     logging.basicConfig(level=logging.WARNING)
+    if sys.argv[1:2] == ["allsum"]:
+        from mlx_ring.planning.allsum import main as allsum
+
+        return allsum(sys.argv[2:])
     cfg, _ = parse_config([])
     dtype, rank = sys.argv[1], int(sys.argv[2])
     print(json.dumps(asdict(local_capabilities(cfg.cache_dir, dtype, rank))))

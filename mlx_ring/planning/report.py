@@ -1,7 +1,16 @@
 """The layer plan as plain data and as a table: what each rank holds, needs and is predicted to take
 (for logs, `launch.sh plan`, `./launch.sh check` and /cluster/status). Pure, no MLX."""
 
+from mlx_ring.planning.auto import format_modes
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.modes import (
+    DEFAULT_ALLSUM,
+    AllSum,
+    embed_bytes,
+    tensor_kv_room,
+    tensor_need,
+    tensor_parts,
+)
 from mlx_ring.planning.plan import (
     GIB,
     LayerPlan,
@@ -16,9 +25,14 @@ from mlx_ring.planning.plan import (
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-            links: list[tuple[float, float]] | None = None) -> dict:
+            links: list[tuple[float, float]] | None = None, shares: list[float] | None = None,
+            allsum: AllSum | None = None) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
-    `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0."""
+    `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0.
+    A tensor plan's ranks each hold `shares` of every layer (equal where None), joined by `allsum`."""
+    if plan.tensor > 1:
+        return tensor_summary(model, caps, plan, kv_tokens, shares or [1.0 / plan.size] * plan.size,
+                              allsum or DEFAULT_ALLSUM["ring"])
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
@@ -32,11 +46,37 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
         })
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
-    return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
+    return {"strategy": plan.strategy, "mode": plan.mode, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
             "kv_capacity_tokens": kv_room(model, caps, plan, kv_tokens), "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}
+
+
+def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
+                   shares: list[float], allsum: AllSum) -> dict:
+    """`summary` of a tensor plan: every rank its share of every layer; a step is the slowest share of
+    each layer, rank 0's head and two all_sums a layer."""
+    parts = tensor_parts(model, caps, shares, 1, allsum)
+    ranks = []
+    for r, (c, s) in enumerate(zip(caps, shares)):
+        own = tensor_parts(model, [c], [s], 1, allsum)["compute"] + (parts["head"] if r == 0 else 0.0)
+        ranks.append({
+            "rank": r, "host": c.host, "device": c.device, "memory_gb": round(c.memory_gb, 2),
+            "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
+            "capabilities_from": c.source, "layers": [0, plan.n_layers], "share": round(s, 4),
+            "working_set_gb": round(c.working_set_gb, 2),
+            "weights_gb": round((plan.n_layers * s * model.layer_bytes
+                                 + (model.ends_bytes if r == 0 else embed_bytes(model))) / GIB, 3),
+            "needs_gb": round(tensor_need(model, c, r, s, kv_tokens) / GIB, 3),
+            "runtime_gb": round(runtime_bytes(model, c, r, plan.n_layers, kv_tokens) / GIB, 3),
+            "predicted_stage_ms": round(own * 1e3, 3),
+        })
+    step = sum(parts.values())
+    return {"strategy": plan.strategy, "mode": plan.mode, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
+            "kv_capacity_tokens": tensor_kv_room(model, caps, shares, kv_tokens), "ranks": ranks,
+            "predicted_tokens_per_s": round(1 / step, 2), "slowest_stage_ms": round(step * 1e3, 3),
+            "allsum_ms_per_token": round(parts["allsum"] * 1e3, 3), "hops_ms": None}
 
 
 def format_summary(s: dict) -> str:
@@ -52,8 +92,14 @@ def format_summary(s: dict) -> str:
                      f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
                      f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.1f} GB{r['needs_gb']:>6.1f} GB"
                      f"{r['predicted_stage_ms']:>7.1f} ms")
-    lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
-                 f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); "
-                 + ("network hops not counted (`./launch.sh check` measures them)" if s.get("hops_ms") is None
-                    else f"network hops {s['hops_ms']:.3f} ms per token, as measured"))
+    if s.get("mode") == "tensor":
+        lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream, every rank a share of "
+                     f"every layer: a step {s['slowest_stage_ms']:.1f} ms, of which all_sums {s['allsum_ms_per_token']:.1f} ms")
+    else:
+        lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
+                     f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); "
+                     + ("network hops not counted (`./launch.sh check` measures them)" if s.get("hops_ms") is None
+                        else f"network hops {s['hops_ms']:.3f} ms per token, as measured"))
+    if s.get("modes"):
+        lines.append(format_modes(s["modes"], s["mode_reason"]))
     return "\n".join(lines)

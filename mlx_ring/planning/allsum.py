@@ -1,0 +1,143 @@
+"""What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)` and a
+larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
+median of each gives a latency and a bandwidth (a line through the two), cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto
+reads it; `./launch.sh check` measures it under mlx.launch on every host (`./launch.sh probe allsum`),
+and a ring that starts without one measures it once at startup.
+
+Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh probe allsum HIDDEN DTYPE`.
+"""
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from mlx_ring.planning.modes import DEFAULT_ALLSUM, AllSum
+
+log = logging.getLogger(__name__)
+
+ROWS = (1, 64)  # one stream's hidden state, and a batch's
+ROUNDS = 5  # timings of a chain; the median is kept
+CHAIN = (16, 4)  # all_sums in one graph, one after the other, of each size: latency needs the longer chain
+BUDGET_S = 1.5  # past this, a size's timing stops after the round in hand (a slow link)
+TRANSPORTS = {"ring": "ring (TCP)", "jaccl": "JACCL (Thunderbolt)", "jaccl-ring": "JACCL (Thunderbolt)", "nccl": "NCCL"}
+
+
+def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -> dict:
+    """Collective (every rank calls it): milliseconds one all_sum of `(rows, hidden)` takes for each of
+    ROWS, as this rank saw them. The all_sums are chained in one graph, each on the last one's result,
+    as a model's layers issue them: an all_sum evaluated alone also pays a trip to the host and back
+    (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms chained). A slow link is timed on fewer rounds:
+    the ranks agree after each whether one of them is past BUDGET_S, so all run the same collectives."""
+    import mlx.core as mx
+
+    dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
+    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size}
+    for rows, chain in zip(ROWS, CHAIN):
+        x = mx.ones((rows, hidden), dtype=dt)
+        mx.eval(mx.distributed.all_sum(x, group=world))  # the first call builds kernels and buffers
+
+        def chained():
+            y = x
+            for _ in range(chain):
+                y = mx.distributed.all_sum(y, group=world) * (1 / world.size())  # stays ones: no overflow
+            return y
+
+        ts, start = [], time.perf_counter()
+        while len(ts) < rounds:
+            t = time.perf_counter()
+            mx.eval(chained())
+            ts.append(time.perf_counter() - t)
+            late = mx.array([1.0 if time.perf_counter() - start > BUDGET_S else 0.0])
+            if mx.distributed.all_sum(late, group=world).item() > 0:
+                break
+        out[f"rows_{rows}_ms"] = sorted(ts)[len(ts) // 2] * 1e3 / chain
+    return out
+
+
+def fit(result: dict, transport: str = "ring (TCP)", when: str = "") -> AllSum:
+    """The latency and bandwidth through the two measured sizes (`measure`'s result)."""
+    small = result["hidden"] * result["bytes_per_element"]
+    big = ROWS[1] * small
+    t1, t64 = result[f"rows_{ROWS[0]}_ms"] / 1e3, result[f"rows_{ROWS[1]}_ms"] / 1e3
+    # A bigger array that took no longer says the link's bandwidth is beyond what was measured.
+    gbs = (big - small) / (t64 - t1) / 1e9 if t64 > t1 else (big - small) / max(t64, 1e-6) / 1e9
+    latency = max(t1 - small / (gbs * 1e9), 0.0)
+    return AllSum(round(latency * 1e3, 4), round(gbs, 3), int(result["ranks"]), transport,
+                  f"measured on this ring{' ' + when if when else ''}: {result[f'rows_{ROWS[0]}_ms']:.3g} ms for "
+                  f"(1, {result['hidden']}), {result[f'rows_{ROWS[1]}_ms']:.3g} ms for ({ROWS[1]}, {result['hidden']})")
+
+
+def parse(output: str) -> dict | None:
+    """The probe's result from its output (the last line that is one), or None."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and '"allsum"' in line:
+            try:
+                found = json.loads(line)["allsum"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if isinstance(found, dict) and all(f"rows_{r}_ms" in found for r in ROWS):
+                return found
+    return None
+
+
+def ring_key(hosts: list[str], backend: str = "ring") -> str:
+    """What names a ring's links: its backend and its hosts in ring order."""
+    return f"{backend}|{','.join(hosts)}"
+
+
+def _path(cache_dir: Path) -> Path:
+    return Path(cache_dir).expanduser() / "allsum.json"
+
+
+def cached(cache_dir: Path, key: str) -> AllSum | None:
+    """The all_sum measured on the ring `key`, if it was."""
+    try:
+        row = json.loads(_path(cache_dir).read_text()).get(key)
+        return fit(row, TRANSPORTS.get(key.split("|", 1)[0], "ring (TCP)"), row.get("measured", "")) if row else None
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        return None
+
+
+def remember(cache_dir: Path, key: str, result: dict) -> None:
+    """Keep `result` for the ring `key` (atomic: ranks or a check may write at once)."""
+    path = _path(cache_dir)
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        rows = {}
+    rows[key] = result | {"measured": time.strftime("%Y-%m-%d %H:%M")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("cannot cache the all_sum measurement in %s: %s", path, e)
+
+
+def backend_of(entries: list[dict]) -> str:
+    """The backend a ring of these hosts.json entries runs its collectives on: JACCL where every host
+    names RDMA devices, else MLX's ring over TCP."""
+    return "jaccl" if len(entries) > 1 and all(e.get("rdma") for e in entries) else "ring"
+
+
+def ring_allsum(cache_dir: Path, entries: list[dict]) -> AllSum:
+    """The all_sum measured on the ring of these hosts.json entries, else the default for its backend."""
+    backend = backend_of(entries)
+    return cached(cache_dir, ring_key([str(e.get("ssh", "")) for e in entries], backend)) or DEFAULT_ALLSUM[backend]
+
+
+def main(argv: list[str]) -> None:
+    """`./launch.sh probe allsum HIDDEN DTYPE [BACKEND]` on every rank under mlx.launch: rank 0 prints
+    `{"allsum": {...}}`."""
+    import mlx.core as mx
+
+    hidden, dtype = int(argv[0]), argv[1]
+    backend = argv[2] if len(argv) > 2 else "ring"
+    world = mx.distributed.init(backend=backend)
+    result = measure(world, hidden, dtype)
+    if world.rank() == 0:
+        print(json.dumps({"allsum": result}), flush=True)

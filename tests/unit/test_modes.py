@@ -1,0 +1,289 @@
+"""Each mode's predictions and PARALLEL=auto's choice: pure, no MLX. The shapes are those measured on
+2 x H100 (mlx-lm's shard() under mlx.launch): the Llama-3-8B shape over `--backend ring` ran at
+0.11-0.31x one GPU, a 20-layer cut of the Llama-70B shape over NCCL at 1.60x."""
+
+import json
+
+import pytest
+
+from mlx_ring.planning.allsum import backend_of, cached, fit, parse, remember, ring_allsum, ring_key
+from mlx_ring.planning.auto import decide, format_modes, plan_mode, predict, shares_or_refusal
+from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.modes import (
+    DEFAULT_ALLSUM,
+    AllSum,
+    embed_bytes,
+    tensor_kv_room,
+    tensor_need,
+    tensor_parts,
+)
+from mlx_ring.planning.plan import GIB, ModelSpec, plan_from_sizes
+from mlx_ring.planning.split import config_shares
+
+# Llama-3-8B, bfloat16: 218M parameters a layer, 525M in each of the embedding and the head.
+LLAMA_8B = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b",
+                     hidden_bytes=4096 * 2)
+# 20 layers of the Llama-70B shape, bfloat16: 856M parameters a layer, a 128256 x 8192 embedding and head.
+LLAMA_70B_CUT = ModelSpec(20, 1.712e9, 2 * 2.1e9, 2.1e9, 4096, 1.712e9, 2 * 856e6, 2 * 1.05e9, "bfloat16", "70b-20",
+                          hidden_bytes=8192 * 2)
+H100 = [Capabilities("gpu-box", 80, 70, 500, 2800, "NVIDIA H100", unit=f"GPU {i}") for i in range(2)]
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+TCP_1MS = AllSum(1.0, 1.25, 2, "ring (TCP)", "as measured on 2 x H100 through the host")
+
+
+def choose(spec, caps, allsum, parallel="auto", split=None, **kw):
+    n = len(caps)
+    return plan_mode(spec, caps, None, parallel, "balanced", 8192, split=split or [1 / n] * n, allsum=allsum, **kw)
+
+
+def ratio(choice) -> float:
+    return choice.modes["tensor"]["tokens_per_s"]["1"] / choice.modes["pipeline"]["tokens_per_s"]["1"]
+
+
+def test_tensor_wins_where_the_device_bounds_the_step_and_the_links_are_fast():
+    plan, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"])
+    assert choice.mode == "tensor" and plan.mode == "tensor" and plan.tensor == 2 and plan.ranges == ((0, 20),)
+    assert 1.3 < ratio(choice) < 1.8  # measured: 1.60x one GPU
+    assert choice.reason.startswith("tensor: 2 ranks, all_sum") and "NCCL" in choice.reason and "x the pipeline's" in choice.reason
+
+
+def test_the_pipeline_stays_where_all_sums_cross_tcp():
+    plan, _, _, choice = choose(LLAMA_8B, H100, TCP_1MS)
+    assert choice.mode == "pipeline" and plan.mode == "pipeline" and plan.sizes == [15, 17]  # rank 0 runs the head
+    assert ratio(choice) < 0.35  # measured: 0.11-0.31x
+    # 64 all_sums a token at about 1 ms each
+    assert choice.reason.startswith("pipeline: all_sum 1.01 ms over ring (TCP) would cost 64.4 ms a token")
+    assert choose(LLAMA_8B, H100, DEFAULT_ALLSUM["ring"])[3].mode == "pipeline"  # the default for TCP
+    assert choose(LLAMA_70B_CUT, H100, TCP_1MS)[3].mode == "pipeline"  # even on the device-bound shape
+
+
+def test_ranks_sharing_one_device_gain_nothing_from_tensor_mode():
+    cpu = [Capabilities("box", 64, 40, 0.1, 20)] * 2  # no unit of their own: they take turns on the cores
+    choice = choose(LLAMA_8B, cpu, DEFAULT_ALLSUM["jaccl"])[3]
+    parts = tensor_parts(LLAMA_8B, cpu, [0.5, 0.5], 1, DEFAULT_ALLSUM["jaccl"])
+    alone = tensor_parts(LLAMA_8B, cpu[:1], [1.0], 1, DEFAULT_ALLSUM["jaccl"])
+    assert parts["compute"] == pytest.approx(alone["compute"]) and choice.mode == "pipeline"
+
+
+def test_a_gain_under_the_margin_keeps_the_pipeline():
+    modes = {"pipeline": {"error": "", "tokens_per_s": {"1": 100.0}},
+             "tensor": {"error": "", "tokens_per_s": {"1": 105.0}, "allsum_ms": 0.03, "allsum_ms_per_token": 1.9,
+                        "transport": "JACCL (Thunderbolt)"}}
+    mode, reason = decide("auto", 2, modes)
+    assert mode == "pipeline" and "only 1.050x" in reason and "1.1x it must gain" in reason
+    modes["tensor"]["tokens_per_s"]["1"] = 170.0
+    assert decide("auto", 2, modes) == ("tensor", "tensor: 2 ranks, all_sum 0.03 ms over JACCL (Thunderbolt); "
+                                        "predicted 1.70x the pipeline's one stream")
+
+
+def test_unequal_memory_takes_the_pipeline_and_names_the_small_host():
+    studio = Capabilities("studio", 48, 36, 17, 480)
+    mini = Capabilities("mini", 16, 16 * 2 / 3, 3.5, 100)
+    spec_14b = ModelSpec(48, 0.51 * GIB, 2.9 * GIB, 1.45 * GIB, 2048, 0.51 * GIB, 2 * 0.27e9, 2 * 0.78e9, "bfloat16",
+                         "14b", hidden_bytes=5120 * 2)
+    plan, _, _, choice = choose(spec_14b, [studio, mini], DEFAULT_ALLSUM["jaccl"])
+    assert choice.mode == "pipeline" and plan.mode == "pipeline"
+    assert choice.reason.startswith("pipeline: tensor mode needs") and "on mini (rank 1" in choice.reason
+    assert "10.7 GB usable" in choice.reason
+    with pytest.raises(ValueError, match="PARALLEL=tensor: tensor mode needs .* on mini"):
+        choose(spec_14b, [studio, mini], DEFAULT_ALLSUM["jaccl"], parallel="tensor")
+
+
+def test_a_model_that_does_not_split_takes_the_pipeline_with_the_sentence():
+    split = shares_or_refusal({**LLAMA_CONFIG, "num_attention_heads": 9, "num_key_value_heads": 3}, 2)
+    assert split == "llama cannot be split 2 ways: its 9 attention heads and its 3 key-value heads do not divide evenly"
+    choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], split=split)[3]
+    assert choice.mode == "pipeline" and choice.reason == f"pipeline: {split}"
+    with pytest.raises(ValueError, match="PARALLEL=tensor: llama cannot be split 2 ways.*use PARALLEL=auto or pipeline"):
+        choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], parallel="tensor", split=split)
+    assert shares_or_refusal(None, 2).startswith("the model's config.json was not read")
+
+
+def test_settings_that_fix_the_mode_or_the_split_are_kept():
+    assert choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], parallel="pipeline")[3].reason == "pipeline: PARALLEL=pipeline"
+    assert choose(LLAMA_8B, H100, TCP_1MS, parallel="tensor")[0].tensor == 2  # asked for, though slower
+    fixed = plan_mode(LLAMA_70B_CUT, H100, None, "auto", "balanced", 8192, layers=(12, 8),
+                      split=[0.5, 0.5], allsum=DEFAULT_ALLSUM["nccl"])
+    assert fixed[0].sizes == [12, 8] and fixed[3].reason == "pipeline: LAYERS fixes a pipeline's split"
+    one = choose(LLAMA_8B, H100[:1], DEFAULT_ALLSUM["nccl"])[3]
+    assert one.mode == "pipeline" and one.reason == "pipeline: one rank, nothing to share"
+    with pytest.raises(ValueError, match="PARALLEL='hybrid' is not known"):
+        choose(LLAMA_8B, H100, TCP_1MS, parallel="hybrid")
+
+
+def test_the_launchers_plan_keeps_its_mode_on_every_rank():
+    """RING_PLAN of one stage on several ranks is a tensor plan; of a stage a rank, a pipeline's."""
+    plan, _, _, choice = choose(LLAMA_8B, H100, TCP_1MS, provisioned=("balanced", [32]))
+    assert plan.tensor == 2 and choice.reason == "tensor: as the launcher planned it (PARALLEL=auto)"  # not what TCP says
+    plan, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [20]))
+    assert plan.tensor == 2 and choice.reason.startswith("tensor: 2 ranks, all_sum")  # the same inputs: its reason
+    plan, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [11, 9]))
+    assert plan.sizes == [11, 9] and plan.mode == "pipeline" and choice.mode == "pipeline"
+    assert choice.reason == "pipeline: as the launcher planned it (PARALLEL=auto)"
+    split = "llama cannot be split 2 ways"
+    with pytest.raises(ValueError, match=split):  # a tensor plan shipped for a model this build cannot split
+        choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], provisioned=("balanced", [20]), split=split)
+
+
+def test_all_sum_cost_scales_with_the_ring():
+    a = AllSum(0.5, 2.0, 2)
+    assert a.seconds(2e6, 2) == pytest.approx(0.5e-3 + 1e-3)
+    assert a.seconds(2e6, 4) == pytest.approx(3 * 0.5e-3 + 1.5 * 1e-3)  # 3 steps a way, 2(n-1)/n of the bytes
+    assert AllSum(0.5, 2.0, 4).seconds(2e6, 4) == pytest.approx(0.5e-3 + 1e-3)  # measured on that ring
+    assert a.seconds(2e6, 1) == 0.0
+
+
+def test_tensor_memory_is_a_share_of_every_layer_and_every_rank_the_embedding():
+    cap = H100[0]
+    rank0, rank1 = (tensor_need(LLAMA_8B, cap, r, 0.5, 8192) for r in (0, 1))
+    assert rank0 - rank1 == pytest.approx(LLAMA_8B.ends_bytes - embed_bytes(LLAMA_8B))
+    assert embed_bytes(LLAMA_8B) == pytest.approx(1.05e9)  # untied: the head stays on rank 0
+    tied = ModelSpec(30, 1e7, 0.6e8, 0.57e8, 1152, 1e7, 2e7, 1e8)
+    assert embed_bytes(tied) == tied.ends_bytes  # tied: the embedding is the head
+    whole = tensor_need(LLAMA_8B, cap, 0, 1.0, 8192)
+    assert whole - rank0 == pytest.approx(16 * (436e6 + 8192 * 4096))  # half the layers and half their cache
+    small = [Capabilities("a", 16, 10, 4, 120), Capabilities("b", 64, 48, 30, 546)]
+    assert tensor_kv_room(LLAMA_8B, small, [0.5, 0.5], 8192) < tensor_kv_room(LLAMA_8B, small[1:] * 2, [0.5, 0.5], 8192)
+
+
+def test_predictions_per_stream_and_first_token():
+    pipe = plan_from_sizes(20, [10, 10])
+    m = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], DEFAULT_ALLSUM["nccl"], 8192)
+    for mode in ("pipeline", "tensor"):
+        tps = m[mode]["tokens_per_s"]
+        assert set(tps) == {"1", "16", "64"} and tps["1"] < tps["16"] < tps["64"]  # more streams share each read
+        assert m[mode]["first_token_s"] > 0 and m[mode]["kv_capacity_tokens"] >= 8192
+    # A long prompt's first token: both devices work on every chunk, if the chunks' all_sums cross fast links.
+    fast = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], AllSum(0.03, 100.0), 8192)
+    slow = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], TCP_1MS, 8192)
+    assert fast["tensor"]["first_token_s"] < fast["pipeline"]["first_token_s"] < slow["tensor"]["first_token_s"]
+    assert m["tensor"]["allsum_ms_per_token"] == pytest.approx(40 * m["tensor"]["allsum_ms"], rel=1e-2)
+    failed = predict(LLAMA_8B, H100, "the model does not fit", "no split", DEFAULT_ALLSUM["ring"], 8192)
+    assert failed["pipeline"] == {"error": "the model does not fit"} and failed["tensor"]["error"] == "no split"
+
+
+def test_the_table_shows_each_mode_and_why():
+    choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"])[3]
+    lines = format_modes(choice.modes, choice.reason).splitlines()
+    assert lines[0].split()[:4] == ["mode", "1", "stream", "16"]
+    assert lines[1].startswith("pipeline ") and lines[2].startswith("tensor ") and "over NCCL" in lines[2]
+    assert f"{choice.modes['tensor']['tokens_per_s']['1']:.2f}" in lines[2]
+    assert "default for NCCL" in lines[3] and lines[-1] == f"mode {choice.reason}"
+    refused = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], split="llama cannot be split 2 ways")[3]
+    assert "tensor    cannot run: llama cannot be split 2 ways" in format_modes(refused.modes, refused.reason)
+
+
+def test_split_follows_heads_intermediate_and_quantization_groups():
+    assert config_shares(LLAMA_CONFIG, 2) == [0.5, 0.5] and config_shares(LLAMA_CONFIG, 1) == [1.0]
+    with pytest.raises(ValueError, match="split 3 ways: its 32 attention heads and its 8 key-value heads and its"):
+        config_shares(LLAMA_CONFIG, 3)
+    q = {**LLAMA_CONFIG, "intermediate_size": 14336, "quantization": {"bits": 4, "group_size": 64}}
+    assert config_shares(q, 8) == [0.125] * 8
+    with pytest.raises(ValueError, match=r"intermediate size \(1000\) in groups of 64"):
+        config_shares({**q, "num_attention_heads": 64, "num_key_value_heads": 16, "intermediate_size": 16000}, 16)
+    moe = {**LLAMA_CONFIG, "num_experts": 8, "moe_intermediate_size": 1000}
+    with pytest.raises(ValueError, match="experts' intermediate size 1000"):
+        config_shares(moe, 16)
+    with pytest.raises(ValueError, match="lacks 'num_attention_heads'"):
+        config_shares({"model_type": "x", "hidden_size": 8}, 2)
+
+
+def test_the_probe_result_fits_a_latency_and_a_bandwidth(tmp_path):
+    lat, gbs, hidden = 0.2e-3, 5e9, 4096
+    small = hidden * 2
+    result = {"hidden": hidden, "dtype": "bfloat16", "ranks": 2, "bytes_per_element": 2,
+              "rows_1_ms": (lat + small / gbs) * 1e3, "rows_64_ms": (lat + 64 * small / gbs) * 1e3}
+    a = fit(result, "ring (TCP)")
+    assert a.latency_ms == pytest.approx(0.2, abs=1e-3) and a.gbytes_s == pytest.approx(5.0, rel=1e-3)
+    assert a.source.startswith("measured on this ring") and a.ranks == 2
+    flat = fit({**result, "rows_64_ms": result["rows_1_ms"]})  # no slower with 64 rows: bandwidth beyond the probe
+    assert flat.latency_ms >= 0 and flat.gbytes_s > 0
+    out = "\n".join(["[ring] connecting", json.dumps({"allsum": result}), "rank 1 done", '{"allsum": "broken"}'])
+    assert parse(out) == result and parse("nothing here") is None
+    key = ring_key(["studio", "mini"], "ring")
+    assert cached(tmp_path, key) is None
+    remember(tmp_path, key, result)
+    assert cached(tmp_path, key).latency_ms == a.latency_ms and cached(tmp_path, ring_key(["mini", "studio"])) is None
+    entries = [{"ssh": "studio"}, {"ssh": "mini"}]
+    assert ring_allsum(tmp_path, entries).source.startswith("measured")
+    assert ring_allsum(tmp_path / "none", entries) == DEFAULT_ALLSUM["ring"]
+    rdma = [{"ssh": "a", "rdma": ["rdma_en3"]}, {"ssh": "b", "rdma": ["rdma_en3"]}]
+    assert backend_of(rdma) == "jaccl" and ring_allsum(tmp_path, rdma) == DEFAULT_ALLSUM["jaccl"]
+    assert backend_of([rdma[0], {"ssh": "c"}]) == "ring"
+
+
+def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
+    """`./launch.sh plan` on two Macs cabled for RDMA: tensor mode, each mode's tokens/s and why."""
+    from mlx_ring.planning.planner import main
+
+    model = tmp_path / "llama-70b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": 8192, "intermediate_size": 28672,
+                                                   "num_hidden_layers": 80, "num_attention_heads": 64,
+                                                   "torch_dtype": "bfloat16"}))
+    ultra = {"memory_gb": 192, "tflops": 28, "bandwidth_gbs": 800, "rdma": ["rdma_en5"]}
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "ultra-1", "ips": ["10.0.0.1"], **ultra},
+                                 {"ssh": "ultra-2", "ips": ["10.0.0.2"], **ultra}]))
+    args = ["--hostfile", str(hosts), "--model", str(model), "--layers", "", "--cache-dir", str(tmp_path / "cache"),
+            "--parallel", "auto"]
+    assert main(args) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert f"plan tensor for {hosts}:" in text
+    table = text.index(next(x for x in text if x.startswith("mode ") and "1 stream" in x))
+    assert text[table + 1].startswith("pipeline ") and text[table + 2].startswith("tensor ")
+    assert "over JACCL (Thunderbolt)" in text[table + 2]
+    assert text[table + 4].startswith("mode tensor: 2 ranks, all_sum 0.0") and "x the pipeline's one stream" in text[table + 4]
+    assert any(x.startswith("other pipelines: balanced 39/41") and "uniform 40/40" in x for x in text)
+    assert any("the all_sum was not measured on this ring" in x for x in text)
+    assert main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "tensor" and d["mode_reason"] == text[table + 4][len("mode "):]
+    assert [r["layers"] for r in d["ranks"]] == [[0, 80], [0, 80]] and [r["share"] for r in d["ranks"]] == [0.5, 0.5]
+    assert d["modes"]["tensor"]["tokens_per_s"]["1"] == d["predicted_tokens_per_s"]
+    assert main([*args, "--parallel", "pipeline", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "pipeline" and d["mode_reason"] == "pipeline: PARALLEL=pipeline" and d["ranks"][0]["layers"] == [0, 39]
+
+
+def test_status_names_the_mode_and_why():
+    from mlx_ring.launcher.status import table
+
+    row = {"rank": 0, "host": "a", "layers": [0, 20], "holds_embedding": True, "parameter_bytes_kib": 1024,
+           "rss_kib": 2048, "kv_cache_kib": 0, "open_sequences": 0}
+    s = {"model": "m", "queued_requests": 0, "ranks": [row, {**row, "rank": 1, "holds_embedding": False}],
+         "plan": {"strategy": "balanced", "n_layers": 20, "mode": "tensor", "mode_reason": "tensor: PARALLEL=tensor"}}
+    lines = table(s).splitlines()
+    assert lines[:2] == ["model m, plan balanced over 20 layers, tensor mode", "  mode tensor: PARALLEL=tensor"]
+    del s["plan"]["mode"], s["plan"]["mode_reason"]  # a ring of an older version
+    assert table(s).splitlines()[1].split()[0] == "rank"
+
+
+def test_the_launcher_chooses_and_knows_when_auto_would_guess(tmp_path):
+    """up.py's plan: the mode from the model's config, hosts.json and the cached all_sum."""
+    from types import SimpleNamespace
+
+    from mlx_ring.config import parse_config
+    from mlx_ring.hostfile import load_hosts
+    from mlx_ring.launcher.collectives import choose, unmeasured
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_hidden_layers": 20,
+                                                                "hidden_size": 8192, "num_attention_heads": 64}))
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]))
+    cfg, _ = parse_config(["--hostfile", str(hostfile), "--cache-dir", str(tmp_path / "cache"), "--layers", "",
+                           "--parallel", "auto", "--prompt-cache-gb", "0"])
+    hosts = load_hosts(hostfile, 40000, resolver=lambda name: name, here=lambda *_: False)
+    ring = SimpleNamespace(cfg=cfg, spec=LLAMA_70B_CUT, model=tmp_path / "model", hosts=hosts, measured=H100,
+                           problems=[], allsum=None, links=None, split="", plan=None, caps=None, choice=None)
+    choose(ring)
+    assert ring.split == [0.5, 0.5] and ring.allsum == DEFAULT_ALLSUM["ring"] and ring.choice.mode == "pipeline"
+    assert unmeasured(ring)  # a first start measures before it ships the plan
+    ring.measured = [Capabilities("box", 64, 40, 0.1, 20)] * 2
+    assert not unmeasured(ring)  # ranks taking turns on one device: tensor mode cannot pay, nothing to measure
+    ring.measured = H100
+    ring.allsum = AllSum(0.047, 75.0, 2, "NCCL", "measured on this ring")  # as check measures NVLink
+    choose(ring)
+    assert ring.choice.mode == "tensor" and ring.plan.tensor == 2 and not unmeasured(ring)
