@@ -72,8 +72,8 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
     views = predicted["ranks"] if predicted else [None] * len(infos)
     ranks = tuple(RankFacts.of(info, view) for info, view in zip(infos, views))
     plan = shard.plan
-    return Cluster(ranks, PlanFacts(plan.strategy, plan.mode, plan.tensor, plan.n_layers, tuple(map(tuple, plan.ranges)),
-                                    Prediction.of(predicted) if predicted else None))
+    return Cluster(ranks, PlanFacts(plan.strategy, plan.n_layers, tuple(map(tuple, plan.ranges)),
+                                    Prediction.of(predicted) if predicted else None, plan.mode, plan.tensor))
 
 
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: Cluster, caps: list[Capabilities]) -> None:

@@ -80,11 +80,11 @@ class PlanFacts:
     """The layer plan the ring runs, and the planner's predictions of it."""
 
     strategy: str = ""
-    mode: str = "pipeline"  # pipeline | tensor
-    tensor: int = 1  # ranks sharing each stage (LayerPlan.tensor)
     n_layers: int = 0
     ranges: tuple[tuple[int, int], ...] = ()
     prediction: Prediction | None = None
+    mode: str = "pipeline"  # pipeline | tensor
+    tensor: int = 1  # ranks sharing each stage (LayerPlan.tensor)
 
     def to_json(self) -> dict:
         out = {"strategy": self.strategy, "mode": self.mode, "tensor": self.tensor, "n_layers": self.n_layers,

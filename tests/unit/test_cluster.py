@@ -30,7 +30,7 @@ def test_the_status_json_is_each_ranks_facts_and_the_planners_summary():
         own = {k: v for k, v in info.items() if k != "parameter_bytes"} | {"parameter_bytes_kib": info["parameter_bytes"] >> 10}
         assert row == view | own  # the rank's own facts win where both name a key
     assert "prompt_cache_gb" not in shown["ranks"][0] and shown["ranks"][1]["prompt_cache_gb"] == 0.5
-    assert shown["plan"] == {"strategy": "uniform", "n_layers": 8, "ranges": [[0, 4], [4, 8]]} | {
+    assert shown["plan"] == {"strategy": "uniform", "mode": "pipeline", "tensor": 1, "n_layers": 8, "ranges": [[0, 4], [4, 8]]} | {
         k: predicted[k] for k in ("kv_tokens", "kv_capacity_tokens", "predicted_tokens_per_s", "slowest_stage_ms")}
     assert cluster.kv_room == predicted["kv_capacity_tokens"] and cluster.hosts() == {0: "a", 1: "b"}
 
@@ -47,5 +47,5 @@ def test_without_a_prediction_the_plan_shows_its_ranges_alone():
     cluster, infos, _ = gathered()
     bare = replace(cluster, ranks=tuple(RankFacts.of(i) for i in infos), plan=replace(cluster.plan, prediction=None))
     assert bare.kv_room is None
-    assert bare.to_json()["plan"] == {"strategy": "uniform", "n_layers": 8, "ranges": [[0, 4], [4, 8]]}
+    assert bare.to_json()["plan"] == {"strategy": "uniform", "mode": "pipeline", "tensor": 1, "n_layers": 8, "ranges": [[0, 4], [4, 8]]}
     assert set(bare.to_json()["ranks"][0]) == {"rank", "host", "layers", "parameter_bytes_kib", "holds_embedding", "holds_head"}
