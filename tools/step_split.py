@@ -65,7 +65,6 @@ def split_generate_step(model, prompt: list[int], max_tokens: int) -> str:
     """mlx-lm's loop: python = the model's forward built (its sampler is one argmax), encode =
     `mx.async_eval`, wait = the rest of the step (the token read and the loop)."""
     from mlx_lm.generate import generate_step
-
     from mlx_lm_loop import GREEDY
 
     clock = Clock()

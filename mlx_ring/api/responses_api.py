@@ -15,8 +15,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlx_ring.api import custom_tools
-from mlx_ring.api.custom_tools import (CustomTool, CustomToolCallItem, InputStream, ToolChoiceCustom, ToolSearchCallItem,
-                                       ToolSearchOutputItem, ToolSearchTool)
+from mlx_ring.api.custom_tools import (
+    CustomTool,
+    CustomToolCallItem,
+    InputStream,
+    ToolChoiceCustom,
+    ToolSearchCallItem,
+    ToolSearchOutputItem,
+    ToolSearchTool,
+)
 from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
