@@ -99,6 +99,8 @@ _TABLE = (
     _s("MLX_IBV_DEVICES", None, MLX, "JACCL: a file of every rank's RDMA device to every other rank (mlx.launch --backend jaccl)"),
     _s("MLX_JACCL_COORDINATOR", None, MLX, "JACCL: rank 0's ip:port, where the ranks exchange their RDMA addresses"),
     _s("MLX_JACCL_RING", None, MLX, "JACCL: set for --backend jaccl-ring (only neighbours have a device)"),
+    _s("NCCL_HOST_IP", None, MLX, "NCCL: rank 0's address, where tensor mode's NCCL group forms (default: rank 0's ring address)"),
+    _s("NCCL_PORT", None, MLX, "NCCL: the port it forms on (default: the one after the ring's highest port)"),
     _s("CUDA_VISIBLE_DEVICES", None, MLX, "the GPUs this process sees (CUDA's own)"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}

@@ -1,0 +1,48 @@
+"""The group tensor mode's all_sums run over: NCCL's on CUDA GPUs, else the ring's own world.
+
+NCCL's all_sum took 0.10 ms for a (1, 4096) bf16 array on 2 x H200 where the ring backend took 0.30
+(0.13 against 0.47 for (64, 4096)); NCCL has no send/recv in MLX, so the step protocol stays on the ring
+and both groups live in one process (MLX keeps one of each backend).
+"""
+
+import json
+import logging
+import os
+
+import mlx.core as mx
+
+from mlx_ring import settings
+from mlx_ring.gpu import on_metal
+
+log = logging.getLogger(__name__)
+
+
+def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
+    """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description (per rank,
+    the "ip:port" addresses it listens on): rank 0's first address, and the port after the highest
+    ring port (so it never meets one of the ring's), as mlx.launch --backend nccl would set them."""
+    ip = description[0][0].rsplit(":", 1)[0]
+    port = max(int(a.rsplit(":", 1)[1]) for rank in description for a in rank) + 1
+    return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
+
+
+def sum_group(world: mx.distributed.Group) -> mx.distributed.Group:
+    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
+    `world`. Every rank of the world calls this at the same point of its start."""
+    hostfile = settings.text("MLX_HOSTFILE")
+    cuda = mx.default_device() == mx.gpu and not on_metal()
+    if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not hostfile:
+        return world
+    with open(hostfile) as f:
+        env = nccl_env(json.load(f), world.size())
+    env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
+    os.environ.update(env)  # MLX's NCCL backend reads them when the group forms
+    try:
+        group = mx.distributed.init(backend="nccl", strict=True)
+    except RuntimeError as e:
+        raise RuntimeError(f"rank {world.rank()} could not join NCCL's group at {env['NCCL_HOST_IP']}:"
+                           f"{env['NCCL_PORT']} for tensor mode's all_sums: {e}") from e
+    if (group.rank(), group.size()) != (world.rank(), world.size()):
+        raise RuntimeError(f"NCCL made rank {group.rank()} of {group.size()} of ring rank {world.rank()} of {world.size()}")
+    log.info("tensor mode's all_sums over NCCL (%s:%s)", env["NCCL_HOST_IP"], env["NCCL_PORT"])
+    return group

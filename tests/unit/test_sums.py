@@ -1,0 +1,19 @@
+"""Tensor mode's NCCL group: where it forms, from mlx.launch's ring description."""
+
+import mlx.core as mx
+
+from mlx_ring.ring.sums import nccl_env, sum_group
+
+
+def test_nccl_forms_at_rank_0s_ring_address_on_a_port_past_every_ring_port():
+    description = [["10.0.0.1:32323", "10.0.1.1:32324"], ["10.0.0.2:32323"], ["10.0.0.1:32325"]]
+    assert nccl_env(description, 3) == {"NCCL_HOST_IP": "10.0.0.1", "NCCL_PORT": "32326", "MLX_WORLD_SIZE": "3"}
+
+
+def test_an_ipv6_rank_0_is_given_without_brackets():
+    assert nccl_env([["[fe80::1]:40000"], ["[fe80::2]:40000"]], 2)["NCCL_HOST_IP"] == "fe80::1"
+
+
+def test_off_cuda_the_sums_stay_on_the_ring():
+    world = mx.distributed.init()  # a world of one here, on a CPU
+    assert sum_group(world) is world
