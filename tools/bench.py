@@ -5,6 +5,7 @@ distributed server) on the same model and machine, in one run, through a streami
     ./launch.sh bench --model /tmp/llama3-8b --gpu --ranks 1,2 --peers mlx_lm,mlx_lm_tp
     ./launch.sh bench --pin --ranks 1,2 --concurrency 1,8,16,32 --long-prompt 1536   # a core per rank
     ./launch.sh bench --pin --ranks 1,2 --peers replicas   # and the most any split of the model could give
+    ./launch.sh bench --pin --ranks 1,2 --tensor 2          # pipeline-2 and tensor-2 beside one rank
 
 `--peers replicas` runs as many independent one-rank servers as the largest ring has ranks, each on
 one rank's cores (--pin) or GPU (--gpu), with the streams dealt round them: what the devices serve
@@ -216,10 +217,10 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
 def core_shares(a) -> list[str]:
     """--pin: the cores of each rank of the largest ring ("0,1"), this process's cores split evenly."""
     cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // max(a.ranks)
+    share = len(cores) // a.most
     if share < 1:
-        raise SystemExit(f"--pin needs a core per rank: {len(cores)} cores for rings of up to {max(a.ranks)} ranks")
-    return [",".join(map(str, cores[r * share:(r + 1) * share])) for r in range(max(a.ranks))]
+        raise SystemExit(f"--pin needs a core per rank: {len(cores)} cores for rings of up to {a.most} ranks")
+    return [",".join(map(str, cores[r * share:(r + 1) * share])) for r in range(a.most)]
 
 
 def pinned(a, shares: list[str], cmd: list[str]) -> list[str]:
@@ -227,15 +228,15 @@ def pinned(a, shares: list[str], cmd: list[str]) -> list[str]:
     return [str(BIN / "python"), str(ROOT / "tools" / "pinned.py"), "/".join(shares), "--", *cmd] if a.pin else cmd
 
 
-def ring_target(a, model_dir: Path, name: str, n: int, shares: list[str], env: dict) -> Target:
-    """Our server as a ring of `n` local ranks, rank r on shares[r] (--pin)."""
+def ring_target(a, model_dir: Path, name: str, n: int, shares: list[str], env: dict, mode: str = "pipeline") -> Target:
+    """Our server as a ring of `n` local ranks in `mode` (PARALLEL), rank r on shares[r] (--pin)."""
     hostfile = ROOT / "bench-results" / f"hosts-{name}.json"
     hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
     port = free_port()
     cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
            str(free_port()), "--", *pinned(a, shares, [str(BIN / "python"), str(ROOT / "server.py")]), "--model", str(model_dir),
            "--port", str(port), "--max-active", str(max(a.concurrency)), "--max-queue", str(4 * max(a.concurrency)),
-           "--log-dir", str(ROOT / "bench-results" / f"logs-{name}"), *a.server_args]
+           "--log-dir", str(ROOT / "bench-results" / f"logs-{name}"), "--parallel", mode, *a.server_args]
     return Target(name, under_feed(cmd), env, port, ours=True)
 
 
@@ -272,6 +273,7 @@ def replica_gpu(a, i: int) -> dict:
 def targets(a, model_dir: Path) -> list:
     gpu_env = {"CUDA_PER_RANK": "1"} if a.gpu else {}
     ts = [ring_target(a, model_dir, f"ring-{n}", n, a.shares[:n], gpu_env) for n in a.ranks]
+    ts += [ring_target(a, model_dir, f"tensor-{n}", n, a.shares[:n], gpu_env, "tensor") for n in a.tensor]
     for peer in a.peers:
         port = free_port()
         serve = [str(BIN / "mlx_lm.server"), "--model", str(model_dir), "--port", str(port),
@@ -279,13 +281,13 @@ def targets(a, model_dir: Path) -> list:
         if peer == "mlx_lm":
             ts.append(Target("mlx_lm", pinned(a, a.shares[:1], serve), {}, port, ours=False))
         elif peer == "replicas":  # replica i on rank i's cores, or on GPU i
-            n = max(a.ranks)
+            n = a.most
             ts.append(Replicas(f"replicas-{n}", [
                 ring_target(a, model_dir, f"replica-{i}", 1, a.shares[i:i + 1], replica_gpu(a, i))
                 for i in range(n)]))
         else:  # mlx-lm's own distributed server over the same ring backend, one rank per GPU
             hostfile = ROOT / "bench-results" / "hosts-peer.json"
-            hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * max(a.ranks)))
+            hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * a.most))
             cmd = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile), "--starting-port",
                    str(free_port()), "--", str(BIN / "python"), str(ROOT / "tools" / "bench_peer.py"), *serve[1:],
                    *(["--pipeline"] if peer == "mlx_lm_pp" else [])]
@@ -298,7 +300,7 @@ def ratios(results: list[dict]) -> list[str]:
     concurrency; none without a one-rank ring."""
     agg = {r["target"]: {x["concurrency"]: x["aggregate_tps"] for x in r["runs"]} for r in results}
     base, ceiling = agg.get("ring-1"), next((v for k, v in agg.items() if k.startswith("replicas-")), None)
-    rings = [k for k in agg if k.startswith("ring-") and k != "ring-1"]
+    rings = [k for k in agg if k.startswith(("ring-", "tensor-")) and k != "ring-1"]
     if base is None or not rings:
         return []
     cols = [("ring-1", base)] + ([("replicas", ceiling)] if ceiling else [])
@@ -350,6 +352,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="MLX model folder (default: the default model, prepared)")
     p.add_argument("--ranks", default="1,2", help="ring sizes to run, e.g. 1,2,3")
+    p.add_argument("--tensor", default="", help="ring sizes to run in tensor mode too, e.g. 2,4 (targets tensor-N)")
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--long-prompt", type=int, default=4096, help="tokens in the long TTFT prompt (0: skip)")
@@ -361,7 +364,9 @@ def main():
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[], help="extra server.py flag, repeatable")
     a = p.parse_args()
-    a.ranks = [int(x) for x in a.ranks.split(",")]
+    a.ranks = [int(x) for x in a.ranks.split(",") if x]
+    a.tensor = [int(x) for x in a.tensor.split(",") if x]
+    a.most = max(a.ranks + a.tensor)  # the largest ring's ranks
     a.concurrency = [int(x) for x in a.concurrency.split(",")]
     a.peers = [x for x in a.peers.split(",") if x]
     a.shares = core_shares(a) if a.pin else []
