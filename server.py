@@ -27,7 +27,7 @@ from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
-from mlx_ring.planning.plan import LayerPlan
+from mlx_ring.planning.plan import LayerPlan, tensor_plan
 from mlx_ring.planning.planner import plan_ring
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import parameter_count, spec_from_folder
@@ -62,8 +62,12 @@ def setup_logging(cfg: Config, rank: int) -> None:
 def make_plan(cfg: Config, spec, world: mx.distributed.Group) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
     computes the same plan from the model's sizes (weight headers only); LAYERS= fixes the counts.
-    Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
-    return plan_ring(cfg, spec, world)
+    Returns the plan, every rank's capabilities as planned with, and the plan's summary.
+    PARALLEL=tensor: one stage of every layer, each rank a share of each (the summary is the pipeline's)."""
+    plan, caps, predicted = plan_ring(cfg, spec, world)
+    if cfg.parallel == "tensor" and world.size() > 1:
+        plan = tensor_plan(plan.n_layers, world.size(), plan.strategy)
+    return plan, caps, {**predicted, "mode": plan.mode}
 
 
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> dict:
@@ -74,7 +78,8 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
         kib = info.pop("parameter_bytes") >> 10
         ranks.append(info | {"parameter_bytes_kib": kib})
     plan = shard.plan
-    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "n_layers": plan.n_layers, "ranges": [list(x) for x in plan.ranges]}}
+    out = {"ranks": ranks, "plan": {"strategy": plan.strategy, "mode": plan.mode, "n_layers": plan.n_layers,
+                                    "ranges": [list(x) for x in plan.ranges]}}
     if predicted:  # every rank computed the same prediction; merge it in without overwriting measured facts
         for r, p in zip(ranks, predicted["ranks"]):
             r.update({k: v for k, v in p.items() if k not in r})
@@ -110,7 +115,8 @@ def prompt_cache(cfg: Config, shard: Shard, spec, cluster: dict) -> PrefixIndex 
         return None
     per_token = spec.kv_bytes_per_token  # one layer's
     kept = [r.get("prompt_cache_gb", cfg.prompt_cache_gb) for r in cluster["ranks"]]
-    budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
+    plan = shard.plan  # a rank's layers, and its share of each one's KV heads in tensor mode
+    budget = min(int(gb * 2**30 * plan.tensor / (per_token * len(plan.layers_of(r)))) for r, gb in enumerate(kept))
     log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
     return PrefixIndex(budget)
 
@@ -135,6 +141,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.api.app import make_app, warm_http
     from mlx_ring.api.keys import load_keys
     from mlx_ring.api.served import Cluster, ServedModel, served_name
+    from mlx_ring.ring.lockstep import Lockstep
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.engine import Engine
     from mlx_ring.serving.grammar import Grammars
@@ -150,6 +157,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     grammars = Grammars(tokenizer, logits.shape[-1])
     groups, why = decode_groups(cfg.groups, caps, shard.batches)
+    if shard.tensor and not cfg.groups:
+        groups, why = 1, "tensor mode: every rank works on every group"
     log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
     if not shard.batches:
         log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
@@ -157,7 +166,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
-    sched = Scheduler(Pipeline(shard, ring), shard, groups=groups, chunk=chunk,
+    handle = Lockstep(shard, ring) if shard.plan.tensor > 1 else Pipeline(shard, ring)
+    sched = Scheduler(handle, shard, groups=groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
@@ -168,7 +178,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
-                  may_regroup=not cfg.groups and shard.batches)
+                  may_regroup=not cfg.groups and shard.batches and not shard.tensor)
     if room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
         room = cluster["plan"]["kv_capacity_tokens"] = fit_room(spec, cluster["ranks"], status, room,
                                                                 cluster["plan"]["kv_tokens"])
@@ -244,7 +254,11 @@ def weights_held(config: dict, dtype: mx.Dtype) -> str:
 def local_model(cfg: Config, rank: int) -> Path:
     """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID, RING_PLAN),
     whatever other slices the cache holds; else the model resolved here (rank 0's own machine)."""
-    if cfg.model_id and cfg.plan and rank < len(cfg.plan[1]):
+    if cfg.model_id and cfg.plan and cfg.parallel == "tensor":  # every rank holds every layer's share, and the ends
+        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(sum(cfg.plan[1])), True))
+        if found:
+            return found
+    elif cfg.model_id and cfg.plan and rank < len(cfg.plan[1]):
         start = sum(cfg.plan[1][:rank])
         found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + cfg.plan[1][rank]), rank == 0))
         if found:
@@ -281,8 +295,9 @@ def main() -> None:
     plan, caps, predicted = make_plan(cfg, spec, world)
     if rank == 0:
         log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
-    shard = load_shard(model_path, plan, rank)
-    log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
+    shard = load_shard(model_path, plan, rank, world)
+    log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
+             f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
@@ -293,7 +308,7 @@ def main() -> None:
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
     else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
-        serve_worker(shard, ring, cfg.drain_timeout)
+        serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
     log.info("exiting")
 
 

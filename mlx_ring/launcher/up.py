@@ -232,7 +232,8 @@ def send_weights(ring: Preflight) -> dict:
     for h in ring.hosts:
         address.setdefault(h.ssh, h.address)
         s, e = ring.plan.ranges[ring.plan.stage_of(h.rank)]
-        needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
+        # in tensor mode every rank holds a share of every layer, cut from the whole tensors, and the ends
+        needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0 or ring.plan.tensor > 1))
     sent = {}
 
     names = sorted(needed)
