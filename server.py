@@ -175,6 +175,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
+    if isinstance(handle, Lockstep):  # a rank gone mid-step: fail the requests now, naming it
+        handle.watch_peers(lambda why: threading.Thread(target=engine.fail, args=(why,), daemon=True).start())
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
@@ -294,7 +296,7 @@ def main() -> None:
     spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
     plan, caps, predicted = make_plan(cfg, spec, world)
     if rank == 0:
-        log.info("layer plan %s:\n%s", plan.strategy, format_summary(predicted))
+        log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
     shard = load_shard(model_path, plan, rank, world)
     log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
              f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)

@@ -336,6 +336,8 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             return
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RankLeft(f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}") from e
+        if header.kind == Kind.SHUTDOWN:
+            watch.stop()  # every rank leaves now: closing sockets are no fault
         t0 = time.perf_counter()
         with watch.step(header):
             if ring.rank < ring.size - 1:

@@ -23,7 +23,8 @@ def table(s: dict) -> str:
                      "%.1f MiB" % (r["parameter_bytes_kib"] / 1024), "%.1f MiB" % (r["rss_kib"] / 1024),
                      "%.1f MiB" % (r["kv_cache_kib"] / 1024), str(r["open_sequences"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["model %(model)s, plan %(strategy)s over %(n_layers)d layers" % dict(s["plan"], model=s["model"])]
+    lines = ["model %(model)s, plan %(strategy)s over %(n_layers)d layers, %(mode)s mode"
+             % {"mode": "pipeline", **s["plan"], "model": s["model"]}]
     lines += ["  " + "  ".join(c.ljust(n) for c, n in zip(row, widths)).rstrip() for row in rows]
     lines.append("  %d request(s) queued, %d prompt(s) waiting to start (a prefill turn, or room in the KV cache)"
                  % (s["queued_requests"], s.get("waiting_prompts", 0)))

@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from mlx_ring.ring.pipeline import RingError, Stage
 from mlx_ring.ring.protocol import Header, Kind
-from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.transport import Ring, closed_peer
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,12 @@ class Lockstep:
         self.done: deque[tuple[Header, mx.array | None, object]] = deque()  # submitted, not yet collected
         self.busy_since: float | None = None  # when the wait on the other ranks now running started (the watchdog's)
         self.unread: mx.array | None = None  # the last DECODE output handed out, not yet evaluated
+        self.watch: StepWatch | None = None
+
+    def watch_peers(self, lost) -> None:
+        """Call `lost(why)` (from another thread) when a rank leaves the ring: rank 0 may be waiting
+        inside a step's all_sums, where neither MLX nor a signal handler would wake it."""
+        self.watch = StepWatch(0, lost=lost)
 
     def can_submit(self) -> bool:
         return len(self.done) < self.limit
@@ -56,7 +62,11 @@ class Lockstep:
         out = self.stage.apply(header, payload)
         self.ring.mark("built", header)
         if out is not None:
-            mx.async_eval(out)
+            try:
+                with self.watching():  # waits while MLX holds too many unfinished steps: the last ones' all_sums
+                    mx.async_eval(out)
+            except RuntimeError as e:  # the ring failed the step's all_sums at once (a peer is gone)
+                raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
         self.done.append((header, out, tag))
 
     def prefetch(self, *arrays: mx.array) -> None:
@@ -108,6 +118,8 @@ class Lockstep:
         while self.outstanding():
             self.collect()
         self.settle()
+        if self.watch is not None:
+            self.watch.stop()
         self.round_trip(Header(Kind.SHUTDOWN))
 
 
@@ -116,13 +128,16 @@ class RankLeft(RuntimeError):
 
 
 class StepWatch:
-    """A tensor worker's deadline on each step: MLX's all_sum has none, and a rank whose peer stopped
-    would wait in it forever. Past `timeout` seconds the rank names the step and exits (status 75,
-    as rank 0 does), so mlx.launch stops the ring and the launcher restarts it."""
+    """A tensor rank's watch on the ring. MLX's all_sum has no deadline, and a rank whose neighbour
+    is gone may wait in it forever (rank 0 did, a stopped peer's socket closed under it). Every quarter
+    second this looks for a neighbour's closed socket, and (with `timeout`) for a step running past
+    it; either ends in `lost(why)`: by default the rank names it and exits (status 75, as rank 0
+    does), so mlx.launch stops the ring and the launcher restarts it."""
 
-    def __init__(self, rank: int, timeout: float):
-        self.rank, self.timeout = rank, timeout
+    def __init__(self, rank: int, timeout: float | None = None, lost=None):
+        self.rank, self.timeout, self.lost = rank, timeout, lost or self._exit
         self.current: tuple[Header, float] | None = None
+        self.stopped = False
         threading.Thread(target=self._watch, name="step-watch", daemon=True).start()
 
     @contextmanager
@@ -135,12 +150,27 @@ class StepWatch:
         finally:
             self.current = None
 
+    def stop(self) -> None:
+        """The ring is shutting down: its ranks leave, and that is no fault."""
+        self.stopped = True
+
     def _watch(self) -> None:
-        while True:
-            time.sleep(0.2)
-            now = self.current
-            if now is not None and time.monotonic() - now[1] > self.timeout:
-                log.error("rank %d: step %s got no answer from the other ranks within %.0f s (a rank is stopped, hung "
-                          "or unreachable); exiting for a restart", self.rank, Kind(now[0].kind).name, self.timeout)
-                logging.shutdown()
-                os._exit(75)
+        while not self.stopped:
+            time.sleep(0.25)
+            gone, now = closed_peer(), self.current
+            if self.stopped:
+                return
+            if gone is not None:
+                why = f"rank {gone} left the ring (its connection to rank {self.rank} closed)"
+            elif self.timeout and now is not None and time.monotonic() - now[1] > self.timeout:
+                why = (f"step {Kind(now[0].kind).name} got no answer from the other ranks within {self.timeout:.0f} s "
+                       "(a rank is stopped, hung or unreachable)")
+            else:
+                continue
+            self.stopped = True
+            self.lost(why)
+
+    def _exit(self, why: str) -> None:
+        log.error("rank %d: %s; exiting for a restart", self.rank, why)
+        logging.shutdown()
+        os._exit(75)
