@@ -74,3 +74,17 @@ def test_tensor2_tiny_models_match_single_process(tmp_path):
         assert result["prompt_cache"]["hit_tokens"] > 0, (kind, result)
         assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status), kind
         assert [r["parameter_bytes"] for r in ranks] == [share_bytes(model, 2)] * 2, kind
+
+
+def test_tensor2_draft_model_keeps_greedy_output_exact(tmp_path):
+    """Drafts from a model on rank 0 (here the target itself, so most are kept), verified on both ranks."""
+    model = make_tiny_model(tmp_path / "model", "llama")
+    spec = [{"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
+            {"prompt": [8, 1, 77, 31, 200], "max_tokens": 8, "at": 2}]
+    (tmp_path / "run").mkdir()
+    tokens, _, status, _ = run_probe(tmp_path / "run", 2, model, spec, draft=3, draft_model=model, parallel="tensor", chunk=32)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    for i, s in enumerate(spec):
+        assert tokens[i] == alone(model, s["prompt"], s["max_tokens"]), i
+    assert result["accepted"] >= 0.8 * result["drafted"] > 0, result
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)

@@ -116,3 +116,16 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
     assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here
     assert all(events[i][0] == "send" and events[i + 1] == ("apply", events[i][1]) for i in range(0, len(events), 2))
     assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
+
+
+def test_every_host_gets_every_piece_in_tensor_mode_and_its_slice_in_a_pipeline():
+    from mlx_ring.launcher.up import pieces_needed
+    from mlx_ring.planning.plan import tensor_plan
+
+    hosts = [("mac-a", 0), ("mac-b", 1)]
+    whole = [f"layer-{i:05d}" for i in range(30)] + ["ends"]
+    assert pieces_needed(tensor_plan(30, 2), hosts) == {"mac-a": whole, "mac-b": whole}
+    split = pieces_needed(uniform_plan(30, 2), hosts)
+    assert split == {"mac-a": whole[:15] + ["ends"], "mac-b": whole[15:30]}
+    assert tensor_plan(30, 3).ranges == ((0, 30),) and tensor_plan(30, 3).size == 3
+    assert [tensor_plan(30, 3).layers_of(r) for r in range(3)] == [range(0, 30)] * 3
