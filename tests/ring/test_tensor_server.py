@@ -64,3 +64,23 @@ def test_killed_rank_in_tensor_mode_errors_fast_then_ring_restarts(tensor_ring):
     assert r.choices[0].finish_reason in ("stop", "length")
     assert restarts(ln) == before + 1
     assert httpx.get(f"{ln.url}/cluster/status", timeout=30).json()["plan"]["mode"] == "tensor"
+
+
+def test_stopped_rank_in_tensor_mode_times_out_then_ring_restarts(tensor_ring):
+    """A stopped rank closes nothing: the step's deadline (STEP_TIMEOUT) names the failure."""
+    ln = tensor_ring
+    stopped = ln.pid("rank2")
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            ln.client(timeout=120).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert e.value.status_code == 503 and "no answer within 30 s" in e.value.message, e.value.message
+        assert time.monotonic() - t0 < 45
+        ln.wait_healthy(within=300)
+        assert ln.pid("rank2") != stopped
+    finally:
+        try:
+            os.kill(stopped, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the supervisor already killed it, as it should
