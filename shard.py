@@ -323,11 +323,16 @@ def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0, step_tim
             return
 
 
+WORKER_GRACE_S = 5.0
+
+
 def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
     """A tensor rank's loop: the step (header and input: token ids or a small table) comes from the
     previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs it:
     every rank then meets the step's all_sums, and every socket carries the same order of messages."""
-    watch = StepWatch(shard.rank, step_timeout)
+    # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
+    # little later, for a rank 0 that is itself gone or stuck.
+    watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
     while True:
         try:
             header, payload = ring.recv()

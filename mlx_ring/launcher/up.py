@@ -229,9 +229,9 @@ def pieces_needed(plan: LayerPlan, ranks: list[tuple[str, int]]) -> dict[str, li
     on rank 0's host. In tensor mode every rank cuts its share of every layer from the whole
     tensors, and holds the ends: every host needs them all."""
     needed: dict[str, list[str]] = {}
-    for ssh, rank in ranks:
+    for name, rank in ranks:
         s, e = plan.ranges[plan.stage_of(rank)]
-        needed.setdefault(ssh, []).extend(pieces_for(range(s, e), rank == 0 or plan.tensor > 1))
+        needed.setdefault(name, []).extend(pieces_for(range(s, e), rank == 0 or plan.tensor > 1))
     return needed
 
 
