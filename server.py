@@ -95,7 +95,8 @@ def prefill_chunk(cfg: Config, cluster: dict, layer_flops: float) -> int:
     if cfg.prefill_chunk:
         return cfg.prefill_chunk
     cap = 128 if mx.default_device() == mx.cpu else 512
-    macs = [(r["host"], (r["layers"][1] - r["layers"][0]) * layer_flops, r["tflops"])
+    share = len(cluster["ranks"]) if cluster.get("plan", {}).get("mode") == "tensor" else 1  # a tensor rank's part of each layer
+    macs = [(r["host"], (r["layers"][1] - r["layers"][0]) * layer_flops / share, r["tflops"])
             for r in cluster["ranks"] if r.get("working_set_gb")]
     if not macs:
         return cap

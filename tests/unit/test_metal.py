@@ -182,3 +182,7 @@ def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5)], cap=128)
     assert server.prefill_chunk(cfg, {"ranks": [linux, mini]}, Q32B.layer_flops) == want < 128
     assert server.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], {"ranks": [linux, mini]}, Q32B.layer_flops) == 300
+    # in tensor mode each rank computes its share of every layer
+    pair = {"ranks": [dict(mini, layers=[0, 64]), dict(mini, host="mini2", layers=[0, 64])], "plan": {"mode": "tensor"}}
+    want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5), ("mini2", 32 * Q32B.layer_flops, 3.5)], cap=128)
+    assert server.prefill_chunk(cfg, pair, Q32B.layer_flops) == want
