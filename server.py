@@ -31,6 +31,7 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
+from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring, exchange, init_world, world_backend
 from mlx_ring.rundir import RunDir
 from shard import Shard, load_shard, serve_worker
@@ -80,10 +81,12 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     """Rank 0: its scheduler and engine, warmed up (serving/assembly.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
+    from mlx_ring.ring.lockstep import Lockstep
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.assembly import assemble
 
-    rank0 = assemble(cfg, shard, Pipeline(shard, ring), model_path, spec, cluster, caps)
+    pipe = Lockstep(shard, ring) if shard.plan.tensor > 1 else Pipeline(shard, ring)
+    rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)
     hosts = [r.host for r in cluster.ranks]
     serve(cfg, rank0.engine, served_model(cfg, rank0), ring.size, shard.plan.describe(hosts))
 
@@ -91,11 +94,16 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
 def local_model(cfg: Config, rank: int) -> Path:
     """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID, RING_PLAN),
     whatever other slices the cache holds; else the model resolved here (rank 0's own machine)."""
-    if cfg.model_id and cfg.plan and rank < len(cfg.plan[1]):
-        start = sum(cfg.plan[1][:rank])
-        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + cfg.plan[1][rank]), rank == 0))
-        if found:
-            return found
+    sizes = cfg.plan[1] if cfg.model_id and cfg.plan else ()
+    if len(sizes) == 1:  # one stage (tensor mode, or one rank): every layer, or a share of each, and the ends
+        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(sizes[0]), True))
+    elif rank < len(sizes):
+        start = sum(sizes[:rank])
+        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + sizes[rank]), rank == 0))
+    else:
+        found = None
+    if found:
+        return found
     return resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
 
 
@@ -128,8 +136,9 @@ def main() -> None:
     plan, caps, predicted = make_plan(cfg, spec, world, model_path)
     if rank == 0:
         log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
-    shard = load_shard(model_path, plan, rank)
-    log.info("loaded layers [%d, %d) from %s: %.1f MiB", shard.start, shard.end, model_path, shard.info()["parameter_bytes"] / 2**20)
+    shard = load_shard(model_path, plan, rank, sum_group(world) if plan.tensor > 1 else None)
+    log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
+             f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
@@ -145,7 +154,7 @@ def main() -> None:
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
     else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
-        serve_worker(shard, ring, cfg.drain_timeout)
+        serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
     log.info("exiting")
 
 

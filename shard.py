@@ -33,9 +33,11 @@ from mlx_ring.models.compat import (
 )
 from mlx_ring.models.slicing import Slice, share_offsets
 from mlx_ring.models.support import UNBATCHED, check_supported
+from mlx_ring.models.tensor import split_model
 from mlx_ring.planning.growth import growth_step
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.platform import resident_bytes
+from mlx_ring.ring.lockstep import RankLeft, StepWatch
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError, StatusRow
 from mlx_ring.ring.transport import PeerSilent, Ring
 
@@ -59,15 +61,17 @@ class Shard:
     `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
-    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False, batches: bool = True):
-        self.cut, self.model, self.plan, self.rank = cut, cut.model, plan, rank
+    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False, batches: bool = True,
+                 world: mx.distributed.Group | None = None):
+        self.cut, self.model, self.plan, self.rank, self.world = cut, cut.model, plan, rank, world
         # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and reused by
         # prefix, drop rejected drafts, and take right padding out after a batch's prefill.
         self.plain_kv = plain_kv
         self.batches = batches  # the layers take several rows at once (else one row a decode group)
         self.inner = cut.owner
         self.start, self.end = plan.ranges[plan.stage_of(rank)]
-        self.last = rank == plan.size - 1  # hands steps back to rank 0
+        self.tensor = plan.tensor > 1  # every rank a share of every layer, the step's all_sums joining them
+        self.last = plan.stage_of(rank) == len(plan.ranges) - 1  # its output is rank 0's (the last rank's, or every rank's)
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
         self.saved: dict[int, list] = {}  # prompt-cache entry -> per-layer (keys, values) of its tokens
@@ -102,9 +106,15 @@ class Shard:
         return seen.shape[0] if isinstance(seen, mx.array) else 1
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
-        """Apply one step to this rank's layers and caches; returns the payload to pass on."""
+        """Apply one step to this rank's layers and caches; returns the payload to pass on. A forward
+        step comes as token ids `(B, L)` to a rank whose layers start at 0 (the first stage embeds),
+        else as hidden states `(B, L, H)`."""
         step = self._steps.get(header.kind)
         return step(header, payload) if step is not None else payload  # PING, SHUTDOWN: passed on
+
+    def _input(self, payload: mx.array) -> mx.array:
+        # Token ids are embedded here, so the slice's forward runs from them (Slice._embedded).
+        return self.cut.embed(payload) if payload.ndim == 2 and mx.issubdtype(payload.dtype, mx.integer) else payload
 
     def _prefill(self, header: Header, payload: mx.array) -> mx.array:
         B, L = payload.shape[:2]
@@ -122,7 +132,7 @@ class Shard:
         if seen not in (None, header.offset):
             raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
         with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):  # see compat
-            out = self.cut.forward(payload, caches, fresh_batch=B > 1)
+            out = self.cut.forward(self._input(payload), caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -139,7 +149,7 @@ class Shard:
                 c.trim(header.offset)
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
-            out = self.cut.forward(payload, caches)
+            out = self.cut.forward(self._input(payload), caches)
         share_offsets(caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
@@ -213,7 +223,10 @@ class Shard:
         return lines  # the next rank keeps the same
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
-        return mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])
+        mine = mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])
+        if self.tensor:  # no table goes round: every rank fills its row of a zero table, and one all_sum joins them
+            return mx.distributed.all_sum(mine, group=self.world)
+        return mine
 
     @staticmethod
     def _size_growth(caches: list) -> None:
@@ -252,12 +265,15 @@ class Shard:
         }
 
 
-def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
+def load_shard(model_path: Path, plan: LayerPlan, rank: int, world: mx.distributed.Group | None = None) -> Shard:
     """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and head),
     then materialise what is left: tensors of other ranks are never read from disk. A folder the
-    launcher sent holds only this host's pieces; it must hold all of this rank's."""
+    launcher sent holds only this host's pieces; it must hold all of this rank's. In tensor mode
+    (`plan.tensor` > 1, `world` the ranks sharing the layers) every rank keeps its share of every
+    layer, and the whole embedding and head (rank 0 runs the head; the others only embed)."""
     start, end = plan.ranges[plan.stage_of(rank)]
-    lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0))
+    tensor = plan.tensor > 1
+    lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0 or tensor))
     if lacking:
         raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
                          "start the ring with ./launch.sh, which sends every host the pieces of its slice")
@@ -266,20 +282,26 @@ def load_shard(model_path: Path, plan: LayerPlan, rank: int) -> Shard:
     model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
     if len(model.layers) != plan.n_layers:
         raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
-    cut = Slice(model, start, end, ends=rank == 0)
+    if tensor:
+        assert world is not None and world.size() == plan.tensor, "tensor mode needs the world of its ranks"
+        split_model(model, world)  # before the cut: the slice's caches are made for this rank's heads
+    cut = Slice(model, start, end, ends=rank == 0 or tensor)
     mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
     mx.reset_peak_memory()  # the peak the status reports is serving's: loading comes before any cache
-    return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED)
+    return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED, world=world)
 
 
-def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0) -> None:
+def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
-    SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since."""
+    SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since. In tensor
+    mode a step runs on every rank at once, joined by its all_sums: `step_timeout` bounds each."""
     # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the
     # clock on a silent predecessor. Rank 0 drains for at most drain_timeout, so a silence that long
     # means no drain is going on (rank 0 stopped, or its host is gone).
     signal.signal(signal.SIGTERM, lambda *_: (log.info("SIGTERM: leaving when rank 0 shuts the ring down"),
                                               ring.terminate(drain_timeout)))
+    if shard.tensor:
+        return _serve_tensor(shard, ring, step_timeout)
     while True:
         # The next step, from the previous rank; a forward step's payload arrives within the graph that
         # computes on it and sends the result on (one sync per step instead of two; every payload is
@@ -293,6 +315,42 @@ def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0) -> None:
         out = shard.apply(header, payload)
         ring.mark("built", header)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
+        took = time.perf_counter() - t0
+        shard.busy_s += took
+        if header.kind in (Kind.PREFILL, Kind.DECODE):
+            shard.forward_us = 0.9 * shard.forward_us + 0.1 * took * 1e6
+        if header.kind == Kind.SHUTDOWN:
+            return
+
+
+WORKER_GRACE_S = 5.0
+
+
+def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
+    """A tensor rank's loop: the step (header and input: token ids or a small table) comes from the
+    previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs it:
+    every rank then meets the step's all_sums, and every socket carries the same order of messages."""
+    # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
+    # little later, for a rank 0 that is itself gone or stuck.
+    watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
+    while True:
+        try:
+            header, payload = ring.recv()
+        except PeerSilent as e:
+            log.warning("leaving: %s", e)
+            return
+        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
+            raise RankLeft(f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}") from e
+        if header.kind == Kind.SHUTDOWN:
+            watch.stop()  # every rank leaves now: closing sockets are no fault
+        t0 = time.perf_counter()
+        with watch.step(header):
+            if ring.rank < ring.size - 1:
+                ring.send(header, payload)
+            out = shard.apply(header, payload)
+            ring.mark("built", header)
+            if out is not None:
+                mx.eval(out)  # joins the step's all_sums with every other rank
         took = time.perf_counter() - t0
         shard.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):

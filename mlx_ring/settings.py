@@ -50,7 +50,7 @@ _TABLE = (
     _s("LOG_LEVEL", "INFO", FLAG),
     _s("STEP_TIMEOUT", "60", FLAG, "seconds one trip round the ring may take before the ring counts as broken", float),
     _s("DRAIN_TIMEOUT", "30", FLAG, "seconds running requests get to finish after SIGTERM", float),
-    _s("GROUPS", "auto", FLAG, "decode micro-batches kept in flight (auto: one per rank, so every rank has a group to work on)"),
+    _s("GROUPS", "auto", FLAG, "decode micro-batches kept in flight (auto: one per rank, so every rank has a group to work on; one in tensor mode)"),
     _s("PREFILL_CHUNK", "auto", FLAG,
        "prompt tokens per prefill step (auto: 512 on a GPU, 128 on a CPU); chunks of one prompt overlap across ranks"),
     _s("STRATEGY", "balanced", FLAG,

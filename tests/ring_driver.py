@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
 import mlx_ring.serving.runner as batching  # noqa: E402
-from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
+from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
+from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring, init_world  # noqa: E402
@@ -44,6 +45,7 @@ def main():
     p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
     p.add_argument("--choose-groups", type=int, default=0, help="first time ROWS sequences in 1 group and in one per rank "
                    "(serving/warmup.py), record it, then go on with --groups")
+    p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor"], help="tensor: every rank a share of every layer")
     p.add_argument("--out", required=True, nargs="+", help="a folder for each model's results")
     a = p.parse_args()
     world = init_world()
@@ -60,8 +62,11 @@ def main():
 def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     rank, size = world.rank(), world.size()
     n_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-    plan = uniform_plan(n_layers, size) if sizes == "-" else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
-    shard = load_shard(model, plan, rank)
+    if a.parallel == "tensor":
+        plan = tensor_plan(n_layers, size)
+    else:
+        plan = uniform_plan(n_layers, size) if sizes == "-" else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
+    shard = load_shard(model, plan, rank, world)
     (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
     if rank != 0:
         return serve_worker(shard, ring)  # until rank 0's shutdown step for this model
@@ -86,7 +91,7 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     batching.sample_lazy = recording(batching.sample_lazy, only_if_sampled=True)
 
     spec = json.loads(a.spec)
-    pipe = Pipeline(shard, ring)
+    pipe = Lockstep(shard, ring) if plan.tensor > 1 else Pipeline(shard, ring)
     prefill_rows, decode_rows = [], []  # rows of each prefill and decode step: which sequences went together
     submit = pipe.submit
 

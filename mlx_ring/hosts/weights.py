@@ -25,7 +25,7 @@ def piece_of(tensor: str) -> str:
 
 
 def pieces_for(layers: range, ends: bool) -> list[str]:
-    """The pieces a rank holding `layers` (and, on rank 0, the ends) needs."""
+    """The pieces a rank holding `layers` (and, on rank 0 or in tensor mode, the ends) needs."""
     return [f"layer-{i:05d}" for i in layers] + (["ends"] if ends else [])
 
 

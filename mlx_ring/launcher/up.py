@@ -229,15 +229,24 @@ def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
         log.info("%s", line)
 
 
+def pieces_needed(plan: LayerPlan, ranks: list[tuple[str, int]]) -> dict[str, list[str]]:
+    """The weight pieces each host needs for its ranks (ssh name, rank): their layers, and the ends
+    on rank 0's host. In tensor mode every rank cuts its share of every layer from the whole
+    tensors, and holds the ends: every host needs them all."""
+    needed: dict[str, list[str]] = {}
+    for name, rank in ranks:
+        s, e = plan.ranges[plan.stage_of(rank)]
+        needed.setdefault(name, []).extend(pieces_for(range(s, e), rank == 0 or plan.tensor > 1))
+    return needed
+
+
 def send_weights(ring: Preflight) -> dict:
     """Each remote host's slice; what was sent, per host."""
     cache = ring.opts.remote_cache
-    needed: dict[str, list[str]] = {}
+    needed = pieces_needed(ring.plan, [(h.ssh, h.rank) for h in ring.hosts])
     address = {}  # ssh name -> its first rank's ring address
     for h in ring.hosts:
         address.setdefault(h.ssh, h.address)
-        s, e = ring.plan.ranges[ring.plan.stage_of(h.rank)]
-        needed.setdefault(h.ssh, []).extend(pieces_for(range(s, e), h.rank == 0))
     sent = {}
 
     names = sorted(needed)

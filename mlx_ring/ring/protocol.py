@@ -2,7 +2,8 @@
 
 Every step travels as a fixed-size int32 header, then (if its shape is not empty) one payload
 array: hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes
-back to rank 0 as its last position only, `(1, 1, H)`), the rows' right padding `(B,)` for a join
+back to rank 0 as its last position only, `(1, 1, H)`), or its token ids `(B, L)` where the next rank's
+layers start at 0 (tensor mode: every rank embeds them), the rows' right padding `(B,)` for a join
 step, the kept row indices `(k,)` for a filter step, each row's prompt-cache entry `(B,)` for a load
 step, `(k, 3)` lines of (row, entry, tokens) for a save step, the positions each row drops
 `(B,)` for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross

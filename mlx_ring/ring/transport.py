@@ -71,8 +71,10 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     # backend may use either direction's sockets between the same two ranks).
     mine = _ring_ports(rank) if size > 1 else set()
     theirs = _ring_ports((rank + 1) % size) if size == 2 else set()
-    _PREV_FDS[:] = [fd for fd, local, peer in _ring_sockets(_socket_fds() - before, socket_buffer)
-                    if local in mine or peer in theirs]
+    links = _ring_sockets(_socket_fds() - before, socket_buffer)
+    _PREV_FDS[:] = [fd for fd, local, peer in links if local in mine or peer in theirs]
+    _PEER_FDS.clear()
+    _PEER_FDS.update({fd: (rank - 1) % size if fd in _PREV_FDS else (rank + 1) % size for fd, _, _ in links})
     _share_cores(world)
     return world
 
@@ -191,6 +193,23 @@ def _share_cores(world: mx.distributed.Group) -> None:
 
 # The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.
 _PREV_FDS: list[int] = []
+# Every socket to a ring neighbour, and that neighbour's rank (see `closed_peer`). Filled by init_world.
+_PEER_FDS: dict[int, int] = {}
+
+
+def closed_peer() -> int | None:
+    """A ring neighbour whose end of a socket is closed (its process is gone), or None. Peeks, so the
+    ring backend's own reads lose nothing."""
+    for fd, rank in _PEER_FDS.items():
+        with socket.socket(fileno=os.dup(fd)) as s:
+            try:
+                if s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return rank
+            except BlockingIOError:
+                continue  # open, nothing to read now
+            except OSError:  # reset by the peer
+                return rank
+    return None
 
 
 def _socket_fds() -> set[int]:

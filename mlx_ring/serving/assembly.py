@@ -2,6 +2,7 @@
 model, the scheduler and engine around the ring, the warm-up, and the KV room the warm-up leaves."""
 
 import logging
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.report import format_summary
+from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
@@ -49,7 +51,8 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
     if cfg.prefill_chunk:
         return cfg.prefill_chunk
     cap = 128 if mx.default_device() == mx.cpu else 512
-    macs = [(r.host, (r.layers[1] - r.layers[0]) * layer_flops, r.planned.tflops)
+    share = cluster.plan.tensor  # a tensor rank computes its share of each layer
+    macs = [(r.host, (r.layers[1] - r.layers[0]) * layer_flops / share, r.planned.tflops)
             for r in cluster.ranks if r.planned and r.planned.working_set_gb]
     if not macs:
         return cap
@@ -70,7 +73,8 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | No
     per_token = spec.kv_bytes_per_token  # one layer's
     kept = [cfg.prompt_cache_gb if r.planned is None or r.planned.prompt_cache_gb is None else r.planned.prompt_cache_gb
             for r in cluster.ranks]
-    budget = min(int(gb * 2**30 / (per_token * (e - s))) for gb, (s, e) in zip(kept, shard.plan.ranges))
+    plan = shard.plan  # a rank's layers, and its share of each one's KV heads in tensor mode
+    budget = min(int(gb * 2**30 * plan.tensor / (per_token * len(plan.layers_of(r)))) for r, gb in enumerate(kept))
     log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
     return PrefixIndex(budget)
 
@@ -89,7 +93,7 @@ def draft_model(cfg: Config, vocab: int):
     return model
 
 
-def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster: Cluster, caps: list[Capabilities]) -> Rank0:
+def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, spec, cluster: Cluster, caps: list[Capabilities]) -> Rank0:
     """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
     rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
     kv_room = cluster.kv_room  # token-rows of KV cache every rank has room for
@@ -101,6 +105,8 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
     logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
     grammars = Grammars(tokenizer, logits.shape[-1])
     groups, why = decode_groups(cfg.groups, caps, shard.batches)
+    if shard.tensor and not cfg.groups:
+        groups, why = 1, "tensor mode: every rank works on every group"
     log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
     if not shard.batches:
         log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
@@ -116,10 +122,12 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
+    if isinstance(pipe, Lockstep):  # a rank gone mid-step: fail the requests now, naming it (off the engine's thread)
+        pipe.watch_peers(lambda why: threading.Thread(target=engine.fail, args=(why,), daemon=True).start())
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
-                  may_regroup=not cfg.groups and shard.batches)
+                  may_regroup=not cfg.groups and shard.batches and not shard.tensor)
     if kv_room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
         kv_room = fit_room(spec, cluster.ranks, status, kv_room, cluster.plan.prediction.kv_tokens)
         cluster = cluster.with_kv_room(kv_room)

@@ -16,16 +16,15 @@ from typing import Callable, Protocol
 import mlx.core as mx
 
 from mlx_ring.ring.pipeline import Pipeline
-from mlx_ring.ring.protocol import Header, Kind, StatusRow
+from mlx_ring.ring.protocol import DTYPES, Header, Kind, StatusRow
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
 from mlx_ring.serving.speculative import MODEL_DRAFT_ROWS, Drafter, ModelDrafter, Streak
 
 
 class Ends(Protocol):
-    """The ends of the model, which only rank 0 holds (`shard.Shard`)."""
-
-    def embed(self, tokens: mx.array) -> mx.array: ...  # (B, L) -> (B, L, H)
+    """The ends of the model, which only rank 0 holds (`shard.Shard`); steps carry token ids, which
+    the first stage embeds."""
 
     def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
 
@@ -53,7 +52,7 @@ class Chooser:
         # are prefilled again, in a batch with others. A short shared start such as a chat template's
         # costs less to recompute than to load (on a GPU, with 512-token chunks: under 64 tokens).
         self.least_reuse = max(1, chunk // 8)
-        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
+        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]  # callers pass 1 in tensor mode
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
         self.prefilling: list[Prefill] = []  # formed and not yet joined to their group (or dropped)
@@ -223,14 +222,14 @@ class Chooser:
             return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, Step(Kind.LOAD))
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
-        h = self.ends.embed(mx.array(tokens))  # (B, L, H)
+        ids = mx.array(tokens, dtype=mx.int32)  # (B, L): the first stage embeds them
         b.sent += len(tokens[0])
         b.chunks_out += 1
         last = b.sent == len(b.tokens[0])
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
-        header = Header.for_payload(Kind.PREFILL, h, batch=b.id, offset=offset)
-        return self._submit(header, h, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
+        header = Header.for_payload(Kind.PREFILL, ids, batch=b.id, offset=offset)
+        return self._submit(header, ids, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
@@ -285,10 +284,11 @@ class Chooser:
             s.fed += 1  # the input token; accepted drafts are counted when the step is back
             if chained and s.drafter:
                 s.drafter.skip()
-        h = self.ends.embed(tokens)  # tokens (B, L) -> (B, L, H); L = 1 + drafts
+        # Token ids (B, L), L = 1 + drafts: the first stage embeds them. Sampled ids may be uint32, which
+        # the ring carries as int32 (the header's dtype is what goes on the wire).
         step = Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
-        header, g.drop = Header.for_payload(Kind.DECODE, h, group=g.id, offset=g.drop), 0
-        return self._submit(header, h, step, chained)
+        header, g.drop = Header(Kind.DECODE, offset=g.drop, shape=tuple(tokens.shape), dtype=DTYPES.index(mx.int32), group=g.id), 0
+        return self._submit(header, tokens, step, chained)
 
     def _submit(self, header: Header, payload: mx.array | None, step: Step, chained: bool = False) -> bool:
         self.pipe.submit(header, payload, step, chained)

@@ -2,6 +2,8 @@
 Metal lets a rank wire, the refusal of a slice beyond it, and the command-buffer watchdog (which
 payloads a rank receives apart, how many prompt tokens go in a prefill step)."""
 
+from dataclasses import replace
+
 import mlx.core as mx
 import pytest
 
@@ -17,7 +19,7 @@ from mlx_ring.gpu import (
     working_set,
 )
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb, with_host_keys
-from mlx_ring.planning.cluster import Cluster, Planned, RankFacts
+from mlx_ring.planning.cluster import Cluster, PlanFacts, Planned, RankFacts
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_layers
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring, in_graph, receives_apart
@@ -183,3 +185,7 @@ def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5)], cap=128)
     assert assembly.prefill_chunk(cfg, Cluster((linux, mini)), Q32B.layer_flops) == want < 128
     assert assembly.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], Cluster((linux, mini)), Q32B.layer_flops) == 300
+    # in tensor mode each rank computes its share of every layer
+    pair = (replace(mini, rank=0, layers=(0, 64)), replace(mini, host="mini2", layers=(0, 64)))
+    want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5), ("mini2", 32 * Q32B.layer_flops, 3.5)], cap=128)
+    assert assembly.prefill_chunk(cfg, Cluster(pair, PlanFacts(tensor=2)), Q32B.layer_flops) == want

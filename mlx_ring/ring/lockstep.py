@@ -1,0 +1,176 @@
+"""Tensor mode's ring: every rank runs every step at once, joined by the step's all_sums.
+
+Rank 0 hands each step (its header and input: token ids, or a small table) to rank 1, which hands
+it on, and so on to the last rank; then every rank runs it. Nothing comes back round the ring: the
+all_sums give every rank the same output, so rank 0's own is the step's result. `Lockstep` is rank
+0's handle, with `Pipeline`'s interface, so the scheduler drives both modes alike.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+
+import mlx.core as mx
+
+from mlx_ring.ring.pipeline import RingError, Stage
+from mlx_ring.ring.protocol import Header, Kind
+from mlx_ring.ring.transport import Ring, closed_peer
+
+log = logging.getLogger(__name__)
+
+
+class Lockstep:
+    """Submit steps (sent on, then applied here at once), collect their outputs in order."""
+
+    def __init__(self, stage: Stage, ring: Ring):
+        assert ring.rank == 0, "only rank 0 drives the ring"
+        self.stage, self.ring = stage, ring
+        # Rank 0 builds the next step while the last one computes; a step's send waits for the steps
+        # before it on rank 0 (one stream), so more outstanding ones would gain nothing.
+        self.limit = 2
+        self.done: deque[tuple[Header, mx.array | None, object]] = deque()  # submitted, not yet collected
+        self.busy_since: float | None = None  # when the wait on the other ranks now running started (the watchdog's)
+        self.unread: mx.array | None = None  # the last DECODE output handed out, not yet evaluated
+        self.watch: StepWatch | None = None
+
+    def watch_peers(self, lost) -> None:
+        """Call `lost(why)` (from another thread) when a rank leaves the ring: rank 0 may be waiting
+        inside a step's all_sums, where neither MLX nor a signal handler would wake it."""
+        self.watch = StepWatch(0, lost=lost)
+
+    def can_submit(self) -> bool:
+        return len(self.done) < self.limit
+
+    def outstanding(self) -> int:
+        return len(self.done)
+
+    def submit(self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False) -> None:
+        """Send the step to rank 1, then apply it here: its all_sums need every rank in them.
+        `chained`: built on the last DECODE output (its tokens are evaluated by the send)."""
+        assert self.can_submit()
+        wire = payload.astype(mx.int32) if payload is not None and payload.dtype == mx.uint32 else payload  # sampled ids
+        try:
+            with self.watching():  # a chained step's tokens come from the last step, every rank's work
+                self.ring.send(header, wire)
+        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
+            raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+        if chained:
+            self.unread = None  # evaluated by the send
+        out = self.stage.apply(header, payload)
+        self.ring.mark("built", header)
+        if out is not None:
+            try:
+                with self.watching():  # waits while MLX holds too many unfinished steps: the last ones' all_sums
+                    mx.async_eval(out)
+            except RuntimeError as e:  # the ring failed the step's all_sums at once (a peer is gone)
+                raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+        self.done.append((header, out, tag))
+
+    def prefetch(self, *arrays: mx.array) -> None:
+        """Start computing `arrays`, which the caller reads after submitting a step built on them."""
+        mx.async_eval(*arrays)
+
+    def settle(self) -> None:
+        """Evaluate the last DECODE output, if that is still to do: the wait inside its all_sums is timed."""
+        if self.unread is not None:
+            self._wait(Kind.DECODE, self.unread)
+            self.unread = None
+
+    @contextmanager
+    def watching(self):
+        """Mark a wait on the other ranks, for the watchdog (nests). A step's own compute and its
+        all_sums are one graph here, so the watchdog times both."""
+        outer = self.busy_since
+        self.busy_since = outer or time.monotonic()
+        try:
+            yield
+        finally:
+            self.busy_since = outer
+
+    def collect(self) -> tuple[object, mx.array | None]:
+        """The oldest outstanding step's tag and output. A DECODE step's output comes back unevaluated:
+        the caller builds on it (head, sampling, the next step) and calls `settle()` before it reads."""
+        self.settle()
+        header, out, tag = self.done.popleft()
+        if out is not None and header.kind == Kind.DECODE:
+            self.unread = out
+        elif out is not None:
+            self._wait(header.kind, out)
+        return tag, out
+
+    def _wait(self, kind: int, out: mx.array) -> None:
+        try:
+            with self.watching():
+                mx.eval(out)
+        except RuntimeError as e:
+            raise RingError(f"ring step {Kind(kind).name} failed: {e}") from e
+
+    def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
+        """One step on every rank with nothing else outstanding (tests, shutdown)."""
+        assert not self.outstanding()
+        self.submit(header, payload)
+        return self.collect()[1]
+
+    def shutdown(self) -> None:
+        while self.outstanding():
+            self.collect()
+        self.settle()
+        if self.watch is not None:
+            self.watch.stop()
+        self.round_trip(Header(Kind.SHUTDOWN))
+
+
+class RankLeft(RuntimeError):
+    """A tensor rank's step failed with the ring: the ring must restart (the process exits non-zero)."""
+
+
+class StepWatch:
+    """A tensor rank's watch on the ring. MLX's all_sum has no deadline, and a rank whose neighbour
+    is gone may wait in it forever (rank 0 did, a stopped peer's socket closed under it). Every quarter
+    second this looks for a neighbour's closed socket, and (with `timeout`) for a step running past
+    it; either ends in `lost(why)`: by default the rank names it and exits (status 75, as rank 0
+    does), so mlx.launch stops the ring and the launcher restarts it."""
+
+    def __init__(self, rank: int, timeout: float | None = None, lost=None):
+        self.rank, self.timeout, self.lost = rank, timeout, lost or self._exit
+        self.current: tuple[Header, float] | None = None
+        self.stopped = False
+        threading.Thread(target=self._watch, name="step-watch", daemon=True).start()
+
+    @contextmanager
+    def step(self, header: Header):
+        self.current = (header, time.monotonic())
+        try:
+            yield
+        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
+            raise RankLeft(f"rank {self.rank}: step {Kind(header.kind).name} failed with the ring: {e}") from e
+        finally:
+            self.current = None
+
+    def stop(self) -> None:
+        """The ring is shutting down: its ranks leave, and that is no fault."""
+        self.stopped = True
+
+    def _watch(self) -> None:
+        while not self.stopped:
+            time.sleep(0.25)
+            gone, now = closed_peer(), self.current
+            if self.stopped:
+                return
+            if gone is not None:
+                why = f"rank {gone} left the ring (its connection to rank {self.rank} closed)"
+            elif self.timeout and now is not None and time.monotonic() - now[1] > self.timeout:
+                why = (f"step {Kind(now[0].kind).name} got no answer from the other ranks within {self.timeout:.0f} s "
+                       "(a rank is stopped, hung or unreachable)")
+            else:
+                continue
+            self.stopped = True
+            self.lost(why)
+
+    def _exit(self, why: str) -> None:
+        log.error("rank %d: %s; exiting for a restart", self.rank, why)
+        logging.shutdown()
+        os._exit(75)

@@ -1,0 +1,131 @@
+"""Tensor mode's rank-0 handle in process: what it passes on to rank 1 and when, what it hands back,
+and how many steps it keeps outstanding. The stage is a real one-rank slice; the wire to rank 1 is a
+recorder (the ring itself is tested in tests/ring/test_tensor.py)."""
+
+import mlx.core as mx
+import pytest
+from ringutil import make_tiny_model, reference_logits
+
+from mlx_ring.planning.plan import uniform_plan
+from mlx_ring.ring.lockstep import Lockstep
+from mlx_ring.ring.pipeline import RingError
+from mlx_ring.ring.protocol import DTYPES, Header, Kind
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.scheduler import Scheduler, Sequence
+from shard import load_shard
+
+
+class Wire:
+    """Rank 0's end of a 3-rank ring: records each step it passes on (evaluated, as a send is)."""
+
+    def __init__(self, events: list, fail: bool = False):
+        self.rank, self.size, self.events, self.fail, self.handle = 0, 3, events, fail, None
+
+    def send(self, header: Header, payload: mx.array | None) -> None:
+        if self.fail:
+            raise RuntimeError("[ring] connection to a peer was lost")
+        watched = self.handle.busy_since is not None
+        self.events.append(("send", Kind(header.kind).name, payload.tolist() if payload is not None else None,
+                            payload.dtype if payload is not None else None, watched))
+
+    def mark(self, event: str, header: Header) -> None:
+        pass
+
+
+class Recording:
+    def __init__(self, shard, events: list):
+        self.shard, self.events = shard, events
+
+    def apply(self, header, payload):
+        self.events.append(("apply", Kind(header.kind).name))
+        return self.shard.apply(header, payload)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    model = make_tiny_model(tmp_path / "model", "llama")
+    return model, load_shard(model, uniform_plan(7, 1), 0)
+
+
+def handle(shard, events, fail=False) -> Lockstep:
+    wire = Wire(events, fail)
+    wire.handle = Lockstep(Recording(shard, events), wire)
+    return wire.handle
+
+
+def test_a_step_goes_on_to_rank_1_before_rank_0_runs_it_and_its_own_output_comes_back(tiny):
+    model, shard = tiny
+    events = []
+    pipe = handle(shard, events)
+    prompt = [5, 17, 42, 99]
+    ids = mx.array([prompt], dtype=mx.int32)
+    out = pipe.round_trip(Header.for_payload(Kind.PREFILL, ids, batch=1), ids)
+    assert events == [("send", "PREFILL", [prompt], mx.int32, True), ("apply", "PREFILL")]  # the send is watched
+    want, _ = reference_logits(model, prompt, steps=1)
+    assert mx.allclose(shard.head(out)[0, -1], mx.array(want[0]), atol=1e-5)
+    assert pipe.busy_since is None and not pipe.outstanding()
+
+
+def test_sampled_ids_go_as_int32_and_decode_outputs_wait_for_settle(tiny):
+    _, shard = tiny
+    events = []
+    pipe = handle(shard, events)
+    ids = mx.array([[5, 17, 42]], dtype=mx.int32)
+    pipe.round_trip(Header.for_payload(Kind.PREFILL, ids, batch=1), ids)
+    pad = mx.array([0], dtype=mx.int32)
+    pipe.round_trip(Header.for_payload(Kind.JOIN, pad, batch=1, group=0), pad)
+    sampled = mx.array([[7]], dtype=mx.uint32)  # as argmax gives them
+    pipe.submit(Header(Kind.DECODE, shape=(1, 1), dtype=DTYPES.index(mx.int32)), sampled, tag="t")
+    assert events[-2] == ("send", "DECODE", [[7]], mx.int32, True)
+    assert pipe.can_submit()  # a second step may be built while the first computes
+    pipe.submit(Header(Kind.PING), None)
+    assert not pipe.can_submit() and pipe.outstanding() == 2
+    tag, out = pipe.collect()
+    assert tag == "t" and pipe.unread is out  # handed out lazily: the caller builds on it, then settles
+    pipe.settle()
+    assert pipe.unread is None
+    assert pipe.collect() == (None, None)
+
+
+def test_a_lost_peer_is_a_ring_error(tiny):
+    _, shard = tiny
+    pipe = handle(shard, [], fail=True)
+    with pytest.raises(RingError, match="ring step PING failed: .*peer was lost"):
+        pipe.submit(Header(Kind.PING), None)
+
+
+def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
+    """Prefill, join, chained and plain decode steps, filter and free, driven through the handle."""
+    model, shard = tiny
+    events = []
+    sched = Scheduler(handle(shard, events), shard, groups=1, chunk=8)
+    prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12]]
+    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
+    got = {s.id: [] for s in seqs}
+    for s in seqs:
+        sched.add(s)
+    while not sched.idle():
+        for s, token in sched.step():
+            got[s.id].append(token.id)
+            if len(got[s.id]) == 5:
+                sched.remove(s)
+    for s, p in zip(seqs, prompts):
+        assert got[s.id] == reference_logits(model, p, steps=5)[1], s.id
+    sends = [e for e in events if e[0] == "send"]
+    applies = [e for e in events if e[0] == "apply"]
+    assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here
+    assert all(events[i][0] == "send" and events[i + 1] == ("apply", events[i][1]) for i in range(0, len(events), 2))
+    assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
+
+
+def test_every_host_gets_every_piece_in_tensor_mode_and_its_slice_in_a_pipeline():
+    from mlx_ring.launcher.up import pieces_needed
+    from mlx_ring.planning.plan import tensor_plan
+
+    hosts = [("mac-a", 0), ("mac-b", 1)]
+    whole = [f"layer-{i:05d}" for i in range(30)] + ["ends"]
+    assert pieces_needed(tensor_plan(30, 2), hosts) == {"mac-a": whole, "mac-b": whole}
+    split = pieces_needed(uniform_plan(30, 2), hosts)
+    assert split == {"mac-a": whole[:15] + ["ends"], "mac-b": whole[15:30]}
+    assert tensor_plan(30, 3).ranges == ((0, 30),) and tensor_plan(30, 3).size == 3
+    assert [tensor_plan(30, 3).layers_of(r) for r in range(3)] == [range(0, 30)] * 3
