@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from mlx_ring.hostfile import ring_backend
 from mlx_ring.planning.modes import DEFAULT_ALLSUM, AllSum
 
 log = logging.getLogger(__name__)
@@ -119,9 +120,9 @@ def remember(cache_dir: Path, key: str, result: dict) -> None:
 
 
 def backend_of(entries: list[dict]) -> str:
-    """The backend a ring of these hosts.json entries runs its collectives on: JACCL where every host
-    names RDMA devices, else MLX's ring over TCP."""
-    return "jaccl" if len(entries) > 1 and all(e.get("rdma") for e in entries) else "ring"
+    """The backend a ring of these hosts.json entries runs its collectives on, as `hostfile.ring_backend`
+    chooses it: "jaccl" (a full mesh or a ring of RDMA devices alike), else "ring" (MLX's, over TCP)."""
+    return "jaccl" if ring_backend(entries).startswith("jaccl") else "ring"
 
 
 def ring_allsum(cache_dir: Path, entries: list[dict]) -> AllSum:

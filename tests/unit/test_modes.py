@@ -208,9 +208,9 @@ def test_the_probe_result_fits_a_latency_and_a_bandwidth(tmp_path):
     entries = [{"ssh": "studio"}, {"ssh": "mini"}]
     assert ring_allsum(tmp_path, entries).source.startswith("measured")
     assert ring_allsum(tmp_path / "none", entries) == DEFAULT_ALLSUM["ring"]
-    rdma = [{"ssh": "a", "rdma": ["rdma_en3"]}, {"ssh": "b", "rdma": ["rdma_en3"]}]
+    rdma = [{"ssh": "a", "rdma": [None, "rdma_en3"]}, {"ssh": "b", "rdma": ["rdma_en3", None]}]
     assert backend_of(rdma) == "jaccl" and ring_allsum(tmp_path, rdma) == DEFAULT_ALLSUM["jaccl"]
-    assert backend_of([rdma[0], {"ssh": "c"}]) == "ring"
+    assert backend_of([{"ssh": "a", "rdma": []}, {"ssh": "c"}]) == "ring"
 
 
 def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
@@ -222,10 +222,10 @@ def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
     (model / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": 8192, "intermediate_size": 28672,
                                                    "num_hidden_layers": 80, "num_attention_heads": 64,
                                                    "torch_dtype": "bfloat16"}))
-    ultra = {"memory_gb": 192, "tflops": 28, "bandwidth_gbs": 800, "rdma": ["rdma_en5"]}
+    ultra = {"memory_gb": 192, "tflops": 28, "bandwidth_gbs": 800}
     hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps([{"ssh": "ultra-1", "ips": ["10.0.0.1"], **ultra},
-                                 {"ssh": "ultra-2", "ips": ["10.0.0.2"], **ultra}]))
+    hosts.write_text(json.dumps([{"ssh": "ultra-1", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en5"], **ultra},
+                                 {"ssh": "ultra-2", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", None], **ultra}]))
     args = ["--hostfile", str(hosts), "--model", str(model), "--layers", "", "--cache-dir", str(tmp_path / "cache"),
             "--parallel", "auto"]
     assert main(args) == 0
