@@ -25,6 +25,8 @@ from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.source import DEFAULT_MODEL, resolve_model
 from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.activations import step_tokens
+from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.plan import LayerPlan
@@ -161,7 +163,8 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
+                      kv_budget=max(1, room) if room is not None else 0, kv_spare=GROUP_SPARE_TOKENS,
+                      prefill_budget=step_tokens(serving(spec, cfg.prefill_chunk, cfg.max_active)))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r['rank']} on {r['host']}" for r in cluster["ranks"][1:])
@@ -174,7 +177,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
                                                                 cluster["plan"]["kv_tokens"])
         sched.kv_budget = max(1, room)
     if "needs_gb" in cluster["ranks"][0]:  # the plan's figures, now counting what the warm-up measured
-        count_measured(cluster["ranks"], status)
+        count_measured(spec, cluster["ranks"], status, room if room is not None else 0)
         log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
                  format_summary({**cluster["plan"], "hops_ms": None, "ranks": cluster["ranks"]}))
     served = ServedModel(

@@ -53,10 +53,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world) -> tuple[LayerPlan, list[Capa
     spec = ModelSpec(**lead["spec"])
     plan, caps, kept = plan_for(spec, [Capabilities(**r["caps"]) for r in rows], lead["hosts"], lead["strategy"],
                                 lead["kv_tokens"], lead["layers"], lead["prompt_cache_gb"], lead["provisioned"])
-    out = summary(spec, caps, plan, lead["kv_tokens"])
-    for r, k in zip(out["ranks"], kept):
-        r["prompt_cache_gb"] = round(k, 3)
-    return plan, caps, out
+    return plan, caps, summary(spec, caps, plan, lead["kv_tokens"], kept=kept)
 
 
 # --- the dry run ------------------------------------------------------------------------------
@@ -99,9 +96,7 @@ def dry_run(cfg: Config) -> dict:
         return plan_for(spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb)
 
     chosen, caps, kept = plan(cfg.strategy, cfg.layers)
-    out = summary(spec, caps, chosen, cfg.kv_tokens)
-    for r, k in zip(out["ranks"], kept):
-        r["prompt_cache_gb"] = round(k, 3)
+    out = summary(spec, caps, chosen, cfg.kv_tokens, kept=kept)
     others = {}
     for s in STRATEGIES:
         if s in (chosen.strategy, "custom"):

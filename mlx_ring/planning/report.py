@@ -9,6 +9,7 @@ from mlx_ring.planning.plan import (
     bottleneck,
     hop_seconds,
     kv_capacity,
+    layer_kv_bytes,
     memory_need,
     runtime_bytes,
     stage_seconds,
@@ -16,9 +17,10 @@ from mlx_ring.planning.plan import (
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-            links: list[tuple[float, float]] | None = None) -> dict:
+            links: list[tuple[float, float]] | None = None, kept: list[float] | None = None) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
-    `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0."""
+    `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0.
+    `kept`: the GB each rank keeps for its prompt cache (`plan_for`'s), counted in its memory figure."""
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
@@ -30,13 +32,28 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
             "needs_gb": round(memory_need(model, c, r, e - s, kv_tokens) / GIB, 3),
             "runtime_gb": round(runtime_bytes(model, c, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
         })
+    for r, k in zip(ranks, kept or []):
+        r["prompt_cache_gb"] = round(k, 3)
+    room = kv_capacity(model, caps, plan, kv_tokens)
+    memory_figures(model, ranks, room)
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
     return {"strategy": plan.strategy, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
-            "kv_capacity_tokens": kv_capacity(model, caps, plan, kv_tokens), "ranks": ranks,
+            "kv_capacity_tokens": room, "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}
+
+
+def memory_figures(model: ModelSpec, ranks: list[dict], room: int) -> None:
+    """Each rank's memory figure for a KV room of `room` tokens (what every rank grants the caches at
+    once): `kv_room_gb`, its layers' caches for that room, and `most_gb`, the most it holds: its
+    weights, runtime, KV room and prompt cache (`weights_gb`, `runtime_gb`, `prompt_cache_gb`)."""
+    for r in ranks:
+        lo, hi = r["layers"]
+        kv = (hi - lo) * layer_kv_bytes(model, room) / GIB
+        r["kv_room_gb"] = round(kv, 3)
+        r["most_gb"] = round(r["weights_gb"] + r["runtime_gb"] + kv + r.get("prompt_cache_gb", 0.0), 3)
 
 
 def format_summary(s: dict) -> str:
@@ -45,13 +62,13 @@ def format_summary(s: dict) -> str:
     dw = max((len(r["device"]) for r in s["ranks"]), default=0)
     dw = dw + 2 if dw else 0
     lines = [f"{'rank':<5}{'host':<{hw}}{'device' if dw else '':<{dw}}{'memory':>6}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>6}"
-             f"  {'layers':<14}{'weights':>9}{'runtime':>9}{'needs':>9}{'stage':>10}"]
+             f"  {'layers':<14}{'weights':>9}{'runtime':>9}{'needs':>9}{'KV room':>9}{'at most':>9}{'stage':>10}"]
     for r in s["ranks"]:
         lo, hi = r["layers"]
         lines.append(f"{r['rank']:<5}{r['host']:<{hw}}{r['device']:<{dw}}{r['memory_gb']:>3.0f} GB{r['usable_gb']:>6.1f} GB"
                      f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
-                     f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.1f} GB{r['needs_gb']:>6.1f} GB"
-                     f"{r['predicted_stage_ms']:>7.1f} ms")
+                     f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.2f} GB{r['needs_gb']:>6.1f} GB"
+                     f"{r.get('kv_room_gb', 0):>6.1f} GB{r.get('most_gb', 0):>6.1f} GB{r['predicted_stage_ms']:>7.1f} ms")
     lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream; with the ring kept full, "
                  f"{1e3 / s['slowest_stage_ms']:.1f} steps/s (slowest stage {s['slowest_stage_ms']:.1f} ms); "
                  + ("network hops not counted (`./launch.sh check` measures them)" if s.get("hops_ms") is None

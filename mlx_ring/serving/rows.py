@@ -96,6 +96,7 @@ class Step:
     rows: list[Sequence] = field(default_factory=list)
     drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
     last_chunk: bool = False
+    tokens: int = 0  # PREFILL: the chunk's prompt tokens, every row counted
     done: Callable[[mx.array | None], None] | None = None
 
 

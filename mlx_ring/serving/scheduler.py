@@ -39,8 +39,12 @@ class Scheduler:
     while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_budget: int = 0, kv_spare: int = 0):
+                 draft_tokens: int = 0, draft_model=None, kv_budget: int = 0, kv_spare: int = 0, prefill_budget: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
+        # Prompt tokens (rows x chunk, over every prefill batch) on the device at once: the activations
+        # the plan counts (planning/activations.step_tokens), so a burst of prompts is prefilled a few
+        # chunks at a time, never all queued at once. One chunk always may go. 0: the chunk.
+        self.prefill_budget, self.prefill_out = max(prefill_budget, chunk), 0
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
         # only when every group, each row padded to its longest prompt + limit, still fits (rows.cache_rows).
         self.kv_budget, self.kv_spare = kv_budget, kv_spare
@@ -140,6 +144,10 @@ class Scheduler:
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
+        nxt = len(self.filling.rows) * min(self.chunk, len(self.filling.tokens[0]) - self.filling.sent) \
+            if self.filling and not self.filling.reuse else 0 if self.filling else self.chunk
+        if self.prefill_out and self.prefill_out + nxt > self.prefill_budget:
+            return False  # the chunks on the device first
         if self.filling:
             return True
         # A model that does not batch starts a prompt only when a decode group is empty for it.
@@ -231,11 +239,13 @@ class Scheduler:
         h = self.ends.embed(mx.array(tokens))  # (B, L, H)
         b.sent += len(tokens[0])
         b.chunks_out += 1
+        self.prefill_out += len(tokens) * len(tokens[0])
         last = b.sent == len(b.tokens[0])
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
         header = Header.for_payload(Kind.PREFILL, h, batch=b.id, offset=offset)
-        return self._submit(header, h, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
+        return self._submit(header, h, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last,
+                                            tokens=len(tokens) * len(tokens[0])))
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
@@ -335,6 +345,9 @@ class Scheduler:
         if step.kind == Kind.PREFILL:
             b = step.prefill
             b.chunks_out -= 1
+            if out is not None:
+                mx.eval(out)  # a ring's step is back, so done; alone, the chunk is done on the device first
+            self.prefill_out -= step.tokens
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
                     self._drop(b)

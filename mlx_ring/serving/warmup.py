@@ -10,7 +10,8 @@ import time
 import mlx.core as mx
 
 from mlx_ring.planning.capabilities import Capabilities, compute_units
-from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
+from mlx_ring.planning.plan import ModelSpec, room_after
+from mlx_ring.planning.report import memory_figures
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
@@ -88,8 +89,8 @@ def activations_gib(status: list[dict], ranks: list[dict]) -> list[float]:
 
 
 def planned_runtime(ranks: list[dict]) -> list[float]:
-    """Each rank's runtime in the plan (GiB): its activations as estimated, or the flat reserve."""
-    return [r.get("runtime_gb", RUNTIME_GIB) for r in ranks]
+    """Each rank's runtime in the plan (GiB): its activations as estimated."""
+    return [r.get("runtime_gb", 0.0) for r in ranks]
 
 
 def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, kv_tokens: int) -> int:
@@ -110,15 +111,18 @@ def fit_room(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int, 
     return fitted
 
 
-def count_measured(ranks: list[dict], status: list[dict]) -> None:
+def count_measured(spec: ModelSpec, ranks: list[dict], status: list[dict], room: int) -> None:
     """Each rank's memory figures (`runtime_gb`, `needs_gb`, as the startup table and /cluster/status
     show them) raised to what its activations took in the warm-up, where that is more than planned;
-    `measured_runtime_gb` says what was measured."""
+    `measured_runtime_gb` says what was measured; its KV room and the most it holds (`kv_room_gb`,
+    `most_gb`) for the `room` tokens granted after the warm-up (`fit_room`)."""
     for rank, measured, planned in zip(ranks, activations_gib(status, ranks), planned_runtime(ranks)):
         rank["measured_runtime_gb"] = round(measured, 3)
         if measured > planned:
             rank["runtime_gb"] = round(measured, 3)
             rank["needs_gb"] = round(rank.get("needs_gb", 0.0) + measured - planned, 3)
+    if all("weights_gb" in r for r in ranks):
+        memory_figures(spec, ranks, room)
 
 
 def peak_gib() -> float:
