@@ -43,8 +43,8 @@ class Scheduler:
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Prompt tokens (rows x chunk, over every prefill batch) on the device at once: the activations
         # the plan counts (planning/activations.step_tokens), so a burst of prompts is prefilled a few
-        # chunks at a time, never all queued at once. One chunk always may go. 0: the chunk.
-        self.prefill_budget, self.prefill_out = max(prefill_budget, chunk), 0
+        # chunks at a time, never all queued at once. One chunk always may go. 0: no bound.
+        self.prefill_budget, self.prefill_out = prefill_budget, 0
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
         # only when every group, each row padded to its longest prompt + limit, still fits (rows.cache_rows).
         self.kv_budget, self.kv_spare = kv_budget, kv_spare
@@ -146,7 +146,7 @@ class Scheduler:
             self.waiting.popleft()  # nothing of it exists on any rank yet
         nxt = len(self.filling.rows) * min(self.chunk, len(self.filling.tokens[0]) - self.filling.sent) \
             if self.filling and not self.filling.reuse else 0 if self.filling else self.chunk
-        if self.prefill_out and self.prefill_out + nxt > self.prefill_budget:
+        if self.prefill_budget and self.prefill_out and self.prefill_out + nxt > self.prefill_budget:
             return False  # the chunks on the device first
         if self.filling:
             return True
