@@ -9,19 +9,22 @@ import time
 import httpx
 from serverutil import running_server
 
-from mlx_ring.planning.plan import GIB, RUNTIME_GIB, layer_kv_bytes
+from mlx_ring.planning.assemble import serving
+from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.plan import GIB, layer_kv_bytes, runtime_bytes
 from mlx_ring.planning.sizes import spec_from_folder
 
 ROOM = 400  # tokens of KV cache rank 0 has room for
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbidden, so each answer runs as long as asked
-CAPS = [{"host": "a", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0},
-        {"host": "b", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0}]
+CAPS = [{"host": "a", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0},
+        {"host": "b", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0}]
 
 
 def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refused(tmp_path, default_model):
-    spec = spec_from_folder(default_model)
+    spec = serving(spec_from_folder(default_model), 0, 16)  # as the ranks plan: PREFILL_CHUNK auto, MAX_ACTIVE 16
     half = spec.n_layers // 2
-    room_gb = RUNTIME_GIB + (spec.ends_bytes + half * (spec.layer_bytes + layer_kv_bytes(spec, ROOM + 0.5))) / GIB
+    runtime = runtime_bytes(spec, Capabilities("a", 16, 1, 1, 1, "CPU"), 0, half, 64)
+    room_gb = (runtime + spec.ends_bytes + half * (spec.layer_bytes + layer_kv_bytes(spec, ROOM + 0.5))) / GIB
     hostfile = tmp_path / "keys.json"
     hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "max_memory_gb": room_gb},
                                     {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]))
