@@ -38,6 +38,7 @@ from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring, exchange, init_world
 from mlx_ring.rundir import RunDir
 from mlx_ring.serving.prefix import PrefixIndex
+from mlx_ring.serving.rows import one_request
 from shard import Shard, load_shard, serve_worker
 
 log = logging.getLogger("server")
@@ -187,7 +188,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(logits.shape[-1], len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        cache_tokens=max(1, room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if room is not None else 0,  # one request alone
+        cache_tokens=one_request(room, GROUP_SPARE_TOKENS, cfg.draft_tokens) if room is not None else 0,
         cluster=Cluster(**cluster),
         grammars=grammars,
         aliases=cfg.model_aliases,

@@ -103,11 +103,20 @@ class Step:
 def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], budget: int,
             grow: int, drafts: int) -> bool:
     """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they can
-    within `budget` token-rows. Alone, a request always fits (the API refuses one that cannot)."""
+    within `budget` token-rows, the largest counted twice: a cache that grows or takes in joining rows
+    is copied whole (mlx-lm's concatenate), the old one held until the copy is made. Alone, a request
+    always fits (the API refuses one that cannot: `one_request`)."""
     members = {g: [*g.rows, *(s for b in g.joining for s in b.rows)] for g in groups}
     for b in prefilling:
         members[b.group] += b.rows
     if not any(members.values()):
         return True
     members[group] += seqs
-    return sum(cache_rows(m, grow, drafts) for m in members.values()) <= budget
+    sizes = [cache_rows(m, grow, drafts) for m in members.values()]
+    return sum(sizes) + max(sizes) <= budget
+
+
+def one_request(budget: int, grow: int, drafts: int) -> int:
+    """The most tokens (prompt and answer) one request alone may hold in `budget` token-rows: its
+    cache, the room it grows by and its drafts, twice (the copy growing makes)."""
+    return max(1, budget // 2 - grow - drafts)

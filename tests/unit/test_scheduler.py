@@ -188,7 +188,8 @@ def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
     shard = load_shard(model, uniform_plan(7, 1), 0)
     prompts = [[5, 17, 42, 99, 3], [8, 1, 7, 7, 2]]
     want = [reference_logits(model, p, 6)[1] for p in prompts]
-    for budget, together in ((27, False), (54, True)):  # one row: 1 x (5 + 6 + 16); two: 2 x (11 + 16)
+    # One row: 1 x (5 + 6 + 16) = 27; two in one group: 2 x (11 + 16) = 54, counted twice (growing copies it).
+    for budget, together in ((27, False), (107, False), (108, True)):
         sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, kv_budget=budget, kv_spare=16)
         seqs = [Sequence(i, p, SamplingParams(temperature=0.0), limit=6) for i, p in enumerate(prompts)]
         got, steps = {0: [], 1: []}, {0: [], 1: []}
