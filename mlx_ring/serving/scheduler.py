@@ -144,9 +144,7 @@ class Scheduler:
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
-        nxt = len(self.filling.rows) * min(self.chunk, len(self.filling.tokens[0]) - self.filling.sent) \
-            if self.filling and not self.filling.reuse else 0 if self.filling else self.chunk
-        if self.prefill_budget and self.prefill_out and self.prefill_out + nxt > self.prefill_budget:
+        if self.prefill_budget and self.prefill_out and self.prefill_out + self._next_tokens() > self.prefill_budget:
             return False  # the chunks on the device first
         if self.filling:
             return True
@@ -154,6 +152,14 @@ class Scheduler:
         room = self.ends.batches or any(g.free() for g in self.groups)
         first = next((s for s in self.waiting if self._free_to_start(s)), None)
         return room and first is not None and self._kv_fits(self._group_for(), [first])  # FIFO: none passes it
+
+    def _next_tokens(self) -> int:
+        """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its LOAD),
+        else a new batch's chunk at most."""
+        b = self.filling
+        if b is None:
+            return self.chunk
+        return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
 
     def _group_for(self) -> Group:
         # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
