@@ -41,10 +41,11 @@ class Scheduler:
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
                  draft_tokens: int = 0, draft_model=None, kv_budget: int = 0, kv_spare: int = 0, prefill_budget: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
-        # Prompt tokens (rows x chunk, over every prefill batch) on the device at once: the activations
-        # the plan counts (planning/activations.step_tokens), so a burst of prompts is prefilled a few
-        # chunks at a time, never all queued at once. One chunk always may go. 0: no bound.
-        self.prefill_budget, self.prefill_out = prefill_budget, 0
+        # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the
+        # activations the plan counts (planning/activations.step_tokens), so a burst of prompts is
+        # prefilled a few chunks at a time, never all queued at once. A ring's steps out are each on
+        # another rank (Pipeline.limit), so each rank may hold that much. One chunk always may go. 0: no bound.
+        self.prefill_budget, self.prefill_out = prefill_budget * pipe.ring.size, 0
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
         # only when every group, each row padded to its longest prompt + limit, still fits (rows.cache_rows).
         self.kv_budget, self.kv_spare = kv_budget, kv_spare
