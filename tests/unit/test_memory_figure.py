@@ -16,6 +16,7 @@ from mlx_ring.planning.capabilities import Capabilities, colocate
 from mlx_ring.planning.plan import GIB, kv_capacity, layer_kv_bytes, memory_need
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
+from mlx_ring.serving.rows import one_request
 from mlx_ring.serving.warmup import count_measured, fit_room
 
 # Llama-3-8B's shape cut to 16 layers, bfloat16 (the GPU benchmarks' model)
@@ -99,3 +100,10 @@ def test_ranks_with_a_gpu_each_do_not_share_its_memory():
     assert [c.usable_gb for c in apart] == [70.0, 70.0]
     shared = colocate([one, one])  # two ranks on one GPU
     assert [c.usable_gb for c in shared] == [35.0, 35.0]
+
+
+def test_one_request_alone_may_hold_half_the_room():
+    """Growing copies a cache whole, so a request alone holds its cache twice over at that moment."""
+    assert one_request(800, 256, 0) == 144
+    assert one_request(800, 256, 6) == 138  # its drafts too
+    assert one_request(300, 256, 0) == 1  # never nothing: the API then refuses every request by name
