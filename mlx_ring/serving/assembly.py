@@ -12,6 +12,8 @@ from mlx_ring import gpu
 from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.activations import step_tokens
+from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
@@ -112,7 +114,8 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
+                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS,
+                      prefill_budget=step_tokens(serving(spec, cfg.prefill_chunk, cfg.max_active)))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
@@ -125,7 +128,7 @@ def assemble(cfg: Config, shard, pipe: Pipeline, model_path: Path, spec, cluster
         cluster = cluster.with_kv_room(kv_room)
         sched.kv_room = max(1, kv_room)
     if cluster.ranks[0].planned is not None:  # the plan's figures, now counting what the warm-up measured
-        cluster = replace(cluster, ranks=count_measured(cluster.ranks, status))
+        cluster = replace(cluster, ranks=count_measured(spec, cluster.ranks, status, kv_room))
         shown = cluster.to_json()
         log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
                  format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}))

@@ -222,10 +222,10 @@ def test_the_dry_run_prints_each_mode_and_the_choice(tmp_path, capsys):
     (model / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": 8192, "intermediate_size": 28672,
                                                    "num_hidden_layers": 80, "num_attention_heads": 64,
                                                    "torch_dtype": "bfloat16"}))
-    ultra = {"memory_gb": 192, "tflops": 28, "bandwidth_gbs": 800, "rdma": ["rdma_en5"]}
+    ultra = {"memory_gb": 192, "tflops": 28, "bandwidth_gbs": 800}
     hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps([{"ssh": "ultra-1", "ips": ["10.0.0.1"], **ultra},
-                                 {"ssh": "ultra-2", "ips": ["10.0.0.2"], **ultra}]))
+    hosts.write_text(json.dumps([{"ssh": "ultra-1", "ips": ["10.0.0.1"], **ultra, "rdma": [None, "rdma_en5"]},
+                                 {"ssh": "ultra-2", "ips": ["10.0.0.2"], **ultra, "rdma": ["rdma_en5", None]}]))
     args = ["--hostfile", str(hosts), "--model", str(model), "--layers", "", "--cache-dir", str(tmp_path / "cache"),
             "--parallel", "auto"]
     assert main(args) == 0
