@@ -64,6 +64,24 @@ def on_metal() -> bool:
     return can_run_metal()
 
 
+# A GPU with memory of its own (CUDA) is filled to at most this share of it, as vLLM's default
+# `gpu_memory_utilization` does: the rest is for the CUDA context, cuBLAS's workspaces and MLX's
+# allocator beside what the plan counts.
+GPU_MEMORY_SHARE = 0.9
+
+
+def own_memory(info: dict) -> tuple[int, int] | None:
+    """(total, free) bytes of a GPU with memory of its own, as MLX's `device_info()` reports it on CUDA
+    (`total_memory`, `free_memory`); None where the device shares the host's memory (CPU, Metal)."""
+    total, free = info.get("total_memory"), info.get("free_memory")
+    return (int(total), int(free)) if total and free is not None else None
+
+
+def usable_own(total: int, free: int) -> int:
+    """What a rank may fill on a GPU of its own: what is free now, at most `GPU_MEMORY_SHARE` of it."""
+    return int(min(free, GPU_MEMORY_SHARE * total))
+
+
 def wire_memory() -> None:
     """On Metal, set MLX's wired limit to the recommended working set as mlx-lm does before it
     generates (`maybe_set_recommended_wired_limit`), and log both: without it a slice close to the

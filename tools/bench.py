@@ -91,9 +91,9 @@ class Target:
         """Peak memory per rank: MLX's own count where the server reports it, else the OS's."""
         if self.ours:
             ranks = httpx.get(self.url + "/cluster/status", timeout=30).json()["ranks"]
-            # The plan's figure for a rank: its weights, KV reserve and runtime (`needs_gb`) and the
+            # The plan's figure for a rank (`most_gb`): its weights, runtime, the KV room granted and the
             # prompt cache it sets aside; the peak should stay under it.
-            plan = [(r.get("needs_gb", 0.0) + r.get("prompt_cache_gb", 0.0)) * 1024 for r in ranks]
+            plan = [r.get("most_gb", r.get("needs_gb", 0.0) + r.get("prompt_cache_gb", 0.0)) * 1024 for r in ranks]
             return [{"rank": r["rank"], "mlx_peak_mib": r["mlx_peak_memory_kib"] / 1024, "rss_mib": r["rss_kib"] / 1024,
                      "weights_mib": r["parameter_bytes_kib"] / 1024, "kv_peak_mib": r["kv_cache_peak_kib"] / 1024,
                      "prompt_cache_mib": r["prompt_cache_kib"] / 1024, "plan_mib": p, "under_plan_mib": p - r["mlx_peak_memory_kib"] / 1024}

@@ -16,6 +16,7 @@ from mlx_ring.models.source import DEFAULT_MODEL
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.sizes import parameter_count
 from mlx_ring.rundir import RunDir
+from mlx_ring.serving.rows import one_request
 
 if TYPE_CHECKING:
     from mlx_ring.serving.assembly import Rank0
@@ -33,7 +34,7 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(rank0.vocab, len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        request_kv_room=max(1, kv_room - GROUP_SPARE_TOKENS - cfg.draft_tokens) if kv_room is not None else 0,
+        request_kv_room=one_request(kv_room, GROUP_SPARE_TOKENS, cfg.draft_tokens) if kv_room is not None else 0,
         cluster=rank0.cluster,
         grammars=rank0.grammars,
         aliases=cfg.model_aliases,

@@ -1,6 +1,7 @@
 """What a rank's forward passes hold beside its weights and caches: the intermediate arrays of a
 prefill chunk or a decode step, estimated from the model's shape and the serving settings. Pure, no
-MLX: the plan counts it where it is larger than the flat runtime reserve."""
+MLX: the plan counts it as each rank's runtime, and the scheduler keeps the prefill work it has on the
+device at once within the tokens it counts (`step_tokens`)."""
 
 from typing import TYPE_CHECKING
 
@@ -25,14 +26,21 @@ def metal(cap: "Capabilities") -> bool:
     return bool(cap.working_set_gb) or cap.device.startswith("Apple") or not cap.device
 
 
+def step_tokens(model: "ModelSpec") -> int:
+    """Tokens of forward work a rank holds intermediates for at once, as the plan counts them: a prefill
+    chunk (`model.prefill_chunk`, or `CHUNK`) or a decode step of `model.max_active` rows, whichever is
+    more. The scheduler keeps the prefill chunks on the device at once (rows x tokens, over every
+    prompt prefilled together) within this many tokens, so the figure holds for any burst of prompts."""
+    return max(model.prefill_chunk or CHUNK, model.max_active)
+
+
 def activation_bytes(model: "ModelSpec", cap: "Capabilities", rank: int, n: int, context: int) -> float:
-    """The bytes of intermediate arrays rank `rank` holds at its peak with `n` layers: a prefill chunk
-    (`model.prefill_chunk` tokens, or `CHUNK`) or a decode step of `model.max_active` rows, whichever is
-    more tokens, through every layer where the device holds a graph's intermediates (else one); off
+    """The bytes of intermediate arrays rank `rank` holds at its peak with `n` layers: `step_tokens`
+    tokens through every layer where the device holds a graph's intermediates (else one); off
     Metal, one layer's attention scores for the chunk against `context` keys (at most the model's
     context); on rank 0 the head's float32 logits of every row, with their softmax."""
     chunk = model.prefill_chunk or CHUNK
-    tokens = max(chunk, model.max_active)
+    tokens = step_tokens(model)
     held = n if holds_graph(cap) else min(n, 1)
     # Metal attends in one fused kernel; elsewhere a prompt's attention may run unfused (always on a CPU).
     keys = min(context, model.context_length or context)  # no prompt is longer than the model's context

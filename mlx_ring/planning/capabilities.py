@@ -61,19 +61,28 @@ def with_host_keys(cap: Capabilities, entry: dict) -> Capabilities:
                    source="hosts.json" if measured else cap.source)
 
 
+def memory_pool(c: Capabilities) -> tuple[str, str]:
+    """The memory a rank fills: its host's, shared with the host's other ranks, or its own GPU's."""
+    return (c.host, c.unit) if c.unit.startswith("GPU") else (c.host, "")
+
+
 def colocate(caps: list[Capabilities]) -> list[Capabilities]:
-    """Ranks on one host share its memory and its speed: each gets its share of the host's memory
-    and the first such rank's speed, so the plan does not chase measurement noise between them."""
+    """Ranks on one host share its memory and its speed: each gets its share of the memory it fills
+    (the host's, or a GPU's of its own: `memory_pool`) and the first such rank's speed, so the plan does
+    not chase measurement noise between them."""
     first: dict[str, Capabilities] = {}
     count: dict[str, int] = {}
+    pools: dict[tuple[str, str], list[Capabilities]] = {}
     for c in caps:
         first.setdefault(c.host, c)
         count[c.host] = count.get(c.host, 0) + 1
+        pools.setdefault(memory_pool(c), []).append(c)
     out = []
     for c in caps:
         f, k = first[c.host], count[c.host]
+        pool = pools[memory_pool(c)]
         out.append(c if k == 1 else replace(c, tflops=f.tflops, bandwidth_gbs=f.bandwidth_gbs, device=f.device,
-                                            usable_gb=min(c.usable_gb, f.usable_gb / k)))
+                                            usable_gb=min(c.usable_gb, pool[0].usable_gb / len(pool))))
     return out
 
 

@@ -15,7 +15,6 @@ from mlx_ring.planning.capabilities import Capabilities
 
 GIB = 2**30
 STRATEGIES = ("balanced", "uniform", "memory", "compute", "custom")
-RUNTIME_GIB = 0.5  # per rank: Python, MLX, activations and buffers besides weights and KV cache
 
 
 @dataclass(frozen=True)
@@ -188,9 +187,9 @@ def bottleneck(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> 
 
 def runtime_bytes(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
     """Memory a rank with `n` layers needs beside weights and caches: its activations as estimated
-    (`activation_bytes`, a prefill chunk against `kv_tokens` keys) where they are more than the flat
-    `RUNTIME_GIB` reserve, which is what covers them on small models."""
-    return max(RUNTIME_GIB * GIB, activation_bytes(model, cap, rank, n, kv_tokens))
+    (`activation_bytes`, the prefill work the scheduler lets it hold at once, against `kv_tokens` keys).
+    The warm-up measures them, and what it finds beyond this comes out of the KV room."""
+    return activation_bytes(model, cap, rank, n, kv_tokens)
 
 
 def fixed_bytes(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:

@@ -78,10 +78,8 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
     plan, caps, kept, choice = plan_mode(spec, [Capabilities(**r["caps"]) for r in rows], lead["hosts"], lead["parallel"],
                                          lead["strategy"], lead["kv_tokens"], lead["layers"], lead["prompt_cache_gb"],
                                          lead["provisioned"], lead["split"], allsum)
-    out = with_choice(summary(spec, caps, plan, lead["kv_tokens"], shares=_shares(lead["split"]), allsum=allsum), choice)
-    for r, k in zip(out["ranks"], kept):
-        r["prompt_cache_gb"] = round(k, 3)
-    return plan, caps, out
+    return plan, caps, with_choice(summary(spec, caps, plan, lead["kv_tokens"], shares=_shares(lead["split"]),
+                                           allsum=allsum, kept=kept), choice)
 
 
 def hidden_size(spec: ModelSpec) -> int:
@@ -150,9 +148,8 @@ def dry_run(cfg: Config) -> dict:
 
     chosen, caps, kept, choice = plan_mode(spec, measured, keys, cfg.parallel, cfg.strategy, cfg.kv_tokens, cfg.layers,
                                            cfg.prompt_cache_gb, None, split, allsum)
-    out = with_choice(summary(spec, caps, chosen, cfg.kv_tokens, shares=_shares(split), allsum=allsum), choice)
-    for r, k in zip(out["ranks"], kept):
-        r["prompt_cache_gb"] = round(k, 3)
+    out = with_choice(summary(spec, caps, chosen, cfg.kv_tokens, shares=_shares(split), allsum=allsum, kept=kept),
+                      choice)
     others = {}
     for s in STRATEGIES:
         if s == "custom" or (s == chosen.strategy and chosen.mode == "pipeline"):

@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlx_ring import settings
-from mlx_ring.gpu import usable_bytes, working_set
+from mlx_ring.gpu import own_memory, usable_bytes, usable_own, working_set
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
 from mlx_ring.platform import memory as host_memory
@@ -145,6 +145,9 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
     if "memory_gb" in over:
         total = over["memory_gb"]
         usable = over.get("usable_gb", usable_bytes(default_usable_gb(total), limit))
+    elif own := own_memory(info):  # CUDA: the GPU's own memory holds the slice, not the host's
+        total = own[0] / GIB
+        usable = over.get("usable_gb", usable_own(*own) / GIB)
     else:
         os_total, os_avail = os_memory()
         total = (info.get("memory_size") or os_total) / GIB

@@ -18,6 +18,7 @@ from mlx_ring.planning.plan import (
     bottleneck,
     hop_seconds,
     kv_room,
+    layer_kv_bytes,
     memory_need,
     runtime_bytes,
     stage_seconds,
@@ -26,13 +27,14 @@ from mlx_ring.planning.plan import (
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
             links: list[tuple[float, float]] | None = None, shares: list[float] | None = None,
-            allsum: AllSum | None = None) -> dict:
+            allsum: AllSum | None = None, kept: list[float] | None = None) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
     `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0.
-    A tensor plan's ranks each hold `shares` of every layer (equal where None), joined by `allsum`."""
+    A tensor plan's ranks each hold `shares` of every layer (equal where None), joined by `allsum`.
+    `kept`: the GB each rank keeps for its prompt cache (`plan_for`'s), counted in its memory figure."""
     if plan.tensor > 1:
         return tensor_summary(model, caps, plan, kv_tokens, shares or [1.0 / plan.size] * plan.size,
-                              allsum or DEFAULT_ALLSUM["ring"])
+                              allsum or DEFAULT_ALLSUM["ring"], kept)
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
@@ -44,17 +46,20 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
             "needs_gb": round(memory_need(model, c, r, e - s, kv_tokens) / GIB, 3),
             "runtime_gb": round(runtime_bytes(model, c, r, e - s, kv_tokens) / GIB, 3), "predicted_stage_ms": round(t * 1e3, 3),
         })
+    with_kept(ranks, kept)
+    room = kv_room(model, caps, plan, kv_tokens)
+    memory_figures(model, ranks, room)
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
     return {"strategy": plan.strategy, "mode": plan.mode, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
-            "kv_capacity_tokens": kv_room(model, caps, plan, kv_tokens), "ranks": ranks,
+            "kv_capacity_tokens": room, "ranks": ranks,
             "predicted_tokens_per_s": round(1 / one_stream, 2) if one_stream > 0 else None,
             "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
             "hops_ms": round(hops * 1e3, 3) if links else None}
 
 
 def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-                   shares: list[float], allsum: AllSum) -> dict:
+                   shares: list[float], allsum: AllSum, kept: list[float] | None = None) -> dict:
     """`summary` of a tensor plan: every rank its share of every layer; a step is the slowest share of
     each layer, rank 0's head and two all_sums a layer."""
     parts = tensor_parts(model, caps, shares, 1, allsum)
@@ -72,11 +77,41 @@ def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, 
             "runtime_gb": round(runtime_bytes(model, c, r, plan.n_layers, kv_tokens) / GIB, 3),
             "predicted_stage_ms": round(own * 1e3, 3),
         })
+    with_kept(ranks, kept)
+    room = tensor_kv_room(model, caps, shares, kv_tokens)
+    memory_figures(model, ranks, room)
     step = sum(parts.values())
     return {"strategy": plan.strategy, "mode": plan.mode, "n_layers": plan.n_layers, "kv_tokens": kv_tokens,
-            "kv_capacity_tokens": tensor_kv_room(model, caps, shares, kv_tokens), "ranks": ranks,
+            "kv_capacity_tokens": room, "ranks": ranks,
             "predicted_tokens_per_s": round(1 / step, 2), "slowest_stage_ms": round(step * 1e3, 3),
             "allsum_ms_per_token": round(parts["allsum"] * 1e3, 3), "hops_ms": None}
+
+
+def memory_figures(model: ModelSpec, ranks: list[dict], room: int) -> None:
+    """Each rank's memory figure for a KV room of `room` tokens (what every rank grants the caches at
+    once): `kv_room_gb`, its layers' caches for that room (a tensor rank's `share` of every layer's),
+    and `most_gb`, the most it holds: its weights, runtime, KV room and prompt cache (`weights_gb`,
+    `runtime_gb`, `prompt_cache_gb`)."""
+    for r in ranks:
+        lo, hi = r["layers"]
+        r["kv_room_gb"] = kv_room_gb(model, hi - lo, r.get("share"), room)
+        r["most_gb"] = most_gb(r["weights_gb"], r["runtime_gb"], r["kv_room_gb"], r.get("prompt_cache_gb"))
+
+
+def kv_room_gb(model: ModelSpec, layers: int, share: float | None, room: int) -> float:
+    """GB of KV cache a rank of `layers` layers (a tensor rank: its `share` of each) grants `room` tokens."""
+    return round(layers * (share or 1.0) * layer_kv_bytes(model, room) / GIB, 3)
+
+
+def most_gb(weights: float, runtime: float, kv_room: float, prompt_cache: float | None) -> float:
+    """The most a rank holds (GB): its weights, runtime, KV room and prompt cache."""
+    return round(weights + runtime + kv_room + (prompt_cache or 0.0), 3)
+
+
+def with_kept(ranks: list[dict], kept: list[float] | None) -> None:
+    """Each rank's prompt cache (`prompt_cache_gb`): the GB `kept` sets aside for it."""
+    for r, k in zip(ranks, kept or []):
+        r["prompt_cache_gb"] = round(k, 3)
 
 
 def format_summary(s: dict) -> str:
@@ -85,13 +120,13 @@ def format_summary(s: dict) -> str:
     dw = max((len(r["device"]) for r in s["ranks"]), default=0)
     dw = dw + 2 if dw else 0
     lines = [f"{'rank':<5}{'host':<{hw}}{'device' if dw else '':<{dw}}{'memory':>6}{'usable':>9}{'TFLOP/s':>9}{'GB/s':>6}"
-             f"  {'layers':<14}{'weights':>9}{'runtime':>9}{'needs':>9}{'stage':>10}"]
+             f"  {'layers':<14}{'weights':>9}{'runtime':>9}{'needs':>9}{'KV room':>9}{'at most':>9}{'stage':>10}"]
     for r in s["ranks"]:
         lo, hi = r["layers"]
         lines.append(f"{r['rank']:<5}{r['host']:<{hw}}{r['device']:<{dw}}{r['memory_gb']:>3.0f} GB{r['usable_gb']:>6.1f} GB"
                      f"{r['tflops']:>9.2f}{r['bandwidth_gbs']:>6.0f}  {f'[{lo}, {hi})':<10}{hi - lo:>3} "
-                     f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.1f} GB{r['needs_gb']:>6.1f} GB"
-                     f"{r['predicted_stage_ms']:>7.1f} ms")
+                     f"{r['weights_gb']:>6.1f} GB{r.get('runtime_gb', 0):>6.2f} GB{r['needs_gb']:>6.1f} GB"
+                     f"{r.get('kv_room_gb', 0):>6.1f} GB{r.get('most_gb', 0):>6.1f} GB{r['predicted_stage_ms']:>7.1f} ms")
     if s.get("mode") == "tensor":
         lines.append(f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream, every rank a share of "
                      f"every layer: a step {s['slowest_stage_ms']:.1f} ms, of which all_sums {s['allsum_ms_per_token']:.1f} ms")

@@ -13,6 +13,8 @@ from mlx_ring import gpu
 from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
+from mlx_ring.planning.activations import step_tokens
+from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
@@ -114,11 +116,14 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
+    # A pipeline's prefill steps out are each on another stage, so each stage may hold a step's worth;
+    # in tensor mode every rank holds every step.
     sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS)
+                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS,
+                      prefill_budget=step_tokens(serving(spec, cfg.prefill_chunk, cfg.max_active)) * len(shard.plan.ranges))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
@@ -133,7 +138,7 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
         cluster = cluster.with_kv_room(kv_room)
         sched.kv_room = max(1, kv_room)
     if cluster.ranks[0].planned is not None:  # the plan's figures, now counting what the warm-up measured
-        cluster = replace(cluster, ranks=count_measured(cluster.ranks, status))
+        cluster = replace(cluster, ranks=count_measured(spec, cluster.ranks, status, kv_room))
         shown = cluster.to_json()
         log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
                  format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}))

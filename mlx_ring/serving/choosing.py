@@ -39,8 +39,13 @@ class Chooser:
     group's stage while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0):
+                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
+        # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the
+        # activations the plan counts (planning/activations.step_tokens), so a burst of prompts is
+        # prefilled a few chunks at a time, never all queued at once; the caller counts the ring's
+        # stages in (a pipeline's steps out are each on another rank). One chunk always may go. 0: no bound.
+        self.prefill_budget, self.prefill_out = prefill_budget, 0
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
         # only when every group, each row padded to its longest prompt + max_tokens, still fits (rows.cache_rows).
         self.kv_room, self.kv_spare = kv_room, kv_spare
@@ -134,12 +139,22 @@ class Chooser:
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
+        if self.prefill_budget and self.prefill_out and self.prefill_out + self._next_tokens() > self.prefill_budget:
+            return False  # the chunks on the device first
         if self.filling:
             return True
         # A model that does not batch starts a prompt only when a decode group is empty for it.
         room = self.ends.batches or any(g.free() for g in self.groups)
         first = next((s for s in self.waiting if self._free_to_start(s)), None)
         return room and first is not None and self._kv_fits(self._group_for(), [first])  # FIFO: none passes it
+
+    def _next_tokens(self) -> int:
+        """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its LOAD),
+        else a new batch's chunk at most."""
+        b = self.filling
+        if b is None:
+            return self.chunk
+        return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
 
     def _group_for(self) -> Group:
         # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
@@ -225,11 +240,13 @@ class Chooser:
         ids = mx.array(tokens, dtype=mx.int32)  # (B, L): the first stage embeds them
         b.sent += len(tokens[0])
         b.chunks_out += 1
+        self.prefill_out += len(tokens) * len(tokens[0])
         last = b.sent == len(b.tokens[0])
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
         header = Header.for_payload(Kind.PREFILL, ids, batch=b.id, offset=offset)
-        return self._submit(header, ids, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last))
+        return self._submit(header, ids, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last,
+                                            tokens=len(tokens) * len(tokens[0])))
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank

@@ -96,17 +96,27 @@ class Step:
     rows: list[Sequence] = field(default_factory=list)
     drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
     last_chunk: bool = False
+    tokens: int = 0  # PREFILL: the chunk's prompt tokens, every row counted
     done: Callable[[mx.array | None], None] | None = None
 
 
 def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], kv_room: int,
             grow: int, drafts: int) -> bool:
     """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they can
-    within `kv_room` token-rows. Alone, a request always fits (the API refuses one that cannot)."""
+    within `kv_room` token-rows, the largest counted twice: a cache that grows or takes in joining rows
+    is copied whole (mlx-lm's concatenate), the old one held until the copy is made. Alone, a request
+    always fits (the API refuses one that cannot: `one_request`)."""
     members = {g: [*g.rows, *(s for b in g.joining for s in b.rows)] for g in groups}
     for b in prefilling:
         members[b.group] += b.rows
     if not any(members.values()):
         return True
     members[group] += seqs
-    return sum(cache_rows(m, grow, drafts) for m in members.values()) <= kv_room
+    sizes = [cache_rows(m, grow, drafts) for m in members.values()]
+    return sum(sizes) + max(sizes) <= kv_room
+
+
+def one_request(kv_room: int, grow: int, drafts: int) -> int:
+    """The most tokens (prompt and answer) one request alone may hold in `kv_room` token-rows: its
+    cache, the room it grows by and its drafts, twice (the copy growing makes)."""
+    return max(1, kv_room // 2 - grow - drafts)

@@ -44,6 +44,9 @@ class Scheduler(Chooser):
         if step.kind == Kind.PREFILL:
             b = step.prefill
             b.chunks_out -= 1
+            if out is not None:
+                mx.eval(out)  # a ring's step is back, so done; alone, the chunk is done on the device first
+            self.prefill_out -= step.tokens
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
                     self._drop(b)

@@ -12,7 +12,8 @@ import mlx.core as mx
 
 from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.cluster import RankFacts
-from mlx_ring.planning.plan import RUNTIME_GIB, ModelSpec, room_after
+from mlx_ring.planning.plan import ModelSpec, room_after
+from mlx_ring.planning.report import kv_room_gb, most_gb
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
@@ -94,8 +95,8 @@ def weights_kib(ranks: tuple[RankFacts, ...]) -> list[int]:
 
 
 def planned_runtime(ranks: tuple[RankFacts, ...]) -> list[float]:
-    """Each rank's runtime in the plan (GiB): its activations as estimated, or the flat reserve."""
-    return [r.planned.runtime_gb if r.planned else RUNTIME_GIB for r in ranks]
+    """Each rank's runtime in the plan (GiB): its activations as estimated."""
+    return [r.planned.runtime_gb if r.planned else 0.0 for r in ranks]
 
 
 def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], kv_room: int, kv_tokens: int) -> int:
@@ -116,15 +117,21 @@ def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], 
     return fitted
 
 
-def count_measured(ranks: tuple[RankFacts, ...], status: list[dict]) -> tuple[RankFacts, ...]:
+def count_measured(spec: ModelSpec | None, ranks: tuple[RankFacts, ...], status: list[dict],
+                   kv_room: int | None) -> tuple[RankFacts, ...]:
     """The ranks, each one's planned memory figures (`runtime_gb`, `needs_gb`, as the startup table
     and /cluster/status show them) raised to what its activations took in the warm-up, where that is
-    more than planned; `measured_runtime_gb` says what was measured."""
+    more than planned; `measured_runtime_gb` says what was measured; its KV room and the most it holds
+    (`kv_room_gb`, `most_gb`) for the `kv_room` tokens granted after the warm-up (`fit_room`; None: no
+    bound, the plan's figures kept)."""
     out = []
     for rank, measured, planned in zip(ranks, activations_gib(status, weights_kib(ranks)), planned_runtime(ranks)):
         view = replace(rank.planned, measured_runtime_gb=round(measured, 3))
         if measured > planned:
             view = replace(view, runtime_gb=round(measured, 3), needs_gb=round(view.needs_gb + measured - planned, 3))
+        if spec is not None and kv_room is not None:
+            kv = kv_room_gb(spec, rank.layers[1] - rank.layers[0], view.share, kv_room)
+            view = replace(view, kv_room_gb=kv, most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb))
         out.append(replace(rank, planned=view))
     return tuple(out)
 

@@ -1,5 +1,5 @@
 """What the ring serves at once is bound by the memory its hosts have for KV cache: a 2-rank server
-whose rank 0 may use only enough memory for its slice and 400 tokens of cache. Two requests that
+whose rank 0 may use only enough memory for its slice and 800 tokens of cache. Two requests that
 would need more together run one after the other, both whole; one that could never fit is refused."""
 
 import json
@@ -9,19 +9,22 @@ import time
 import httpx
 from serverutil import running_server
 
-from mlx_ring.planning.plan import GIB, RUNTIME_GIB, layer_kv_bytes
+from mlx_ring.planning.assemble import serving
+from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.plan import GIB, layer_kv_bytes, runtime_bytes
 from mlx_ring.planning.sizes import spec_from_folder
 
-ROOM = 400  # tokens of KV cache rank 0 has room for
+ROOM = 800  # tokens of KV cache rank 0 has room for
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbidden, so each answer runs as long as asked
-CAPS = [{"host": "a", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0},
-        {"host": "b", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0}]
+CAPS = [{"host": "a", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0},
+        {"host": "b", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 10.0}]
 
 
 def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refused(tmp_path, default_model):
-    spec = spec_from_folder(default_model)
+    spec = serving(spec_from_folder(default_model), 0, 16)  # as the ranks plan: PREFILL_CHUNK auto, MAX_ACTIVE 16
     half = spec.n_layers // 2
-    room_gb = RUNTIME_GIB + (spec.ends_bytes + half * (spec.layer_bytes + layer_kv_bytes(spec, ROOM + 0.5))) / GIB
+    runtime = runtime_bytes(spec, Capabilities("a", 16, 1, 1, 1, "CPU"), 0, half, 64)
+    room_gb = (runtime + spec.ends_bytes + half * (spec.layer_bytes + layer_kv_bytes(spec, ROOM + 0.5))) / GIB
     hostfile = tmp_path / "keys.json"
     hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "max_memory_gb": room_gb},
                                     {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]))
@@ -31,8 +34,9 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
         plan = httpx.get(f"{url}/cluster/status", timeout=30).json()["plan"]
         assert plan["kv_capacity_tokens"] == ROOM and plan["kv_tokens"] == 64, plan
 
-        # Alone, a request's row needs prompt + 60 + 256 (the room a cache grows by): it fits. Two
-        # need 2 x (prompt + 60 + 128): more than 400, so the second waits for the first to finish.
+        # Alone, a request's row needs prompt + 60 + 256 (the room a cache grows by), twice over while
+        # it grows (the copy): it fits. Two need 2 x (prompt + 60 + 128), twice over: more than 800, so
+        # the second waits for the first to finish.
         times: dict[int, list[float]] = {}
         answers: dict[int, dict] = {}
 
@@ -63,7 +67,7 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
         first, second = sorted(range(2), key=lambda i: times[i][0])
         assert times[second][0] > times[first][-1], "the second request started while the first still held its room"
 
-        # prompt + max_tokens beyond what the ring holds for one request (400 - 256): a 400, and nothing runs.
+        # prompt + max_tokens beyond what the ring holds for one request (800 / 2 - 256): a 400, and nothing runs.
         r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 140})
         err = r.json()["error"]

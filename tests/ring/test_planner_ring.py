@@ -7,27 +7,28 @@ import json
 import numpy as np
 from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
+from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities, with_host_keys
-from mlx_ring.planning.plan import GIB, RUNTIME_GIB, per_layer_bytes, plan_layers
+from mlx_ring.planning.plan import GIB, per_layer_bytes, plan_layers, runtime_bytes
 from mlx_ring.planning.sizes import spec_from_folder
 
 DRIVER = str(ROOT / "tests" / "planner_driver.py")
 KV_TOKENS = 1_000_000  # makes each tiny layer's KV reserve ~0.24 GB, so memory budgets bite
 # A fast "studio" and two slower "minis" (distinct hosts, so the planner treats them as machines).
-CAPS = [{"host": "studio", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 100.0},
-        {"host": "mini-1", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 20.0},
-        {"host": "mini-2", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 40.0}]
+CAPS = [{"host": "studio", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 100.0},
+        {"host": "mini-1", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 20.0},
+        {"host": "mini-2", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 40.0}]
 
 
 def test_balanced_uneven_split_runs_token_exact(tmp_path):
     model = make_tiny_model(tmp_path / "model", "llama")  # 7 layers
-    spec = spec_from_folder(model)
+    spec = serving(spec_from_folder(model), 0, 16)  # as the ranks plan: PREFILL_CHUNK auto, MAX_ACTIVE 16
+    caps = [Capabilities(c["host"], 16, 16 * 2 / 3, c["tflops"], c["bandwidth_gbs"], "CPU") for c in CAPS]
     # Room on the studio for its embedding and head and 3.5 layers: it may take 3 (it would take 4).
-    room = RUNTIME_GIB + (spec.ends_bytes + 3.5 * per_layer_bytes(spec, KV_TOKENS)) / GIB
+    room = (runtime_bytes(spec, caps[0], 0, 3, KV_TOKENS) + spec.ends_bytes + 3.5 * per_layer_bytes(spec, KV_TOKENS)) / GIB
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "max_memory_gb": room}]
                                    + [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
-    caps = [Capabilities(c["host"], 16, 16 * 2 / 3, c["tflops"], c["bandwidth_gbs"]) for c in CAPS]
     assert plan_layers(spec, caps, "balanced", KV_TOKENS).sizes == [4, 1, 2]  # what the memory cap changes
     assert plan_layers(spec, [with_host_keys(caps[0], {"max_memory_gb": room}), *caps[1:]], "balanced", KV_TOKENS).sizes == [3, 1, 3]
 

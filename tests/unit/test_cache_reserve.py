@@ -22,8 +22,8 @@ def test_each_kind_reserves_its_own_share():
     hybrid = replace(FULL, state_share=0.75, state_bytes=3e6)
     assert layer_kv_bytes(hybrid, 8192) == pytest.approx(8192 / 4 * per_token + 0.75 * 3e6)
     mini = Capabilities("mini", 24, 16, 4, 120)
-    # 15.5 GiB after the runtime, 0.8 GB of weights a layer: + 268 MB of cache (full), + 52 MB (sliding)
-    assert (max_layers(FULL, mini, 1, 32768), max_layers(sliding, mini, 1, 32768)) == (15, 19)
+    # 16 GiB (no activations in this spec), 0.8 GB of weights a layer: + 268 MB of cache (full), + 52 MB (sliding)
+    assert (max_layers(FULL, mini, 1, 32768), max_layers(sliding, mini, 1, 32768)) == (16, 20)
 
 
 def test_gemma3_27b_slides_five_layers_in_six():

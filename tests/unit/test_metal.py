@@ -74,8 +74,10 @@ def test_the_suggested_wired_limit_covers_the_need_and_leaves_macos_its_share():
     assert wired_limit_mb(110 * GIB, MAC_128GB["memory_size"]) == 110 * 1024
 
 
-# A Qwen2.5-32B-like model, 4-bit: 64 layers of about 0.3 GiB (0.5e9 parameters each).
-Q32B = ModelSpec(64, 0.3 * GIB, 1.0 * GIB, 0.25e9, 4096, 0.3 * GIB, 1.0e9, 1.0e9, "bfloat16 q4", "32b-4bit")
+# A Qwen2.5-32B-like model, 4-bit: 64 layers of about 0.3 GiB (0.5e9 parameters each); its runtime on
+# a Mac (one layer's arrays for a 512-token chunk) 0.5 GiB.
+RUNTIME = {"act_bytes_per_token": 2**20}
+Q32B = ModelSpec(64, 0.3 * GIB, 1.0 * GIB, 0.25e9, 4096, 0.3 * GIB, 1.0e9, 1.0e9, "bfloat16 q4", "32b-4bit", **RUNTIME)
 
 
 def test_a_slice_beyond_a_macs_working_set_is_refused_naming_the_host_and_the_sysctl():
@@ -91,7 +93,7 @@ def test_a_slice_beyond_a_macs_working_set_is_refused_naming_the_host_and_the_sy
 
 
 def test_no_sysctl_is_suggested_where_raising_it_would_starve_macos():
-    big = ModelSpec(64, 0.4 * GIB, 1.0 * GIB, 0.25e9, 16384, 0.4 * GIB, 1.0e9, 1.0e9)
+    big = ModelSpec(64, 0.4 * GIB, 1.0 * GIB, 0.25e9, 16384, 0.4 * GIB, 1.0e9, 1.0e9, **RUNTIME)
     caps = [mac("studio", MAC_128GB, 120e9, 30), mac("mini", MAC_16GB, 14e9)]
     with pytest.raises(ValueError, match=r"host mini \(rank 1\) .* need 17.3 GB .*would leave macOS too little") as e:
         plan_layers(big, caps, "uniform", 8192)
@@ -108,7 +110,7 @@ def test_a_ring_of_macs_too_small_is_told_which_sysctl_makes_room():
     assert "`sudo sysctl iogpu.wired_limit_mb=12288` on mini-1, `sudo sysctl iogpu.wired_limit_mb=12288` on mini-2" in said
     raised = [mac(c.host, MAC_16GB | {"max_recommended_working_set_size": 12 * GIB}, 14e9) for c in minis]
     assert sum(plan_layers(Q32B, raised, "balanced", 8192).sizes) == 64  # as suggested, it fits
-    huge = ModelSpec(64, 0.6 * GIB, 1.0 * GIB, 0.25e9, 4096, 0.6 * GIB, 1.0e9, 1.0e9)
+    huge = ModelSpec(64, 0.6 * GIB, 1.0 * GIB, 0.25e9, 4096, 0.6 * GIB, 1.0e9, 1.0e9, **RUNTIME)
     with pytest.raises(ValueError) as e:
         plan_layers(huge, minis, "balanced", 8192)
     assert "sysctl" not in str(e.value)  # no limit a Mac can spare would do

@@ -57,7 +57,6 @@ from hypothesis import settings  # noqa: E402
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys  # noqa: E402
 from mlx_ring.planning.plan import (  # noqa: E402
     GIB,
-    RUNTIME_GIB,
     STRATEGIES,
     ModelSpec,
     bottleneck,
@@ -323,8 +322,9 @@ def test_kv_room_is_what_the_tightest_rank_holds_beside_its_slice():
     caps = [Capabilities("studio", 48, 36, 30, 546), Capabilities("mini", 16, 16 * 2 / 3, 4, 120)]
     plan = plan_from_sizes(32, [24, 8])
     per_token = LLAMA_8B.kv_bytes_per_token  # one layer's
-    studio = (36 * GIB - RUNTIME_GIB * GIB - LLAMA_8B.ends_bytes - 24 * LLAMA_8B.layer_bytes) // (24 * per_token)
-    mini = (16 * 2 / 3 * GIB - RUNTIME_GIB * GIB - 8 * LLAMA_8B.layer_bytes) // (8 * per_token)
+    studio = (36 * GIB - runtime_bytes(LLAMA_8B, caps[0], 0, 24, 8192) - LLAMA_8B.ends_bytes
+              - 24 * LLAMA_8B.layer_bytes) // (24 * per_token)
+    mini = (16 * 2 / 3 * GIB - runtime_bytes(LLAMA_8B, caps[1], 1, 8, 8192) - 8 * LLAMA_8B.layer_bytes) // (8 * per_token)
     assert kv_room(LLAMA_8B, caps, plan, 8192) == min(studio, mini) == mini
     assert summary(LLAMA_8B, caps, plan, 8192)["kv_capacity_tokens"] == mini
     windowed = replace(LLAMA_8B, kv_window_share=1.0, kv_window=4096)  # every cache stops at its window

@@ -1,0 +1,61 @@
+"""A burst of prompts is prefilled within the tokens the plan's activation figure counts: the
+scheduler keeps no more prompt tokens (rows x chunk, over every prefill batch) on the device at once,
+on a ring of one (no mlx.launch), still batching short prompts and decoding what mlx-lm decodes."""
+
+import mlx.core as mx
+from ringutil import make_tiny_model, reference_logits
+
+from mlx_ring.planning.plan import uniform_plan
+from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.protocol import Kind
+from mlx_ring.ring.transport import Ring
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.scheduler import Scheduler, Sequence
+from shard import load_shard
+
+LONG = [[(7 * i + j) % 250 + 1 for j in range(20)] for i in range(4)]  # 20 tokens: alone, in chunks of 8
+SHORT = [[100 + i, 3, 9] for i in range(6)]  # 3 tokens: two to a batch of 8
+
+
+def run(shard, budget: int) -> tuple[dict[int, list[int]], int, list[int]]:
+    """Greedy tokens of every prompt, all queued at once; the most prompt tokens on the device at
+    once; the rows of each PREFILL step."""
+    pipe = Pipeline(shard, Ring(mx.distributed.init()))
+    sched = Scheduler(pipe, shard, chunk=8, prefill_budget=budget)
+    most, rows, submit = [0], [], pipe.submit
+
+    def watched(header, payload, *a):
+        submit(header, payload, *a)
+        if header.kind == Kind.PREFILL:
+            rows.append(payload.shape[0])
+        most[0] = max(most[0], sched.prefill_out)
+
+    pipe.submit = watched
+    prompts = LONG + SHORT
+    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
+    got = {s.id: [] for s in seqs}
+    for s in seqs:
+        sched.add(s)
+    while not sched.idle():
+        for s, token in sched.step():
+            got[s.id].append(token.id)
+            if len(got[s.id]) == 3:
+                sched.remove(s)
+    assert sched.prefill_out == 0
+    return got, most[0], rows
+
+
+def test_a_burst_is_prefilled_within_the_budget_and_decodes_as_each_alone(tmp_path):
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    got, most, rows = run(shard, 16)
+    assert most == 16  # two chunks of 8 at a time, never more
+    assert rows.count(2) == 3  # the short prompts still go two to a step
+    for i, p in enumerate(LONG + SHORT):
+        assert got[i] == reference_logits(model, p, 3)[1], i
+    # Without the cap a ring of one queues the whole burst's chunks at once.
+    unbounded, most, _ = run(shard, 0)
+    assert most > 16 and unbounded == got
+    # A budget under a chunk still lets one chunk go at a time.
+    _, most, _ = run(shard, 5)
+    assert most == 8
