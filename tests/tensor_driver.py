@@ -8,7 +8,8 @@ mlx-lm's whole model fails in one process), or `error{r}.txt` (where the
 forward fails; the launch goes on only where every rank failed alike), or `want.npy` (the whole
 model's logits: the prompt's last row, then each greedy step's), `want.json` (its greedy tokens) and
 `got{r}.npy` (the split model's, fed the whole model's tokens: its own greedy tokens are the rows'
-argmax as long as they agree) and `how{r}.txt` (shard() or layouts); then `done{r}`.
+argmax as long as they agree), `how{r}.txt` (shard() or layouts) and `share{r}.json` (its parameter bytes,
+the whole model's, and its first layer's heads and MLP columns); then `done{r}`.
 """
 
 import argparse
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
@@ -52,6 +54,7 @@ def run(folder: Path, out: Path, group, prompt: list[int], steps: int) -> None:
     try:
         whole = load_model(folder)[0]
         want, want_tokens = logits_of(whole, prompt, None, steps)
+        whole_bytes = _bytes(whole)
         del whole
     except Exception as e:  # noqa: BLE001 -- mlx-lm's own model fails: there is nothing to compare with
         (out / f"unrunnable{r}.txt").write_text(f"{type(e).__name__}: {e}")
@@ -63,6 +66,15 @@ def run(folder: Path, out: Path, group, prompt: list[int], steps: int) -> None:
     got = logits_of(model, prompt, want_tokens, steps)
     np.save(out / f"got{r}.npy", got)
     (out / f"how{r}.txt").write_text(how)
+    attn, mlp = (getattr(model.layers[0], x, None) for x in ("self_attn", "mlp"))
+    share = {"bytes": _bytes(model), "whole": whole_bytes, "heads": getattr(attn, "n_heads", None),
+             "kv_heads": getattr(attn, "n_kv_heads", None),
+             "columns": getattr(getattr(mlp, "down_proj", None), "weight", np.zeros((0, 0))).shape[-1]}
+    (out / f"share{r}.json").write_text(json.dumps(share))
+
+
+def _bytes(model) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
 def main():

@@ -59,7 +59,7 @@ def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
     if hasattr(model, "shard") and not uneven:
         try:
             model.shard(group)
-        except ValueError as e:
+        except (ValueError, AssertionError) as e:  # Qwen 3.5's asserts that the vocabulary divides
             raise refuse(kind, f"mlx-lm's shard() cannot split it {n} ways ({e})") from None
         return "shard()"
     work, why = _plan(model, n, group.rank())

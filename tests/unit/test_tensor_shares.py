@@ -80,3 +80,13 @@ def test_even_and_spans():
     assert even(3, 2) == [2, 1] and spans([2, 1]) == [(0, 2), (2, 3)]
     assert even(1536, 5, 64) == [320, 320, 320, 320, 256]
     assert even(100, 3, 32) == [32, 32, 36]  # a remainder under a group stays with the last rank
+
+
+def test_a_type_tested_only_with_mlx_lms_even_split_is_refused_where_it_would_split_unevenly(smollm2):
+    even_only = sorted(k for k, v in record()["admitted"].items() if not v["uneven"])
+    assert even_only, "the matrix found every admitted type splitting unevenly; this test needs another case"
+    config = dict(smollm2, model_type=even_only[0], num_attention_heads=6, num_key_value_heads=6)
+    assert [s.heads for s in tensor_shares(config, 3)] == [2, 2, 2]
+    with pytest.raises(ValueError, match=f"^{even_only[0]} can't be split for tensor mode: .* do not split evenly 4 ways, "
+                                         "and only mlx-lm's shard\\(\\), which splits evenly, is tested for it"):
+        tensor_shares(config, 4)
