@@ -37,7 +37,8 @@ ENOUGH = 0.75  # a layer whose split parts hold less of its matrices than this i
 def model_type(model: nn.Module) -> str:
     """The type a model was built for, as its config names it."""
     args = getattr(model, "args", None)
-    return getattr(model, "model_type", None) or getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    module = type(model).__module__.rsplit(".", 1)[-1]
+    return getattr(model, "model_type", None) or getattr(args, "model_type", None) or module
 
 
 def split_model(model: nn.Module, group: mx.distributed.Group) -> None:
@@ -64,7 +65,8 @@ def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
         return "shard()"
     work, why = _plan(model, n, group.rank())
     if why:
-        raise refuse(kind, why + (f", and mlx-lm's shard() splits evenly, which {uneven}" if hasattr(model, "shard") else ""))
+        even_only = f", and mlx-lm's shard() splits evenly, which {uneven}" if hasattr(model, "shard") else ""
+        raise refuse(kind, why + even_only)
     for apply in work:
         apply(group)
     return "layouts"
@@ -77,7 +79,7 @@ def _uneven(model: nn.Module, n: int) -> str | None:
             for attr in {a for pair in HEAD_ATTRS for a in pair}:
                 v = getattr(m, attr, None)
                 if isinstance(v, int) and v % n:
-                    return f"{v} {attr.replace('_', ' ')} do not divide by {n}"
+                    return f"its {v} heads ({attr}) do not divide by {n}"
             down = getattr(m, "down_proj", None)
             if down is not None and hasattr(down, "weight"):
                 width, unit = in_width(down)
@@ -116,13 +118,15 @@ def _plan(model: nn.Module, n: int, rank: int) -> tuple[list, str | None]:
             whole = {name: _bytes(c) - sum(v for s, v in split.items() if s == name or s.startswith(f"{name}."))
                      for name, c in layer.children().items() if isinstance(c, nn.Module)}
             name = max(whole, key=whole.get)
+            whole_share = 100 * (total - sum(split.values())) // total
             return [], (f"layer {i}'s {name} ({type(getattr(layer, name)).__name__}) is of no layout this split knows, "
-                        f"and {100 * (total - sum(split.values())) // total}% of the layer would stay whole on every rank")
+                        f"and {whole_share}% of the layer would stay whole on every rank")
     return work, None
 
 
 def _is_attention(m: nn.Module) -> bool:
-    qkv = all(is_linear(getattr(m, x, None)) for x in ("q_proj", "k_proj", "v_proj")) or is_linear(getattr(m, "qkv_proj", None))
+    qkv = (all(is_linear(getattr(m, x, None)) for x in ("q_proj", "k_proj", "v_proj"))
+           or is_linear(getattr(m, "qkv_proj", None)))
     return qkv and any(is_linear(getattr(m, x, None)) for x in OUT_NAMES)
 
 
@@ -140,7 +144,8 @@ def _attention(m: nn.Module, n: int, rank: int):
     o = getattr(m, out_name)
     o_in, unit = in_width(o)
     per_o, g = o_in // heads, heads // kv
-    # Each projection's parts: (first row, rows per head, heads per KV group), in the order the forward splits them.
+    # Each projection's parts: (first row, rows per head, heads per KV group), in the order the forward
+    # splits them.
     if is_linear(getattr(m, "qkv_proj", None)):
         if out_width(m.qkv_proj) != (heads + 2 * kv) * per_o:
             return None, "its fused qkv_proj is not queries, keys and values of one head size"
@@ -158,7 +163,8 @@ def _attention(m: nn.Module, n: int, rank: int):
         if is_linear(c) and out_width(c) in (heads * per_o, heads):  # a gate on each head's output (or its scalar)
             extra[name] = (c, out_width(c) // heads)
         elif isinstance(c, nn.RMSNorm) and c.weight.shape[-1] in (q_width, k_width) and heads > 1:
-            norms[name] = (c, q_width // kv if c.weight.shape[-1] == q_width else k_width // kv)  # a norm over all heads
+            # A norm over all heads' queries or keys: each rank's part of it, per KV group.
+            norms[name] = (c, q_width // kv if c.weight.shape[-1] == q_width else k_width // kv)
         elif is_linear(c) or any(v.ndim >= 2 for _, v in tree_flatten(c.parameters())):
             return None, f"its {name} ({type(c).__name__}) is of no layout this split knows"
     a, b = spans(even(kv, n))[rank]

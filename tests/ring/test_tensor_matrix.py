@@ -3,17 +3,20 @@ tensor mode (`mlx_ring.models.tensor`) on 2 ranks (KV groups 2 + 1: uneven, so c
 layouts) and on 3 ranks (1 + 1 + 1: even, so by mlx-lm's own shard() where the type has one), also
 4-bit on 2 ranks: the logits of a prompt and of greedy steps equal the whole model's in one process
 within the bound below, and the greedy tokens are the same. A type is admitted for tensor mode exactly
-when all its runs pass; supported.json's `tensor` records what this test finds and the test fails
-where the file says otherwise. The default model runs in the same launches: 32 greedy tokens equal.
+when all its runs pass (a type refused on 2 ranks does not run on 3); supported.json's `tensor` records
+what this test finds, with whether the uneven cut was tested for it, and the test fails where the file
+says otherwise. The default model (SmolLM2-135M: 9 heads over 3 KV heads) runs in the same launches:
+6 + 3 heads on 2 ranks, mlx-lm's shard() on 3, 32 greedy tokens equal, and each rank holds the heads,
+columns and bytes the planner's `tensor_shares` says.
 After a change (mlx-lm, tensor.py), write the record and docs/models.md's list anew with
 
     MLX_RING_ADMIT=1 ./launch.sh test tests/ring/test_tensor_matrix.py
 
 The bound: a split layer sums N partial products in its all_sum where the whole model sums one
 product, so each output is rounded differently (float32: a few parts in 1e7 per sum), and the
-difference grows through the layers. max |split - whole| <= 1e-4 * max(1, max |whole|) is 25 times
-what the 30-layer default model shows and 1000 times the tiny models'; a misplaced head or column
-moves logits by a whole part of their size.
+difference grows through the layers. max |split - whole| <= 1e-4 * max(1, max |whole|): the 30-layer
+default model shows 2e-6 of its largest logit (7e-5 of 38), the tiny models at most 3e-6; a misplaced head or
+column moves logits by a whole part of their size.
 """
 
 import json
