@@ -46,7 +46,8 @@ def split_model(model: nn.Module, group: mx.distributed.Group) -> None:
     the model's unchanged forward gives the whole model's output on every rank; ValueError naming the
     type where it cannot be split this many ways."""
     kind = model_type(model)
-    check_admitted(kind)
+    if group.size() > 1:  # one rank holds the whole model, whatever its type
+        check_admitted(kind)
     cut(model, group, kind)
 
 

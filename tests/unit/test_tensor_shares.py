@@ -1,4 +1,4 @@
-"""tensor_shares: whether a config splits N ways for tensor mode, and each rank's share (pure; the
+"""tensor_shares: whether a config splits N ways for tensor mode, and each rank's share (pure), and split_model on one rank (the
 multi-rank check that split_model cuts the same way is tests/ring/test_tensor_matrix.py)."""
 
 import json
@@ -90,3 +90,16 @@ def test_a_type_tested_only_with_mlx_lms_even_split_is_refused_where_it_would_sp
     with pytest.raises(ValueError, match=f"^{even_only[0]} can't be split for tensor mode: .* do not split evenly 4 ways, "
                                          "and only mlx-lm's shard\\(\\), which splits evenly, is tested for it"):
         tensor_shares(config, 4)
+
+
+def test_split_model_on_one_rank_leaves_the_model_whole(default_model):
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+
+    from mlx_ring.models.tensor import split_model
+
+    model = load_model(default_model, lazy=True)[0]
+    before = {k: v.shape for k, v in tree_flatten(model.parameters())}
+    split_model(model, mx.distributed.init())  # a world of one
+    assert {k: v.shape for k, v in tree_flatten(model.parameters())} == before
