@@ -1,5 +1,6 @@
-"""tensor_shares: whether a config splits N ways for tensor mode, and each rank's share (pure), and split_model on one rank (the
-multi-rank check that split_model cuts the same way is tests/ring/test_tensor_matrix.py)."""
+"""tensor_shares: whether a config splits N ways for tensor mode, and each rank's share (pure); and
+split_model on one rank. The multi-rank check that split_model cuts as tensor_shares says is
+tests/ring/test_tensor_matrix.py."""
 
 import json
 
