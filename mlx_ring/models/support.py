@@ -86,11 +86,12 @@ def table() -> str:
 def write(found: dict) -> None:
     """Record the matrix's result (`{type: {"admitted", "reason", "caches"}}`) in supported.json and
     docs/models.md; the module's tables then hold it."""
+    global _record
     record = {"mlx_lm": mlx_lm.__version__,
               "admitted": {k: {"caches": v["caches"]} for k, v in sorted(found.items()) if v["admitted"]},
-              "refused": {k: v["reason"] for k, v in sorted(found.items()) if not v["admitted"]}}
+              "refused": {k: v["reason"] for k, v in sorted(found.items()) if not v["admitted"]},
+              **({"tensor": _record["tensor"]} if "tensor" in _record else {})}
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    global _record
     _record = record
     SUPPORTED.clear(), SUPPORTED.update(record["admitted"])
     REFUSED.clear(), REFUSED.update(record["refused"])
@@ -104,3 +105,33 @@ def summary() -> str:
     n = len(SUPPORTED) + len(REFUSED)
     return (f"{len(SUPPORTED)} of the {n} text-decoder types of mlx-lm {_record['mlx_lm']} are supported "
             f"({100 * len(SUPPORTED) // n}%).")
+
+
+TENSOR_BEGIN, TENSOR_END = "<!-- tensor matrix: begin (generated) -->", "<!-- tensor matrix: end -->"
+
+
+def tensor_list() -> str:
+    """docs/models.md's list of the types tensor mode splits, made from supported.json."""
+    found = load().get("tensor", {"admitted": {}, "refused": {}})
+    even = [k for k, v in found["admitted"].items() if not v["uneven"]]
+    lines = [f"{len(found['admitted'])} of the {len(found['admitted']) + len(found['refused'])} supported types split "
+             "for tensor mode:", "",
+             ", ".join(f"`{k}`" for k in sorted(found["admitted"])) + "."]
+    if even:
+        lines += ["", "Of these, only evenly (attention heads, KV heads and MLP columns dividing by the number of "
+                  "ranks, as mlx-lm's own split needs): " + ", ".join(f"`{k}`" for k in sorted(even)) + "."]
+    return "\n".join(lines)
+
+
+def write_tensor(found: dict) -> None:
+    """Record the tensor matrix's result (`{type: {"admitted", "reason", "uneven"}}`) in supported.json
+    and docs/models.md."""
+    record = load()
+    record["tensor"] = {"admitted": {k: {"uneven": v["uneven"]} for k, v in sorted(found.items()) if v["admitted"]},
+                        "refused": {k: v["reason"] for k, v in sorted(found.items()) if not v["admitted"]}}
+    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    global _record
+    _record = record
+    text = DOCS.read_text()
+    head, rest = text.split(TENSOR_BEGIN, 1)
+    DOCS.write_text(f"{head}{TENSOR_BEGIN}\n{tensor_list()}\n{TENSOR_END}{rest.split(TENSOR_END, 1)[1]}")
