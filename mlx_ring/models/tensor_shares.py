@@ -25,6 +25,7 @@ class Share:
     kv_heads: int
     columns: int  # MLP columns of each layer (each expert's, for a mixture of experts)
     fraction: float  # of the whole model's weights this rank holds (embedding, norms and head are on every rank)
+    layer: float = 1.0  # of each layer's weights this rank holds (what its step reads and computes)
 
 
 def refuse(kind: str, why: str) -> ValueError:
@@ -110,5 +111,6 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
     shares = []
     for k, c, e in zip(kv_sizes, cols, expert_cols if expert_width else [0] * n):
         mine = k * per_group * attn_q + k * attn_kv + c * mlp_col + e * expert_col
-        shares.append(Share(heads=k * per_group, kv_heads=k, columns=c, fraction=(replicated + layers * mine) / total))
+        shares.append(Share(heads=k * per_group, kv_heads=k, columns=c, fraction=(replicated + layers * mine) / total,
+                            layer=mine / whole_layer))
     return shares

@@ -18,7 +18,7 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_from_sizes
-from mlx_ring.planning.split import config_shares
+from mlx_ring.planning.split import tensor_shares
 
 # Llama-3-8B, bfloat16: 218M parameters a layer, 525M in each of the embedding and the head.
 LLAMA_8B = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b",
@@ -91,11 +91,11 @@ def test_unequal_memory_takes_the_pipeline_and_names_the_small_host():
 
 
 def test_a_model_that_does_not_split_takes_the_pipeline_with_the_sentence():
-    split = shares_or_refusal({**LLAMA_CONFIG, "num_attention_heads": 9, "num_key_value_heads": 3}, 2)
-    assert split == "llama cannot be split 2 ways: its 9 attention heads and its 3 key-value heads do not divide evenly"
+    split = shares_or_refusal({**LLAMA_CONFIG, "num_attention_heads": 2, "num_key_value_heads": 1}, 2)
+    assert split == "llama can't be split for tensor mode: 1 KV heads cannot be shared by 2 ranks; use PARALLEL=pipeline"
     choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], split=split)[3]
     assert choice.mode == "pipeline" and choice.reason == f"pipeline: {split}"
-    with pytest.raises(ValueError, match="PARALLEL=tensor: llama cannot be split 2 ways.*use PARALLEL=auto or pipeline"):
+    with pytest.raises(ValueError, match="PARALLEL=tensor: llama can't be split for tensor mode.*use PARALLEL=auto or pipeline"):
         choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], parallel="tensor", split=split)
     assert shares_or_refusal(None, 2).startswith("the model's config.json was not read")
 
@@ -174,19 +174,13 @@ def test_the_table_shows_each_mode_and_why():
     assert "tensor    cannot run: llama cannot be split 2 ways" in format_modes(refused.modes, refused.reason)
 
 
-def test_split_follows_heads_intermediate_and_quantization_groups():
-    assert config_shares(LLAMA_CONFIG, 2) == [0.5, 0.5] and config_shares(LLAMA_CONFIG, 1) == [1.0]
-    with pytest.raises(ValueError, match="split 3 ways: its 32 attention heads and its 8 key-value heads and its"):
-        config_shares(LLAMA_CONFIG, 3)
-    q = {**LLAMA_CONFIG, "intermediate_size": 14336, "quantization": {"bits": 4, "group_size": 64}}
-    assert config_shares(q, 8) == [0.125] * 8
-    with pytest.raises(ValueError, match=r"intermediate size \(1000\) in groups of 64"):
-        config_shares({**q, "num_attention_heads": 64, "num_key_value_heads": 16, "intermediate_size": 16000}, 16)
-    moe = {**LLAMA_CONFIG, "num_experts": 8, "moe_intermediate_size": 1000}
-    with pytest.raises(ValueError, match="experts' intermediate size 1000"):
-        config_shares(moe, 16)
-    with pytest.raises(ValueError, match="lacks 'num_attention_heads'"):
-        config_shares({"model_type": "x", "hidden_size": 8}, 2)
+def test_the_planner_takes_each_ranks_share_of_a_layer_from_the_cut():
+    assert tensor_shares(LLAMA_CONFIG, 2) == [0.5, 0.5] and tensor_shares(LLAMA_CONFIG, 1) == [1.0]
+    smol = {**LLAMA_CONFIG, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
+    two = tensor_shares(smol, 2)  # 6 + 3 heads, 768 + 768 MLP columns
+    assert two[0] > 0.5 > two[1] and sum(two) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="8 KV heads cannot be shared by 16 ranks"):
+        tensor_shares(LLAMA_CONFIG, 16)
 
 
 def test_the_probe_result_fits_a_latency_and_a_bandwidth(tmp_path):
