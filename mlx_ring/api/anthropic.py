@@ -11,8 +11,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import error_body
+from mlx_ring.api.front import Front
 from mlx_ring.api.schema import MAX_STOP, NAME, _Strict, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
@@ -272,7 +273,7 @@ def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
 
 
-def anthropic_routes(engine: Engine) -> APIRouter:
+def anthropic_routes(front: Front) -> APIRouter:
     router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
 
     @router.post("/v1/messages")
@@ -281,9 +282,9 @@ def anthropic_routes(engine: Engine) -> APIRouter:
                                       top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
                             {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
                              "response_format": "output_config.format"})
-        used, events = await engine.events(chat, http, stream_calls=body.stream)
-        window = context_cuts(engine.served, used, body.max_tokens)
-        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
+        used, events = await front.events(chat, http, stream_calls=body.stream)
+        window = context_cuts(front.served, used, body.max_tokens)
+        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": front.served.id}
         if body.stream:
             return StreamingResponse(stream(head, used, events, window), media_type="text/event-stream")
         text, calls, done = await collect(events)
@@ -292,8 +293,8 @@ def anthropic_routes(engine: Engine) -> APIRouter:
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
-        prompt, _, _ = await engine.prompt(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
-        return {"input_tokens": len(prompt)}
+        prompt = await front.chat(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
+        return {"input_tokens": len(prompt.ids)}
 
     return router
 

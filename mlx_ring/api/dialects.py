@@ -1,26 +1,19 @@
-"""What every other dialect (Anthropic Messages, OpenAI Responses, Ollama) shares: its request turned
-into the one internal chat request, that request checked, templated and queued exactly as chat
-completions are (same sampling, template, grammar, tool-call parsing and prompt cache), its answer as
-a flow of plain events, and errors reshaped into the dialect's own error body."""
+"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their request turned
+into the one internal chat request, which the front (front.py) checks, templates and queues exactly as
+chat completions (same sampling, template, grammar, tool-call parsing and prompt cache), their answer
+collected from its events, and errors reshaped into the dialect's own error body."""
 
 import json
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from mlx_ring.api.answers import Answers, Choice
-from mlx_ring.api.chat import tool_calls
 from mlx_ring.api.errors import ApiError, error_body, validation_error
-from mlx_ring.api.prompts import Prompts
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_model, check_sampling
-from mlx_ring.api.toolcalls import ToolCallText
-from mlx_ring.serving.port import Delta, Done, Failed
+from mlx_ring.api.schema import ChatCompletionRequest
+from mlx_ring.serving.port import Done
 
 # The dialects' routes are kept out of /openapi.json for now: it documents OpenAI's error shape for
 # every route, and schemathesis (tests/unit/test_api_schema.py) holds each route to it.
@@ -43,55 +36,6 @@ def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionReq
             msg = where[named] + msg[len(named):]
         param = loc[0] if loc else (where or {}).get(named)
         raise ApiError(400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=param) from None
-
-
-@dataclass
-class Engine:
-    """The parts of the app a dialect's routes need."""
-
-    served: ServedModel
-    prompts: Prompts
-    answers: Answers
-
-    async def prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None, dict | None]:
-        """(prompt ids, grammar, tool-call parsing) for a checked request, as chat completions makes them."""
-        check_model(self.served, body.model)
-        check_sampling(self.served, body)
-        tools = tool_calls(self.served, body)
-        prompt, grammar = await self.prompts.chat(body)
-        return prompt, grammar, tools
-
-    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False) -> tuple[int, AsyncIterator[tuple]]:
-        """(prompt tokens, the answer's events): ("text", str), ("call", OpenAI tool call dict),
-        ("done", Done) or ("failed", Failed). `stream_calls`: a call whose format allows it comes as
-        ("begin", the call with arguments ""), ("args", a fragment)..., ("end", the whole call) instead
-        of one "call". Errors before anything is queued are raised here. max_tokens over the room the
-        prompt leaves is cut to it, as agents expect (docs/api.md)."""
-        body.clamp_tokens()
-        prompt, grammar, tools = await self.prompt(body)
-        flow = self.answers.start(body, prompt, http, grammar)
-        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None))
-
-    async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
-        """As `events`, for a prompt sent as it is: tokenized, no chat template."""
-        body.clamp_tokens()
-        check_model(self.served, body.model)
-        check_sampling(self.served, body)
-        prompt = await self.prompts.completion(body)
-        return len(prompt), _events(self.answers.start(body, prompt, http), Choice(0, None))
-
-
-async def _events(flow, choice: Choice):
-    async for _, ev in flow:
-        if isinstance(ev, Failed):
-            yield "failed", ev
-            return
-        if isinstance(ev, Done):
-            choice.done = ev
-        for kind, _, value in choice.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done)):
-            yield kind, value
-        if isinstance(ev, Done):
-            yield "done", ev
 
 
 async def collect(events: AsyncIterator[tuple]) -> tuple[str, list[dict], Done]:

@@ -14,8 +14,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
-from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes
+from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes
 from mlx_ring.api.errors import ApiError
+from mlx_ring.api.front import Front
 from mlx_ring.api.schema import CompletionRequest, _Strict
 from mlx_ring.api.served import ServedModel
 
@@ -237,9 +238,9 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
     return [{"function": {"index": i, "name": c["function"]["name"], "arguments": arguments(c)}} for i, c in enumerate(calls)]
 
 
-def ollama_routes(engine: Engine) -> APIRouter:
+def ollama_routes(front: Front) -> APIRouter:
     router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=OPENAPI)
-    served = engine.served
+    served = front.served
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, http: HttpRequest):
@@ -254,7 +255,7 @@ def ollama_routes(engine: Engine) -> APIRouter:
                     "done_reason": "unload" if body.unloads() else "load"}
         request = chat_request(fields, WHERE | {"tools": "tools", "messages": "messages"})
         timing = Timing()
-        _, events = await engine.events(request, http)
+        _, events = await front.events(request, http)
         return await answer(body, events, timing, lambda text, calls=None: {
             "message": {"role": "assistant", "content": text} | ({"tool_calls": ollama_calls(calls)} if calls else {})})
 
@@ -269,11 +270,11 @@ def ollama_routes(engine: Engine) -> APIRouter:
         if body.raw:
             if body.response_format():
                 raise ApiError(400, "format: not supported with raw; use the chat template (raw false) or /api/chat")
-            _, events = await engine.raw_events(chat_request(fields | {"prompt": body.prompt}, WHERE, CompletionRequest), http)
+            _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, WHERE, CompletionRequest), http)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
             fields |= {"messages": messages} | ({"response_format": body.response_format()} if body.response_format() else {})
-            _, events = await engine.events(chat_request(fields, WHERE), http)
+            _, events = await front.events(chat_request(fields, WHERE), http)
         return await answer(body, events, timing, lambda text, calls=None: {"response": text})
 
     @router.head("/", include_in_schema=False)
