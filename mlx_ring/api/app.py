@@ -31,17 +31,17 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
                   on_shutdown=[bodies.close])
     metrics = RingMetrics(served.cluster.hosts(), restarts, away)
     front = Front(engine, served, metrics)  # every dialect's one way into serving; each adapter below reads its steps
-    app.include_router(openai_routes(front, bodies))
-    app.include_router(anthropic_routes(front))
-    app.include_router(responses_routes(front, Kept()))
-    app.include_router(ollama_routes(front))
-    app.include_router(status_routes(engine, served, metrics, away))
+    routers = [openai_routes(front, bodies), anthropic_routes(front), responses_routes(front, Kept()), ollama_routes(front),
+               status_routes(engine, served, metrics, away)]
+    for router in routers:
+        app.include_router(router)
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if keys:
         app.add_middleware(KeyAuth, keys=list(keys))
-    app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
+    routes = [*app.routes, *(route for router in routers for route in router.routes)]
+    app.add_middleware(CountRequests, metrics=metrics, routes=routes)  # added last, so outermost: it sees 401s too
     app.openapi = lambda: document(app, served)
     return app
 
