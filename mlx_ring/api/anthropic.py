@@ -11,9 +11,11 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import MAX_STOP, NAME, _Strict, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
@@ -273,11 +275,12 @@ def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
 
 
-def anthropic_routes(front: Front) -> APIRouter:
+def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
 
-    @router.post("/v1/messages")
-    async def messages(body: MessagesRequest, http: HttpRequest):
+    @router.post("/v1/messages", openapi_extra=body_of(MessagesRequest))
+    async def messages(http: HttpRequest):
+        body = await bodies.read(MessagesRequest, await http.body())
         chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                                       top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
                             {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
@@ -291,8 +294,9 @@ def anthropic_routes(front: Front) -> APIRouter:
         content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
         return head | {"content": content} | stop_reason(done, calls, window) | {"usage": usage(done)}
 
-    @router.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountTokensRequest):
+    @router.post("/v1/messages/count_tokens", openapi_extra=body_of(CountTokensRequest))
+    async def count_tokens(http: HttpRequest):
+        body = await bodies.read(CountTokensRequest, await http.body())
         prompt = await front.chat(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
         return {"input_tokens": len(prompt.ids)}
 

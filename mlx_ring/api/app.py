@@ -31,7 +31,7 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
                   on_shutdown=[bodies.close])
     metrics = RingMetrics(served.cluster.hosts(), restarts, away)
     front = Front(engine, served, metrics)  # every dialect's one way into serving; each adapter below reads its steps
-    routers = [openai_routes(front, bodies), anthropic_routes(front), responses_routes(front, Kept()), ollama_routes(front),
+    routers = [openai_routes(front, bodies), anthropic_routes(front, bodies), responses_routes(front, bodies, Kept()), ollama_routes(front, bodies),
                status_routes(engine, served, metrics, away)]
     for router in routers:
         app.include_router(router)

@@ -14,9 +14,11 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
+from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import CompletionRequest, _Strict
 from mlx_ring.api.served import ServedModel
 
@@ -238,12 +240,13 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
     return [{"function": {"index": i, "name": c["function"]["name"], "arguments": arguments(c)}} for i, c in enumerate(calls)]
 
 
-def ollama_routes(front: Front) -> APIRouter:
+def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
     router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=OPENAPI)
     served = front.served
 
-    @router.post("/api/chat")
-    async def chat(body: ChatRequest, http: HttpRequest):
+    @router.post("/api/chat", openapi_extra=body_of(ChatRequest))
+    async def chat(http: HttpRequest):
+        body = await bodies.read(ChatRequest, await http.body())
         known(served, body.model)
         fields = body.fields() | {"messages": chat_messages(body.messages)}
         if body.tools:
@@ -259,8 +262,9 @@ def ollama_routes(front: Front) -> APIRouter:
         return await answer(body, events, timing, lambda text, calls=None: {
             "message": {"role": "assistant", "content": text} | ({"tool_calls": ollama_calls(calls)} if calls else {})})
 
-    @router.post("/api/generate")
-    async def generate(body: GenerateRequest, http: HttpRequest):
+    @router.post("/api/generate", openapi_extra=body_of(GenerateRequest))
+    async def generate(http: HttpRequest):
+        body = await bodies.read(GenerateRequest, await http.body())
         known(served, body.model)
         fields = body.fields()
         if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
@@ -291,8 +295,9 @@ def ollama_routes(front: Front) -> APIRouter:
         entry = listing(served, served.id)
         return {"models": [entry | {"expires_at": "2999-01-01T00:00:00Z", "size_vram": entry["size"], "context_length": served.context_length}]}
 
-    @router.post("/api/show")
-    async def show(body: ShowRequest):
+    @router.post("/api/show", openapi_extra=body_of(ShowRequest))
+    async def show(http: HttpRequest):
+        body = await bodies.read(ShowRequest, await http.body())
         known(served, body.model or body.name)
         tok = served.tokenizer
         return {"modelfile": "", "parameters": "", "template": getattr(tok, "chat_template", None) or "", "details": details(served),

@@ -14,15 +14,10 @@ from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError, error_body
 from mlx_ring.api.front import Answer, Front
 from mlx_ring.api.openai_parts import chat_logprobs, completion_logprobs, sse, usage
+from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import check_model
 from mlx_ring.serving.port import Failed
-
-
-def body_of(model) -> dict:
-    """The OpenAPI request body of a route that reads `model` itself (openapi.py adds its schema)."""
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 def openai_routes(front: Front, bodies: Bodies) -> APIRouter:

@@ -14,9 +14,11 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import OPENAPI, chat_request, collect, error_routes, named_sse
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
 
 KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
@@ -297,11 +299,12 @@ class Answer:
         return self.object
 
 
-def responses_routes(front: Front, kept: Kept) -> APIRouter:
+def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
     router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=OPENAPI)
 
-    @router.post("/v1/responses")
-    async def create(body: ResponsesRequest, http: HttpRequest):
+    @router.post("/v1/responses", openapi_extra=body_of(ResponsesRequest))
+    async def create(http: HttpRequest):
+        body = await bodies.read(ResponsesRequest, await http.body())
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
         chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
         answer = Answer(body, front.served.id, history)

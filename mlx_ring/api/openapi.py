@@ -3,8 +3,17 @@
 from fastapi.openapi.utils import get_openapi
 
 from mlx_ring.api.errors import ERROR_SCHEMA
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest, ids_below
+from mlx_ring.api.schema import ids_below
 from mlx_ring.api.served import ServedModel
+
+READ_BY_ROUTES: dict[str, type] = {}  # the bodies routes read themselves (bodies.py), by schema name
+
+
+def body_of(model) -> dict:
+    """The OpenAPI request body of a route that reads `model` itself (bodies.py); `document` adds its schema."""
+    READ_BY_ROUTES[model.__name__] = model
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 def document(app, served: ServedModel) -> dict:
@@ -13,7 +22,9 @@ def document(app, served: ServedModel) -> dict:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (ChatCompletionRequest, CompletionRequest):  # the routes read these bodies themselves
+        read = {op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+                for ops in schema["paths"].values() for op in ops.values() if "requestBody" in op}
+        for model in (READ_BY_ROUTES[name] for name in sorted(read)):  # the routes read these bodies themselves
             doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(doc.pop("$defs", {}))
             schemas[model.__name__] = doc
