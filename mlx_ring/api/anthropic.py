@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
@@ -22,6 +22,11 @@ from mlx_ring.api.served import context_cuts
 # Anthropic's error types, by status code.
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
          413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
 
 
 def error_shape(status: int, openai: dict) -> dict:
@@ -276,7 +281,7 @@ def tool_use(call: dict) -> dict:
 
 
 def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
-    router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
+    router = dialect_router(error_shape, ERROR_SCHEMA)
 
     @router.post("/v1/messages", openapi_extra=body_of(MessagesRequest))
     async def messages(http: HttpRequest):

@@ -6,6 +6,7 @@ collected from its events, and errors reshaped into the dialect's own error body
 import json
 from typing import AsyncIterator, Callable
 
+from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
@@ -14,10 +15,6 @@ from pydantic import ValidationError
 from mlx_ring.api.errors import ApiError, error_body, validation_error
 from mlx_ring.api.schema import ChatCompletionRequest
 from mlx_ring.serving.port import Done
-
-# The dialects' routes are kept out of /openapi.json for now: it documents OpenAI's error shape for
-# every route, and schemathesis (tests/unit/test_api_schema.py) holds each route to it.
-OPENAPI = False
 
 
 def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionRequest):
@@ -85,6 +82,15 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
             return reshaped
 
     return Reshaped
+
+
+def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRouter:
+    """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are documented
+    as `schema` in /openapi.json, which schemathesis holds each route to (tests/unit/test_api_schema.py)."""
+    doc = {"content": {"application/json": {"schema": schema}}}
+    return APIRouter(route_class=error_routes(shape), include_in_schema=False, responses={
+        400: {"description": "Bad request"} | doc, 404: {"description": "Unknown model"} | doc,
+        503: {"description": "Busy, draining or the ring is down"} | doc})
 
 
 def named_sse(event: dict) -> str:

@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import OPENAPI, arguments, chat_request, collect, error_routes
+from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
@@ -28,6 +28,11 @@ OLLAMA_VERSION = "0.12.0"
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
            "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+# with "stream" true or left out: one JSON object a line
+NDJSON = {200: {"description": "OK", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}
 
 
 class Options(_Strict):
@@ -241,10 +246,10 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
 
 
 def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=OPENAPI)
+    router = dialect_router(lambda status, openai: {"error": openai["error"]["message"]}, ERROR_SCHEMA)
     served = front.served
 
-    @router.post("/api/chat", openapi_extra=body_of(ChatRequest))
+    @router.post("/api/chat", openapi_extra=body_of(ChatRequest), responses=NDJSON)
     async def chat(http: HttpRequest):
         body = await bodies.read(ChatRequest, await http.body())
         known(served, body.model)
@@ -262,7 +267,7 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         return await answer(body, events, timing, lambda text, calls=None: {
             "message": {"role": "assistant", "content": text} | ({"tool_calls": ollama_calls(calls)} if calls else {})})
 
-    @router.post("/api/generate", openapi_extra=body_of(GenerateRequest))
+    @router.post("/api/generate", openapi_extra=body_of(GenerateRequest), responses=NDJSON)
     async def generate(http: HttpRequest):
         body = await bodies.read(GenerateRequest, await http.body())
         known(served, body.model)
@@ -286,7 +291,8 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         """The Ollama CLI's check that a server is up, before run, list, ps, show and the others."""
         return Response(status_code=200)
 
-    @router.api_route("/api/tags", methods=["GET", "HEAD"])
+    @router.head("/api/tags", include_in_schema=False)
+    @router.get("/api/tags")
     async def tags():
         return {"models": [listing(served, name) for name in served.names()]}
 
@@ -304,7 +310,8 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
                 "model_info": model_info(served),
                 "capabilities": ["completion"] + (["tools"] if getattr(tok, "has_tool_calling", False) else []), "modified_at": "1970-01-01T00:00:00Z"}
 
-    @router.api_route("/api/version", methods=["GET", "HEAD"])
+    @router.head("/api/version", include_in_schema=False)
+    @router.get("/api/version")
     async def version():
         return {"version": OLLAMA_VERSION}
 

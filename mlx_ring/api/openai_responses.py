@@ -15,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import OPENAPI, chat_request, collect, error_routes, named_sse
-from mlx_ring.api.errors import ApiError
+from mlx_ring.api.dialects import chat_request, collect, dialect_router, named_sse
+from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
@@ -300,7 +300,7 @@ class Answer:
 
 
 def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=OPENAPI)
+    router = dialect_router(lambda status, openai: openai, ERROR_SCHEMA)
 
     @router.post("/v1/responses", openapi_extra=body_of(ResponsesRequest))
     async def create(http: HttpRequest):

@@ -1,6 +1,7 @@
 """The OpenAPI document of the API, as it really answers (schemathesis checks it)."""
 
 from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
 
 from mlx_ring.api.errors import ERROR_SCHEMA
 from mlx_ring.api.schema import ids_below
@@ -24,10 +25,15 @@ def document(app, served: ServedModel) -> dict:
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         read = {op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
                 for ops in schema["paths"].values() for op in ops.values() if "requestBody" in op}
-        for model in (READ_BY_ROUTES[name] for name in sorted(read)):  # the routes read these bodies themselves
-            doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(doc.pop("$defs", {}))
-            schemas[model.__name__] = doc
+        # the routes read these bodies themselves; together, so that pydantic names apart the dialects'
+        # models of one name (anthropic's Message, ollama's Message)
+        models = [(READ_BY_ROUTES[name], "validation") for name in sorted(read)]
+        refs, doc = models_json_schema(models, ref_template="#/components/schemas/{model}")
+        schemas.update(doc.get("$defs", {}))
+        for (model, _), ref in refs.items():
+            name = ref["$ref"].rsplit("/", 1)[1]
+            if name != model.__name__:  # a top-level body keeps the name its route's requestBody names
+                schemas[model.__name__] = schemas.pop(name)
         error = {"description": "Bad request, in OpenAI's error shape", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
         for ops in schema["paths"].values():
             for op in ops.values():
@@ -37,9 +43,10 @@ def document(app, served: ServedModel) -> dict:
                     ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
                     # with "stream": true: server-sent events whose data is a JSON chunk or [DONE]
                     ok["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}}
-                    responses["400"] = error
-                    responses["404"] = error | {"description": "Unknown model"}
-                    responses["503"] = error | {"description": "Busy, draining or the ring is down"}
+                    # a dialect's routes document their own error shape (dialects.dialect_router)
+                    responses.setdefault("400", error)
+                    responses.setdefault("404", error | {"description": "Unknown model"})
+                    responses.setdefault("503", error | {"description": "Busy, draining or the ring is down"})
                 if op.get("operationId", "").startswith(("health", "cluster")):
                     responses["503"] = {"description": "The ring does not answer"}
         # Limits known only at run time: completion length, and token ids of this vocabulary.
