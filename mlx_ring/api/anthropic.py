@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router, named_sse
+from mlx_ring.api.dialects import arguments, chat_request, check_tool_choice, collect, dialect_router, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
@@ -198,6 +198,13 @@ class CountTokensRequest(_Strict):
             raise ValueError(refusal)
         return self
 
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        c = self.tool_choice
+        check_tool_choice(c, [t.name for t in self.tools or []], getattr(c, "name", None), c is not None and c.type in ("any", "tool"),
+                          "output_config.format" if self.output_config and self.output_config.format else None)
+        return self
+
     def system_text(self) -> str:
         return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
 
@@ -287,9 +294,7 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     async def messages(http: HttpRequest):
         body = await bodies.read(MessagesRequest, await http.body())
         chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
-                            {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
-                             "response_format": "output_config.format"})
+                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream))
         used, events = await front.events(chat, http, stream_calls=body.stream)
         window = context_cuts(front.served, used, body.max_tokens)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": front.served.id}
@@ -302,7 +307,7 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     @router.post("/v1/messages/count_tokens", openapi_extra=body_of(CountTokensRequest))
     async def count_tokens(http: HttpRequest):
         body = await bodies.read(CountTokensRequest, await http.body())
-        prompt = await front.chat(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
+        prompt = await front.chat(chat_request(body.chat()))
         return {"input_tokens": len(prompt.ids)}
 
     return router

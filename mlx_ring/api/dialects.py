@@ -10,29 +10,60 @@ from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 
 from mlx_ring.api.errors import ApiError, error_body, validation_error
-from mlx_ring.api.schema import ChatCompletionRequest
+from mlx_ring.api.schema import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDef,
+    FunctionName,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    NamedTool,
+    TextFormat,
+    Tool,
+    ToolCall,
+)
 from mlx_ring.serving.port import Done
 
 
-def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionRequest):
-    """The internal request (`kind`: chat, or a completion) from a dialect's translated fields; a 400 when they
-    break one of its rules (`where`: internal field name -> the dialect's name for it, so the message names the client's field)."""
-    try:
-        return kind.model_validate(fields)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(p) for p in first["loc"]]
-        if loc and where and loc[0] in where:
-            loc[0] = where[loc[0]]
-        msg = first["msg"].removeprefix("Value error, ")
-        named = msg.split(": ", 1)[0]
-        if not loc and where and named in where:  # a rule of the whole request names its field first
-            msg = where[named] + msg[len(named):]
-        param = loc[0] if loc else (where or {}).get(named)
-        raise ApiError(400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=param) from None
+def chat_request(fields: dict, kind: type = ChatCompletionRequest):
+    """The one internal request (`kind`: chat, or a completion) from a dialect's translated fields, built
+    as they are: the dialect's own model validated the body once, naming the client's fields, and its
+    rules include every rule of the internal request, so nothing is checked twice."""
+    out = {k: v for k, v in fields.items() if v is not None}
+    if "messages" in out:
+        out["messages"] = [ChatMessage.model_construct(**m | ({"tool_calls": [ToolCall.model_construct(
+            id=c["id"], type="function", function=FunctionCall.model_construct(**c["function"])) for c in m["tool_calls"]]}
+            if m.get("tool_calls") else {})) for m in out["messages"]]
+    if "tools" in out:
+        out["tools"] = [Tool.model_construct(type="function", function=FunctionDef.model_construct(**t["function"])) for t in out["tools"]]
+    if isinstance(out.get("tool_choice"), dict):
+        out["tool_choice"] = NamedTool.model_construct(type="function", function=FunctionName.model_construct(
+            name=out["tool_choice"]["function"]["name"]))
+    fmt = out.get("response_format")
+    if fmt is not None:
+        spec = fmt.get("json_schema")
+        out["response_format"] = {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(type=fmt["type"]) \
+            if spec is None else JsonSchemaFormat.model_construct(type="json_schema", json_schema=JsonSchemaSpec.model_construct(
+                name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")))
+    return kind.model_construct(**out)
+
+
+def check_tool_choice(choice, names: list[str], named: str | None, forced: bool, json_field: str | None) -> None:
+    """The internal request's rules for a tool choice, for a dialect's model to raise in its own words:
+    a choice needs tools (`names`), a `named` one must be one of them, and a `forced` call excludes a
+    JSON answer (`json_field`: the dialect's field that asks for one, else None)."""
+    if choice is None:
+        return
+    if not names:
+        raise ValueError("tool_choice: only allowed when tools are given")
+    if named is not None and named not in names:
+        raise ValueError(f"tool_choice: names {named!r}, which is not one of the tools")
+    if forced and json_field:
+        raise ValueError(f"{json_field}: a JSON answer and a required tool call exclude each other; drop one")
 
 
 async def collect(events: AsyncIterator[tuple]) -> tuple[str, list[dict], Done]:

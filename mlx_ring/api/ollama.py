@@ -19,7 +19,7 @@ from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_rout
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import CompletionRequest, _Strict
+from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict
 from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
@@ -37,15 +37,16 @@ NDJSON = {200: {"description": "OK", "content": {"application/x-ndjson": {"schem
 
 class Options(_Strict):
     model_config = ConfigDict(extra="allow")  # Ollama's load-time and other options: accepted, ignored
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
-    repeat_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # the bounds of the internal request's fields (schema._Sampling), so a body is checked once, here
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+    stop: list[str] | None = Field(None, max_length=MAX_STOP)
+    repeat_penalty: float | None = Field(None, ge=0.1, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     num_predict: int | None = Field(None, description="Most tokens to generate; -1 or -2: as many as fit.")
 
 
@@ -72,6 +73,8 @@ class Message(_Strict):
     def _check(self):
         if self.images:
             raise ValueError("images are not supported by this text model; send text")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
         return self
 
 
@@ -113,7 +116,7 @@ class _Generating(_Strict):
 
 class ChatRequest(_Generating):
     messages: list[Message] = Field(default_factory=list)
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
 
 
 class GenerateRequest(_Generating):
@@ -143,9 +146,6 @@ class ShowRequest(_Strict):
         if not (self.model or self.name):
             raise ValueError("model is required")
         return self
-
-
-WHERE = {ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()} | {"max_tokens": "options.num_predict", "response_format": "format"}
 
 
 def chat_messages(messages: list[Message]) -> list[dict]:
@@ -255,13 +255,13 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         known(served, body.model)
         fields = body.fields() | {"messages": chat_messages(body.messages)}
         if body.tools:
-            fields["tools"] = body.tools
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.response_format():
             fields["response_format"] = body.response_format()
         if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
             return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
-        request = chat_request(fields, WHERE | {"tools": "tools", "messages": "messages"})
+        request = chat_request(fields)
         timing = Timing()
         _, events = await front.events(request, http)
         return await answer(body, events, timing, lambda text, calls=None: {
@@ -279,11 +279,11 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         if body.raw:
             if body.response_format():
                 raise ApiError(400, "format: not supported with raw; use the chat template (raw false) or /api/chat")
-            _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, WHERE, CompletionRequest), http)
+            _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, CompletionRequest), http)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
             fields |= {"messages": messages} | ({"response_format": body.response_format()} if body.response_format() else {})
-            _, events = await front.events(chat_request(fields, WHERE), http)
+            _, events = await front.events(chat_request(fields), http)
         return await answer(body, events, timing, lambda text, calls=None: {"response": text})
 
     @router.head("/", include_in_schema=False)

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import chat_request, collect, dialect_router, named_sse
+from mlx_ring.api.dialects import chat_request, check_tool_choice, collect, dialect_router, named_sse
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
@@ -186,12 +186,28 @@ class ResponsesRequest(_Strict):
             raise ValueError(refusal)
         return self
 
+    @model_validator(mode="after")
+    def _tools(self):
+        names = [flat(ns, t.name) for ns, t in self.functions()]
+        long = next((n for n in names if len(n) > 64), None)
+        if long:
+            raise ValueError(f"tools: a namespace and its function's name join as {long!r}, over 64 characters; shorten them")
+        named = self.tool_choice.name if isinstance(self.tool_choice, NamedFunction) else None
+        fmt = self.text.format if self.text else None
+        check_tool_choice(self.tool_choice, names, named, self.tool_choice == "required" or named is not None,
+                          "text.format" if fmt is not None and fmt.type != "text" else None)
+        return self
+
+    def functions(self) -> list[tuple[str | None, FunctionTool]]:
+        """(namespace or None, tool) of every function the model is offered."""
+        return [(None, t) for t in self.tools or [] if isinstance(t, FunctionTool)] + [
+            (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
+
     def chat(self, history: list[dict]) -> dict:
         """The internal chat request's fields, after `history` (the conversation so far)."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages += history + input_messages(self.input)
-        functions = [(None, t) for t in self.tools or [] if isinstance(t, FunctionTool)] + [
-            (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
+        functions = self.functions()
         fields = {"model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "temperature": self.temperature,
                   "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
         if functions:
@@ -306,7 +322,7 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
     async def create(http: HttpRequest):
         body = await bodies.read(ResponsesRequest, await http.body())
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
-        chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
+        chat = chat_request(body.chat(history))
         answer = Answer(body, front.served.id, history)
         _, events = await front.events(chat, http, stream_calls=body.stream)
         if body.stream:
