@@ -9,14 +9,14 @@ from typing import Annotated, ClassVar, Literal
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import arguments, chat_request, check_tool_choice, collect, dialect_router, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import MAX_STOP, NAME, _Strict, hosted_tools_refused
+from mlx_ring.api.schema import MAX_STOP, NAME, Refused, _Strict, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
@@ -50,9 +50,8 @@ class ToolUseBlock(_Block):
     input: dict
 
 
-class MediaBlock(BaseModel):
+class MediaBlock(Refused):
     """Images and documents: recognised only to be refused, with a message that says where and why."""
-    model_config = ConfigDict(extra="allow")
     type: Literal["image", "document"]
 
 
@@ -88,7 +87,17 @@ def media_block(messages: list["Message"]) -> str | None:
     return None
 
 
+def _blocks_but(*kinds: str) -> dict:
+    """JSON Schema: text, or blocks none of whose type is one of `kinds`."""
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "not": {"required": ["type"], "properties": {"type": {"enum": list(kinds)}}}}}]}}}
+
+
 class Message(_Strict):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"role": {"const": role}}}, "then": _blocks_but(*kinds)}
+        for role, kinds in (("user", ["tool_use"]), ("assistant", ["tool_result"]),
+                            ("system", ["tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"]))]})
     # "system": an instruction within the conversation, as Claude Code sends them (mid-conversation-system beta)
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
@@ -230,7 +239,8 @@ class MessagesRequest(CountTokensRequest):
         "container": "it runs no code execution", "mcp_servers": "it connects to no MCP servers; send their tools as tools",
         "context_management": "it does not edit the conversation; send it as it should be read"}
     # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by default).
-    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and all(
+    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and (
+        v.get("edits") is None or isinstance(v["edits"], list)) and all(
         isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits") or [])}
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
@@ -240,7 +250,10 @@ class MessagesRequest(CountTokensRequest):
     top_k: int = Field(0, ge=0, description="0: off.")
     metadata: Metadata | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
-    context_management: dict | None = Field(None, description="Accepted where it only clears thinking blocks, which this model never writes.")
+    context_management: Annotated[dict | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
+        "type": "object", "additionalProperties": False, "properties": {"edits": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
+            "type": "object", "required": ["type"], "properties": {"type": {"type": "string", "pattern": "^clear_thinking_"}}}}]}}}]})] = Field(
+        None, description="Accepted where it only clears thinking blocks, which this model never writes.")
 
 
 def chat_messages(system: str, messages: list[Message]) -> list[dict]:

@@ -119,7 +119,7 @@ def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRoute
     """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are documented
     as `schema` in /openapi.json, which schemathesis holds each route to (tests/unit/test_api_schema.py)."""
     doc = {"content": {"application/json": {"schema": schema}}}
-    return APIRouter(route_class=error_routes(shape), include_in_schema=False, responses={
+    return APIRouter(route_class=error_routes(shape), responses={
         400: {"description": "Bad request"} | doc, 404: {"description": "Unknown model"} | doc,
         503: {"description": "Busy, draining or the ring is down"} | doc})
 

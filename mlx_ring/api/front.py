@@ -101,11 +101,16 @@ class Front:
         self.engine, self.served, self.metrics = engine, served, metrics
         self.prompts = Prompts(served)
 
-    async def chat(self, body: ChatCompletionRequest) -> Prompt:
-        """The prompt of a chat request, checked against the served model and templated."""
+    def check(self, body: ChatCompletionRequest) -> dict | None:
+        """A chat request checked against the served model (its name, sampling and tools); how its
+        answer's tool calls are found (`Prompt.tools`)."""
         check_model(self.served, body.model)
         check_sampling(self.served, body)
-        tools = tool_calls(self.served, body)
+        return tool_calls(self.served, body)
+
+    async def chat(self, body: ChatCompletionRequest) -> Prompt:
+        """The prompt of a chat request, checked against the served model and templated."""
+        tools = self.check(body)
         ids, grammar = await self.prompts.chat(body)
         return Prompt(ids, grammar, tools)
 

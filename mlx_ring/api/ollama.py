@@ -7,19 +7,19 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict
+from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict, only_with
 from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
@@ -62,9 +62,11 @@ class ToolCallOut(_Strict):
 
 
 class Message(_Strict):
+    model_config = ConfigDict(json_schema_extra=only_with("tool_calls", "role", {"type": "array", "minItems": 1}, {"const": "assistant"}))
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
-    images: list[str] | None = None
+    images: Annotated[list[str] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]})] = Field(
+        None, description="Not supported: this model reads text only.")
     tool_calls: list[ToolCallOut] | None = None
     tool_name: str | None = None
     thinking: str | None = Field(None, description="Accepted and dropped: this server does not think apart.")
@@ -84,7 +86,8 @@ class _Generating(_Strict):
     format: Literal["", "json"] | dict | None = None
     options: Options | None = None
     keep_alive: float | int | str | None = Field(None, description="Accepted and ignored: the ring keeps its model.")
-    think: bool | Literal["low", "medium", "high"] | None = None
+    think: Annotated[bool | Literal["low", "medium", "high"] | None, WithJsonSchema({"enum": [False, None]})] = Field(
+        None, description="Not supported: false or left out.")
 
     @model_validator(mode="after")
     def _no_thinking(self):
@@ -120,6 +123,7 @@ class ChatRequest(_Generating):
 
 
 class GenerateRequest(_Generating):
+    model_config = ConfigDict(json_schema_extra=only_with("raw", "format", {"const": True}, {"enum": ["", None]}))
     unsupported: ClassVar[dict[str, str]] = {"images": "it is a text model; send text"}
     harmless: ClassVar[dict[str, object]] = {"images": []}
     prompt: str = ""
@@ -130,9 +134,16 @@ class GenerateRequest(_Generating):
     context: list[int] | None = Field(None, max_length=0, description="Not supported (deprecated by Ollama): send the conversation to /api/chat.")
     images: list[str] | None = Field(None, max_length=0, description="Not supported: this model reads text only.")
 
+    @model_validator(mode="after")
+    def _raw(self):
+        if self.raw and self.response_format():
+            raise ValueError("format: not supported with raw; use the chat template (raw false) or /api/chat")
+        return self
+
 
 class ShowRequest(_Strict):
     """As the Ollama client sends it (api/types.go: every field, empty ones too)."""
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": [f], "properties": {f: {"minLength": 1}}} for f in ("model", "name")]})
 
     model: str = ""
     name: str = Field("", description="Deprecated by Ollama: the model, when `model` is empty.")
@@ -258,10 +269,11 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
             fields["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.response_format():
             fields["response_format"] = body.response_format()
+        request = chat_request(fields)
         if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
+            front.check(request)  # what a chat with messages would be refused for
             return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
-        request = chat_request(fields)
         timing = Timing()
         _, events = await front.events(request, http)
         return await answer(body, events, timing, lambda text, calls=None: {
@@ -273,12 +285,11 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         known(served, body.model)
         fields = body.fields()
         if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
+            front.check(chat_request(fields))  # what a prompt would be refused for
             return {"model": body.model, "created_at": now(), "response": "", "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
         timing = Timing()
         if body.raw:
-            if body.response_format():
-                raise ApiError(400, "format: not supported with raw; use the chat template (raw false) or /api/chat")
             _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, CompletionRequest), http)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]

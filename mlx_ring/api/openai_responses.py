@@ -19,7 +19,7 @@ from mlx_ring.api.dialects import chat_request, check_tool_choice, collect, dial
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
+from mlx_ring.api.schema import NAME, Refused, _Strict, hosted_tools_refused
 
 KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
 
@@ -31,9 +31,8 @@ class TextContent(_Strict):
     logprobs: list | None = None
 
 
-class MediaContent(BaseModel):
+class MediaContent(Refused):
     """Recognised only to be refused with a clear message."""
-    model_config = ConfigDict(extra="allow")
     type: Literal["input_image", "input_file", "input_audio"]
 
 

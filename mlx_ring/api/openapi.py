@@ -58,14 +58,22 @@ def document(app, served: ServedModel) -> dict:
         for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
             if branch.get("type") == "array":
                 branch["items"]["maximum"] = served.vocab_size - 1
+        for name in read:  # the served name, so that generated requests reach past the model check
+            if "model" in schemas[name]["properties"]:
+                schemas[name]["properties"]["model"]["examples"] = [served.id]
+        for doc in schemas.values():  # every dialect's top_k: keeping the whole vocabulary is refused (check_sampling)
+            top_k = doc.get("properties", {}).get("top_k", {})
+            for branch in top_k.get("anyOf", [top_k] if top_k else []):
+                if branch.get("type") == "integer":
+                    branch["maximum"] = served.vocab_size - 1
         for name in ("ChatCompletionRequest", "CompletionRequest"):
             props = schemas[name]["properties"]
-            props["top_k"]["maximum"] = served.vocab_size - 1
             for branch in props["logit_bias"].get("anyOf", [props["logit_bias"]]):
                 if branch.get("type") == "object":  # keys: token ids below the vocabulary's size
                     branch["patternProperties"] = {ids_below(served.vocab_size): branch["patternProperties"].popitem()[1]}
         if not getattr(served.tokenizer, "has_tool_calling", False):  # a model without tools: no such fields
-            for field in ("tools", "tool_choice"):
-                schemas["ChatCompletionRequest"]["properties"].pop(field)
+            for name in read:
+                for field in ("tools", "tool_choice"):
+                    schemas[name]["properties"].pop(field, None)
         app.openapi_schema = schema
     return app.openapi_schema

@@ -52,6 +52,21 @@ class _Strict(BaseModel):
         return out
 
 
+class Refused(BaseModel):
+    """A part recognised only to be refused with a message that says where and why; documented as
+    matching nothing, so that /openapi.json shows what is taken."""
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        return {"not": {}, "description": "Not supported: this server's models read text only."}
+
+
+def only_with(field: str, needs: str, when: dict, then: dict) -> dict:
+    """JSON Schema for "`field` (matching `when`) only with `needs` matching `then`", so clients can see the rule."""
+    return {"if": {"required": [field], "properties": {field: when}}, "then": {"required": [needs], "properties": {needs: then}}}
+
+
 def hosted_tools_refused(data, runs: tuple[str, ...], send: str):
     """`data` (a request body) unless a tool in it has a type outside `runs`: a tool the API's own
     servers would run (web search, code execution, ...), which this server does not."""
