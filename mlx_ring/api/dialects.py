@@ -43,13 +43,17 @@ def chat_request(fields: dict, kind: type = ChatCompletionRequest):
     if isinstance(out.get("tool_choice"), dict):
         out["tool_choice"] = NamedTool.model_construct(type="function", function=FunctionName.model_construct(
             name=out["tool_choice"]["function"]["name"]))
-    fmt = out.get("response_format")
-    if fmt is not None:
-        spec = fmt.get("json_schema")
-        out["response_format"] = {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(type=fmt["type"]) \
-            if spec is None else JsonSchemaFormat.model_construct(type="json_schema", json_schema=JsonSchemaSpec.model_construct(
-                name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")))
+    if "response_format" in out:
+        out["response_format"] = _response_format(out["response_format"])
     return kind.model_construct(**out)
+
+
+def _response_format(fmt: dict):
+    if fmt["type"] != "json_schema":
+        return {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(type=fmt["type"])
+    spec = fmt["json_schema"]
+    return JsonSchemaFormat.model_construct(type="json_schema", json_schema=JsonSchemaSpec.model_construct(
+        name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")))
 
 
 def check_tool_choice(choice, names: list[str], named: str | None, forced: bool, json_field: str | None) -> None:

@@ -206,17 +206,11 @@ def ids_below(n: int) -> str:
     return f"^0*(?:{'|'.join(['0', *shorter, *same_length])})$"
 
 
-def _only_with(field: str, needs: str, when: dict) -> dict:
-    """JSON Schema for "`field` (matching `when`) only with `needs: true`", so clients can see the rule."""
-    return {"if": {"required": [field], "properties": {field: when}},
-            "then": {"required": [needs], "properties": {needs: {"const": True}}}}
-
-
 _STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}, {"type": "null"}]}
 _PROMPT = {"anyOf": [{"type": "string", "minLength": 1},
                      {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
 
-_STREAM_OPTIONS_RULE = _only_with("stream_options", "stream", {"type": "object"})
+_STREAM_OPTIONS_RULE = only_with("stream_options", "stream", {"type": "object"}, {"const": True})
 
 
 class _Sampling(_Strict):
@@ -288,7 +282,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        _STREAM_OPTIONS_RULE, _only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1})]})
+        _STREAM_OPTIONS_RULE, only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1}, {"const": True})]})
     unsupported: ClassVar[dict[str, str]] = {
         "audio": "it answers in text only", "modalities": "it answers in text only; send [\"text\"] or leave it out",
         "functions": "send them as tools", "function_call": "send tool_choice", "prediction": "predicted outputs are not used",
