@@ -10,12 +10,12 @@ import json
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, Tag
 
 from mlx_ring.api.lark_regex import lark_to_regex
 from mlx_ring.api.schema import NAME, _Strict
 from mlx_ring.api.toolcalls import _scan_string
-from mlx_ring.serving.grammar import calls_in_text_grammar
+from mlx_ring.serving.grammar_text import calls_in_text_grammar
 
 INPUT_START = '{"input": "'  # a custom call's arguments as the parsers give them, up to its text
 SEARCH = "tool_search"
@@ -128,6 +128,18 @@ class ToolSearchOutputItem(_Strict):
                 "content": json.dumps({"tools": names}) if names else "no tools found"}
 
 
+# the input items of these tools' calls and of a search's output, for the Responses API's item union
+ITEMS = (Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+         | Annotated[ToolSearchOutputItem, Tag("tool_search_output")])
+
+
+def check_forced(tools: list | None, choice) -> None:
+    """A forced custom call's grammar must be one decoding can enforce (raises ValueError if not)."""
+    for t in tools or []:
+        if isinstance(t, CustomTool) and (choice == "required" or (isinstance(choice, ToolChoiceCustom) and choice.name == t.name)):
+            t.function(forced=True)
+
+
 def loaded_tools(data):
     """`data` with the tools that `tool_search_output` input items loaded added to its `tools`."""
     items = data.get("input") if isinstance(data, dict) else None
@@ -211,3 +223,21 @@ class InputStream:
             return ""
         new, self.sent = text[self.sent :], len(text)
         return new
+
+
+class ArgumentStream:
+    """An open call's argument fragments as the deltas of its stream's events (`event`.delta, then
+    `event`.done naming the item's `field`): a function's arguments as they come, a custom tool's input
+    text as it completes, none for a tool search (its item has no such events)."""
+
+    EVENTS = {"function_call": ("response.function_call_arguments", "arguments"),
+              "custom_tool_call": ("response.custom_tool_call_input", "input")}
+
+    def __init__(self, item_type: str):
+        self.event, self.field = self.EVENTS.get(item_type, (None, None))
+        self.input = InputStream() if item_type == "custom_tool_call" else None
+
+    def feed(self, fragment: str) -> str:
+        if self.event is None:
+            return ""
+        return self.input.feed(fragment) if self.input else fragment
