@@ -114,23 +114,23 @@ class ToolSearchCallItem(_Strict):
 
 
 class ToolSearchOutputItem(_Strict):
-    """The tools a client's search loaded: offered to the model from this turn on."""
+    """The tools a client's search loaded: offered to the model from this turn on (the Responses API's
+    module types `tools` as its own tools)."""
     type: Literal["tool_search_output"]
-    tools: list[dict]
+    tools: list
     call_id: str | None = None
     execution: Literal["client"] = "client"
     id: str | None = None
     status: str | None = None
 
     def message(self) -> dict:
-        names = [t.get("name") for t in self.tools]
+        names = [getattr(t, "name", None) for t in self.tools]
         return {"role": "tool", "tool_call_id": self.call_id or self.id or "",
                 "content": json.dumps({"tools": names}) if names else "no tools found"}
 
 
-# the input items of these tools' calls and of a search's output, for the Responses API's item union
-ITEMS = (Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
-         | Annotated[ToolSearchOutputItem, Tag("tool_search_output")])
+# the input items of these tools' calls, for the Responses API's item union
+CALL_ITEMS = Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
 
 
 def check_forced(tools: list | None, choice) -> None:
@@ -141,14 +141,21 @@ def check_forced(tools: list | None, choice) -> None:
 
 
 def loaded_tools(data):
-    """`data` with the tools that `tool_search_output` input items loaded added to its `tools`."""
-    items = data.get("input") if isinstance(data, dict) else None
-    loaded = [t for it in items if isinstance(it, dict) and it.get("type") == "tool_search_output"
-              for t in it.get("tools") or []] if isinstance(items, list) else []
+    """`data` with the tools that `tool_search_output` input items loaded added to its `tools` (data of
+    any other shape as it came, for validation to name what is wrong)."""
+    items, tools = (data.get("input"), data.get("tools") or []) if isinstance(data, dict) else (None, None)
+    if not isinstance(items, list) or not isinstance(tools, list):
+        return data
+    loaded = [t for it in items if isinstance(it, dict) and it.get("type") == "tool_search_output" and isinstance(it.get("tools"), list)
+              for t in it["tools"]]
     if not loaded:
         return data
-    have = {t.get("name") for t in data.get("tools") or [] if isinstance(t, dict)}
-    return data | {"tools": list(data.get("tools") or []) + [t for t in loaded if not (isinstance(t, dict) and t.get("name") in have)]}
+
+    def name(t) -> str | None:
+        return t.get("name") if isinstance(t, dict) and isinstance(t.get("name"), str) else None
+
+    have = {name(t) for t in tools} - {None}
+    return data | {"tools": tools + [t for t in loaded if name(t) not in have]}
 
 
 def client_tools(tools: list) -> dict[str, CustomTool | ToolSearchTool]:

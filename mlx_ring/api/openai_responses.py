@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from mlx_ring.api import custom_tools
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.custom_tools import ArgumentStream, CustomTool, ToolChoiceCustom, ToolSearchTool
+from mlx_ring.api.custom_tools import ArgumentStream, CustomTool, ToolChoiceCustom, ToolSearchOutputItem, ToolSearchTool
 from mlx_ring.api.dialects import chat_request, check_tool_choice, collect, dialect_router, named_sse
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
@@ -73,15 +73,6 @@ class FunctionCallOutputItem(_Strict):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
-def _item_type(v) -> str:
-    return (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) or "message"
-
-
-Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
-                 | custom_tools.ITEMS, Discriminator(_item_type)]
-
-
 class FunctionTool(_Strict):
     type: Literal["function"]
     name: str = Field(pattern=NAME)
@@ -107,6 +98,20 @@ class WebSearchTool(BaseModel):
 
 
 HOSTED_NOT_RUN = ("web_search", "web_search_preview")
+Tool = Annotated[FunctionTool | NamespaceTool | WebSearchTool | CustomTool | ToolSearchTool, Field(discriminator="type")]
+
+
+class ToolSearchOutput(ToolSearchOutputItem):
+    tools: list[Tool]  # the tools a client's search loaded, as the request's own tools
+
+
+def _item_type(v) -> str:
+    return (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) or "message"
+
+
+Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
+                 | custom_tools.CALL_ITEMS | Annotated[ToolSearchOutput, Tag("tool_search_output")], Discriminator(_item_type)]
 
 
 class NamedFunction(_Strict):
@@ -161,8 +166,7 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    tools: list[Annotated[FunctionTool | NamespaceTool | WebSearchTool | CustomTool | ToolSearchTool, Field(discriminator="type")]] | None = Field(
-        None, max_length=128)
+    tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | ToolChoiceCustom | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None

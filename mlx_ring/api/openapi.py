@@ -75,5 +75,7 @@ def document(app, served: ServedModel) -> dict:
             for name in read:
                 for field in ("tools", "tool_choice"):
                     schemas[name]["properties"].pop(field, None)
+            if "ToolSearchOutput" in schemas:  # a client's search loads only hosted tools, which are not offered
+                schemas["ToolSearchOutput"]["properties"]["tools"]["items"] = {"$ref": "#/components/schemas/WebSearchTool"}
         app.openapi_schema = schema
     return app.openapi_schema
