@@ -76,7 +76,8 @@ class ToolSearchTool(_Strict):
 def hosted_search_refused(data):
     """`data` unless a tool_search in it is to be run by the server (a search over tools this server
     does not hold)."""
-    for i, t in enumerate(data.get("tools") or [] if isinstance(data, dict) else []):
+    tools = data.get("tools") if isinstance(data, dict) else None
+    for i, t in enumerate(tools if isinstance(tools, list) else []):  # any other shape: validation names it
         if isinstance(t, dict) and t.get("type") == SEARCH and t.get("execution") != "client":
             raise ValueError(f"tools.{i}: tool_search run by the server is not supported by this server: it holds no deferred "
                              "tools to search; send execution: client (with parameters) to run the search yourself")
