@@ -15,8 +15,9 @@ from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
 from mlx_ring.api.ollama import ollama_routes
 from mlx_ring.api.openai_chat import openai_routes
-from mlx_ring.api.openai_responses import Kept, responses_routes
+from mlx_ring.api.openai_responses import responses_routes
 from mlx_ring.api.openapi import document
+from mlx_ring.api.responses_kept import Kept
 from mlx_ring.api.served import ServedModel
 from mlx_ring.api.status import status_routes
 from mlx_ring.serving.port import EnginePort

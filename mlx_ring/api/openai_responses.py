@@ -6,7 +6,6 @@ then finds the shared prefix, so only the new turn is prefilled."""
 
 import time
 import uuid
-from collections import OrderedDict
 from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
@@ -21,9 +20,8 @@ from mlx_ring.api.dialects import chat_request, check_tool_choice, collect, dial
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
+from mlx_ring.api.responses_kept import Kept
 from mlx_ring.api.schema import NAME, Refused, _Strict, hosted_tools_refused
-
-KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
 
 
 class TextContent(_Strict):
@@ -269,26 +267,6 @@ def input_messages(items: str | list) -> list[dict]:
         else:
             out.append({"role": "tool", "tool_call_id": it.call_id, "content": it.text()})
     return out
-
-
-class Kept:
-    """The last `size` responses (their conversations and bodies), for previous_response_id and GET."""
-
-    def __init__(self, size: int = KEPT):
-        self.size, self.items = size, OrderedDict()
-
-    def get(self, rid: str) -> tuple[list[dict], dict]:
-        if rid not in self.items:
-            raise ApiError(404, f"previous_response_id: no response {rid!r} is kept here (this server keeps its last {self.size} "
-                           "stored responses, and none across restarts); send the whole conversation as input instead",
-                           param="previous_response_id", code="previous_response_not_found")
-        self.items.move_to_end(rid)
-        return self.items[rid]
-
-    def put(self, rid: str, conversation: list[dict], response: dict) -> None:
-        self.items[rid] = (conversation, response)
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
 
 
 def message_item(mid: str, text: str, status: str = "completed") -> dict:
