@@ -9,16 +9,24 @@ from typing import Annotated, ClassVar, Literal
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes, named_sse
+from mlx_ring.api.bodies import Bodies
+from mlx_ring.api.dialects import arguments, chat_request, check_tool_choice, collect, dialect_router, named_sse
 from mlx_ring.api.errors import error_body
-from mlx_ring.api.schema import MAX_STOP, NAME, _Strict, hosted_tools_refused
+from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
+from mlx_ring.api.schema import MAX_STOP, NAME, Refused, _Strict, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
          413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
 
 
 def error_shape(status: int, openai: dict) -> dict:
@@ -42,9 +50,8 @@ class ToolUseBlock(_Block):
     input: dict
 
 
-class MediaBlock(BaseModel):
+class MediaBlock(Refused):
     """Images and documents: recognised only to be refused, with a message that says where and why."""
-    model_config = ConfigDict(extra="allow")
     type: Literal["image", "document"]
 
 
@@ -80,7 +87,17 @@ def media_block(messages: list["Message"]) -> str | None:
     return None
 
 
+def _blocks_but(*kinds: str) -> dict:
+    """JSON Schema: text, or blocks none of whose type is one of `kinds`."""
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "not": {"required": ["type"], "properties": {"type": {"enum": list(kinds)}}}}}]}}}
+
+
 class Message(_Strict):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"role": {"const": role}}}, "then": _blocks_but(*kinds)}
+        for role, kinds in (("user", ["tool_use"]), ("assistant", ["tool_result"]),
+                            ("system", ["tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"]))]})
     # "system": an instruction within the conversation, as Claude Code sends them (mid-conversation-system beta)
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
@@ -190,6 +207,13 @@ class CountTokensRequest(_Strict):
             raise ValueError(refusal)
         return self
 
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        c = self.tool_choice
+        check_tool_choice(c, [t.name for t in self.tools or []], getattr(c, "name", None), c is not None and c.type in ("any", "tool"),
+                          "output_config.format" if self.output_config and self.output_config.format else None)
+        return self
+
     def system_text(self) -> str:
         return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
 
@@ -215,7 +239,8 @@ class MessagesRequest(CountTokensRequest):
         "container": "it runs no code execution", "mcp_servers": "it connects to no MCP servers; send their tools as tools",
         "context_management": "it does not edit the conversation; send it as it should be read"}
     # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by default).
-    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and all(
+    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and (
+        v.get("edits") is None or isinstance(v["edits"], list)) and all(
         isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits") or [])}
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
@@ -225,7 +250,10 @@ class MessagesRequest(CountTokensRequest):
     top_k: int = Field(0, ge=0, description="0: off.")
     metadata: Metadata | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
-    context_management: dict | None = Field(None, description="Accepted where it only clears thinking blocks, which this model never writes.")
+    context_management: Annotated[dict | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
+        "type": "object", "additionalProperties": False, "properties": {"edits": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
+            "type": "object", "required": ["type"], "properties": {"type": {"type": "string", "pattern": "^clear_thinking_"}}}}]}}}]})] = Field(
+        None, description="Accepted where it only clears thinking blocks, which this model never writes.")
 
 
 def chat_messages(system: str, messages: list[Message]) -> list[dict]:
@@ -275,28 +303,28 @@ def tool_use(call: dict) -> dict:
     return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
 
 
-def anthropic_routes(engine: Engine) -> APIRouter:
-    router = APIRouter(route_class=error_routes(error_shape), include_in_schema=OPENAPI)
+def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
+    router = dialect_router(error_shape, ERROR_SCHEMA)
 
-    @router.post("/v1/messages")
-    async def messages(body: MessagesRequest, http: HttpRequest):
+    @router.post("/v1/messages", openapi_extra=body_of(MessagesRequest))
+    async def messages(http: HttpRequest):
+        body = await bodies.read(MessagesRequest, await http.body())
         chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream),
-                            {"stop": "stop_sequences", "messages": "messages", "tools": "tools", "tool_choice": "tool_choice",
-                             "response_format": "output_config.format"})
-        used, events = await engine.events(chat, http, stream_calls=body.stream, start=body.stream)
-        window = context_cuts(engine.served, used, body.max_tokens)
-        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": engine.served.id}
+                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream))
+        used, events = await front.events(chat, http, stream_calls=body.stream, start=body.stream)
+        window = context_cuts(front.served, used, body.max_tokens)
+        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": front.served.id}
         if body.stream:
             return StreamingResponse(stream(head, used, events, window), media_type="text/event-stream")
         text, calls, done = await collect(events)
         content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
         return head | {"content": content} | stop_reason(done, calls, window) | {"usage": usage(done)}
 
-    @router.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountTokensRequest):
-        prompt, _, _ = await engine.prompt(chat_request(body.chat(), {"messages": "messages", "tools": "tools"}))
-        return {"input_tokens": len(prompt)}
+    @router.post("/v1/messages/count_tokens", openapi_extra=body_of(CountTokensRequest))
+    async def count_tokens(http: HttpRequest):
+        body = await bodies.read(CountTokensRequest, await http.body())
+        prompt = await front.chat(chat_request(body.chat()))
+        return {"input_tokens": len(prompt.ids)}
 
     return router
 

@@ -6,19 +6,18 @@ import json
 
 from fastapi import FastAPI
 
-from mlx_ring.api.answers import Answers
 from mlx_ring.api.anthropic import anthropic_routes
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import Engine
 from mlx_ring.api.errors import answer_errors_as_openai
+from mlx_ring.api.front import Front
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
 from mlx_ring.api.ollama import ollama_routes
+from mlx_ring.api.openai_chat import openai_routes
+from mlx_ring.api.openai_responses import responses_routes
 from mlx_ring.api.openapi import document
-from mlx_ring.api.prompts import Prompts
-from mlx_ring.api.responses_api import Kept, responses_routes
-from mlx_ring.api.routes import openai_routes
+from mlx_ring.api.responses_kept import Kept
 from mlx_ring.api.served import ServedModel
 from mlx_ring.api.status import status_routes
 from mlx_ring.serving.port import EnginePort
@@ -32,19 +31,18 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
     app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.",
                   on_shutdown=[bodies.close])
     metrics = RingMetrics(served.cluster.hosts(), restarts, away)
-    prompts, answers = Prompts(served), Answers(engine, served, metrics)
-    app.include_router(openai_routes(served, prompts, answers, bodies))
-    dialect = Engine(served, prompts, answers)  # the other dialects: thin adapters over the same request
-    app.include_router(anthropic_routes(dialect))
-    app.include_router(responses_routes(dialect, Kept()))
-    app.include_router(ollama_routes(dialect))
-    app.include_router(status_routes(engine, served, metrics, away))
+    front = Front(engine, served, metrics)  # every dialect's one way into serving; each adapter below reads its steps
+    routers = [openai_routes(front, bodies), anthropic_routes(front, bodies), responses_routes(front, bodies, Kept()), ollama_routes(front, bodies),
+               status_routes(engine, served, metrics, away)]
+    for router in routers:
+        app.include_router(router)
     answer_errors_as_openai(app)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if keys:
         app.add_middleware(KeyAuth, keys=list(keys))
-    app.add_middleware(CountRequests, metrics=metrics)  # added last, so outermost: it sees 401s too
+    routes = [*app.routes, *(route for router in routers for route in router.routes)]
+    app.add_middleware(CountRequests, metrics=metrics, routes=routes)  # added last, so outermost: it sees 401s too
     app.openapi = lambda: document(app, served)
     return app
 

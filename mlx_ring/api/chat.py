@@ -7,7 +7,7 @@ import json
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.schema import ChatCompletionRequest, ChatMessage
 from mlx_ring.api.served import ServedModel
-from mlx_ring.serving.grammar import json_grammar, tool_call_grammar
+from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 
 # mlx-lm's tool parsers, by the families whose templates they read (mlx_lm/tool_parsers).
 TOOL_FAMILIES = ("json_tools: Qwen2.5, Qwen3, Hermes-style <tool_call> JSON; qwen3_coder; mistral; glm47; kimi_k2; "

@@ -10,12 +10,12 @@ import json
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, Tag
 
 from mlx_ring.api.lark_regex import lark_to_regex
 from mlx_ring.api.schema import NAME, _Strict
 from mlx_ring.api.toolcalls import _scan_string
-from mlx_ring.serving.grammar import calls_in_text_grammar
+from mlx_ring.serving.grammar_text import calls_in_text_grammar
 
 INPUT_START = '{"input": "'  # a custom call's arguments as the parsers give them, up to its text
 SEARCH = "tool_search"
@@ -76,7 +76,8 @@ class ToolSearchTool(_Strict):
 def hosted_search_refused(data):
     """`data` unless a tool_search in it is to be run by the server (a search over tools this server
     does not hold)."""
-    for i, t in enumerate(data.get("tools") or [] if isinstance(data, dict) else []):
+    tools = data.get("tools") if isinstance(data, dict) else None
+    for i, t in enumerate(tools if isinstance(tools, list) else []):  # any other shape: validation names it
         if isinstance(t, dict) and t.get("type") == SEARCH and t.get("execution") != "client":
             raise ValueError(f"tools.{i}: tool_search run by the server is not supported by this server: it holds no deferred "
                              "tools to search; send execution: client (with parameters) to run the search yourself")
@@ -114,29 +115,48 @@ class ToolSearchCallItem(_Strict):
 
 
 class ToolSearchOutputItem(_Strict):
-    """The tools a client's search loaded: offered to the model from this turn on."""
+    """The tools a client's search loaded: offered to the model from this turn on (the Responses API's
+    module types `tools` as its own tools)."""
     type: Literal["tool_search_output"]
-    tools: list[dict]
+    tools: list
     call_id: str | None = None
     execution: Literal["client"] = "client"
     id: str | None = None
     status: str | None = None
 
     def message(self) -> dict:
-        names = [t.get("name") for t in self.tools]
+        names = [getattr(t, "name", None) for t in self.tools]
         return {"role": "tool", "tool_call_id": self.call_id or self.id or "",
                 "content": json.dumps({"tools": names}) if names else "no tools found"}
 
 
+# the input items of these tools' calls, for the Responses API's item union
+CALL_ITEMS = Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+
+
+def check_forced(tools: list | None, choice) -> None:
+    """A forced custom call's grammar must be one decoding can enforce (raises ValueError if not)."""
+    for t in tools or []:
+        if isinstance(t, CustomTool) and (choice == "required" or (isinstance(choice, ToolChoiceCustom) and choice.name == t.name)):
+            t.function(forced=True)
+
+
 def loaded_tools(data):
-    """`data` with the tools that `tool_search_output` input items loaded added to its `tools`."""
-    items = data.get("input") if isinstance(data, dict) else None
-    loaded = [t for it in items if isinstance(it, dict) and it.get("type") == "tool_search_output"
-              for t in it.get("tools") or []] if isinstance(items, list) else []
+    """`data` with the tools that `tool_search_output` input items loaded added to its `tools` (data of
+    any other shape as it came, for validation to name what is wrong)."""
+    items, tools = (data.get("input"), data.get("tools") or []) if isinstance(data, dict) else (None, None)
+    if not isinstance(items, list) or not isinstance(tools, list):
+        return data
+    loaded = [t for it in items if isinstance(it, dict) and it.get("type") == "tool_search_output" and isinstance(it.get("tools"), list)
+              for t in it["tools"]]
     if not loaded:
         return data
-    have = {t.get("name") for t in data.get("tools") or [] if isinstance(t, dict)}
-    return data | {"tools": list(data.get("tools") or []) + [t for t in loaded if not (isinstance(t, dict) and t.get("name") in have)]}
+
+    def name(t) -> str | None:
+        return t.get("name") if isinstance(t, dict) and isinstance(t.get("name"), str) else None
+
+    have = {name(t) for t in tools} - {None}
+    return data | {"tools": tools + [t for t in loaded if name(t) not in have]}
 
 
 def client_tools(tools: list) -> dict[str, CustomTool | ToolSearchTool]:
@@ -211,3 +231,21 @@ class InputStream:
             return ""
         new, self.sent = text[self.sent :], len(text)
         return new
+
+
+class ArgumentStream:
+    """An open call's argument fragments as the deltas of its stream's events (`event`.delta, then
+    `event`.done naming the item's `field`): a function's arguments as they come, a custom tool's input
+    text as it completes, none for a tool search (its item has no such events)."""
+
+    EVENTS = {"function_call": ("response.function_call_arguments", "arguments"),
+              "custom_tool_call": ("response.custom_tool_call_input", "input")}
+
+    def __init__(self, item_type: str):
+        self.event, self.field = self.EVENTS.get(item_type, (None, None))
+        self.input = InputStream() if item_type == "custom_tool_call" else None
+
+    def feed(self, fragment: str) -> str:
+        if self.event is None:
+            return ""
+        return self.input.feed(fragment) if self.input else fragment

@@ -1,102 +1,73 @@
-"""What every other dialect (Anthropic Messages, OpenAI Responses, Ollama) shares: its request turned
-into the one internal chat request, that request checked, templated and queued exactly as chat
-completions are (same sampling, template, grammar, tool-call parsing and prompt cache), its answer as
-a flow of plain events, and errors reshaped into the dialect's own error body."""
+"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their request turned
+into the one internal chat request, which the front (front.py) checks, templates and queues exactly as
+chat completions (same sampling, template, grammar, tool-call parsing and prompt cache), their answer
+collected from its events, and errors reshaped into the dialect's own error body."""
 
 import json
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from fastapi import Request as HttpRequest
+from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 
-from mlx_ring.api.answers import Answers, Choice
-from mlx_ring.api.chat import tool_calls
 from mlx_ring.api.errors import ApiError, error_body, validation_error
-from mlx_ring.api.prompts import Prompts
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
-from mlx_ring.api.served import ServedModel, check_model, check_sampling
-from mlx_ring.api.toolcalls import ToolCallText
-from mlx_ring.serving.port import Delta, Done, Failed
-
-# The dialects' routes are kept out of /openapi.json for now: it documents OpenAI's error shape for
-# every route, and schemathesis (tests/unit/test_api_schema.py) holds each route to it.
-OPENAPI = False
-
-
-def chat_request(fields: dict, where: dict | None = None, kind=ChatCompletionRequest):
-    """The internal request (`kind`: chat, or a completion) from a dialect's translated fields; a 400 when they
-    break one of its rules (`where`: internal field name -> the dialect's name for it, so the message names the client's field)."""
-    try:
-        return kind.model_validate(fields)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(p) for p in first["loc"]]
-        if loc and where and loc[0] in where:
-            loc[0] = where[loc[0]]
-        msg = first["msg"].removeprefix("Value error, ")
-        named = msg.split(": ", 1)[0]
-        if not loc and where and named in where:  # a rule of the whole request names its field first
-            msg = where[named] + msg[len(named):]
-        param = loc[0] if loc else (where or {}).get(named)
-        raise ApiError(400, f"{'.'.join(loc)}: {msg}" if loc else msg, param=param) from None
+from mlx_ring.api.schema import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDef,
+    FunctionName,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    NamedTool,
+    TextFormat,
+    Tool,
+    ToolCall,
+)
+from mlx_ring.serving.port import Done
 
 
-@dataclass
-class Engine:
-    """The parts of the app a dialect's routes need."""
-
-    served: ServedModel
-    prompts: Prompts
-    answers: Answers
-
-    async def prompt(self, body: ChatCompletionRequest) -> tuple[list[int], str | None, dict | None]:
-        """(prompt ids, grammar, tool-call parsing) for a checked request, as chat completions makes them."""
-        check_model(self.served, body.model)
-        check_sampling(self.served, body)
-        tools = tool_calls(self.served, body)
-        prompt, grammar = await self.prompts.chat(body)
-        return prompt, grammar, tools
-
-    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False,
-                     start: bool = False) -> tuple[int, AsyncIterator[tuple]]:
-        """(prompt tokens, the answer's events): ("text", str), ("call", OpenAI tool call dict),
-        ("done", Done) or ("failed", Failed). `stream_calls`: a call whose format allows it comes as
-        ("begin", the call with arguments ""), ("args", a fragment)..., ("end", the whole call) instead
-        of one "call". `start`: first ("start", the prompt's tokens the prompt cache held), once known
-        (when the first text or the end comes). Errors before anything is queued are raised here. max_tokens over the room the
-        prompt leaves is cut to it, as agents expect (docs/api.md)."""
-        body.clamp_tokens()
-        prompt, grammar, tools = await self.prompt(body)
-        flow = self.answers.start(body, prompt, http, grammar)
-        return len(prompt), _events(flow, Choice(0, ToolCallText(**tools, stream=stream_calls) if tools else None), start)
-
-    async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
-        """As `events`, for a prompt sent as it is: tokenized, no chat template."""
-        body.clamp_tokens()
-        check_model(self.served, body.model)
-        check_sampling(self.served, body)
-        prompt = await self.prompts.completion(body)
-        return len(prompt), _events(self.answers.start(body, prompt, http), Choice(0, None))
+def chat_request(fields: dict, kind: type = ChatCompletionRequest):
+    """The one internal request (`kind`: chat, or a completion) from a dialect's translated fields, built
+    as they are: the dialect's own model validated the body once, naming the client's fields, and its
+    rules include every rule of the internal request, so nothing is checked twice."""
+    out = {k: v for k, v in fields.items() if v is not None}
+    if "messages" in out:
+        out["messages"] = [ChatMessage.model_construct(**m | ({"tool_calls": [ToolCall.model_construct(
+            id=c["id"], type="function", function=FunctionCall.model_construct(**c["function"])) for c in m["tool_calls"]]}
+            if m.get("tool_calls") else {})) for m in out["messages"]]
+    if "tools" in out:
+        out["tools"] = [Tool.model_construct(type="function", function=FunctionDef.model_construct(**t["function"])) for t in out["tools"]]
+    if isinstance(out.get("tool_choice"), dict):
+        out["tool_choice"] = NamedTool.model_construct(type="function", function=FunctionName.model_construct(
+            name=out["tool_choice"]["function"]["name"]))
+    if "response_format" in out:
+        out["response_format"] = _response_format(out["response_format"])
+    return kind.model_construct(**out)
 
 
-async def _events(flow, choice: Choice, start: bool = False):
-    async for _, ev in flow:
-        if start and isinstance(ev, (Delta, Done)):
-            start = False
-            yield "start", ev.cached_tokens
-        if isinstance(ev, Failed):
-            yield "failed", ev
-            return
-        if isinstance(ev, Done):
-            choice.done = ev
-        for kind, _, value in choice.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done)):
-            yield kind, value
-        if isinstance(ev, Done):
-            yield "done", ev
+def _response_format(fmt: dict):
+    if fmt["type"] != "json_schema":
+        return {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(type=fmt["type"])
+    spec = fmt["json_schema"]
+    return JsonSchemaFormat.model_construct(type="json_schema", json_schema=JsonSchemaSpec.model_construct(
+        name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")))
+
+
+def check_tool_choice(choice, names: list[str], named: str | None, forced: bool, json_field: str | None) -> None:
+    """The internal request's rules for a tool choice, for a dialect's model to raise in its own words:
+    a choice needs tools (`names`), a `named` one must be one of them, and a `forced` call excludes a
+    JSON answer (`json_field`: the dialect's field that asks for one, else None)."""
+    if choice is None:
+        return
+    if not names:
+        raise ValueError("tool_choice: only allowed when tools are given")
+    if named is not None and named not in names:
+        raise ValueError(f"tool_choice: names {named!r}, which is not one of the tools")
+    if forced and json_field:
+        raise ValueError(f"{json_field}: a JSON answer and a required tool call exclude each other; drop one")
 
 
 async def collect(events: AsyncIterator[tuple]) -> tuple[str, list[dict], Done]:
@@ -146,6 +117,15 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
             return reshaped
 
     return Reshaped
+
+
+def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRouter:
+    """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are documented
+    as `schema` in /openapi.json, which schemathesis holds each route to (tests/unit/test_api_schema.py)."""
+    doc = {"content": {"application/json": {"schema": schema}}}
+    return APIRouter(route_class=error_routes(shape), responses={
+        400: {"description": "Bad request"} | doc, 404: {"description": "Unknown model"} | doc,
+        503: {"description": "Busy, draining or the ring is down"} | doc})
 
 
 def named_sse(event: dict) -> str:

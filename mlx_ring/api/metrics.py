@@ -141,15 +141,21 @@ class Clock:
 
 
 class CountRequests:
-    """ASGI middleware: every answered request by endpoint and status code."""
+    """ASGI middleware: every answered request by its route as the app declares it (`/v1/messages`,
+    `/v1/responses/{response_id}`; `other`: no route matched) and by status code."""
 
-    def __init__(self, app, metrics: RingMetrics):
+    def __init__(self, app, metrics: RingMetrics, routes: list):
         self.app, self.m = app, metrics
+        self.routes = [(r.path_regex, r.path_format) for r in routes if hasattr(r, "path_regex")]
+
+    def endpoint(self, path: str) -> str:
+        """The route `path` reaches, named by its template: a bounded set of labels, whatever the paths sent."""
+        return next((name for regex, name in self.routes if regex.match(path)), "other")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        endpoint = scope["path"] if scope["path"] in KNOWN else "other"
+        endpoint = self.endpoint(scope["path"])
 
         async def counted(message):
             if message["type"] == "http.response.start":
@@ -157,6 +163,3 @@ class CountRequests:
             await send(message)
 
         await self.app(scope, receive, counted)
-
-
-KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/cluster/status", "/metrics")

@@ -7,16 +7,19 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlx_ring.api.dialects import OPENAPI, Engine, arguments, chat_request, collect, error_routes
+from mlx_ring.api.bodies import Bodies
+from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router
 from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import CompletionRequest, _Strict
+from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
+from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict, only_with
 from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
@@ -27,17 +30,23 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "mi
            "frequency_penalty": "frequency_penalty"}
 
 
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+# with "stream" true or left out: one JSON object a line
+NDJSON = {200: {"description": "OK", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}
+
+
 class Options(_Strict):
     model_config = ConfigDict(extra="allow")  # Ollama's load-time and other options: accepted, ignored
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
-    repeat_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # the bounds of the internal request's fields (schema._Sampling), so a body is checked once, here
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+    stop: list[str] | None = Field(None, max_length=MAX_STOP)
+    repeat_penalty: float | None = Field(None, ge=0.1, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     num_predict: int | None = Field(None, description="Most tokens to generate; -1 or -2: as many as fit.")
 
 
@@ -53,9 +62,11 @@ class ToolCallOut(_Strict):
 
 
 class Message(_Strict):
+    model_config = ConfigDict(json_schema_extra=only_with("tool_calls", "role", {"type": "array", "minItems": 1}, {"const": "assistant"}))
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
-    images: list[str] | None = None
+    images: Annotated[list[str] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]})] = Field(
+        None, description="Not supported: this model reads text only.")
     tool_calls: list[ToolCallOut] | None = None
     tool_name: str | None = None
     thinking: str | None = Field(None, description="Accepted and dropped: this server does not think apart.")
@@ -64,6 +75,8 @@ class Message(_Strict):
     def _check(self):
         if self.images:
             raise ValueError("images are not supported by this text model; send text")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
         return self
 
 
@@ -73,7 +86,8 @@ class _Generating(_Strict):
     format: Literal["", "json"] | dict | None = None
     options: Options | None = None
     keep_alive: float | int | str | None = Field(None, description="Accepted and ignored: the ring keeps its model.")
-    think: bool | Literal["low", "medium", "high"] | None = None
+    think: Annotated[bool | Literal["low", "medium", "high"] | None, WithJsonSchema({"enum": [False, None]})] = Field(
+        None, description="Not supported: false or left out.")
 
     @model_validator(mode="after")
     def _no_thinking(self):
@@ -105,10 +119,11 @@ class _Generating(_Strict):
 
 class ChatRequest(_Generating):
     messages: list[Message] = Field(default_factory=list)
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
 
 
 class GenerateRequest(_Generating):
+    model_config = ConfigDict(json_schema_extra=only_with("raw", "format", {"const": True}, {"enum": ["", None]}))
     unsupported: ClassVar[dict[str, str]] = {"images": "it is a text model; send text"}
     harmless: ClassVar[dict[str, object]] = {"images": []}
     prompt: str = ""
@@ -119,9 +134,16 @@ class GenerateRequest(_Generating):
     context: list[int] | None = Field(None, max_length=0, description="Not supported (deprecated by Ollama): send the conversation to /api/chat.")
     images: list[str] | None = Field(None, max_length=0, description="Not supported: this model reads text only.")
 
+    @model_validator(mode="after")
+    def _raw(self):
+        if self.raw and self.response_format():
+            raise ValueError("format: not supported with raw; use the chat template (raw false) or /api/chat")
+        return self
+
 
 class ShowRequest(_Strict):
     """As the Ollama client sends it (api/types.go: every field, empty ones too)."""
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": [f], "properties": {f: {"minLength": 1}}} for f in ("model", "name")]})
 
     model: str = ""
     name: str = Field("", description="Deprecated by Ollama: the model, when `model` is empty.")
@@ -135,9 +157,6 @@ class ShowRequest(_Strict):
         if not (self.model or self.name):
             raise ValueError("model is required")
         return self
-
-
-WHERE = {ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()} | {"max_tokens": "options.num_predict", "response_format": "format"}
 
 
 def chat_messages(messages: list[Message]) -> list[dict]:
@@ -237,43 +256,45 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
     return [{"function": {"index": i, "name": c["function"]["name"], "arguments": arguments(c)}} for i, c in enumerate(calls)]
 
 
-def ollama_routes(engine: Engine) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: {"error": openai["error"]["message"]}), include_in_schema=OPENAPI)
-    served = engine.served
+def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
+    router = dialect_router(lambda status, openai: {"error": openai["error"]["message"]}, ERROR_SCHEMA)
+    served = front.served
 
-    @router.post("/api/chat")
-    async def chat(body: ChatRequest, http: HttpRequest):
+    @router.post("/api/chat", openapi_extra=body_of(ChatRequest), responses=NDJSON)
+    async def chat(http: HttpRequest):
+        body = await bodies.read(ChatRequest, await http.body())
         known(served, body.model)
         fields = body.fields() | {"messages": chat_messages(body.messages)}
         if body.tools:
-            fields["tools"] = body.tools
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.response_format():
             fields["response_format"] = body.response_format()
+        request = chat_request(fields)
         if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
+            front.check(request)  # what a chat with messages would be refused for
             return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
-        request = chat_request(fields, WHERE | {"tools": "tools", "messages": "messages"})
         timing = Timing()
-        _, events = await engine.events(request, http)
+        _, events = await front.events(request, http)
         return await answer(body, events, timing, lambda text, calls=None: {
             "message": {"role": "assistant", "content": text} | ({"tool_calls": ollama_calls(calls)} if calls else {})})
 
-    @router.post("/api/generate")
-    async def generate(body: GenerateRequest, http: HttpRequest):
+    @router.post("/api/generate", openapi_extra=body_of(GenerateRequest), responses=NDJSON)
+    async def generate(http: HttpRequest):
+        body = await bodies.read(GenerateRequest, await http.body())
         known(served, body.model)
         fields = body.fields()
         if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
+            front.check(chat_request(fields))  # what a prompt would be refused for
             return {"model": body.model, "created_at": now(), "response": "", "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
         timing = Timing()
         if body.raw:
-            if body.response_format():
-                raise ApiError(400, "format: not supported with raw; use the chat template (raw false) or /api/chat")
-            _, events = await engine.raw_events(chat_request(fields | {"prompt": body.prompt}, WHERE, CompletionRequest), http)
+            _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, CompletionRequest), http)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
             fields |= {"messages": messages} | ({"response_format": body.response_format()} if body.response_format() else {})
-            _, events = await engine.events(chat_request(fields, WHERE), http)
+            _, events = await front.events(chat_request(fields), http)
         return await answer(body, events, timing, lambda text, calls=None: {"response": text})
 
     @router.head("/", include_in_schema=False)
@@ -281,7 +302,8 @@ def ollama_routes(engine: Engine) -> APIRouter:
         """The Ollama CLI's check that a server is up, before run, list, ps, show and the others."""
         return Response(status_code=200)
 
-    @router.api_route("/api/tags", methods=["GET", "HEAD"])
+    @router.head("/api/tags", include_in_schema=False)
+    @router.get("/api/tags")
     async def tags():
         return {"models": [listing(served, name) for name in served.names()]}
 
@@ -290,15 +312,17 @@ def ollama_routes(engine: Engine) -> APIRouter:
         entry = listing(served, served.id)
         return {"models": [entry | {"expires_at": "2999-01-01T00:00:00Z", "size_vram": entry["size"], "context_length": served.context_length}]}
 
-    @router.post("/api/show")
-    async def show(body: ShowRequest):
+    @router.post("/api/show", openapi_extra=body_of(ShowRequest))
+    async def show(http: HttpRequest):
+        body = await bodies.read(ShowRequest, await http.body())
         known(served, body.model or body.name)
         tok = served.tokenizer
         return {"modelfile": "", "parameters": "", "template": getattr(tok, "chat_template", None) or "", "details": details(served),
                 "model_info": model_info(served),
                 "capabilities": ["completion"] + (["tools"] if getattr(tok, "has_tool_calling", False) else []), "modified_at": "1970-01-01T00:00:00Z"}
 
-    @router.api_route("/api/version", methods=["GET", "HEAD"])
+    @router.head("/api/version", include_in_schema=False)
+    @router.get("/api/version")
     async def version():
         return {"version": OLLAMA_VERSION}
 

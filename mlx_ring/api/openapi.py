@@ -1,10 +1,20 @@
 """The OpenAPI document of the API, as it really answers (schemathesis checks it)."""
 
 from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
 
 from mlx_ring.api.errors import ERROR_SCHEMA
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest, ids_below
+from mlx_ring.api.schema import ids_below
 from mlx_ring.api.served import ServedModel
+
+READ_BY_ROUTES: dict[str, type] = {}  # the bodies routes read themselves (bodies.py), by schema name
+
+
+def body_of(model) -> dict:
+    """The OpenAPI request body of a route that reads `model` itself (bodies.py); `document` adds its schema."""
+    READ_BY_ROUTES[model.__name__] = model
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 def document(app, served: ServedModel) -> dict:
@@ -13,10 +23,17 @@ def document(app, served: ServedModel) -> dict:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (ChatCompletionRequest, CompletionRequest):  # the routes read these bodies themselves
-            doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(doc.pop("$defs", {}))
-            schemas[model.__name__] = doc
+        read = {op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+                for ops in schema["paths"].values() for op in ops.values() if "requestBody" in op}
+        # the routes read these bodies themselves; together, so that pydantic names apart the dialects'
+        # models of one name (anthropic's Message, ollama's Message)
+        models = [(READ_BY_ROUTES[name], "validation") for name in sorted(read)]
+        refs, doc = models_json_schema(models, ref_template="#/components/schemas/{model}")
+        schemas.update(doc.get("$defs", {}))
+        for (model, _), ref in refs.items():
+            name = ref["$ref"].rsplit("/", 1)[1]
+            if name != model.__name__:  # a top-level body keeps the name its route's requestBody names
+                schemas[model.__name__] = schemas.pop(name)
         error = {"description": "Bad request, in OpenAI's error shape", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
         for ops in schema["paths"].values():
             for op in ops.values():
@@ -26,9 +43,10 @@ def document(app, served: ServedModel) -> dict:
                     ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
                     # with "stream": true: server-sent events whose data is a JSON chunk or [DONE]
                     ok["text/event-stream"] = {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}}
-                    responses["400"] = error
-                    responses["404"] = error | {"description": "Unknown model"}
-                    responses["503"] = error | {"description": "Busy, draining or the ring is down"}
+                    # a dialect's routes document their own error shape (dialects.dialect_router)
+                    responses.setdefault("400", error)
+                    responses.setdefault("404", error | {"description": "Unknown model"})
+                    responses.setdefault("503", error | {"description": "Busy, draining or the ring is down"})
                 if op.get("operationId", "").startswith(("health", "cluster")):
                     responses["503"] = {"description": "The ring does not answer"}
         # Limits known only at run time: completion length, and token ids of this vocabulary.
@@ -40,14 +58,24 @@ def document(app, served: ServedModel) -> dict:
         for branch in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
             if branch.get("type") == "array":
                 branch["items"]["maximum"] = served.vocab_size - 1
+        for name in read:  # the served name, so that generated requests reach past the model check
+            if "model" in schemas[name]["properties"]:
+                schemas[name]["properties"]["model"]["examples"] = [served.id]
+        for doc in schemas.values():  # every dialect's top_k: keeping the whole vocabulary is refused (check_sampling)
+            top_k = doc.get("properties", {}).get("top_k", {})
+            for branch in top_k.get("anyOf", [top_k] if top_k else []):
+                if branch.get("type") == "integer":
+                    branch["maximum"] = served.vocab_size - 1
         for name in ("ChatCompletionRequest", "CompletionRequest"):
             props = schemas[name]["properties"]
-            props["top_k"]["maximum"] = served.vocab_size - 1
             for branch in props["logit_bias"].get("anyOf", [props["logit_bias"]]):
                 if branch.get("type") == "object":  # keys: token ids below the vocabulary's size
                     branch["patternProperties"] = {ids_below(served.vocab_size): branch["patternProperties"].popitem()[1]}
         if not getattr(served.tokenizer, "has_tool_calling", False):  # a model without tools: no such fields
-            for field in ("tools", "tool_choice"):
-                schemas["ChatCompletionRequest"]["properties"].pop(field)
+            for name in read:
+                for field in ("tools", "tool_choice"):
+                    schemas[name]["properties"].pop(field, None)
+            if "ToolSearchOutput" in schemas:  # a client's search loads only hosted tools, which are not offered
+                schemas["ToolSearchOutput"]["properties"]["tools"]["items"] = {"$ref": "#/components/schemas/WebSearchTool"}
         app.openapi_schema = schema
     return app.openapi_schema

@@ -52,6 +52,21 @@ class _Strict(BaseModel):
         return out
 
 
+class Refused(BaseModel):
+    """A part recognised only to be refused with a message that says where and why; documented as
+    matching nothing, so that /openapi.json shows what is taken."""
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        return {"not": {}, "description": "Not supported: this server's models read text only."}
+
+
+def only_with(field: str, needs: str, when: dict, then: dict) -> dict:
+    """JSON Schema for "`field` (matching `when`) only with `needs` matching `then`", so clients can see the rule."""
+    return {"if": {"required": [field], "properties": {field: when}}, "then": {"required": [needs], "properties": {needs: then}}}
+
+
 def hosted_tools_refused(data, runs: tuple[str, ...], send: str):
     """`data` (a request body) unless a tool in it has a type outside `runs`: a tool the API's own
     servers would run (web search, code execution, ...), which this server does not."""
@@ -191,17 +206,11 @@ def ids_below(n: int) -> str:
     return f"^0*(?:{'|'.join(['0', *shorter, *same_length])})$"
 
 
-def _only_with(field: str, needs: str, when: dict) -> dict:
-    """JSON Schema for "`field` (matching `when`) only with `needs: true`", so clients can see the rule."""
-    return {"if": {"required": [field], "properties": {field: when}},
-            "then": {"required": [needs], "properties": {needs: {"const": True}}}}
-
-
 _STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}, {"type": "null"}]}
 _PROMPT = {"anyOf": [{"type": "string", "minLength": 1},
                      {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
 
-_STREAM_OPTIONS_RULE = _only_with("stream_options", "stream", {"type": "object"})
+_STREAM_OPTIONS_RULE = only_with("stream_options", "stream", {"type": "object"}, {"const": True})
 
 
 class _Sampling(_Strict):
@@ -273,7 +282,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        _STREAM_OPTIONS_RULE, _only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1})]})
+        _STREAM_OPTIONS_RULE, only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1}, {"const": True})]})
     unsupported: ClassVar[dict[str, str]] = {
         "audio": "it answers in text only", "modalities": "it answers in text only; send [\"text\"] or leave it out",
         "functions": "send them as tools", "function_call": "send tool_choice", "prediction": "predicted outputs are not used",

@@ -1,13 +1,11 @@
-"""Constrained decoding with llguidance: grammars for JSON, a JSON schema or a forced tool call, and
-the logits processor that keeps one sequence's tokens inside its grammar (rank 0 only).
+"""Constrained decoding with llguidance: the served tokenizer as llguidance sees it, and the logits
+processor that keeps one sequence's tokens inside its grammar (rank 0 only).
 
 llguidance (rather than outlines-core or xgrammar): a small wheel with no torch, masks computed
 lazily per step (no per-schema index over the vocabulary: a new schema's matcher takes about 2 ms
 here), a JSON-schema compiler that names the keywords it cannot enforce, and Lark grammars that mix
 literal text with JSON (a tool call inside its template's markers).
 """
-
-import json
 
 import llguidance
 import llguidance.hf
@@ -16,35 +14,7 @@ import numpy as np
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-# Compact JSON with the usual separators: free whitespace lets a weak model pad until max_tokens.
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _BITS = mx.arange(32, dtype=mx.uint32)
-
-
-def json_grammar(schema: dict | None) -> str:
-    """A grammar for a JSON value matching `schema` (None: any JSON object)."""
-    return LLMatcher.grammar_from_json_schema(schema if schema is not None else {"type": "object"}, defaults=JSON_STYLE)
-
-
-def tool_call_grammar(tools: list[dict], start: str, end: str) -> str:
-    """A grammar for one call of one of `tools` (OpenAI tool dicts) between the template's markers,
-    as the json_tools family writes it: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`."""
-    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": t["function"]["name"]},
-                             "arguments": t["function"].get("parameters") or {"type": "object"}}} for t in tools]
-    schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
-    return LLMatcher.grammar_from_lark(f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
-                                       f"call: %json {json.dumps(schema)}\n")
-
-
-def calls_in_text_grammar(calls: list[dict], start: str, end: str) -> str:
-    """A grammar for free text in which each tool call, once the model opens one with the template's
-    start marker, is one of `calls` (JSON schemas of the call object) up to the end marker, as the
-    json_tools family writes it; any number of calls, text between them, or none."""
-    schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
-    return LLMatcher.grammar_from_lark(f"start: call* rest\nrest: TEXT\nTEXT: /(.|\\n)*/\n"
-                                       f"head[lazy]: TEXT {json.dumps(start + chr(10))}\n"
-                                       f"call: head body {json.dumps(chr(10) + end)}\nbody: %json {json.dumps(schema)}\n")
 
 
 class Grammars:

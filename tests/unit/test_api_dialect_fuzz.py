@@ -90,8 +90,14 @@ def test_generated_bodies_get_an_answer_or_the_dialects_error(default_model, pat
     assert counts.get(200) and counts.get(400), counts  # both kinds were reached
 
 
-def test_the_openapi_document_still_builds(default_model):
+def test_the_openapi_document_shows_every_dialect_in_its_own_error_shape(default_model):
+    """The dialects' routes are documented (so tests/unit/test_api_schema.py's fuzz reaches them), each
+    with its own error body."""
     tokenizer = load_tokenizer(default_model)
     with client(FakeEngine(tokenizer), served_model(default_model, tokenizer)) as http:
         paths = http.get("/openapi.json").json()["paths"]
-    assert "/v1/chat/completions" in paths and all(p not in paths for p in ROUTES)  # dialects.OPENAPI: not yet
+    assert "/v1/chat/completions" in paths and all(p in paths for p in ROUTES)
+    shape = {p: paths[p]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["required"] for p in ROUTES}
+    assert shape == {"/v1/messages": ["type", "error"], "/v1/messages/count_tokens": ["type", "error"], "/v1/responses": ["error"],
+                     "/api/chat": ["error"], "/api/generate": ["error"]}
+    assert paths["/api/chat"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["properties"]["error"] == {"type": "string"}

@@ -4,6 +4,7 @@ holding the event loop, so a stream running meanwhile keeps its pace; and the me
 gets for the odd cases say what to do."""
 
 import json
+import multiprocessing
 import threading
 import time
 
@@ -57,6 +58,29 @@ def test_a_lone_surrogate_is_named_not_the_tokenizers_error(engine, served):
             assert r.status_code == 400 and f"lone UTF-16 surrogate ({lone})" in r.json()["error"]["message"], r.text
         # a pair is one character, and fine
         assert http.post("/v1/completions", content='{"prompt": "\\ud83d\\ude00", "max_tokens": 2}').status_code == 200
+
+
+PAD = "the cat sat on the mat. " * 12_000  # ~290 KB: over what is parsed in place (bodies.IN_PLACE_BYTES)
+
+
+@pytest.mark.parametrize("path,body,error", [
+    ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": QUESTION, "pad": PAD},
+     lambda r: r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"),
+    ("/v1/messages/count_tokens", {"model": MODEL, "messages": QUESTION, "pad": PAD}, lambda r: r.json()["type"] == "error"),
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "pad": PAD}, lambda r: r.json()["error"]["param"] == "pad"),
+    ("/api/chat", {"model": MODEL, "messages": QUESTION, "pad": PAD}, lambda r: list(r.json()) == ["error"]),
+    ("/api/generate", {"model": MODEL, "prompt": "Hi", "pad": PAD}, lambda r: list(r.json()) == ["error"]),
+    ("/api/show", {"model": MODEL, "pad": PAD}, lambda r: list(r.json()) == ["error"]),
+])
+def test_every_dialects_large_bodies_are_read_in_worker_processes(engine, served, path, body, error):
+    before = set(multiprocessing.active_children())
+    with client(engine, served) as http:
+        r = http.post(path, json=body)
+        workers = set(multiprocessing.active_children()) - before  # the reader pool, started for this body
+    assert r.status_code == 400 and error(r), r.text
+    message = r.text
+    assert "pad: Extra inputs are not permitted" in message and len(message) < 300, message
+    assert workers and engine.submitted == []
 
 
 def test_text_that_cannot_fit_the_context_is_refused_before_tokenizing(engine, served):

@@ -6,7 +6,7 @@ import openai
 import pytest
 from apiutil import ANSWER, CALL, MODEL, WEATHER, FakeEngine, client, templated
 
-from mlx_ring.api.responses_api import Kept
+from mlx_ring.api.responses_kept import Kept
 
 QUESTION = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}]

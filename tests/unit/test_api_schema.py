@@ -20,13 +20,18 @@ from mlx_ring.ring.launch import free_port
 
 
 def fuzzable(doc: dict) -> dict:
-    """The served document less `response_format`'s json_schema variant: which JSON schemas
-    llguidance can enforce (not unsatisfiable, no unsupported keyword) is a set no OpenAPI schema
-    states, and the server refuses the others with a 400 naming why (tests/ring/test_chat_features.py)."""
-    prop = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["response_format"]
-    union = next(b for b in prop["anyOf"] if "oneOf" in b)
-    union["oneOf"] = [r for r in union["oneOf"] if not r["$ref"].endswith("/JsonSchemaFormat")]
-    union["discriminator"]["mapping"].pop("json_schema")
+    """The served document less the JSON schemas an answer may be asked to match (chat's and the
+    Responses API's `json_schema` formats, Anthropic's `output_config.format`, Ollama's `format`): which JSON schemas llguidance can enforce (not unsatisfiable, no unsupported keyword) is a
+    set no OpenAPI schema states, and the server refuses the others with a 400 naming why
+    (tests/ring/test_chat_features.py)."""
+    schemas = doc["components"]["schemas"]
+    for union in (next(b for b in schemas[name]["properties"][prop]["anyOf"] if "oneOf" in b)
+                  for name, prop in (("ChatCompletionRequest", "response_format"), ("TextConfig", "format"))):
+        union["oneOf"] = [r for r in union["oneOf"] if not r["$ref"].endswith("JsonSchemaFormat")]
+        union["discriminator"]["mapping"].pop("json_schema")
+    # Anthropic's and Ollama's take only a schema (an empty one too): no value of them is generated
+    for name in ("OutputConfig", "ChatRequest", "GenerateRequest"):
+        schemas[name]["properties"].pop("format")
     return doc
 
 

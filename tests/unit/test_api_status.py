@@ -145,6 +145,22 @@ def test_metrics_count_requests_tokens_and_show_every_ranks_figures(engine, serv
         assert after[("mlx_ring_rank_prefill_tokens_total", who)] == row["prefill_tokens"]
 
 
+def test_metrics_count_each_dialects_route_by_its_name(engine, served):
+    with client(engine, served) as http:
+        assert http.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": HI}).status_code == 200
+        assert http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 4}).status_code == 200
+        assert http.get("/v1/responses/resp_nobody").status_code == 404
+        assert http.post("/api/chat", json={"model": MODEL, "messages": HI, "stream": False}).status_code == 200
+        assert http.post("/api/generate", json={"model": MODEL}).status_code == 200  # only loads the model
+        assert http.get("/v1/models/elsewhere").status_code == 404
+        assert http.get("/no/such/route").status_code == 404
+        m = scrape(http)
+    counted = {(dict(labels)["endpoint"], dict(labels)["status"]): v for (name, labels), v in m.items() if name == "mlx_ring_requests_total"}
+    assert counted == {("/v1/messages", "200"): 1, ("/v1/responses", "200"): 1, ("/v1/responses/{response_id}", "404"): 1,
+                       ("/api/chat", "200"): 1, ("/api/generate", "200"): 1, ("/v1/models/{model_id}", "404"): 1,
+                       ("other", "404"): 1}
+
+
 def test_draft_figures_show_with_speculative_decoding(engine, served):
     engine.snapshot = replace(engine.snapshot, draft_tokens=4, drafted=40, accepted=31)
     with client(engine, served) as http:

@@ -2,6 +2,8 @@
 the lenient fields, the parts and tool messages the schema takes, grammars llguidance checks."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from mlx_lm.tool_parsers import json_tools
@@ -9,7 +11,7 @@ from pydantic import ValidationError
 
 from mlx_ring.api.schema import ChatCompletionRequest
 from mlx_ring.api.toolcalls import ToolCallText
-from mlx_ring.serving.grammar import json_grammar, tool_call_grammar
+from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -77,3 +79,11 @@ def test_parts_tool_messages_and_tool_choice():
 def test_grammars_compile_and_name_what_they_cannot_enforce():
     assert '"properties"' in json_grammar({"type": "object", "properties": {"a": {"type": "integer"}}})
     assert "<tool_call>" in tool_call_grammar(TOOLS, "<tool_call>", "</tool_call>")
+
+
+def test_the_http_side_builds_grammars_without_mlx():
+    """The app, its adapters and the grammar text load no MLX, so the body readers' worker processes
+    (api/bodies.py) start without it and nothing on the HTTP side can touch the engine's device."""
+    code = "import sys, mlx_ring.api.app; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -1,4 +1,4 @@
-"""OpenAI response pieces built from the engine's events: logprobs, usage, server-sent events."""
+"""Pieces of OpenAI's chat and text completions built from the engine's events: logprobs, usage, server-sent events."""
 
 import json
 import math

@@ -6,7 +6,6 @@ then finds the shared prefix, so only the new turn is prefilled."""
 
 import time
 import uuid
-from collections import OrderedDict
 from typing import Annotated, ClassVar, Literal
 
 from fastapi import APIRouter
@@ -15,20 +14,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlx_ring.api import custom_tools
-from mlx_ring.api.custom_tools import (
-    CustomTool,
-    CustomToolCallItem,
-    InputStream,
-    ToolChoiceCustom,
-    ToolSearchCallItem,
-    ToolSearchOutputItem,
-    ToolSearchTool,
-)
-from mlx_ring.api.dialects import OPENAPI, Engine, chat_request, collect, error_routes, named_sse
-from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import NAME, _Strict, hosted_tools_refused
-
-KEPT = 256  # responses kept for previous_response_id, the oldest forgotten first
+from mlx_ring.api.bodies import Bodies
+from mlx_ring.api.custom_tools import ArgumentStream, CustomTool, ToolChoiceCustom, ToolSearchOutputItem, ToolSearchTool
+from mlx_ring.api.dialects import chat_request, check_tool_choice, collect, dialect_router, named_sse
+from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
+from mlx_ring.api.front import Front
+from mlx_ring.api.openapi import body_of
+from mlx_ring.api.responses_kept import Kept
+from mlx_ring.api.schema import NAME, Refused, _Strict, hosted_tools_refused
 
 
 class TextContent(_Strict):
@@ -38,9 +31,8 @@ class TextContent(_Strict):
     logprobs: list | None = None
 
 
-class MediaContent(BaseModel):
+class MediaContent(Refused):
     """Recognised only to be refused with a clear message."""
-    model_config = ConfigDict(extra="allow")
     type: Literal["input_image", "input_file", "input_audio"]
 
 
@@ -64,6 +56,9 @@ class FunctionCallItem(_Strict):
     id: str | None = None
     status: str | None = None
 
+    def message_call(self) -> dict:
+        return {"id": self.call_id, "type": "function", "function": {"name": flat(self.namespace, self.name), "arguments": self.arguments}}
+
 
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output", "custom_tool_call_output"]
@@ -74,16 +69,6 @@ class FunctionCallOutputItem(_Strict):
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-def _item_type(v) -> str:
-    return (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) or "message"
-
-
-Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
-                 | Annotated[CustomToolCallItem, Tag("custom_tool_call")] | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
-                 | Annotated[ToolSearchOutputItem, Tag("tool_search_output")], Discriminator(_item_type)]
 
 
 class FunctionTool(_Strict):
@@ -111,6 +96,20 @@ class WebSearchTool(BaseModel):
 
 
 HOSTED_NOT_RUN = ("web_search", "web_search_preview")
+Tool = Annotated[FunctionTool | NamespaceTool | WebSearchTool | CustomTool | ToolSearchTool, Field(discriminator="type")]
+
+
+class ToolSearchOutput(ToolSearchOutputItem):
+    tools: list[Tool]  # the tools a client's search loaded, as the request's own tools
+
+
+def _item_type(v) -> str:
+    return (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) or "message"
+
+
+Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
+                 | custom_tools.CALL_ITEMS | Annotated[ToolSearchOutput, Tag("tool_search_output")], Discriminator(_item_type)]
 
 
 class NamedFunction(_Strict):
@@ -165,8 +164,7 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    tools: list[Annotated[FunctionTool | NamespaceTool | WebSearchTool | CustomTool | ToolSearchTool, Field(discriminator="type")]] | None = Field(
-        None, max_length=128)
+    tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | ToolChoiceCustom | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -195,19 +193,31 @@ class ResponsesRequest(_Strict):
         refusal = media_part(self.input)
         if refusal:
             raise ValueError(refusal)
-        choice = self.tool_choice
-        for t in self.tools or []:  # a forced custom call's grammar must be one decoding can enforce
-            if isinstance(t, CustomTool) and (choice == "required" or (isinstance(choice, ToolChoiceCustom) and choice.name == t.name)):
-                t.function(forced=True)
+        custom_tools.check_forced(self.tools, self.tool_choice)
         return self
+
+    @model_validator(mode="after")
+    def _tools(self):
+        names = [flat(ns, t.name) for ns, t in self.functions()]
+        long = next((n for n in names if len(n) > 64), None)
+        if long:
+            raise ValueError(f"tools: a namespace and its function's name join as {long!r}, over 64 characters; shorten them")
+        named = self.tool_choice.name if isinstance(self.tool_choice, (NamedFunction, ToolChoiceCustom)) else None
+        fmt = self.text.format if self.text else None
+        check_tool_choice(self.tool_choice, names, named, self.tool_choice == "required" or named is not None,
+                          "text.format" if fmt is not None and fmt.type != "text" else None)
+        return self
+
+    def functions(self) -> list[tuple[str | None, FunctionTool | CustomTool | ToolSearchTool]]:
+        """(namespace or None, tool) of every function the model is offered (custom and tool_search tools as functions)."""
+        return [(None, t) for t in self.tools or [] if isinstance(t, (FunctionTool, CustomTool, ToolSearchTool))] + [
+            (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
 
     def chat(self, history: list[dict]) -> dict:
         """The internal chat request's fields, after `history` (the conversation so far)."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages += history + input_messages(self.input)
-        functions = [(None, t) for t in self.tools or [] if isinstance(t, (FunctionTool, CustomTool, ToolSearchTool))] + [
-            (ns.name, t) for ns in self.tools or [] if isinstance(ns, NamespaceTool) for t in ns.tools]
-        choice = self.tool_choice
+        functions, choice = self.functions(), self.tool_choice
         named = choice.name if isinstance(choice, (NamedFunction, ToolChoiceCustom)) else None
         fields = {"model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "temperature": self.temperature,
                   "top_p": self.top_p, "stream": self.stream, "parallel_tool_calls": self.parallel_tool_calls}
@@ -248,50 +258,20 @@ def input_messages(items: str | list) -> list[dict]:
     for it in items:
         if isinstance(it, MessageItem):
             out.append({"role": it.role, "content": it.text()})
-        elif isinstance(it, (FunctionCallItem, CustomToolCallItem, ToolSearchCallItem)):
-            call = ({"id": it.call_id, "type": "function", "function": {"name": flat(it.namespace, it.name), "arguments": it.arguments}}
-                    if isinstance(it, FunctionCallItem) else it.message_call())
+        elif hasattr(it, "message_call"):  # a function, custom or tool_search call
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
-            out[-1].setdefault("tool_calls", []).append(call)
-        elif isinstance(it, ToolSearchOutputItem):
+            out[-1].setdefault("tool_calls", []).append(it.message_call())
+        elif hasattr(it, "message"):  # a tool_search's output
             out.append(it.message())
         else:
             out.append({"role": "tool", "tool_call_id": it.call_id, "content": it.text()})
     return out
 
 
-class Kept:
-    """The last `size` responses (their conversations and bodies), for previous_response_id and GET."""
-
-    def __init__(self, size: int = KEPT):
-        self.size, self.items = size, OrderedDict()
-
-    def get(self, rid: str) -> tuple[list[dict], dict]:
-        if rid not in self.items:
-            raise ApiError(404, f"previous_response_id: no response {rid!r} is kept here (this server keeps its last {self.size} "
-                           "stored responses, and none across restarts); send the whole conversation as input instead",
-                           param="previous_response_id", code="previous_response_not_found")
-        self.items.move_to_end(rid)
-        return self.items[rid]
-
-    def put(self, rid: str, conversation: list[dict], response: dict) -> None:
-        self.items[rid] = (conversation, response)
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
-
-
 def message_item(mid: str, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
-
-
-def call_item(call: dict, names: dict[str, dict], status: str = "completed", clients: dict | None = None) -> dict:
-    f = call["function"]
-    if f["name"] in (clients or {}):  # a custom or tool_search tool's call: the item of its own type
-        return custom_tools.output_item(call, clients[f["name"]], status)
-    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"], "name": f["name"],
-            "arguments": f["arguments"] if status == "completed" else "", "status": status} | names.get(f["name"], {})
 
 
 class Answer:
@@ -305,11 +285,18 @@ class Answer:
                        "max_output_tokens": body.max_output_tokens, "model": model, "output": [],
                        "parallel_tool_calls": body.parallel_tool_calls is not False,
                        "previous_response_id": body.previous_response_id, "temperature": body.temperature, "top_p": body.top_p,
-                       "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, (NamedFunction, ToolChoiceCustom))
-                       else body.tool_choice or "auto",
+                       "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice or "auto",
                        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
                        "text": body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {"format": {"type": "text"}},
                        "store": body.store, "metadata": body.metadata or {}, "usage": None}
+
+    def item(self, call: dict, status: str = "completed") -> dict:
+        """A parsed call as its output item: a function_call, or a custom or tool_search tool's own item."""
+        f = call["function"]
+        if f["name"] in self.clients:
+            return custom_tools.output_item(call, self.clients[f["name"]], status)
+        return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"], "name": f["name"],
+                "arguments": f["arguments"] if status == "completed" else "", "status": status} | self.names.get(f["name"], {})
 
     def finish(self, text: str, calls: list[dict], done, kept: Kept, output: list[dict]) -> dict:
         length = done.finish_reason == "length"
@@ -324,21 +311,22 @@ class Answer:
         return self.object
 
 
-def responses_routes(engine: Engine, kept: Kept) -> APIRouter:
-    router = APIRouter(route_class=error_routes(lambda status, openai: openai), include_in_schema=OPENAPI)
+def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
+    router = dialect_router(lambda status, openai: openai, ERROR_SCHEMA)
 
-    @router.post("/v1/responses")
-    async def create(body: ResponsesRequest, http: HttpRequest):
+    @router.post("/v1/responses", openapi_extra=body_of(ResponsesRequest))
+    async def create(http: HttpRequest):
+        body = await bodies.read(ResponsesRequest, await http.body())
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
-        chat = chat_request(body.chat(history), {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"})
+        chat = chat_request(body.chat(history))
         custom_tools.constrain_calls(chat, body.tools)
-        answer = Answer(body, engine.served.id, history)
-        _, events = await engine.events(chat, http, stream_calls=body.stream)
+        answer = Answer(body, front.served.id, history)
+        _, events = await front.events(chat, http, stream_calls=body.stream)
         if body.stream:
             return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
         text, calls, done = await collect(events)
         output = ([message_item(f"msg_{uuid.uuid4().hex[:24]}", text.strip() if calls else text)] if text.strip() or not calls else [])
-        return answer.finish(text, calls, done, kept, output + [call_item(c, answer.names, clients=answer.clients) for c in calls])
+        return answer.finish(text, calls, done, kept, output + [answer.item(c) for c in calls])
 
     @router.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
@@ -360,7 +348,7 @@ async def stream(answer: Answer, events, kept: Kept):
 
     yield ev("response.created", response=answer.object)
     yield ev("response.in_progress", response=answer.object)
-    output, text, said, blank, calls, mid, open_call, custom = [], None, [], "", [], "", None, None
+    output, text, said, blank, calls, mid, open_call, args = [], None, [], "", [], "", None, None
     async for kind, value in events:
         if kind == "text":
             if text is None and not (blank + value).strip():
@@ -383,30 +371,24 @@ async def stream(answer: Answer, events, kept: Kept):
             output.append(item)
             text = None
         if kind == "begin":  # a call's arguments as they are generated
-            open_call, at = call_item(value, answer.names, "in_progress", answer.clients), len(output)
-            custom = InputStream() if open_call["type"] == "custom_tool_call" else None
+            open_call, at = answer.item(value, "in_progress"), len(output)
+            args = ArgumentStream(open_call["type"])
             yield ev("response.output_item.added", output_index=at, item=open_call)
         elif kind == "args":
-            if open_call["type"] == "function_call":
-                yield ev("response.function_call_arguments.delta", item_id=open_call["id"], output_index=len(output), delta=value)
-            elif custom and (text_in := custom.feed(value)):
-                yield ev("response.custom_tool_call_input.delta", item_id=open_call["id"], output_index=len(output), delta=text_in)
+            if delta := args.feed(value):
+                yield ev(f"{args.event}.delta", item_id=open_call["id"], output_index=len(output), delta=delta)
         elif kind in ("call", "end"):
             calls.append(value)
-            item, at = call_item(value, answer.names, clients=answer.clients), len(output)
+            item, at = answer.item(value), len(output)
+            args = ArgumentStream(item["type"])  # its events name the whole arguments (a function's) or input (a custom tool's)
             if kind == "end":
                 item, open_call = item | {"id": open_call["id"]}, None
             else:  # a call parsed whole
-                yield ev("response.output_item.added", output_index=at, item=call_item(value, answer.names, "in_progress", answer.clients)
-                         | {"id": item["id"]})
-                if item["type"] == "function_call":
-                    yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=item["arguments"])
-                elif item["type"] == "custom_tool_call":
-                    yield ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=at, delta=item["input"])
-            if item["type"] == "function_call":
-                yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=item["arguments"])
-            elif item["type"] == "custom_tool_call":
-                yield ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=at, input=item["input"])
+                yield ev("response.output_item.added", output_index=at, item=answer.item(value, "in_progress") | {"id": item["id"]})
+                if args.event:
+                    yield ev(f"{args.event}.delta", item_id=item["id"], output_index=at, delta=item[args.field])
+            if args.event:
+                yield ev(f"{args.event}.done", item_id=item["id"], output_index=at, **{args.field: item[args.field]})
             yield ev("response.output_item.done", output_index=at, item=item)
             output.append(item)
         elif kind == "failed":
