@@ -16,8 +16,17 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlx_ring.models.tensor_layers import (SplitRMSNorm, columns, in_width, is_linear, out_width, rows, slice_columns,
-                                           slice_rows, sum_output)
+from mlx_ring.models.tensor_layers import (
+    SplitRMSNorm,
+    columns,
+    in_width,
+    is_linear,
+    out_width,
+    rows,
+    slice_columns,
+    slice_rows,
+    sum_output,
+)
 from mlx_ring.models.tensor_shares import check_admitted, even, refuse, spans
 
 # Attention modules name their query and KV head counts one of these ways.

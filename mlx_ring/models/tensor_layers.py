@@ -5,8 +5,12 @@ a width the ranks share, and a block whose output is summed over the ranks.
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.nn.layers.distributed import (AllToShardedLinear, QuantizedAllToShardedLinear, QuantizedShardedToAllLinear,
-                                       ShardedToAllLinear)
+from mlx.nn.layers.distributed import (
+    AllToShardedLinear,
+    QuantizedAllToShardedLinear,
+    QuantizedShardedToAllLinear,
+    ShardedToAllLinear,
+)
 
 
 def is_linear(m) -> bool:
