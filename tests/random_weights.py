@@ -21,6 +21,10 @@ SHAPES = {
     "llama3-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
                   "max_position_embeddings": 8192, "tie_word_embeddings": False},
+    # The shape where one GPU's step is bound by reading its weights (cut to --layers 20: 36 GB a token).
+    "llama3-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                   "num_attention_heads": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                   "max_position_embeddings": 8192, "tie_word_embeddings": False},
     "qwen3-1.7b": {"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
                    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": True},
