@@ -327,18 +327,15 @@ WORKER_GRACE_S = 5.0
 
 
 def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
-    """A tensor rank's loop: a step's header comes from the previous rank and goes on to the next (the
-    last keeps it), then this rank builds the step's graph while its input (token ids, or a small
-    table) is still on its way, passes the input on, and runs it: every rank meets the step's all_sums,
-    and every socket carries the same order of messages. One step computes while the next is built."""
+    """A tensor rank's loop: the step (header and input: token ids or a small table) comes from the
+    previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs it:
+    every rank then meets the step's all_sums, and every socket carries the same order of messages."""
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
-    last = ring.rank == ring.size - 1
-    running: mx.array | None = None  # the last step's output, still computing
     while True:
         try:
-            header, payload = ring.recv(lazy=True)  # a forward step's token ids may stay in the graph built on them
+            header, payload = ring.recv()
         except PeerSilent as e:
             log.warning("leaving: %s", e)
             return
@@ -348,23 +345,15 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             watch.stop()  # every rank leaves now: closing sockets are no fault
         t0 = time.perf_counter()
         with watch.step(header):
-            if not last:
-                ring.send_header(header, payload)  # the next rank builds its graph meanwhile
+            if ring.rank < ring.size - 1:
+                ring.send(header, payload)
             out = shard.apply(header, payload)
             ring.mark("built", header)
-            if not last:
-                ring.send_payload(header, payload)  # the input, once here, on to the next rank
-            ring.wait_payload()
             if out is not None:
-                mx.async_eval(out)  # joins the step's all_sums with every other rank
-            if running is not None:
-                mx.eval(running)  # the step before: done before the next header is read
-            running = out
+                mx.eval(out)  # joins the step's all_sums with every other rank
         took = time.perf_counter() - t0
         shard.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):
             shard.forward_us = 0.9 * shard.forward_us + 0.1 * took * 1e6
         if header.kind == Kind.SHUTDOWN:
-            if running is not None:
-                mx.eval(running)
             return

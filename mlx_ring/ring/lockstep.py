@@ -48,28 +48,25 @@ class Lockstep:
         return len(self.done)
 
     def submit(self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False) -> None:
-        """Send the step to rank 1 and apply it here: its all_sums need every rank in them. The header
-        goes first, so the other ranks build their graphs while this one builds its own; the payload
-        after. `chained`: built on the last DECODE output (its tokens are evaluated by the send)."""
+        """Send the step to rank 1, then apply it here: its all_sums need every rank in them.
+        `chained`: built on the last DECODE output (its tokens are evaluated by the send)."""
         assert self.can_submit()
         wire = payload.astype(mx.int32) if payload is not None and payload.dtype == mx.uint32 else payload  # sampled ids
         try:
-            with self.watching():
-                self.ring.send_header(header, wire)  # rank 1 starts building this step's graph
+            with self.watching():  # a chained step's tokens come from the last step, every rank's work
+                self.ring.send(header, wire)
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
-        out = self.stage.apply(header, payload)  # built while the last step still computes
+        if chained:
+            self.unread = None  # evaluated by the send
+        out = self.stage.apply(header, payload)
         self.ring.mark("built", header)
-        try:
-            with self.watching():  # a chained step's tokens come from the last step, every rank's work
-                self.ring.send_payload(header, wire)
-            if chained:
-                self.unread = None  # evaluated by the send
-            if out is not None:
+        if out is not None:
+            try:
                 with self.watching():  # waits while MLX holds too many unfinished steps: the last ones' all_sums
                     mx.async_eval(out)
-        except RuntimeError as e:  # the ring failed the step or its all_sums at once (a peer is gone)
-            raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+            except RuntimeError as e:  # the ring failed the step's all_sums at once (a peer is gone)
+                raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
         self.done.append((header, out, tag))
 
     def prefetch(self, *arrays: mx.array) -> None:

@@ -26,23 +26,16 @@ def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
     return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
 
 
-def meeting_point(world: mx.distributed.Group) -> dict[str, str] | None:
-    """Where NCCL's group of this world would form (`nccl_env`; NCCL_HOST_IP and NCCL_PORT, when set,
-    win), read from mlx.launch's ring description: call it before that file is dropped. None off CUDA."""
+def sum_group(world: mx.distributed.Group) -> mx.distributed.Group:
+    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
+    `world`. Every rank of the world calls this at the same point of its start."""
     hostfile = settings.text("MLX_HOSTFILE")
     cuda = mx.default_device() == mx.gpu and not on_metal()
     if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not hostfile:
-        return None
+        return world
     with open(hostfile) as f:
         env = nccl_env(json.load(f), world.size())
-    return env | {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
-
-
-def sum_group(world: mx.distributed.Group, env: dict[str, str] | None) -> mx.distributed.Group:
-    """NCCL's group of the same ranks, formed at `env` (`meeting_point`), else `world`. Every rank of
-    the world calls this at the same point of its start."""
-    if env is None:
-        return world
+    env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
     os.environ.update(env)  # MLX's NCCL backend reads them when the group forms
     try:
         group = mx.distributed.init(backend="nccl", strict=True)

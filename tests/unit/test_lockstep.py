@@ -16,18 +16,12 @@ from shard import load_shard
 
 
 class Wire:
-    """Rank 0's end of a 3-rank ring: records each step's header and payload as it passes them on
-    (the payload evaluated, as a send is)."""
+    """Rank 0's end of a 3-rank ring: records each step it passes on (evaluated, as a send is)."""
 
     def __init__(self, events: list, fail: bool = False):
         self.rank, self.size, self.events, self.fail, self.handle = 0, 3, events, fail, None
 
-    def send_header(self, header: Header, payload: mx.array | None) -> None:
-        if self.fail:
-            raise RuntimeError("[ring] connection to a peer was lost")
-        self.events.append(("header", Kind(header.kind).name, self.handle.busy_since is not None))
-
-    def send_payload(self, header: Header, payload: mx.array | None) -> None:
+    def send(self, header: Header, payload: mx.array | None) -> None:
         if self.fail:
             raise RuntimeError("[ring] connection to a peer was lost")
         watched = self.handle.busy_since is not None
@@ -66,8 +60,7 @@ def test_a_step_goes_on_to_rank_1_before_rank_0_runs_it_and_its_own_output_comes
     prompt = [5, 17, 42, 99]
     ids = mx.array([prompt], dtype=mx.int32)
     out = pipe.round_trip(Header.for_payload(Kind.PREFILL, ids, batch=1), ids)
-    # the header goes first, rank 0 builds its graph, then the payload; both sends are watched
-    assert events == [("header", "PREFILL", True), ("apply", "PREFILL"), ("send", "PREFILL", [prompt], mx.int32, True)]
+    assert events == [("send", "PREFILL", [prompt], mx.int32, True), ("apply", "PREFILL")]  # the send is watched
     want, _ = reference_logits(model, prompt, steps=1)
     assert mx.allclose(shard.head(out)[0, -1], mx.array(want[0]), atol=1e-5)
     assert pipe.busy_since is None and not pipe.outstanding()
@@ -83,7 +76,7 @@ def test_sampled_ids_go_as_int32_and_decode_outputs_wait_for_settle(tiny):
     pipe.round_trip(Header.for_payload(Kind.JOIN, pad, batch=1, group=0), pad)
     sampled = mx.array([[7]], dtype=mx.uint32)  # as argmax gives them
     pipe.submit(Header(Kind.DECODE, shape=(1, 1), dtype=DTYPES.index(mx.int32)), sampled, tag="t")
-    assert events[-1] == ("send", "DECODE", [[7]], mx.int32, True)
+    assert events[-2] == ("send", "DECODE", [[7]], mx.int32, True)
     assert pipe.can_submit()  # a second step may be built while the first computes
     pipe.submit(Header(Kind.PING), None)
     assert not pipe.can_submit() and pipe.outstanding() == 2
@@ -121,8 +114,7 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
     sends = [e for e in events if e[0] == "send"]
     applies = [e for e in events if e[0] == "apply"]
     assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here
-    assert all(events[i][0] == "header" and events[i + 1] == ("apply", events[i][1]) and events[i + 2][:2] == ("send", events[i][1])
-               for i in range(0, len(events), 3))
+    assert all(events[i][0] == "send" and events[i + 1] == ("apply", events[i][1]) for i in range(0, len(events), 2))
     assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
 
 

@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from mlx_ring.ring.sums import meeting_point, nccl_env, sum_group
+from mlx_ring.ring.sums import nccl_env, sum_group
 
 
 def test_nccl_forms_at_rank_0s_ring_address_on_a_port_past_every_ring_port():
@@ -16,4 +16,4 @@ def test_an_ipv6_rank_0_is_given_without_brackets():
 
 def test_off_cuda_the_sums_stay_on_the_ring():
     world = mx.distributed.init()  # a world of one here, on a CPU
-    assert meeting_point(world) is None and sum_group(world, None) is world
+    assert sum_group(world) is world
