@@ -234,6 +234,12 @@ class Shard:
         for c in caches:
             c.step = step
 
+    def count(self, header: Header, took: float) -> None:
+        """A step's `took` seconds on this rank, for the status: busy time, and a forward step's average."""
+        self.busy_s += took
+        if header.kind in (Kind.PREFILL, Kind.DECODE):
+            self.forward_us = 0.9 * self.forward_us + 0.1 * took * 1e6
+
     def saved_bytes(self) -> int:
         return sum(a.nbytes for entry in self.saved.values() for kv in entry for a in kv)
 
@@ -315,10 +321,7 @@ def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0, step_tim
         out = shard.apply(header, payload)
         ring.mark("built", header)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
-        took = time.perf_counter() - t0
-        shard.busy_s += took
-        if header.kind in (Kind.PREFILL, Kind.DECODE):
-            shard.forward_us = 0.9 * shard.forward_us + 0.1 * took * 1e6
+        shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return
 
@@ -351,9 +354,6 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             ring.mark("built", header)
             if out is not None:
                 mx.eval(out)  # joins the step's all_sums with every other rank
-        took = time.perf_counter() - t0
-        shard.busy_s += took
-        if header.kind in (Kind.PREFILL, Kind.DECODE):
-            shard.forward_us = 0.9 * shard.forward_us + 0.1 * took * 1e6
+        shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return
