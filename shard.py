@@ -63,12 +63,11 @@ class Shard:
 
     def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False, batches: bool = True,
                  world: mx.distributed.Group | None = None):
-        self.cut, self.model, self.plan, self.rank, self.world = cut, cut.model, plan, rank, world
+        self.slice, self.model, self.plan, self.rank, self.world = cut, cut.model, plan, rank, world
         # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and reused by
         # prefix, drop rejected drafts, and take right padding out after a batch's prefill.
         self.plain_kv = plain_kv
         self.batches = batches  # the layers take several rows at once (else one row a decode group)
-        self.inner = cut.owner
         self.start, self.end = plan.ranges[plan.stage_of(rank)]
         self.tensor = plan.tensor > 1  # every rank a share of every layer, the step's all_sums joining them
         self.last = plan.stage_of(rank) == len(plan.ranges) - 1  # its output is rank 0's (the last rank's, or every rank's)
@@ -89,10 +88,10 @@ class Shard:
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.cut.embed(tokens)
+        return self.slice.embed(tokens)
 
     def head(self, h: mx.array) -> mx.array:
-        return self.cut.head(h)
+        return self.slice.head(h)
 
     # -- every rank ---------------------------------------------------------------------------------
     @staticmethod
@@ -114,12 +113,12 @@ class Shard:
 
     def _input(self, payload: mx.array) -> mx.array:
         # Token ids are embedded here, so the slice's forward runs from them (Slice._embedded).
-        return self.cut.embed(payload) if payload.ndim == 2 and mx.issubdtype(payload.dtype, mx.integer) else payload
+        return self.slice.embed(payload) if payload.ndim == 2 and mx.issubdtype(payload.dtype, mx.integer) else payload
 
     def _prefill(self, header: Header, payload: mx.array) -> mx.array:
         B, L = payload.shape[:2]
         if header.offset == 0:
-            caches = self.cut.new_caches()
+            caches = self.slice.new_caches()
             if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
                 caches = merge_caches([caches] * B)  # merging empty caches only counts them: no copy per row
             self.prefills[header.batch] = caches
@@ -132,7 +131,7 @@ class Shard:
         if seen not in (None, header.offset):
             raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
         with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):  # see compat
-            out = self.cut.forward(self._input(payload), caches, fresh_batch=B > 1)
+            out = self.slice.forward(self._input(payload), caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -149,7 +148,7 @@ class Shard:
                 c.trim(header.offset)
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
-            out = self.cut.forward(self._input(payload), caches)
+            out = self.slice.forward(self._input(payload), caches)
         share_offsets(caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
@@ -265,9 +264,9 @@ class Shard:
             "host": self.host,
             "layers": [self.start, self.end],
             "parameter_bytes": parameter_bytes(self.model),
-            "holds_embedding": "embed_tokens" in self.inner,
+            "holds_embedding": "embed_tokens" in self.slice.owner,
             # the final norm and an output projection: its own, or the embedding used as one (tied)
-            "holds_head": "norm" in self.inner and ("lm_head" in self.model or "embed_tokens" in self.inner),
+            "holds_head": "norm" in self.slice.owner and ("lm_head" in self.model or "embed_tokens" in self.slice.owner),
         }
 
 
