@@ -109,7 +109,7 @@ def ring_driver_args():
     p.add_argument("--cuts", nargs="*", default=[], help="with --keep-going: layer counts to chain, e.g. 3,1")
     p.add_argument("--keep-going", action="store_true", help="alone (one rank): go on past a model that fails")
     a = p.parse_args()
-    a.prompt_cache, a.draft, a.draft_model, a.choose_groups = 0, 0, None, 0
+    a.prompt_cache, a.draft, a.draft_model, a.choose_groups, a.parallel = 0, 0, None, 0, "pipeline"
     json.loads(a.spec)
     return a
 

@@ -144,7 +144,8 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     rows = [x.split() for x in r.stdout.splitlines() if x.split() and x.split()[0] in ("0", "1")][:2]
     assert [x[1] for x in rows] == [a.name, c.name] and all("0.32" in " ".join(x) for x in rows), r.stdout
     assert f"link 0 -> 1 ({a.name} -> {c.address}:" in r.stdout and "Gbit/s" in r.stdout
-    assert "network hops" in r.stdout and "all hosts ready" in r.stderr
+    # the measured hops enter a pipeline's prediction; a tensor plan's counts its all_sums instead
+    assert ("network hops" in r.stdout or "mode tensor" in r.stdout) and "all hosts ready" in r.stderr
     nothing_left(hosts)
 
     # On a slow link the same check is as quick: the bandwidth probe is bounded in time, not bytes
