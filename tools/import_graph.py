@@ -24,11 +24,18 @@ def modules(root: Path) -> dict[str, Path]:
 
 
 def edges(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Each module's imports among `mods` (`from pkg import mod` counts as pkg.mod)."""
+    """Each module's imports among `mods` (`from pkg import mod` counts as pkg.mod), those that run:
+    an import under `if TYPE_CHECKING:` only names a type for the checker."""
     out = {}
     for m, p in mods.items():
         found = set()
-        for node in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                       for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name in mods}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

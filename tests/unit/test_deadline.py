@@ -40,7 +40,7 @@ def test_the_thread_ends_an_overdue_wait_with_its_reason():
     assert re.match(r"waited \d+ s for the payload of a DECODE step from rank 3, over STEP_TIMEOUT", said[0]), said
 
 
-STUCK = """import ctypes, logging, signal, sys
+STUCK = """import ctypes, logging, signal, sys, threading, time
 from mlx_ring.ring.deadline import Deadlines
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 d = Deadlines(3600)
@@ -50,8 +50,19 @@ signal.signal(signal.SIGTERM, lambda *_: print("python handler ran", flush=True)
 libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(256)
 libc.pthread_mutex_init(mutex, None)
 libc.pthread_mutex_lock(mutex)
-with d.waiting("the next step from rank 0", bounded=False):
+main = threading.main_thread().ident
+
+
+def ready():  # "waiting" only once the main thread is in native code: a SIGTERM before would run the handler
+    while sys._current_frames()[main].f_lineno != LOCK_LINE:
+        time.sleep(0.01)
+    time.sleep(0.1)
     print("waiting", flush=True)
+
+
+LOCK_LINE = sys._getframe().f_lineno + 3  # the line of the lock below
+threading.Thread(target=ready, daemon=True).start()
+with d.waiting("the next step from rank 0", bounded=False):
     libc.pthread_mutex_lock(mutex)  # locked already: native code that no signal ends
 """
 
@@ -67,7 +78,7 @@ def test_a_sigterm_ends_a_rank_stuck_in_native_code_once_its_peer_stays_silent(t
         out, err = p.communicate(timeout=60)
     finally:
         p.kill()
-    assert p.returncode == LEFT_CODE
+    assert p.returncode == LEFT_CODE, err
     assert "python handler ran" not in out  # the main thread never came back to Python
     said = re.search(r"ring deadline: (rank 2 was asked to stop \(SIGTERM\) and has waited \d+ s since for the next "
                      r"step from rank 0, which did not come); leaving", err)
