@@ -85,7 +85,7 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.assembly import assemble
 
-    pipe = Lockstep(shard, ring) if shard.plan.tensor > 1 else Pipeline(shard, ring)
+    pipe = Lockstep(shard, ring, shard.world) if shard.plan.tensor > 1 else Pipeline(shard, ring)
     rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)
     hosts = [r.host for r in cluster.ranks]
     serve(cfg, rank0.engine, served_model(cfg, rank0), ring.size, shard.plan.describe(hosts))

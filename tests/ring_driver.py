@@ -91,7 +91,7 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     batching.sample_lazy = recording(batching.sample_lazy, only_if_sampled=True)
 
     spec = json.loads(a.spec)
-    pipe = Lockstep(shard, ring) if plan.tensor > 1 else Pipeline(shard, ring)
+    pipe = Lockstep(shard, ring, shard.world) if plan.tensor > 1 else Pipeline(shard, ring)
     prefill_rows, decode_rows = [], []  # rows of each prefill and decode step: which sequences went together
     submit = pipe.submit
 

@@ -36,7 +36,7 @@ def framed(jaccl: bool, value: str | None = None) -> int:
 
 
 def payload_bytes(header: Header) -> int:
-    return math.prod(header.shape) * DTYPES[header.dtype].size if header.shape else 0
+    return math.prod(header.shape) * DTYPES[header.dtype].size if header.carried else 0
 
 
 def frame_count(header: Header, frame: int) -> int:

@@ -2,8 +2,11 @@
 
 Rank 0 hands each step (its header and input: token ids, or a small table) to rank 1, which hands
 it on, and so on to the last rank; then every rank runs it. Nothing comes back round the ring: the
-all_sums give every rank the same output, so rank 0's own is the step's result. `Lockstep` is rank
-0's handle, with `Pipeline`'s interface, so the scheduler drives both modes alike.
+all_sums give every rank the same output, so rank 0's own is the step's result. A decode step built
+on the tokens its group's last step is still sampling sends its header alone: the ids join every
+rank's graph in one more all_sum (`summed_ids`), so no rank waits for them on the host, and every
+rank builds and starts the step while the last one computes, as mlx-lm's generate loop does alone.
+`Lockstep` is rank 0's handle, with `Pipeline`'s interface, so the scheduler drives both modes alike.
 """
 
 import logging
@@ -12,11 +15,12 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import replace
 
 import mlx.core as mx
 
 from mlx_ring.ring.pipeline import RingError, Stage
-from mlx_ring.ring.protocol import Header, Kind
+from mlx_ring.ring.protocol import DTYPES, Header, Kind
 from mlx_ring.ring.transport import Ring, closed_peer
 
 log = logging.getLogger(__name__)
@@ -25,9 +29,9 @@ log = logging.getLogger(__name__)
 class Lockstep:
     """Submit steps (sent on, then applied here at once), collect their outputs in order."""
 
-    def __init__(self, stage: Stage, ring: Ring):
+    def __init__(self, stage: Stage, ring: Ring, sums: mx.distributed.Group):
         assert ring.rank == 0, "only rank 0 drives the ring"
-        self.stage, self.ring = stage, ring
+        self.stage, self.ring, self.sums = stage, ring, sums  # sums: the group the step's all_sums run over
         # Rank 0 builds the next step while the last one computes; a step's send waits for the steps
         # before it on rank 0 (one stream), so more outstanding ones would gain nothing.
         self.limit = 2
@@ -49,16 +53,18 @@ class Lockstep:
 
     def submit(self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False) -> None:
         """Send the step to rank 1, then apply it here: its all_sums need every rank in them.
-        `chained`: built on the last DECODE output (its tokens are evaluated by the send)."""
+        `chained`: its token ids are the last DECODE step's, still being sampled: they go in the
+        step's graph (`summed_ids`), and only the header goes on the wire."""
         assert self.can_submit()
         wire = payload.astype(mx.int32) if payload is not None and payload.dtype == mx.uint32 else payload  # sampled ids
+        if chained:
+            header = replace(header, shape=tuple(wire.shape), dtype=DTYPES.index(mx.int32), summed=1)
+            payload, wire = summed_ids(header, wire, self.sums), None
         try:
-            with self.watching():  # a chained step's tokens come from the last step, every rank's work
-                self.ring.send(header, wire)
+            with self.watching():
+                self.ring.send(header, wire)  # the header (and a payload known here) on to rank 1
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
-        if chained:
-            self.unread = None  # evaluated by the send
         out = self.stage.apply(header, payload)
         self.ring.mark("built", header)
         if out is not None:
@@ -68,6 +74,8 @@ class Lockstep:
             except RuntimeError as e:  # the ring failed the step's all_sums at once (a peer is gone)
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
         self.done.append((header, out, tag))
+        if chained:
+            self.settle()  # the last step, now that this one is queued behind it: the wait is timed
 
     def prefetch(self, *arrays: mx.array) -> None:
         """Start computing `arrays`, which the caller reads after submitting a step built on them."""
@@ -121,6 +129,13 @@ class Lockstep:
         if self.watch is not None:
             self.watch.stop()
         self.round_trip(Header(Kind.SHUTDOWN))
+
+
+def summed_ids(header: Header, ids: mx.array | None, group: mx.distributed.Group) -> mx.array:
+    """A `summed` step's token ids `header.shape` on every rank: rank 0's `ids` (int32, maybe still
+    being sampled), zeros from the others, joined by an all_sum that runs in the step's own graph."""
+    share = ids if ids is not None else mx.zeros(header.shape, dtype=mx.int32)
+    return mx.distributed.all_sum(share, group=group)
 
 
 class RankLeft(RuntimeError):

@@ -7,7 +7,8 @@ layers start at 0 (tensor mode: every rank embeds them), the rows' right padding
 step, the kept row indices `(k,)` for a filter step, each row's prompt-cache entry `(B,)` for a load
 step, `(k, 3)` lines of (row, entry, tokens) for a save step, the positions each row drops
 `(B,)` for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross
-the wire.
+the wire. A tensor step built on token ids still being sampled carries none: its header says the ids
+come within the step (`summed`), in an all_sum of rank 0's ids and the other ranks' zeros.
 """
 
 from dataclasses import astuple, dataclass, fields
@@ -15,7 +16,7 @@ from enum import IntEnum
 
 import mlx.core as mx
 
-HEADER_LEN = 9
+HEADER_LEN = 10
 DTYPES = (mx.float32, mx.float16, mx.bfloat16, mx.int32)
 
 
@@ -48,19 +49,26 @@ class Header:
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     group: int = 0  # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on
+    summed: int = 0  # DECODE in tensor mode: the token ids `shape` come in an all_sum within the step, not on the wire
+
+    @property
+    def carried(self) -> bool:
+        """Whether a payload follows this header on the wire."""
+        return bool(self.shape) and not self.summed
 
     def encode(self) -> mx.array:
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, len(self.shape), *dims],
+        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, self.summed, len(self.shape), *dims],
                         dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
         """A header another rank sent; ProtocolError when it cannot be one (checked under `python -O` too)."""
-        kind, batch, offset, dtype, group, ndim, *dims = a.tolist()
-        if kind not in Kind._value2member_map_ or not 0 <= ndim <= 3 or not 0 <= dtype < len(DTYPES) or min(dims[:ndim], default=0) < 0:
+        kind, batch, offset, dtype, group, summed, ndim, *dims = a.tolist()
+        if (kind not in Kind._value2member_map_ or not 0 <= ndim <= 3 or not 0 <= dtype < len(DTYPES)
+                or min(dims[:ndim], default=0) < 0 or summed not in (0, 1)):
             raise ProtocolError(f"a step header that no rank sends: {a.tolist()} (the ranks run different versions, or the stream is corrupt)")
-        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group)
+        return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group, summed)
 
     @staticmethod
     def for_payload(kind: int, payload: mx.array, batch: int = 0, offset: int = 0, group: int = 0) -> "Header":

@@ -349,7 +349,7 @@ class Ring:
             mx.eval(first)
         header = header_of(first)
         self.mark("in", header)
-        if not header.shape:
+        if not header.carried:
             return header, None
         frames = [first]
         with self.timed(lambda: f"the payload of a {Kind(header.kind).name} step from {self._who(self.prev)}"):
@@ -371,7 +371,7 @@ class Ring:
             # The header tells the payload's shape and dtype, so it must arrive first.
             header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
         self.mark("in", header)
-        if not header.shape:
+        if not header.carried:
             return header, None
         payload = mx.distributed.recv(header.shape, DTYPES[header.dtype], self.prev, group=self.world)
         self.unread = True

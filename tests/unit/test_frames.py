@@ -26,6 +26,9 @@ def test_a_step_comes_back_bitwise_from_its_frames(dtype, shape):
 def test_a_step_without_payload_is_one_frame():
     frames = pack(Header(Kind.PING), None, 256)
     assert frames.shape == (1, 256) and header_of(frames[0]) == Header(Kind.PING)
+    summed = Header(Kind.DECODE, shape=(64, 1), dtype=DTYPES.index(mx.int32), group=1, summed=1)  # ids in an all_sum
+    frames = pack(summed, None, 256)
+    assert frames.shape == (1, 256) and header_of(frames[0]) == summed
 
 
 def test_the_setting():

@@ -20,10 +20,12 @@ class Wire:
 
     def __init__(self, events: list, fail: bool = False):
         self.rank, self.size, self.events, self.fail, self.handle = 0, 3, events, fail, None
+        self.headers: list[Header] = []
 
     def send(self, header: Header, payload: mx.array | None) -> None:
         if self.fail:
             raise RuntimeError("[ring] connection to a peer was lost")
+        self.headers.append(header)
         watched = self.handle.busy_since is not None
         self.events.append(("send", Kind(header.kind).name, payload.tolist() if payload is not None else None,
                             payload.dtype if payload is not None else None, watched))
@@ -49,7 +51,7 @@ def tiny(tmp_path):
 
 def handle(shard, events, fail=False) -> Lockstep:
     wire = Wire(events, fail)
-    wire.handle = Lockstep(Recording(shard, events), wire)
+    wire.handle = Lockstep(Recording(shard, events), wire, mx.distributed.init())  # a world of one: its sums are the ids
     return wire.handle
 
 
@@ -98,7 +100,8 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
     """Prefill, join, chained and plain decode steps, filter and free, driven through the handle."""
     model, shard = tiny
     events = []
-    sched = Scheduler(handle(shard, events), shard, groups=1, chunk=8)
+    pipe = handle(shard, events)
+    sched = Scheduler(pipe, shard, groups=1, chunk=8)
     prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12]]
     seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
     got = {s.id: [] for s in seqs}
@@ -116,6 +119,34 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
     assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here
     assert all(events[i][0] == "send" and events[i + 1] == ("apply", events[i][1]) for i in range(0, len(events), 2))
     assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
+    # A decode step built on ids still being sampled sends its header alone: the ids come in its all_sum.
+    decodes = [(h, e) for h, e in zip(pipe.ring.headers, sends) if e[1] == "DECODE"]
+    chained = [(h, e) for h, e in decodes if h.summed]
+    assert chained and all(e[2] is None and h.shape == (h.shape[0], 1) and not h.carried for h, e in chained)
+    assert all(e[2] is not None for h, e in decodes if not h.summed)  # the first after a join: ids known here
+
+
+def test_a_chained_step_settles_the_last_one_once_it_is_queued_behind_it(tiny):
+    model, shard = tiny
+    events = []
+    pipe = handle(shard, events)
+    prompt = [5, 17, 42]
+    want = reference_logits(model, prompt, steps=3)[1]
+    ids = mx.array([prompt], dtype=mx.int32)
+    pipe.round_trip(Header.for_payload(Kind.PREFILL, ids, batch=1), ids)
+    pad = mx.array([0], dtype=mx.int32)
+    pipe.round_trip(Header.for_payload(Kind.JOIN, pad, batch=1, group=0), pad)
+    first = mx.array([[want[0]]], dtype=mx.int32)
+    pipe.submit(Header.for_payload(Kind.DECODE, first), first)
+    _, out = pipe.collect()
+    assert pipe.unread is out
+    sampled = mx.argmax(shard.head(out)[:, -1, :], axis=-1)[:, None]  # (1, 1) uint32, not evaluated
+    pipe.submit(Header(Kind.DECODE), sampled, chained=True)
+    header = pipe.ring.headers[-1]
+    assert header.summed == 1 and header.shape == (1, 1) and events[-2][2:4] == (None, None)
+    assert pipe.unread is None and pipe.outstanding() == 1  # the last step waited for (watched), the new one out
+    _, out = pipe.collect()
+    assert sampled.item() == want[1] and mx.argmax(shard.head(out)[0, -1]).item() == want[2]
 
 
 def test_every_host_gets_every_piece_in_tensor_mode_and_its_slice_in_a_pipeline():

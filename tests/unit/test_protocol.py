@@ -9,17 +9,20 @@ import pytest
 
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError
 
-BAD = [
-    [99, 0, 0, 0, 0, 0, 0, 0, 0],  # no such kind
-    [int(Kind.DECODE), 0, 0, 0, 0, 5, 1, 1, 1],  # five dimensions
-    [int(Kind.DECODE), 0, 0, 77, 0, 2, 1, 8, 0],  # no such dtype
-    [int(Kind.DECODE), 0, 0, 0, 0, 2, -1, 8, 0],  # a negative size
+BAD = [  # kind, batch, offset, dtype, group, summed, ndim, dims
+    [99, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # no such kind
+    [int(Kind.DECODE), 0, 0, 0, 0, 0, 5, 1, 1, 1],  # five dimensions
+    [int(Kind.DECODE), 0, 0, 77, 0, 0, 2, 1, 8, 0],  # no such dtype
+    [int(Kind.DECODE), 0, 0, 0, 0, 0, 2, -1, 8, 0],  # a negative size
+    [int(Kind.DECODE), 0, 0, 3, 0, 2, 2, 1, 1, 0],  # summed is a flag
 ]
 
 
 def test_a_header_no_rank_sends_is_refused():
     good = Header.for_payload(Kind.DECODE, mx.zeros((2, 1, 8)), group=1)
-    assert Header.decode(good.encode()) == good
+    assert Header.decode(good.encode()) == good and good.carried
+    summed = Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1)  # ids that come in an all_sum
+    assert Header.decode(summed.encode()) == summed and not summed.carried
     for row in BAD:
         with pytest.raises(ProtocolError, match="a step header that no rank sends"):
             Header.decode(mx.array(row, dtype=mx.int32))
