@@ -31,7 +31,7 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
-from mlx_ring.ring.sums import sum_group
+from mlx_ring.ring.sums import ring_description, sum_group
 from mlx_ring.ring.transport import Ring, exchange, init_world, world_backend
 from mlx_ring.rundir import RunDir
 from shard import Shard, load_shard, serve_worker
@@ -123,6 +123,7 @@ def main() -> None:
     cfg, prepare_only = parse_config()
     note(RunDir(cfg.log_dir).tempfiles)  # mlx.launch's temporary files, removed once this rank is gone
     world = init_world(cfg.ring_socket_buffer, cfg.ring_verbose)
+    description = ring_description()  # tensor mode's NCCL group forms from it, after the file is gone
     drop_hostfile()
     rank = world.rank()
     setup_logging(cfg, rank)
@@ -136,7 +137,7 @@ def main() -> None:
     plan, caps, predicted = make_plan(cfg, spec, world, model_path)
     if rank == 0:
         log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
-    shard = load_shard(model_path, plan, rank, sum_group(world) if plan.tensor > 1 else None)
+    shard = load_shard(model_path, plan, rank, sum_group(world, description) if plan.tensor > 1 else None)
     log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
              f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)

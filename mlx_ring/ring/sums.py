@@ -26,15 +26,22 @@ def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
     return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
 
 
-def sum_group(world: mx.distributed.Group) -> mx.distributed.Group:
-    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
-    `world`. Every rank of the world calls this at the same point of its start."""
+def ring_description() -> list[list[str]] | None:
+    """mlx.launch's ring description (MLX_HOSTFILE), read before the rank drops that temporary file."""
     hostfile = settings.text("MLX_HOSTFILE")
-    cuda = mx.default_device() == mx.gpu and not on_metal()
-    if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not hostfile:
-        return world
+    if not hostfile:
+        return None
     with open(hostfile) as f:
-        env = nccl_env(json.load(f), world.size())
+        return json.load(f)
+
+
+def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) -> mx.distributed.Group:
+    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
+    `world`. `description`: `ring_description()`. Every rank of the world calls this at the same point of its start."""
+    cuda = mx.default_device() == mx.gpu and not on_metal()
+    if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not description:
+        return world
+    env = nccl_env(description, world.size())
     env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
     os.environ.update(env)  # MLX's NCCL backend reads them when the group forms
     try:

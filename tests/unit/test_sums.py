@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from mlx_ring.ring.sums import nccl_env, sum_group
+from mlx_ring.ring.sums import nccl_env, ring_description, sum_group
 
 
 def test_nccl_forms_at_rank_0s_ring_address_on_a_port_past_every_ring_port():
@@ -16,4 +16,17 @@ def test_an_ipv6_rank_0_is_given_without_brackets():
 
 def test_off_cuda_the_sums_stay_on_the_ring():
     world = mx.distributed.init()  # a world of one here, on a CPU
-    assert sum_group(world) is world
+    assert sum_group(world, [["127.0.0.1:5000"]]) is world
+
+
+def test_the_description_is_read_before_the_rank_drops_mlx_launchs_hostfile(tmp_path, monkeypatch):
+    from mlx_ring.ring.leftovers import drop_hostfile
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["10.0.0.1:32323"], ["10.0.0.2:32323"]]')
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    description = ring_description()
+    drop_hostfile()  # as server.main does once MLX has read it
+    assert not hostfile.exists() and nccl_env(description, 2)["NCCL_PORT"] == "32324"
+    monkeypatch.delenv("MLX_HOSTFILE")
+    assert ring_description() is None
