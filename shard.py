@@ -331,12 +331,10 @@ WORKER_GRACE_S = 5.0
 def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
     """A tensor rank's loop: the step (header and input: token ids or a small table) comes from the
     previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs it:
-    every rank then meets the step's all_sums, and every socket carries the same order of messages.
-    A step starts while the last one computes; the last one is waited for before the next is read."""
+    every rank then meets the step's all_sums, and every socket carries the same order of messages."""
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
-    running: mx.array | None = None  # the last step's output, maybe still computing
     while True:
         try:
             header, payload = ring.recv()
@@ -355,13 +353,10 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
                 payload = summed_ids(header, None, shard.world)  # rank 0's sampled ids, within the step's graph
             out = shard.apply(header, payload)
             ring.mark("built", header)
+            # Joins the step's all_sums with every other rank. Evaluated at once: keeping one step
+            # queued behind the last (as rank 0 does) made one stream 0.55x as fast on 2 x H100.
             if out is not None:
-                mx.async_eval(out)  # joins the step's all_sums with every other rank
-            if running is not None:
-                mx.eval(running)  # the step before, which this one is queued behind
-            running = out
+                mx.eval(out)
         shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
-            if running is not None:
-                mx.eval(running)
             return

@@ -4,8 +4,9 @@ Rank 0 hands each step (its header and input: token ids, or a small table) to ra
 it on, and so on to the last rank; then every rank runs it. Nothing comes back round the ring: the
 all_sums give every rank the same output, so rank 0's own is the step's result. A decode step built
 on the tokens its group's last step is still sampling sends its header alone: the ids join every
-rank's graph in one more all_sum (`summed_ids`), so no rank waits for them on the host, and every
-rank builds and starts the step while the last one computes, as mlx-lm's generate loop does alone.
+rank's graph in one more all_sum (`summed_ids`), so no rank waits for them on the host: rank 0 builds
+and starts the step while the last one computes (as mlx-lm's generate loop does alone), and the
+others build theirs while rank 0 runs the head and samples.
 `Lockstep` is rank 0's handle, with `Pipeline`'s interface, so the scheduler drives both modes alike.
 """
 
