@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
-from mlx_ring.planning.plan import GIB, memory_need, plan_layers
+from mlx_ring.planning.cost import memory_need
+from mlx_ring.planning.plan import GIB
 from mlx_ring.planning.sizes import spec_from_config
+from mlx_ring.planning.strategies import plan_layers
 
 CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "configs"
 # (name, Macs, memory GiB, bf16 TFLOP/s, memory GB/s): an M3 Ultra, an M4 Max and an M4 Pro.

@@ -61,7 +61,8 @@ def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: s
 
 
 def choose(ring) -> None:
-    """The plan in the mode PARALLEL gives or auto chooses, from what was measured (`ring`: up.py's Preflight)."""
+    """The plan in the mode PARALLEL gives or auto chooses, from what was measured (`ring`: preflight.py's
+    Preflight)."""
     cfg, spec = ring.cfg, ring.spec
     ring.split = shares_or_refusal(read_config(ring.model), len(ring.hosts))
     ring.allsum = ring.allsum or ring_allsum(cfg.cache_dir, read_hostfile(cfg.hostfile)[0])

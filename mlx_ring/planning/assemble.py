@@ -6,7 +6,8 @@ cache set aside, then the split. Pure: no MLX, no files, no network."""
 from dataclasses import replace
 
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys
-from mlx_ring.planning.plan import LayerPlan, ModelSpec, plan_layers
+from mlx_ring.planning.plan import LayerPlan, ModelSpec
+from mlx_ring.planning.strategies import plan_layers
 
 
 def serving(spec: ModelSpec, prefill_chunk: int, max_active: int) -> ModelSpec:

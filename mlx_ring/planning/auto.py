@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mlx_ring.planning.assemble import plan_for, ring_caps
 from mlx_ring.planning.capabilities import Capabilities
+from mlx_ring.planning.cost import kv_room
 from mlx_ring.planning.modes import (
     DEFAULT_ALLSUM,
     PROMPT,
@@ -18,7 +19,7 @@ from mlx_ring.planning.modes import (
     tensor_misfit,
     tensor_tokens_per_s,
 )
-from mlx_ring.planning.plan import LayerPlan, ModelSpec, kv_room, tensor_plan
+from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
 from mlx_ring.planning.split import tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")

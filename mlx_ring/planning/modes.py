@@ -2,7 +2,7 @@
 and in aggregate, the first token of a long prompt, and whether it fits. Pure, no MLX.
 
 Pipeline: a rank holds a range of layers; a token passes every stage in turn and the hops between
-them (plan.py's stage times). Tensor: every rank holds its share of every layer and reads and
+them (cost.py's stage times). Tensor: every rank holds its share of every layer and reads and
 computes that share, and two all_sums a layer (after attention and after the MLP) of every row's
 hidden state join the ranks: each costs the link's latency plus its bytes over the link's bandwidth.
 The ranks wait for each other at every all_sum, so the slowest rank's share bounds each layer; rank 0
@@ -13,14 +13,8 @@ import math
 from dataclasses import dataclass
 
 from mlx_ring.planning.capabilities import Capabilities, compute_units
-from mlx_ring.planning.plan import (
-    GIB,
-    LayerPlan,
-    ModelSpec,
-    hop_seconds,
-    layer_kv_bytes,
-    runtime_bytes,
-)
+from mlx_ring.planning.cost import hop_seconds, layer_kv_bytes, runtime_bytes
+from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted

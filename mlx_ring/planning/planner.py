@@ -1,7 +1,7 @@
 """Planning at the edges: hosts.json's per-host keys, the startup exchange that gives every rank the
 same inputs, and the dry run `./launch.sh plan` (prints a plan without loading a weight).
 
-The arithmetic lives in plan.py (pure); measuring lives in probe.py.
+The arithmetic lives in plan.py, cost.py and strategies.py (pure); measuring lives in probe.py.
 """
 
 import argparse
@@ -17,10 +17,12 @@ from mlx_ring.planning.allsum import backend_of, ring_allsum, ring_key
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal, with_choice
 from mlx_ring.planning.capabilities import Capabilities, compute_units, declared
+from mlx_ring.planning.cost import layer_kv_bytes
 from mlx_ring.planning.modes import AllSum
-from mlx_ring.planning.plan import GIB, STRATEGIES, LayerPlan, ModelSpec, layer_kv_bytes
+from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
+from mlx_ring.planning.strategies import STRATEGIES
 
 log = logging.getLogger("planner")
 

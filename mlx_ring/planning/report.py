@@ -3,18 +3,7 @@
 
 from mlx_ring.planning.auto import format_modes
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.modes import (
-    DEFAULT_ALLSUM,
-    AllSum,
-    embed_bytes,
-    tensor_kv_room,
-    tensor_need,
-    tensor_parts,
-)
-from mlx_ring.planning.plan import (
-    GIB,
-    LayerPlan,
-    ModelSpec,
+from mlx_ring.planning.cost import (
     bottleneck,
     hop_seconds,
     kv_room,
@@ -23,6 +12,15 @@ from mlx_ring.planning.plan import (
     runtime_bytes,
     stage_seconds,
 )
+from mlx_ring.planning.modes import (
+    DEFAULT_ALLSUM,
+    AllSum,
+    embed_bytes,
+    tensor_kv_room,
+    tensor_need,
+    tensor_parts,
+)
+from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,

@@ -12,7 +12,8 @@ import mlx.core as mx
 
 from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.cluster import RankFacts
-from mlx_ring.planning.plan import ModelSpec, room_after
+from mlx_ring.planning.cost import room_after
+from mlx_ring.planning.plan import ModelSpec
 from mlx_ring.planning.report import kv_room_gb, most_gb
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence

@@ -11,7 +11,8 @@ from serverutil import running_server
 
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import GIB, layer_kv_bytes, runtime_bytes
+from mlx_ring.planning.cost import layer_kv_bytes, runtime_bytes
+from mlx_ring.planning.plan import GIB
 from mlx_ring.planning.sizes import spec_from_folder
 
 ROOM = 800  # tokens of KV cache rank 0 has room for

@@ -9,8 +9,10 @@ from ringutil import ROOT, launch, make_tiny_model, reference_logits
 
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities, with_host_keys
-from mlx_ring.planning.plan import GIB, per_layer_bytes, plan_layers, runtime_bytes
+from mlx_ring.planning.cost import per_layer_bytes, runtime_bytes
+from mlx_ring.planning.plan import GIB
 from mlx_ring.planning.sizes import spec_from_folder
+from mlx_ring.planning.strategies import plan_layers
 
 DRIVER = str(ROOT / "tests" / "planner_driver.py")
 KV_TOKENS = 1_000_000  # makes each tiny layer's KV reserve ~0.24 GB, so memory budgets bite

@@ -8,7 +8,8 @@ import pytest
 from mlx_ring.planning.activations import activation_bytes, holds_graph
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import GIB, max_layers, runtime_bytes
+from mlx_ring.planning.cost import max_layers, runtime_bytes
+from mlx_ring.planning.plan import GIB
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import ModelSpec, layer_kv_bytes, max_layers
+from mlx_ring.planning.cost import layer_kv_bytes, max_layers
+from mlx_ring.planning.plan import ModelSpec
 from mlx_ring.planning.sizes import spec_from_config
 
 FULL = ModelSpec(62, 0.8e9, 2.8e9, 1.4e9, 16 * 128 * 2 * 2, 0.8e9, 1.6e9, 2.8e9, "bfloat16", "full")

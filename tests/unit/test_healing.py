@@ -1,6 +1,6 @@
-"""Healing waits for a Mac whose Thunderbolt addresses were reset, as for a host away: up.py tells it
-apart from a wrong hosts.json address (on recorded macOS ifconfig outputs), and the supervisor's
-restart waits until the Mac holds its ring address again (read through an ifconfig shim)."""
+"""Healing waits for a Mac whose Thunderbolt addresses were reset, as for a host away: the launcher's
+preflight tells it apart from a wrong hosts.json address (on recorded macOS ifconfig outputs), and the
+supervisor's restart waits until the Mac holds its ring address again (read through an ifconfig shim)."""
 
 import json
 import threading
@@ -25,7 +25,7 @@ def test_a_thunderbolt_address_lost_is_told_apart_from_a_wrong_one():
 def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from mlx_ring.launcher import up
+    from mlx_ring.launcher import preflight
 
     # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt ports.
     macos, stem = DATA.parent, DATA / THREE["mini-b.local"]
@@ -38,7 +38,7 @@ def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, 
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.0.2"]}]))
     cfg = SimpleNamespace(hostfile=tmp_path / "hosts.json", log_dir=tmp_path / "logs", cache_dir=tmp_path / "cache")
-    ring = up.gather(cfg, up.Launch(32323, "", None, False, "", {}), [])
+    ring = preflight.gather(cfg, preflight.Launch(32323, "", None, False, "", {}), [])
     (problem,) = ring.problems
     assert problem.startswith("this Mac (rank 0) answers but no longer holds its ring address 192.168.0.2, which is on "
                               "none of its networks now: its Thunderbolt addresses were reset")
@@ -46,7 +46,7 @@ def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, 
     assert "192.168.1.41" in problem and ring.unaddressed == {"127.0.0.1": "192.168.0.2"} and not ring.unreachable
 
     (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.1.99"]}]))
-    ring = up.gather(cfg, up.Launch(32323, "", None, False, "", {}), [])
+    ring = preflight.gather(cfg, preflight.Launch(32323, "", None, False, "", {}), [])
     assert ring.problems[0].startswith("127.0.0.1 (rank 0) does not own ring address 192.168.1.99: its addresses are ")
     assert ring.unaddressed == {}
 

@@ -194,7 +194,7 @@ def test_install_locations_a_mac_closes_to_ssh_are_named():
 
 def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.launcher.up import Preflight, warnings
+    from mlx_ring.launcher.preflight import Preflight, warnings
 
     mac = Facts("mini-2.local", system="Darwin arm64", firewall=True, python="/Users/Shared/py/bin/python3.11")
     ring = Preflight(None, None, hosts_from(tmp_path, [{"ssh": "mini-1", "ips": ["192.168.1.10"]},
@@ -208,7 +208,7 @@ def test_check_warns_of_a_macs_firewall_and_of_misrouting_ring_addresses(tmp_pat
 
 def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned_of(tmp_path):
     from mlx_ring.hosts.facts import Facts
-    from mlx_ring.launcher.up import Preflight, firewall_problems, warnings
+    from mlx_ring.launcher.preflight import Preflight, firewall_problems, warnings
     from mlx_ring.macos_settings import Firewall, parse_pmset
 
     mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
@@ -311,14 +311,15 @@ def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
     from types import SimpleNamespace
 
     from mlx_ring.launcher import up
+    from mlx_ring.launcher.preflight import Launch, Preflight
 
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "MAX_QUEUE=9"],
                                 "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}))
     cfg = SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None)
-    opts = up.Launch(32323, "", None, True, "", {"MAX_QUEUE": "64"})
-    ring = up.Preflight(cfg, opts, load_hosts(path, 32323, lambda n: n), tmp_path / "ssh_config", {}, [],
-                        plan=SimpleNamespace(strategy="memory", sizes=[30]), manifest={"id": "m"})
+    opts = Launch(32323, "", None, True, "", {"MAX_QUEUE": "64"})
+    ring = Preflight(cfg, opts, load_hosts(path, 32323, lambda n: n), tmp_path / "ssh_config", {}, [],
+                     plan=SimpleNamespace(strategy="memory", sizes=[30]), manifest={"id": "m"})
     up.launch_args(ring, tmp_path / "out")
     env = (tmp_path / "out" / "env").read_text().splitlines()
     assert "MLX_METAL_FAST_SYNCH=1" in env and "MAX_QUEUE=64" in env and "MAX_QUEUE=9" not in env

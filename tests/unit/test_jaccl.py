@@ -154,6 +154,7 @@ def ranks_given(argv: list[str], out: Path) -> list[dict]:
 @pytest.mark.parametrize("backend", ["jaccl", "jaccl-ring"])
 def test_our_launch_gives_every_rank_what_mlx_launch_gives_it_on_the_same_hostfile(backend, tmp_path, monkeypatch):
     from mlx_ring.launcher import up
+    from mlx_ring.launcher.preflight import Launch, Preflight
     from mlx_ring.launcher.supervisor import mlx_launch_argv
 
     # MLX's hostfile for three Macs, each started on this machine (ssh "127.0.0.1": no ssh).
@@ -170,9 +171,9 @@ def test_our_launch_gives_every_rank_what_mlx_launch_gives_it_on_the_same_hostfi
                            str(port), "--", sys.executable, str(script), str(tmp_path / "mlx")], tmp_path / "mlx")
     # Ours: `up` plans mlx.launch's inputs, the supervisor's command line starts it.
     cfg_ = SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None)
-    opts = up.Launch(port, "", None, True, "", {})
-    ring = up.Preflight(cfg_, opts, load_hosts(path, port, lambda n: n), tmp_path / "ssh_config", {}, [],
-                        plan=SimpleNamespace(strategy="memory", sizes=[10, 10, 10]), manifest={"id": "m"})
+    opts = Launch(port, "", None, True, "", {})
+    ring = Preflight(cfg_, opts, load_hosts(path, port, lambda n: n), tmp_path / "ssh_config", {}, [],
+                     plan=SimpleNamespace(strategy="memory", sizes=[10, 10, 10]), manifest={"id": "m"})
     planned = LaunchDir(tmp_path / "launch")
     up.launch_args(ring, planned.root)
     envs = [x for line in planned.env.read_text().splitlines() if line for x in ("--env", line)]
@@ -188,13 +189,14 @@ def test_our_launch_gives_every_rank_what_mlx_launch_gives_it_on_the_same_hostfi
 
 def test_a_tcp_hostfile_still_starts_the_ring_backend(tmp_path):
     from mlx_ring.launcher import up
+    from mlx_ring.launcher.preflight import Launch, Preflight
     from mlx_ring.launcher.supervisor import mlx_launch_argv
 
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps([{"ssh": "mac-a", "ips": ["192.168.0.5"]}, {"ssh": "mac-b", "ips": ["192.168.0.2"]}]))
-    ring = up.Preflight(SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None),
-                        up.Launch(32323, "", None, True, "", {}), load_hosts(path, 32323, lambda n: n), tmp_path, {}, [],
-                        plan=SimpleNamespace(strategy="memory", sizes=[15, 15]), manifest={"id": "m"})
+    ring = Preflight(SimpleNamespace(hostfile=path, host="127.0.0.1", port=8100, tls=None),
+                     Launch(32323, "", None, True, "", {}), load_hosts(path, 32323, lambda n: n), tmp_path, {}, [],
+                     plan=SimpleNamespace(strategy="memory", sizes=[15, 15]), manifest={"id": "m"})
     planned = LaunchDir(tmp_path / "launch")
     up.launch_args(ring, planned.root)
     assert json.loads(planned.hostfile.read_text()) == [{"ssh": "mac-a", "ips": ["192.168.0.5"]},

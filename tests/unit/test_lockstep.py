@@ -5,13 +5,13 @@ recorder (the ring itself is tested in tests/ring/test_tensor.py)."""
 import mlx.core as mx
 import pytest
 from ringutil import make_tiny_model, reference_logits
+from schedulerutil import decode_all
 
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.pipeline import RingError
 from mlx_ring.ring.protocol import DTYPES, Header, Kind
-from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.scheduler import Scheduler, Sequence
+from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
 
@@ -103,17 +103,9 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
     pipe = handle(shard, events)
     sched = Scheduler(pipe, shard, groups=1, chunk=8)
     prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12]]
-    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
-    got = {s.id: [] for s in seqs}
-    for s in seqs:
-        sched.add(s)
-    while not sched.idle():
-        for s, token in sched.step():
-            got[s.id].append(token.id)
-            if len(got[s.id]) == 5:
-                sched.remove(s)
-    for s, p in zip(seqs, prompts):
-        assert got[s.id] == reference_logits(model, p, steps=5)[1], s.id
+    got = decode_all(sched, prompts, [5] * len(prompts))
+    for i, p in enumerate(prompts):
+        assert got[i] == reference_logits(model, p, steps=5)[1], i
     sends = [e for e in events if e[0] == "send"]
     applies = [e for e in events if e[0] == "apply"]
     assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here

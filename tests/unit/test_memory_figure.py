@@ -14,7 +14,8 @@ from mlx_ring.planning.activations import activation_bytes, step_tokens
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.capabilities import Capabilities, colocate
 from mlx_ring.planning.cluster import Planned, RankFacts
-from mlx_ring.planning.plan import GIB, kv_room, layer_kv_bytes, memory_need, tensor_plan
+from mlx_ring.planning.cost import kv_room, layer_kv_bytes, memory_need
+from mlx_ring.planning.plan import GIB, tensor_plan
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
 from mlx_ring.serving.rows import one_request

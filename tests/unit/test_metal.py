@@ -20,7 +20,8 @@ from mlx_ring.gpu import (
 )
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb, with_host_keys
 from mlx_ring.planning.cluster import Cluster, PlanFacts, Planned, RankFacts
-from mlx_ring.planning.plan import GIB, ModelSpec, plan_layers
+from mlx_ring.planning.plan import GIB, ModelSpec
+from mlx_ring.planning.strategies import plan_layers
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring, in_graph, receives_apart
 from mlx_ring.serving import assembly

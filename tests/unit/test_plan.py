@@ -55,10 +55,7 @@ from itertools import product  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from mlx_ring.planning.capabilities import Capabilities, colocate, set_aside, with_host_keys  # noqa: E402
-from mlx_ring.planning.plan import (  # noqa: E402
-    GIB,
-    STRATEGIES,
-    ModelSpec,
+from mlx_ring.planning.cost import (  # noqa: E402
     bottleneck,
     hop_seconds,
     kv_room,
@@ -66,12 +63,12 @@ from mlx_ring.planning.plan import (  # noqa: E402
     max_layers,
     memory_need,
     per_layer_bytes,
-    plan_layers,
-    proportional_sizes,
     room_after,
     runtime_bytes,
 )
+from mlx_ring.planning.plan import GIB, ModelSpec, proportional_sizes  # noqa: E402
 from mlx_ring.planning.report import summary  # noqa: E402
+from mlx_ring.planning.strategies import STRATEGIES, plan_layers  # noqa: E402
 
 SMALL = settings(max_examples=200, deadline=None)
 

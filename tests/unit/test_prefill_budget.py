@@ -4,13 +4,13 @@ on a ring of one (no mlx.launch), still batching short prompts and decoding what
 
 import mlx.core as mx
 from ringutil import make_tiny_model, reference_logits
+from schedulerutil import decode_all
 
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring
-from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.scheduler import Scheduler, Sequence
+from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
 LONG = [[(7 * i + j) % 250 + 1 for j in range(20)] for i in range(4)]  # 20 tokens: alone, in chunks of 8
@@ -32,15 +32,7 @@ def run(shard, budget: int) -> tuple[dict[int, list[int]], int, list[int]]:
 
     pipe.submit = watched
     prompts = LONG + SHORT
-    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
-    got = {s.id: [] for s in seqs}
-    for s in seqs:
-        sched.add(s)
-    while not sched.idle():
-        for s, token in sched.step():
-            got[s.id].append(token.id)
-            if len(got[s.id]) == 3:
-                sched.remove(s)
+    got = decode_all(sched, prompts, [3] * len(prompts))
     assert sched.prefill_out == 0
     return got, most[0], rows
 

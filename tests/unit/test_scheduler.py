@@ -4,6 +4,7 @@ decodes for each of them alone."""
 
 import mlx.core as mx
 from ringutil import make_tiny_model, reference_logits
+from schedulerutil import decode_all
 
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
@@ -104,20 +105,6 @@ def test_prefill_attending_unfused_as_on_cuda_decodes_the_same(tmp_path, monkeyp
     # Prefill chunks only (decode keeps the fused kernel), and of the long prompt's three chunks of
     # up to 8 only the first: the others attend over 16 and 18 keys.
     assert sorted(set(calls)) == [3, 8] and calls.count(8) == 7, calls
-
-
-def decode_all(sched: Scheduler, prompts: list[list[int]], wanted: list[int]) -> dict[int, list[int]]:
-    """Greedy tokens of each prompt (by index), each sequence leaving once it has its `wanted`."""
-    seqs = [Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate(prompts)]
-    got = {s.id: [] for s in seqs}
-    for s in seqs:
-        sched.add(s)
-    while not sched.idle():
-        for s, token in sched.step():
-            got[s.id].append(token.id)
-            if len(got[s.id]) == wanted[s.id]:
-                sched.remove(s)
-    return got
 
 
 def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
