@@ -115,3 +115,23 @@ def test_the_cpu_compute_terms_match_the_measured_steps():
     assert tensor / pipeline == pytest.approx(64.4 / 78.6, abs=0.1)
     # Both slow by about one factor: the probe read 4.8 GB/s where decoding the 538 MB reached 6.6.
     assert 1.2 < tensor * 1e3 / 64.4 < 1.5 and 1.2 < pipeline * 1e3 / 78.6 < 1.5
+
+
+def test_a_speed_the_old_probe_cached_is_measured_again(tmp_path):
+    """The speed probe keeps its fastest round; a figure cached by its old way (one mean, here taken
+    while other work ran: half what one pinned core of the machine measured later) is measured again."""
+    import socket
+
+    from mlx_ring.planning.probe import SPEED_PROBE, _cached_speed, blas
+
+    old = {"tflops": 0.04992188373469452, "bandwidth_gbs": 2.361560284295222, "measured": "2026-11-26 23:48:55"}
+    path = tmp_path / "probe.json"
+    key = f"{socket.gethostname()}|{{}}|float32{blas()}"
+    path.write_text(json.dumps({key.format("old"): old,
+                                key.format("new"): {"tflops": 7.0, "bandwidth_gbs": 70.0, "probe": SPEED_PROBE}}))
+    assert _cached_speed(tmp_path, "new", "float32") == (7.0, 70.0)  # read back as it was
+    tflops, gbs = _cached_speed(tmp_path, "old", "float32")
+    again = json.loads(path.read_text())[key.format("old")]
+    assert again["probe"] == SPEED_PROBE and again["measured"] != old["measured"]
+    assert (tflops, gbs) == (again["tflops"], again["bandwidth_gbs"]) and tflops > 0 and gbs > 0
+    assert _cached_speed(tmp_path, "old", "float32") == (tflops, gbs)  # and read back from then on
