@@ -135,3 +135,26 @@ def test_a_speed_the_old_probe_cached_is_measured_again(tmp_path):
     assert again["probe"] == SPEED_PROBE and again["measured"] != old["measured"]
     assert (tflops, gbs) == (again["tflops"], again["bandwidth_gbs"]) and tflops > 0 and gbs > 0
     assert _cached_speed(tmp_path, "old", "float32") == (tflops, gbs)  # and read back from then on
+
+
+def test_the_dry_run_plans_each_rank_as_its_own_probe_says(tmp_path, capsys, monkeypatch):
+    """`./launch.sh plan` takes each undeclared rank as `check`'s probes and the ranks take it: its own
+    MLX_RING_CAPS entry (here the core it is pinned to), not rank 0's for every one."""
+    from mlx_ring.planning.planner import main
+
+    model = tmp_path / "smol"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+        "torch_dtype": "float32"}))
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    remember(tmp_path / "cache", KEY, NOW)
+    core = {"memory_gb": 23.5, "usable_gb": 10.4, "tflops": 0.0962, "bandwidth_gbs": 4.80}
+    monkeypatch.setenv("MLX_RING_CAPS", json.dumps([{**core, "unit": f"cores {r}"} for r in (0, 1)]))
+    args = ["--hostfile", str(hosts), "--model", str(model), "--layers", "", "--prompt-cache-gb", "0",
+            "--cache-dir", str(tmp_path / "cache"), "--parallel", "auto", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "tensor" and d["modes"]["tensor"]["allsum_from"].startswith("measured on this ring")
