@@ -61,7 +61,7 @@ def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: s
             f"{allsum.gbytes_s:.2f} GB/s"
             + (f" (the lower quartile of {found['rounds']} rounds; their medians {found['rows_1_median_ms']:.3f} "
                f"and {found['rows_64_median_ms']:.3f} ms)" if "rounds" in found else "")
-            + (f"; not kept, {why}: the ring measures it again when it starts" if why else "")), allsum
+            + (f"; {why}, so a start measures it again" if why else "")), allsum
 
 
 def choose(ring) -> None:
