@@ -14,7 +14,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hostfile import Host, mlx_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
-from mlx_ring.planning.allsum import fit, parse, remember, ring_allsum, ring_key
+from mlx_ring.planning.allsum import fit, implausible, parse, remember, ring_allsum, ring_key
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal
 from mlx_ring.planning.capabilities import compute_units
 from mlx_ring.planning.modes import AllSum
@@ -28,7 +28,7 @@ def probe_command(hostfile: Path, port: int, hidden: int, dtype: str) -> list[st
     """mlx.launch running the all_sum probe on every host of `hostfile`, from the project's checkout."""
     launcher = str(Path(sys.executable).parent / "mlx.launch")
     return [launcher, "--backend", "ring", "--hostfile", str(hostfile), "--starting-port", str(port),
-            "--cwd", str(ROOT), "--", str(ROOT / "launch.sh"), "probe", "allsum", str(hidden), dtype, "ring"]
+            "--cwd", str(ROOT), "--", str(ROOT / "launch.sh"), "probe", "allsum", str(hidden), dtype]
 
 
 def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: str,
@@ -55,9 +55,13 @@ def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: s
         return f"all_sum over the ring: not measured ({tail}); the planner assumes a default", None
     remember(cache_dir, ring_key([h.ssh for h in hosts], "ring"), found)
     allsum = fit(found)
+    why = implausible(found)
     return (f"all_sum over the ring ({len(hosts)} ranks): {found['rows_1_ms']:.3f} ms for (1, {hidden}), "
             f"{found['rows_64_ms']:.3f} ms for (64, {hidden}) {dtype}: {allsum.latency_ms:.3f} ms + "
-            f"{allsum.gbytes_s:.2f} GB/s"), allsum
+            f"{allsum.gbytes_s:.2f} GB/s"
+            + (f" (the lower quartile of {found['rounds']} rounds; their medians {found['rows_1_median_ms']:.3f} "
+               f"and {found['rows_64_median_ms']:.3f} ms)" if "rounds" in found else "")
+            + (f"; {why}, so a start measures it again" if why else "")), allsum
 
 
 def choose(ring) -> None:

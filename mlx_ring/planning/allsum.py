@@ -1,8 +1,9 @@
 """What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)` and a
 larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
-median of each gives a latency and a bandwidth (a line through the two), cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto
-reads it; `./launch.sh check` measures it under mlx.launch on every host (`./launch.sh probe allsum`),
-and a ring that starts without one measures it once at startup.
+lower quartile of each size's rounds gives a latency and a bandwidth (a line through the two), cached
+per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto reads it; `./launch.sh
+check` measures it under mlx.launch on every host (`./launch.sh probe allsum`), and a ring that starts
+without one (or with one `implausible` says to measure again) measures it once at startup.
 
 Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh probe allsum HIDDEN DTYPE`.
 """
@@ -19,42 +20,70 @@ from mlx_ring.planning.modes import DEFAULT_ALLSUM, AllSum
 log = logging.getLogger(__name__)
 
 ROWS = (1, 64)  # one stream's hidden state, and a batch's
-ROUNDS = 5  # timings of a chain; the median is kept
+ROUNDS = 12  # timed rounds of each size, the two sizes taking turns
+WARMUP = 2  # untimed rounds first: right after connecting, a round ran up to 100x slower on loopback
 CHAIN = (16, 4)  # all_sums in one graph, one after the other, of each size: latency needs the longer chain
-BUDGET_S = 1.5  # past this, a size's timing stops after the round in hand (a slow link)
+BUDGET_S = 3.0  # past this, the timing stops after the round in hand (a slow link)
+PROBE = 2  # this way of timing; a figure cached by an older way (a median of 5 rounds, no warm-up) is measured again
 TRANSPORTS = {"ring": "ring (TCP)", "jaccl": "JACCL (Thunderbolt)", "jaccl-ring": "JACCL (Thunderbolt)", "nccl": "NCCL"}
+
+
+def kept(ms: list[float]) -> float:
+    """The figure a size's rounds give: their lower quartile. A stall (another process on a rank's
+    core, a rank still starting) slows a round and never speeds one, and a step on a quiet ring pays
+    what the quiet rounds paid: on 2 pinned CPU ranks over loopback, rounds of 0.1 ms next to 9 ms."""
+    return sorted(ms)[len(ms) // 4]
 
 
 def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -> dict:
     """Collective (every rank calls it): milliseconds one all_sum of `(rows, hidden)` takes for each of
-    ROWS, as this rank saw them. The all_sums are chained in one graph, each on the last one's result,
-    as a model's layers issue them: an all_sum evaluated alone also pays a trip to the host and back
-    (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms chained). A slow link is timed on fewer rounds:
-    the ranks agree after each whether one of them is past BUDGET_S, so all run the same collectives."""
+    ROWS, as this rank saw them (`kept` of its rounds, and their median). The all_sums are chained in
+    one graph, each on the last one's result, as a model's layers issue them: an all_sum evaluated
+    alone also pays a trip to the host and back (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms
+    chained). The sizes take turns, so a burst of other work slows both alike. A slow link is timed
+    on fewer rounds: the ranks agree after each whether one of them is past BUDGET_S, so all run the
+    same collectives."""
     import mlx.core as mx
 
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
-    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size}
-    for rows, chain in zip(ROWS, CHAIN):
-        x = mx.ones((rows, hidden), dtype=dt)
-        mx.eval(mx.distributed.all_sum(x, group=world))  # the first call builds kernels and buffers
+    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size, "probe": PROBE}
+    xs = {rows: mx.ones((rows, hidden), dtype=dt) for rows in ROWS}
 
-        def chained():
-            y = x
-            for _ in range(chain):
-                y = mx.distributed.all_sum(y, group=world) * (1 / world.size())  # stays ones: no overflow
-            return y
+    def chained(x, chain):
+        for _ in range(chain):
+            x = mx.distributed.all_sum(x, group=world) * (1 / world.size())  # stays ones: no overflow
+        return x
 
-        ts, start = [], time.perf_counter()
-        while len(ts) < rounds:
+    ts: dict[int, list[float]] = {rows: [] for rows in ROWS}
+    start, done = time.perf_counter(), 0
+    while done < WARMUP + rounds:
+        for rows, chain in zip(ROWS, CHAIN):
             t = time.perf_counter()
-            mx.eval(chained())
-            ts.append(time.perf_counter() - t)
-            late = mx.array([1.0 if time.perf_counter() - start > BUDGET_S else 0.0])
-            if mx.distributed.all_sum(late, group=world).item() > 0:
-                break
-        out[f"rows_{rows}_ms"] = sorted(ts)[len(ts) // 2] * 1e3 / chain
+            mx.eval(chained(xs[rows], chain))
+            if done >= WARMUP:
+                ts[rows].append((time.perf_counter() - t) * 1e3 / chain)
+        done += 1
+        late = mx.array([1.0 if done > WARMUP and time.perf_counter() - start > BUDGET_S else 0.0])
+        if mx.distributed.all_sum(late, group=world).item() > 0:
+            break
+    for rows in ROWS:
+        out[f"rows_{rows}_ms"] = kept(ts[rows])
+        out[f"rows_{rows}_median_ms"] = sorted(ts[rows])[len(ts[rows]) // 2]
+    out["rounds"] = len(ts[ROWS[0]])
     return out
+
+
+def implausible(result: dict) -> str:
+    """Why a measured result cannot stand for what a step pays ("" where it can): taken by an older
+    way of timing, or a `(1, hidden)` array that took more than twice as long as one 64 times its
+    size, which says stalls, not the link, were timed."""
+    if result.get("probe") != PROBE:
+        return "measured by an older probe that kept a median of 5 rounds without a warm-up"
+    one, many = result[f"rows_{ROWS[0]}_ms"], result[f"rows_{ROWS[1]}_ms"]
+    if one > 2 * many:
+        return (f"{one:.3g} ms for (1, {result['hidden']}) against {many:.3g} ms for ({ROWS[1]}, {result['hidden']}): "
+                "stalls were timed, not the link")
+    return ""
 
 
 def fit(result: dict, transport: str = "ring (TCP)", when: str = "") -> AllSum:
@@ -94,9 +123,12 @@ def _path(cache_dir: Path) -> Path:
 
 
 def cached(cache_dir: Path, key: str) -> AllSum | None:
-    """The all_sum measured on the ring `key`, if it was."""
+    """The all_sum measured on the ring `key`, if it was and the figure is not `implausible`."""
     try:
         row = json.loads(_path(cache_dir).read_text()).get(key)
+        if row and (why := implausible(row)):
+            log.info("the all_sum cached for %s is measured again: %s", key, why)
+            return None
         return fit(row, TRANSPORTS.get(key.split("|", 1)[0], "ring (TCP)"), row.get("measured", "")) if row else None
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return None
@@ -132,15 +164,16 @@ def ring_allsum(cache_dir: Path, entries: list[dict]) -> AllSum:
 
 
 def main(argv: list[str]) -> None:
-    """`./launch.sh probe allsum HIDDEN DTYPE [BACKEND]` on every rank under mlx.launch: rank 0 prints
+    """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0 prints
     `{"allsum": {...}}`."""
-    import mlx.core as mx
-
     from mlx_ring.ring.leftovers import drop_hostfile
+    from mlx_ring.ring.transport import init_world
 
     hidden, dtype = int(argv[0]), argv[1]
-    backend = argv[2] if len(argv) > 2 else "ring"
-    world = mx.distributed.init(backend=backend)
+    # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a core
+    # watching it, and on 2 cores the all_sums then timed the ranks' waits for a core (0.5-27 ms each,
+    # against 0.06-0.3 ms with the core free), not the link.
+    world = init_world()
     drop_hostfile()  # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs
     result = measure(world, hidden, dtype)
     if world.rank() == 0:

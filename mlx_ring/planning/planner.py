@@ -116,16 +116,16 @@ def dry_run_inputs(cfg: Config) -> tuple[ModelSpec, list[Capabilities], list[dic
         model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
     spec = spec_from_folder(model)
     entries = load_entries(cfg.hostfile)
-    caps, probed, here = [], [], None
+    caps, probed = [], []
     for i, e in enumerate(entries):
         name = str(e.get("ssh") or f"rank{i}")
         cap = declared(name, e)
         if cap is None:
-            if here is None:
-                from mlx_ring.planning.probe import local_capabilities
+            from mlx_ring.planning.probe import local_capabilities
 
-                here = local_capabilities(cfg.cache_dir, dtype_of(spec), i)
-            cap = replace(here, host=name, source="probed here")  # a Mac's working set included
+            # Each rank's own (its MLX_RING_CAPS entry, e.g. the cores it is pinned to, as check's probes
+            # take it); the speed is measured once and read back from the cache for the rest.
+            cap = replace(local_capabilities(cfg.cache_dir, dtype_of(spec), i), host=name, source="probed here")
             probed.append(name)
         caps.append(cap)
     notes = [f"{', '.join(sorted(set(probed)))}: no memory_gb/tflops/bandwidth_gbs in {cfg.hostfile}, "

@@ -6,7 +6,7 @@ import json
 
 from ringutil import ROOT, launch, make_tiny_model, write_hostfile
 
-from mlx_ring.planning.allsum import cached, fit, parse, ring_key
+from mlx_ring.planning.allsum import PROBE, ROUNDS, cached, fit, implausible, parse, ring_key
 
 DRIVER = str(ROOT / "tests" / "planner_driver.py")
 
@@ -17,6 +17,9 @@ def test_the_probe_measures_the_rings_all_sum(tmp_path):
     assert found is not None, out
     assert found["ranks"] == 2 and found["hidden"] == 576 and found["bytes_per_element"] == 4
     assert 0 < found["rows_1_ms"] and 0 < found["rows_64_ms"]
+    # Rounds past the warm-up, the lower quartile kept: never above their median.
+    assert found["probe"] == PROBE and 1 <= found["rounds"] <= ROUNDS and "older probe" not in implausible(found)
+    assert found["rows_1_ms"] <= found["rows_1_median_ms"] and found["rows_64_ms"] <= found["rows_64_median_ms"]
     a = fit(found)
     assert a.latency_ms >= 0 and a.gbytes_s > 0 and a.source.startswith("measured on this ring")
 

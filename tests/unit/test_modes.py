@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mlx_ring.planning.allsum import backend_of, cached, fit, parse, remember, ring_allsum, ring_key
+from mlx_ring.planning.allsum import PROBE, backend_of, cached, fit, parse, remember, ring_allsum, ring_key
 from mlx_ring.planning.auto import decide, format_modes, plan_mode, predict, shares_or_refusal
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import (
@@ -195,7 +195,7 @@ def test_the_planner_takes_each_ranks_share_of_a_layer_from_the_cut():
 def test_the_probe_result_fits_a_latency_and_a_bandwidth(tmp_path):
     lat, gbs, hidden = 0.2e-3, 5e9, 4096
     small = hidden * 2
-    result = {"hidden": hidden, "dtype": "bfloat16", "ranks": 2, "bytes_per_element": 2,
+    result = {"hidden": hidden, "dtype": "bfloat16", "ranks": 2, "bytes_per_element": 2, "probe": PROBE,
               "rows_1_ms": (lat + small / gbs) * 1e3, "rows_64_ms": (lat + 64 * small / gbs) * 1e3}
     a = fit(result, "ring (TCP)")
     assert a.latency_ms == pytest.approx(0.2, abs=1e-3) and a.gbytes_s == pytest.approx(5.0, rel=1e-3)
