@@ -35,7 +35,9 @@ class Clock:
         rows = self.steps[2:]  # the first steps hold the prefill
         ms = {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in ("step", *parts)}
         ms["other"] = statistics.median(r["step"] - sum(r.get(p, 0.0) for p in parts) for r in rows) * 1e3
-        return f"{name}: median ms a step over {len(rows)} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
+        steps = [r["step"] * 1e3 for r in rows]  # the median hides slow steps; the tokens/s counts them
+        return (f"{name}: median ms a step over {len(rows)} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
+                + f"; step mean {statistics.mean(steps):.2f}, max {max(steps):.2f}")
 
 
 @contextmanager
