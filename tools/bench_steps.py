@@ -10,7 +10,8 @@ With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is 
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
 the run-to-run drift of separate servers. With --peers (one rank), each line alternates the ring's
 scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
---split then times one stream's step by its parts (Python, MLX encoding, the wait for the token).
+--split then times one stream's step by its parts (Python, MLX encoding, the wait for the token),
+and counts the Python calls and MLX operations a step takes.
 """
 
 import argparse
@@ -187,7 +188,8 @@ def main():
     p.add_argument("--peers", action="store_true", help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
                    "times (generate_step for one stream, BatchGenerator for several; a second copy of the model)")
     p.add_argument("--split", action="store_true", help="one stream's decode step split into Python, MLX encoding and "
-                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step")
+                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step; "
+                   "then the Python calls and MLX operations a step takes, counted")
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
@@ -217,6 +219,10 @@ def main():
         print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
         if peer is not None:
             print(step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
+    if a.split:
+        print(step_split.counts(f"ring-{pipe.ring.size}", lambda t: run(sched, 1, t, a.prompt_of)), flush=True)
+        if peer is not None:
+            print(step_split.counts("generate_step", lambda t: mlx_lm_loop.one_stream(peer, a.prompt_of(0), t)), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)
