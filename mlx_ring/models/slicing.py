@@ -4,9 +4,10 @@ soft-capping and cache kinds are the model's, not a copy of ours.
 The model's layer list keeps its full length, so whatever a forward reads by layer index (which
 layers slide, which cache a mask comes from) stays right; the layers other ranks hold are stand-ins
 that pass hidden states through. Three passes use it:
-- embed (rank 0): the forward up to its first layer, on token ids;
-- body (every rank): the forward whose first local layer takes the hidden states that arrived, and
-  whose last local layer hands its output back (an exception ends the forward there);
+- embed (rank 0, for callers that want hidden states): the forward up to its first layer, on token ids;
+- body (every rank): the forward whose first local layer takes the hidden states that arrived (a
+  slice from layer 0: the forward from the token ids, as alone), and whose last local layer hands
+  its output back (an exception ends the forward there);
 - head (rank 0): the forward whose last layer hands in the hidden states back from the ring, so the
   final norm, the head and any logit scaling run as the model runs them.
 """
