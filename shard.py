@@ -31,7 +31,7 @@ from mlx_ring.models.compat import (
     trim_rows,
     unfused_attention,
 )
-from mlx_ring.models.slicing import Slice, share_offsets
+from mlx_ring.models.slicing import Slice, lone_row_masks, share_offsets
 from mlx_ring.models.support import UNBATCHED, check_supported
 from mlx_ring.models.tensor import split_model
 from mlx_ring.planning.growth import growth_step
@@ -111,10 +111,6 @@ class Shard:
         step = self._steps.get(header.kind)
         return step(header, payload) if step is not None else payload  # PING, SHUTDOWN: passed on
 
-    def _input(self, payload: mx.array) -> mx.array:
-        # Token ids are embedded here, so the slice's forward runs from them (Slice._embedded).
-        return self.slice.embed(payload) if payload.ndim == 2 and mx.issubdtype(payload.dtype, mx.integer) else payload
-
     def _prefill(self, header: Header, payload: mx.array) -> mx.array:
         B, L = payload.shape[:2]
         if header.offset == 0:
@@ -131,7 +127,7 @@ class Shard:
         if seen not in (None, header.offset):
             raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
         with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):  # see compat
-            out = self.slice.forward(self._input(payload), caches, fresh_batch=B > 1)
+            out = self.slice.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
@@ -148,7 +144,7 @@ class Shard:
                 c.trim(header.offset)
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
-            out = self.slice.forward(self._input(payload), caches)
+            out = self.slice.forward(payload, caches)  # token ids on the first stage: its forward embeds them
         share_offsets(caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
@@ -170,6 +166,7 @@ class Shard:
             for g, b in zip(group, joining):
                 drop_spare_room(g)
                 g.extend(b)
+        lone_row_masks(group)
         self._size_growth(group)
         return payload  # the next rank needs the same padding
 

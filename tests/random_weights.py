@@ -79,14 +79,19 @@ def main():
     p.add_argument("--quiet-after", type=int, default=None, help="scale the output projections of layers from this one on")
     p.add_argument("--quiet-scale", type=float, default=0.01, help="... by this (with --quiet-after)")
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
+    p.add_argument("--tiny", action="store_true", help="the shape's layers at a hidden size of 64 (4 heads, 2 KV heads, "
+                   "MLP 128): a step computes next to nothing, so its host work shows (bench_steps.py --split)")
     a = p.parse_args()
     if a.tokenizer_from is None:
         from mlx_ring.config import CACHE_DIR
         from mlx_ring.models.source import resolve_model
 
         a.tokenizer_from = resolve_model(None, CACHE_DIR, "auto")
-    layers = {"num_hidden_layers": a.layers} if a.layers else {}
-    print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype, a.quiet_after, a.quiet_scale, **layers))
+    overrides = {"num_hidden_layers": a.layers} if a.layers else {}
+    if a.tiny:
+        overrides |= {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                      "head_dim": 16}
+    print(make_random_model(a.shape, a.out, a.tokenizer_from, a.dtype, a.quiet_after, a.quiet_scale, **overrides))
 
 
 if __name__ == "__main__":

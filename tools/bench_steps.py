@@ -10,7 +10,8 @@ With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is 
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
 the run-to-run drift of separate servers. With --peers (one rank), each line alternates the ring's
 scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
---split then times one stream's step by its parts (Python, MLX encoding, the wait for the token).
+--split then times one stream's step by its parts (Python, MLX encoding, the wait for the token),
+and counts the Python calls and MLX operations a step takes.
 """
 
 import argparse
@@ -46,20 +47,23 @@ from shard import load_shard, serve_worker  # noqa: E402
 
 
 def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[int]]) -> tuple[float, str]:
-    """n sequences arriving together; returns the seconds they took and one line of counts and times."""
-    kinds: dict[str, int] = {}
+    """n sequences arriving together; returns the seconds until the last one had its last token (as
+    mlx_lm_loop times mlx-lm's loops) and one line of counts and times. What the scheduler does after
+    that (the step chained past the last token, the FILTER that frees the group) runs untimed, as the
+    step mlx-lm's loop starts past its last token does."""
+    kinds: dict[int, int] = {}
     pipe = sched.pipe
     submit = pipe.submit
 
     def counted(header, payload, tag=None, chained=False):
-        kinds[Kind(header.kind).name] = kinds.get(Kind(header.kind).name, 0) + 1
+        kinds[header.kind] = kinds.get(header.kind, 0) + 1  # names after the timing: Kind() costs a step
         submit(header, payload, tag, chained)
 
     pipe.submit = counted
     seqs = [Sequence(i, prompt(i), SamplingParams(temperature=0.0)) for i in range(n)]
     count = dict.fromkeys(range(n), 0)
     tokens: dict[int, list[int]] = {i: [] for i in range(n)}
-    t0, first = time.perf_counter(), None
+    t0, first, last, finished = time.perf_counter(), None, None, 0
     for s in seqs:
         sched.add(s)
     while not sched.idle():
@@ -69,8 +73,11 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
             tokens[s.id].append(getattr(tok, "id", -1))
             if count[s.id] >= max_tokens:
                 sched.remove(s)
+                finished += 1
+                if finished == n:
+                    last = time.perf_counter()
     pipe.submit = submit
-    last = time.perf_counter()
+    kinds = {Kind(k).name: v for k, v in kinds.items()}
     dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # to compare ring sizes (where they batch alike)
     decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0  # after every stream's first token
@@ -181,7 +188,8 @@ def main():
     p.add_argument("--peers", action="store_true", help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
                    "times (generate_step for one stream, BatchGenerator for several; a second copy of the model)")
     p.add_argument("--split", action="store_true", help="one stream's decode step split into Python, MLX encoding and "
-                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step")
+                   "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step; "
+                   "then the Python calls and MLX operations a step takes, counted")
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
     a = p.parse_args()
     a.prompt_of = prompts(a)
@@ -211,6 +219,10 @@ def main():
         print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
         if peer is not None:
             print(step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
+    if a.split:
+        print(step_split.counts(f"ring-{pipe.ring.size}", lambda t: run(sched, 1, t, a.prompt_of)), flush=True)
+        if peer is not None:
+            print(step_split.counts("generate_step", lambda t: mlx_lm_loop.one_stream(peer, a.prompt_of(0), t)), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)

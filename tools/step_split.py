@@ -1,10 +1,17 @@
 """Where a decode step's host time goes, for `bench_steps.py --split`: the ring's scheduler and
 mlx-lm's `generate_step` timed by the same three parts (as `engine_trace.py` does in a server):
-Python building the graph, MLX encoding it (`async_eval`), and the wait for the sampled token."""
+Python building the graph, MLX encoding it (`async_eval`), and the wait for the sampled token;
+then the Python calls and MLX operations a step takes, counted (`counts`)."""
 
+import cProfile
+import pstats
+import re
 import statistics
+import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 
@@ -19,11 +26,13 @@ class Clock:
 
     def wrap(self, f, part: str):
         def timed(*a, **kw):
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             try:
                 return f(*a, **kw)
             finally:
                 self.now[part] = self.now.get(part, 0.0) + time.perf_counter() - t
+                # this thread's CPU time too: on a shared machine, steadier than the wall clock
+                self.now[f"{part} cpu"] = self.now.get(f"{part} cpu", 0.0) + time.thread_time() - cpu
         return timed
 
     def tick(self) -> None:
@@ -35,7 +44,10 @@ class Clock:
         rows = self.steps[2:]  # the first steps hold the prefill
         ms = {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in ("step", *parts)}
         ms["other"] = statistics.median(r["step"] - sum(r.get(p, 0.0) for p in parts) for r in rows) * 1e3
-        return f"{name}: median ms a step over {len(rows)} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
+        steps = [r["step"] * 1e3 for r in rows]  # the median hides slow steps; the tokens/s counts them
+        return (f"{name}: median ms a step over {len(rows)} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
+                + f"; step mean {statistics.mean(steps):.2f}, max {max(steps):.2f}"
+                + f"; python's CPU time {statistics.median(r.get('python cpu', 0.0) for r in rows) * 1e3:.2f}")
 
 
 @contextmanager
@@ -107,3 +119,34 @@ def split_ring(sched, run, max_tokens: int, prompt) -> str:
         clock.t = time.perf_counter()
         run(sched, 1, max_tokens, prompt)
     return clock.line(f"ring-{pipe.ring.size}", ("python", "encode", "wait"))
+
+
+def counts(name: str, loop: Callable[[int], object], n: int = 32) -> str:
+    """A decode step's host work, counted rather than timed (the same on a busy machine): Python
+    function calls (cProfile's; MLX's own functions are not Python's) and the MLX operations in the
+    graphs a step hands `mx.async_eval` (evaluated at once here, so no graph reaches into the last
+    step's). Each is the difference between `loop` giving 2n + 1 and n + 1 tokens, over n: the
+    prefill, the first token and the loop's start and end cancel."""
+    calls, ops = [], []
+    for tokens in (n + 1, 2 * n + 1):
+        prof = cProfile.Profile()
+        prof.runcall(loop, tokens)
+        calls.append(pstats.Stats(prof).total_calls)
+        found: list[int] = []
+
+        def counted(*arrays):
+            found.append(graph_ops(arrays))
+            mx.eval(*arrays)
+
+        with patched(mx, "async_eval", counted):
+            loop(tokens)
+        ops.append(sum(found))
+    return f"{name}: a decode step: {(calls[1] - calls[0]) / n:.0f} Python calls, {(ops[1] - ops[0]) / n:.0f} MLX operations"
+
+
+def graph_ops(arrays) -> int:
+    """Operations (primitives) in the unevaluated graph of `arrays`, from MLX's DOT export."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "graph.dot"
+        mx.export_to_dot(str(path), *arrays)
+        return len(re.findall(r"shape=rectangle", path.read_text()))

@@ -4,14 +4,16 @@ soft-capping and cache kinds are the model's, not a copy of ours.
 The model's layer list keeps its full length, so whatever a forward reads by layer index (which
 layers slide, which cache a mask comes from) stays right; the layers other ranks hold are stand-ins
 that pass hidden states through. Three passes use it:
-- embed (rank 0): the forward up to its first layer, on token ids;
-- body (every rank): the forward whose first local layer takes the hidden states that arrived, and
-  whose last local layer hands its output back (an exception ends the forward there);
+- embed (rank 0, for callers that want hidden states): the forward up to its first layer, on token ids;
+- body (every rank): the forward whose first local layer takes the hidden states that arrived (a
+  slice from layer 0: the forward from the token ids, as alone), and whose last local layer hands
+  its output back (an exception ends the forward there);
 - head (rank 0): the forward whose last layer hands in the hidden states back from the ring, so the
   final norm, the head and any logit scaling run as the model runs them.
 """
 
 import copy
+import weakref
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -42,23 +44,33 @@ class FreshBatch:
         return "causal"
 
 
-class LoneRow:
-    """A decode group of one row's batch cache, for a step of one position: that row has no left
-    padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone row with none),
-    so every key it holds is attended and no mask is needed, as in mlx-lm's own single-stream
-    loop. The batch cache's mask is an array, which keeps CUDA off its fused one-query attention
-    kernel and costs a mask conversion a layer."""
+class LoneRowMask:
+    """A decode group's batch cache's `make_mask`, set on the cache itself when the group forms
+    (`lone_row_masks`): for a step of one position while the group has one row, no mask. That row
+    has no left padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone row
+    with none), so every key it holds is attended, as in mlx-lm's own single-stream loop. The batch
+    cache's mask is an array, which keeps CUDA off its fused one-query attention kernel and costs a
+    mask conversion a layer. On the cache, not a wrapper made each step: no Python a layer a step.
+    It holds the cache weakly, so the group's caches are freed as soon as the group goes."""
 
-    def __init__(self, cache):
-        self._cache = cache
+    __slots__ = ("_cache",)
 
-    def __getattr__(self, name):
-        return getattr(self._cache, name)
+    def __init__(self, cache: BatchKVCache):
+        self._cache = weakref.ref(cache)
 
-    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        if N == 1 and not return_array:
+    def __call__(self, N: int, return_array: bool = False, **kwargs):
+        cache = self._cache()
+        if N == 1 and not return_array and cache.offset.shape[0] == 1:
             return None
-        return self._cache.make_mask(N, return_array=return_array, window_size=window_size)
+        return BatchKVCache.make_mask(cache, N, return_array=return_array, **kwargs)
+
+
+def lone_row_masks(caches: list) -> None:
+    """Give a decode group's plain batch caches the mask of `LoneRowMask` (once; it checks the rows
+    at each step, so rows joining or leaving later change nothing)."""
+    for c in caches:
+        if type(c) is BatchKVCache and not isinstance(vars(c).get("make_mask"), LoneRowMask):
+            c.make_mask = LoneRowMask(c)
 
 
 def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
@@ -261,30 +273,33 @@ class Slice:
         return h
 
     def forward(self, h: mx.array, caches: list, fresh_batch: bool = False) -> mx.array:
-        """The local layers on hidden states `(B, L, H)`, with their caches; `fresh_batch`: a prefill
-        batch of right-padded prompts (see `FreshBatch`)."""
-        self.relay.h, self.relay.fresh = self.carry.unpack(h) if self.carry and self.start else (h, None)
+        """The local layers on hidden states `(B, L, H)`, or, in a slice from the first layer, on token
+        ids `(B, L)` (the model's own forward embeds them, as alone), with their caches; `fresh_batch`:
+        a prefill batch of right-padded prompts (see `FreshBatch`)."""
+        embedded, self._embedded = self._embedded, None
+        if self.start == 0 and embedded is not None and embedded[0] is h:  # from `embed`: run from its ids
+            h = embedded[1]
+        tokens = self.start == 0 and h.ndim == 2 and mx.issubdtype(h.dtype, mx.integer)
+        B, L = h.shape[:2]
+        # From token ids, no stand-in takes hidden states that arrived (nor stale ones of an earlier pass).
+        self.relay.h, self.relay.fresh = (None, None) if tokens else self.carry.unpack(h) if self.carry and self.start else (h, None)
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:
             view = [FreshBatch(c) if c is not None else None for c in view]
-        elif h.shape[0] == 1 and h.shape[1] == 1:  # a decode group of one row (a lone prompt's cache is no batch's)
-            view = [LoneRow(c) if type(c) is BatchKVCache else c for c in view]
-        embedded, self._embedded = self._embedded, None
-        if self.start == 0 and embedded is not None and embedded[0] is h:
+        if tokens:
             with self._using(self.from_tokens):
-                out = self._run(embedded[1], view)
+                out = self._run(h, view)
         else:
-            out = self._run(mx.zeros(h.shape[:2], mx.int32), view)
-        self._count(caches, h)
+            out = self._run(mx.zeros((B, L), mx.int32), view)
+        self._count(caches, B, L, out.dtype)
         return out
 
-    def _count(self, caches: list, h: mx.array) -> None:
+    def _count(self, caches: list, B: int, L: int, dtype: mx.Dtype) -> None:
         """Advance the counters by the positions just run: an entry of one zero per position keeps
         each counter's offsets (per row in a batch) as a layer's cache of its kind would have them."""
-        B, L = h.shape[:2]
         for k in self.counters:
             for c in _positional(caches[k]):
-                c.update_and_fetch(*[mx.zeros((B, 1, L, 1), h.dtype)] * 2)
+                c.update_and_fetch(*[mx.zeros((B, 1, L, 1), dtype)] * 2)
 
     def head(self, h: mx.array) -> mx.array:
         """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's own tail."""

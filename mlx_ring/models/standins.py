@@ -112,6 +112,8 @@ class Absent(StandIn):
     """A layer another rank holds: passes the hidden states through."""
 
     def __call__(self, *args, **kwargs):
+        if args and self._passed is None:  # the common case, one call a layer: rank 0's head pass runs every layer's
+            return args[0]
         h, args, kwargs = _split(args, kwargs)
         return self._out(h, args, kwargs)
 

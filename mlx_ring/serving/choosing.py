@@ -281,9 +281,10 @@ class Chooser:
 
     def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
         # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
-        # A row that would draft next needs this step's tokens read first.
+        # A row that would draft next needs this step's tokens read first (none drafts where
+        # speculative decoding is off: no call a row a step to ask).
         return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
-                and not (self._drafting(rows) and any(self._may_draft_next(s) for s in rows))
+                and not (self.draft_tokens and self._drafting(rows) and any(map(self._may_draft_next, rows)))
                 and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
 
     @staticmethod

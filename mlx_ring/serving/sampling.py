@@ -3,7 +3,7 @@ that share plain settings sample in one batched call."""
 
 import math
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
 
@@ -34,6 +34,8 @@ class SequenceSampler:
         if constraint is not None:  # last: it masks what the others left, so nothing it forbids comes back
             self.processors.append(constraint)
         self.history = list(prompt)
+        # Every setting in one tuple, compared without a call: rows whose tuples are equal sample together.
+        self.settings = tuple(getattr(params, f.name) for f in fields(params))
         self.step = 0
         bias = params.logit_bias or {}
         self.bias_ids = (min(bias), max(bias)) if bias else None  # checked against the logits each step
@@ -77,8 +79,8 @@ def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.a
     `(ids,)` where no logprob is asked for (no array, so nothing more to compute and read a step).
     None when some row needs its own processors or seed (or the batched call cannot be built:
     `sample_rows` then finds the row at fault)."""
-    first = samplers[0].params
-    if not (first.plain() and all(s.params == first for s in samplers)):
+    first, settings = samplers[0].params, samplers[0].settings
+    if not (first.plain() and all(s.settings == settings for s in samplers)):
         return None
     # Greedy picks, top-k and a temperature's draw do not change when every logit of a row moves by
     # the same amount; a report or top-p needs the normalised ones (about 1 ms a row of 49k on a CPU core).
