@@ -39,8 +39,11 @@ def test_auto_measures_the_all_sum_once_and_every_rank_chooses_alike(tmp_path):
     assert p["mode"] == "pipeline" and p["mode_reason"].startswith("pipeline: all_sum ")
     assert p["modes"]["tensor"]["allsum_from"].startswith("measured on this ring")
     hosts = [e["ssh"] for e in json.loads((ROOT / "hosts.json").read_text())]
-    kept = cached(tmp_path / "cache", ring_key(hosts))  # the next start reads it instead of measuring
-    assert kept is not None and kept.source.startswith("measured") and kept.ranks == 2
+    row = json.loads((tmp_path / "cache" / "allsum.json").read_text())[ring_key(hosts)]
+    assert row["ranks"] == 2 and row["probe"] == PROBE
+    # The next start reads it instead of measuring, unless this loaded machine timed stalls (then it measures again).
+    kept = cached(tmp_path / "cache", ring_key(hosts))
+    assert (kept is not None and kept.source.startswith("measured") and kept.ranks == 2) or implausible(row)
 
 
 def test_checks_probe_runs_the_launcher_on_every_host_and_caches_it(tmp_path):
