@@ -27,11 +27,11 @@ def test_a_cuda_stage_holds_a_chunks_activations_for_every_layer():
     a warm-up on an H200 (prompts up to a chunk long): the estimate for that is no less, nor far more."""
     spec = serving(spec_from_config(LLAMA_8B), 512, 64)
     assert spec.act_bytes_per_token > 0 and spec.heads == 32 and spec.vocab == 49152
-    short = activation_bytes(spec, H200, 1, 16, 512)
+    short = activation_bytes(spec, H200, 1, 16, 512, tokens=512)
     assert 1.44 * GIB <= short <= 1.25 * 1.44 * GIB
     # A chunk of a long prompt attends to more keys; twice the layers hold twice the arrays.
-    assert activation_bytes(spec, H200, 1, 16, 4096) > short
-    assert activation_bytes(spec, H200, 1, 32, 512) > 1.9 * short
+    assert activation_bytes(spec, H200, 1, 16, 4096, tokens=512) > short
+    assert activation_bytes(spec, H200, 1, 32, 512, tokens=512) > 1.9 * short
     assert holds_graph(H200) and not holds_graph(CPU) and not holds_graph(MAC)
 
 
