@@ -155,10 +155,10 @@ class Chooser:
 
     def _next_tokens(self) -> int:
         """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its LOAD),
-        else a new batch's chunk at most."""
+        else a whole step's: a new batch waits for room to take as many rows as a step holds."""
         b = self.filling
         if b is None:
-            return self.chunk
+            return min(self.prefill_step, self.prefill_budget or self.prefill_step)
         return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
 
     def _group_for(self) -> Group:
