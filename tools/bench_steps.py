@@ -67,11 +67,14 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     count = dict.fromkeys(range(n), 0)
     tokens: dict[int, list[int]] = {i: [] for i in range(n)}
     t0, first, last, finished = time.perf_counter(), None, None, 0
+    firsts: list[float] = []  # each stream's first token
     for s in seqs:
         sched.add(s)
     while not sched.idle():
         for s, tok in sched.step():
             first = first or time.perf_counter()
+            if not count[s.id]:
+                firsts.append(time.perf_counter() - t0)
             count[s.id] += 1
             tokens[s.id].append(getattr(tok, "id", -1))
             if count[s.id] >= max_tokens:
@@ -84,7 +87,7 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # to compare ring sizes (where they batch alike)
     decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0  # after every stream's first token
-    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, "
+    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s (mean {statistics.mean(firsts):.2f} s), "
                 f"decode {decode:.1f} tokens/s, steps {kinds}, prefill rows x tokens {shapes}, tokens {digest:08x}")
 
 
