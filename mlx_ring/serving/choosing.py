@@ -207,7 +207,7 @@ class Chooser:
                 continue
             n = max(longest, len(s.prompt))
             if (min(n - reused, self.chunk) * (len(rows) + 1) > room or len(rows) == share
-                    or self._padding_costs_more(rows, s, n, reused) or not self._kv_fits(group, [*rows, s])):
+                    or self._ends_apart([*rows, s], n, reused) or not self._kv_fits(group, [*rows, s])):
                 break
             self.waiting.remove(s)
             rows.append(s)
@@ -226,14 +226,12 @@ class Chooser:
         group.reserved += len(rows)
         return self.filling
 
-    def _padding_costs_more(self, rows: list[Sequence], s: Sequence, longest: int, reused: int) -> bool:
-        """Whether `s` would make a batch longer than a chunk compute more padding than prompt: every
-        row is right-padded to the longest, so a short prompt beside long ones costs whole chunks (within
-        one chunk padding costs no step)."""
-        if longest - reused <= self.chunk:
-            return False
-        real = sum(len(r.prompt) - reused for r in (*rows, s))
-        return (longest - reused) * (len(rows) + 1) - real > real
+    def _ends_apart(self, rows: list[Sequence], longest: int, reused: int) -> bool:
+        """Whether some of `rows`, right-padded to `longest`, would end before the batch's last chunk:
+        rank 0 reads each row's first token from that chunk (runner.prefill), and a row ending chunks
+        earlier would be padding for whole steps."""
+        last = (longest - reused - 1) // self.chunk
+        return any((len(r.prompt) - reused - 1) // self.chunk != last for r in rows)
 
     def _lookup(self, prompt: list[int]) -> tuple[int, int]:
         entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)

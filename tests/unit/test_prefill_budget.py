@@ -71,13 +71,18 @@ def test_where_a_step_may_hold_several_chunks_long_prompts_are_prefilled_togethe
     assert most <= 24 and max(rows) == 2
 
 
-def test_a_short_prompt_is_not_padded_to_a_long_batch(tmp_path):
-    """Right padding beside prompts longer than a chunk would cost whole steps of padding: a prompt
-    joins such a batch only while the batch computes no more padding than prompt."""
+def test_prompts_prefilled_together_end_in_the_same_chunk(tmp_path):
+    """Rank 0 reads a batch's first tokens from its last chunk, and right padding beside prompts longer
+    than a chunk would cost whole steps: a prompt joins a batch only where it ends in the batch's last chunk."""
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
     mixed = [*SHORT[:3], LONG[0]]
     got, _, rows = run(shard, 32, 32, prompts=mixed)
     assert rows == [3, 1, 1, 1]  # the short ones in one step; the long one after them, alone (not 4 rows x 3 steps)
     for i, p in enumerate(mixed):
+        assert got[i] == reference_logits(model, p, 3)[1], i
+    near = [LONG[0], LONG[1][:17], LONG[2][:15]]  # 17 tokens end in the 20's last chunk of 8, 15 do not
+    got, _, rows = run(shard, 32, 32, prompts=near)
+    assert rows == [2, 2, 2, 1, 1]
+    for i, p in enumerate(near):
         assert got[i] == reference_logits(model, p, 3)[1], i
