@@ -35,7 +35,8 @@ def metal(cap: "Capabilities") -> bool:
     return bool(cap.working_set_gb) or cap.device.startswith("Apple") or not cap.device
 
 
-def step_tokens(model: "ModelSpec", cap: "Capabilities | None" = None, rank: int = 0, n: int = 0, context: int = 0) -> int:
+def step_tokens(model: "ModelSpec", cap: "Capabilities | None" = None, rank: int = 0, n: int = 0,
+                context: int = 0) -> int:
     """Tokens of forward work rank `rank` (`n` layers, KV room for `context` tokens) holds intermediates
     for at once, as the plan counts them: a prefill chunk (`model.prefill_chunk`, or `CHUNK`) or a decode
     step of `model.max_active` rows, whichever is more. A CUDA device takes more where its memory allows:
@@ -55,7 +56,8 @@ def step_tokens(model: "ModelSpec", cap: "Capabilities | None" = None, rank: int
     return max(least, min(fits, MOST_STEP_TOKENS))
 
 
-def activation_bytes(model: "ModelSpec", cap: "Capabilities", rank: int, n: int, context: int, tokens: int = 0) -> float:
+def activation_bytes(model: "ModelSpec", cap: "Capabilities", rank: int, n: int, context: int,
+                     tokens: int = 0) -> float:
     """The bytes of intermediate arrays rank `rank` holds at its peak with `n` layers: `tokens` (else
     `step_tokens`) through every layer where the device holds a graph's intermediates (else one); off
     Metal, one layer's attention scores for those tokens against `context` keys (at most the model's
@@ -63,7 +65,8 @@ def activation_bytes(model: "ModelSpec", cap: "Capabilities", rank: int, n: int,
     float32 logits of every row, with their softmax."""
     tokens = tokens or step_tokens(model, cap, rank, n, context)
     held = n if holds_graph(cap) else min(n, 1)
-    return held * tokens * model.act_bytes_per_token + tokens * _score_bytes(model, cap, n, context) + _head_bytes(model, rank)
+    scores = tokens * _score_bytes(model, cap, n, context)
+    return held * tokens * model.act_bytes_per_token + scores + _head_bytes(model, rank)
 
 
 def _score_bytes(model: "ModelSpec", cap: "Capabilities", n: int, context: int) -> float:
