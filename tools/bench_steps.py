@@ -52,11 +52,14 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     that (the step chained past the last token, the FILTER that frees the group) runs untimed, as the
     step mlx-lm's loop starts past its last token does."""
     kinds: dict[int, int] = {}
+    shapes: dict[tuple[int, int], int] = {}  # PREFILL steps by (rows, tokens a row)
     pipe = sched.pipe
     submit = pipe.submit
 
     def counted(header, payload, tag=None, chained=False):
         kinds[header.kind] = kinds.get(header.kind, 0) + 1  # names after the timing: Kind() costs a step
+        if header.kind == Kind.PREFILL:
+            shapes[payload.shape] = shapes.get(payload.shape, 0) + 1
         submit(header, payload, tag, chained)
 
     pipe.submit = counted
@@ -64,11 +67,14 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     count = dict.fromkeys(range(n), 0)
     tokens: dict[int, list[int]] = {i: [] for i in range(n)}
     t0, first, last, finished = time.perf_counter(), None, None, 0
+    firsts: list[float] = []  # each stream's first token
     for s in seqs:
         sched.add(s)
     while not sched.idle():
         for s, tok in sched.step():
             first = first or time.perf_counter()
+            if not count[s.id]:
+                firsts.append(time.perf_counter() - t0)
             count[s.id] += 1
             tokens[s.id].append(getattr(tok, "id", -1))
             if count[s.id] >= max_tokens:
@@ -81,8 +87,8 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # to compare ring sizes (where they batch alike)
     decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0  # after every stream's first token
-    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, "
-                f"decode {decode:.1f} tokens/s, steps {kinds}, tokens {digest:08x}")
+    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s (mean {statistics.mean(firsts):.2f} s), "
+                f"decode {decode:.1f} tokens/s, steps {kinds}, prefill rows x tokens {shapes}, tokens {digest:08x}")
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
@@ -191,6 +197,10 @@ def main():
                    "the wait for the token (tools/step_split.py), for the ring and, with --peers, generate_step; "
                    "then the Python calls and MLX operations a step takes, counted")
     p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
+    p.add_argument("--prefill-budget", type=int, default=0, help="prompt tokens on the ring at once, as the server's plan "
+                   "grants (0: no bound)")
+    p.add_argument("--prefill-step", type=int, default=0, help="prompt tokens of one prefill step (rows x chunk; 0: one "
+                   "chunk), as the server's plan grants a CUDA device")
     a = p.parse_args()
     a.prompt_of = prompts(a)
     pipe = join_ring(a.model, a.trace, a.layers)
@@ -199,7 +209,8 @@ def main():
     shard = pipe.stage
     drafter = load_model(a.draft_model)[0] if a.draft_model else None
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter)
+    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter,
+                      prefill_budget=a.prefill_budget, prefill_step=a.prefill_step)
     streams = [int(x) for x in a.streams.split(",")]
     if a.peers and pipe.ring.size > 1:
         raise SystemExit("--peers runs mlx-lm's loop beside a ring of one rank")

@@ -13,7 +13,7 @@ from mlx_ring import gpu
 from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
-from mlx_ring.planning.activations import step_tokens
+from mlx_ring.planning.activations import prefill_step, step_tokens
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
@@ -116,14 +116,21 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
-    # A pipeline's prefill steps out are each on another stage, so each stage may hold a step's worth;
-    # in tensor mode every rank holds every step.
+    # The plan counts each rank's activations for `step_tokens` (activations.py): one prefill step holds
+    # at most the fewest any rank may, and a pipeline's prefill steps out are each on another stage, so
+    # each stage may hold a step's worth; in tensor mode every rank holds every step.
+    served, plan = serving(spec, cfg.prefill_chunk, cfg.max_active), shard.plan
+    layers = [plan.ranges[r // plan.tensor][1] - plan.ranges[r // plan.tensor][0] for r in range(plan.size)]
+    step = prefill_step(served, caps, layers, cfg.kv_tokens, chunk)
+    budget = max(step, min(step_tokens(served, c, r, n, cfg.kv_tokens) for r, (c, n) in enumerate(zip(caps, layers))))
     sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
                       draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
                       kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS,
-                      prefill_budget=step_tokens(serving(spec, cfg.prefill_chunk, cfg.max_active)) * len(shard.plan.ranges))
+                      prefill_budget=budget * len(plan.ranges), prefill_step=step)
+    log.info("prefill: steps of up to %d prompt tokens (rows x %d-token chunks), %d on the ring at once", step, chunk,
+             budget * len(plan.ranges))
     engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
                     step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])

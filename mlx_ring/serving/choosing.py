@@ -39,13 +39,18 @@ class Chooser:
     group's stage while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
     def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0):
+                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0,
+                 prefill_step: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the
         # activations the plan counts (planning/activations.step_tokens), so a burst of prompts is
         # prefilled a few chunks at a time, never all queued at once; the caller counts the ring's
         # stages in (a pipeline's steps out are each on another rank). One chunk always may go. 0: no bound.
         self.prefill_budget, self.prefill_out = prefill_budget, 0
+        # Prompt tokens of one prefill step (rows x chunk): prompts longer than a chunk are prefilled
+        # several at once where this allows more than one chunk (as mlx-lm's batch generator and vLLM's
+        # token budget do), else each alone. 0: one chunk.
+        self.prefill_step = max(prefill_step, chunk)
         # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
         # only when every group, each row padded to its longest prompt + max_tokens, still fits (rows.cache_rows).
         self.kv_room, self.kv_spare = kv_room, kv_spare
@@ -150,10 +155,10 @@ class Chooser:
 
     def _next_tokens(self) -> int:
         """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its LOAD),
-        else a new batch's chunk at most."""
+        else a whole step's: a new batch waits for room to take as many rows as a step holds."""
         b = self.filling
         if b is None:
-            return self.chunk
+            return min(self.prefill_step, self.prefill_budget or self.prefill_step)
         return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
 
     def _group_for(self) -> Group:
@@ -193,12 +198,16 @@ class Chooser:
         self.waiting.remove(first)
         entry, reused = self._lookup(first.prompt)
         rows, entries, longest = [first], [entry], len(first.prompt)
+        room = self.prefill_step  # tokens of each of the batch's steps: rows x its chunk
+        if self.prefill_budget and self.prefill_out:
+            room = min(room, self.prefill_budget - self.prefill_out)  # what the steps out leave
         for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
             e, r = self._lookup(s.prompt)
             if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
-            if (n - reused) * (len(rows) + 1) > self.chunk or len(rows) == share or not self._kv_fits(group, [*rows, s]):
+            if (min(n - reused, self.chunk) * (len(rows) + 1) > room or len(rows) == share
+                    or self._ends_apart([*rows, s], n, reused) or not self._kv_fits(group, [*rows, s])):
                 break
             self.waiting.remove(s)
             rows.append(s)
@@ -216,6 +225,13 @@ class Chooser:
         self.prefilling.append(self.filling)
         group.reserved += len(rows)
         return self.filling
+
+    def _ends_apart(self, rows: list[Sequence], longest: int, reused: int) -> bool:
+        """Whether some of `rows`, right-padded to `longest`, would end before the batch's last chunk:
+        rank 0 reads each row's first token from that chunk (runner.prefill), and a row ending chunks
+        earlier would be padding for whole steps."""
+        last = (longest - reused - 1) // self.chunk
+        return any((len(r.prompt) - reused - 1) // self.chunk != last for r in rows)
 
     def _lookup(self, prompt: list[int]) -> tuple[int, int]:
         entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)

@@ -27,11 +27,11 @@ def test_a_cuda_stage_holds_a_chunks_activations_for_every_layer():
     a warm-up on an H200 (prompts up to a chunk long): the estimate for that is no less, nor far more."""
     spec = serving(spec_from_config(LLAMA_8B), 512, 64)
     assert spec.act_bytes_per_token > 0 and spec.heads == 32 and spec.vocab == 49152
-    short = activation_bytes(spec, H200, 1, 16, 512)
+    short = activation_bytes(spec, H200, 1, 16, 512, tokens=512)
     assert 1.44 * GIB <= short <= 1.25 * 1.44 * GIB
     # A chunk of a long prompt attends to more keys; twice the layers hold twice the arrays.
-    assert activation_bytes(spec, H200, 1, 16, 4096) > short
-    assert activation_bytes(spec, H200, 1, 32, 512) > 1.9 * short
+    assert activation_bytes(spec, H200, 1, 16, 4096, tokens=512) > short
+    assert activation_bytes(spec, H200, 1, 32, 512, tokens=512) > 1.9 * short
     assert holds_graph(H200) and not holds_graph(CPU) and not holds_graph(MAC)
 
 
@@ -64,3 +64,28 @@ def test_the_plan_counts_the_estimate_as_the_runtime():
     # A rank that holds every layer's activations is given fewer layers than weights and caches alone allow.
     small, lean = replace(H200, usable_gb=8), replace(spec, act_bytes_per_token=0.0, heads=0, vocab=0)
     assert 0 < max_layers(spec, small, 1, 8192) < max_layers(lean, small, 1, 8192)
+
+
+def test_a_cuda_rank_prefills_steps_worth_its_memory_and_a_mac_one_chunk():
+    """The prefill step a rank's plan counts (`step_tokens`): on a CUDA device, whole chunks of a
+    quarter of what weights and the KV_TOKENS reserve leave, so a burst of long prompts goes several at
+    a time; on a Mac or a CPU one chunk, whose time bounds a step there. The scheduler's step and
+    budget (`prefill_step`) are the same figure the runtime counts."""
+    from mlx_ring.planning.activations import CUDA_SHARE, prefill_step, step_tokens
+
+    h100 = Capabilities("gpu", 79.2, 71.3, 700, 3000, "NVIDIA H100 80GB HBM3")
+    spec = serving(spec_from_config({**LLAMA_8B, "num_hidden_layers": 16}), 0, 64)
+    tokens = step_tokens(spec, h100, 0, 16, 8192)
+    assert tokens % 512 == 0 and 8 * 512 <= tokens <= 16384  # 8 or more prompts' 512-token chunks a step
+    held = activation_bytes(spec, h100, 0, 16, 8192)
+    assert held == activation_bytes(spec, h100, 0, 16, 8192, tokens=tokens)
+    left = h100.usable_gb * GIB - 16 * (spec.layer_bytes + 8192 * spec.kv_bytes_per_token) - spec.ends_bytes
+    assert CUDA_SHARE * left - 512 * 16 * spec.act_bytes_per_token < held <= CUDA_SHARE * left + 2 * 64 * 49152 * 4
+    assert prefill_step(spec, [h100], [16], 8192, 512) == tokens
+    # More layers leave less memory and hold more a token: smaller steps; a small GPU keeps one chunk.
+    assert step_tokens(spec, h100, 0, 32, 8192) < tokens
+    assert step_tokens(spec, replace(h100, usable_gb=12), 0, 16, 8192) == 512
+    # A Mac or a CPU: one chunk (or a decode step of MAX_ACTIVE rows), as before.
+    for cap in (MAC, CPU):
+        assert step_tokens(spec, cap, 0, 16, 8192) == 512
+    assert prefill_step(spec, [h100, MAC], [8, 8], 8192, 256) == 256  # a Mac's watchdog chunk bounds the ring's steps

@@ -34,7 +34,8 @@ def test_the_figure_counts_the_kv_room_granted_not_kv_tokens():
     s = summary(SPEC, caps, plan, 8192, kept=kept)
     (r,) = s["ranks"]
     room = s["kv_capacity_tokens"]
-    assert room == kv_room(SPEC, caps, plan, 8192) > 100 * 8192  # the room fills the GPU, far past KV_TOKENS
+    # The room fills the GPU, far past KV_TOKENS, beside the prefill steps' share (activations.CUDA_SHARE).
+    assert room == kv_room(SPEC, caps, plan, 8192) > 90 * 8192
     assert r["kv_room_gb"] == pytest.approx(16 * layer_kv_bytes(SPEC, room) / GIB, abs=1e-3)
     assert r["most_gb"] == pytest.approx(r["weights_gb"] + r["runtime_gb"] + r["kv_room_gb"] + 2.0, abs=2e-3)
     # `needs_gb` stays what the slice needs with KV_TOKENS (the fit check); the figure is what it may hold.
@@ -93,7 +94,9 @@ def test_the_runtime_and_the_prefill_cap_count_the_same_tokens():
         spec = serving(SPEC, chunk, rows)
         assert step_tokens(spec) == max(chunk or 512, rows)
         lean = replace(spec, heads=0, vocab=0)  # no attention scores, no head: the layers' arrays alone
-        assert activation_bytes(lean, H100, 1, 16, 8192) == 16 * step_tokens(spec) * spec.act_bytes_per_token
+        tokens = step_tokens(lean, H100, 1, 16, 8192)  # a CUDA rank's: more, in whole chunks
+        assert tokens >= step_tokens(spec) and tokens % (chunk or 512) == 0
+        assert activation_bytes(lean, H100, 1, 16, 8192) == 16 * tokens * spec.act_bytes_per_token
 
 
 def test_a_cuda_rank_fills_its_gpus_memory_not_the_hosts(monkeypatch, tmp_path):
