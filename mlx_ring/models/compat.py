@@ -8,8 +8,6 @@ from mlx_lm.generate import _merge_caches
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
 from mlx_lm.utils import _get_classes
 
-from mlx_ring.planning.activations import UNFUSED_KEYS
-
 
 def merge_caches(caches: list[list]) -> list:
     """Several prompts' per-layer caches as one batch cache per layer (mlx-lm's batch generator's)."""
@@ -98,7 +96,7 @@ UNFUSED_SEVERAL = mx.cuda.is_available()  # passes of several positions over a g
 # and the process's first such prompt stalled its next step 170 ms more; unfused, 15-40 ms longer and
 # no stall, for 5-10 ms more on a prompt of a known length. The scores stay small here (a 512-token
 # chunk's: 64 KiB a key position and layer, 128 MiB at this bound, gone once the layer is done).
-UNFUSED_PREFILL_KEYS = UNFUSED_KEYS  # the plan's activation figure counts the scores up to it
+UNFUSED_PREFILL_KEYS = 2048  # the plan's activation figure counts the scores up to it (planning/activations.py)
 _FUSED = mx.fast.scaled_dot_product_attention
 
 

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 CHUNK = 512  # prompt tokens per prefill step where PREFILL_CHUNK is auto: the most any device takes
 SCORE_BYTES = 4  # attention computed unfused (a CPU always) keeps its scores and softmax in float32
-# On CUDA a prefill chunk attends unfused only over at most this many keys (models/compat.py says why).
+# On CUDA a prefill chunk attends unfused only over at most this many keys: models/compat.py's
+# UNFUSED_PREFILL_KEYS, which says why (kept apart so planning reads no MLX; a test holds them equal).
 UNFUSED_KEYS = 2048
 # A CUDA rank's prefill steps may hold this share of the memory its plan leaves beside weights and the
 # KV_TOKENS reserve: 16 layers of the Llama-3-8B shape on an 80 GB H100 get 4096-token steps (8 prompts'

@@ -89,3 +89,10 @@ def test_a_cuda_rank_prefills_steps_worth_its_memory_and_a_mac_one_chunk():
     for cap in (MAC, CPU):
         assert step_tokens(spec, cap, 0, 16, 8192) == 512
     assert prefill_step(spec, [h100, MAC], [8, 8], 8192, 256) == 256  # a Mac's watchdog chunk bounds the ring's steps
+
+
+def test_the_estimate_counts_unfused_scores_up_to_where_the_forward_fuses_them():
+    from mlx_ring.models.compat import UNFUSED_PREFILL_KEYS
+    from mlx_ring.planning.activations import UNFUSED_KEYS
+
+    assert UNFUSED_KEYS == UNFUSED_PREFILL_KEYS
