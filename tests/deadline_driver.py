@@ -8,7 +8,8 @@ import mlx.core as mx
 
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.protocol import Header, Kind
-from mlx_ring.ring.transport import Ring, init_world
+from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.world import init_world
 
 world = init_world()
 if world.rank() == 0:

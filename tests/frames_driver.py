@@ -10,7 +10,8 @@ import mlx.core as mx
 import ring_driver
 
 from mlx_ring.ring.frames import framed
-from mlx_ring.ring.transport import Ring, world_backend
+from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.world import world_backend
 
 SIZES: dict[str, set[int]] = {"sent": set(), "received": set()}
 _send, _recv = mx.distributed.send, mx.distributed.recv

@@ -13,7 +13,7 @@ import ring_driver  # noqa: E402
 
 from mlx_ring.config import parse_config  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
-from mlx_ring.ring.transport import init_world  # noqa: E402
+from mlx_ring.ring.world import init_world  # noqa: E402
 from server import make_plan  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from mlx_ring.models.tensor import cut, model_type
-from mlx_ring.ring.transport import init_world
+from mlx_ring.ring.world import init_world
 
 
 def logits_of(model, prompt: list[int], feed: list[int] | None, steps: int):

@@ -7,7 +7,7 @@ import re
 from mlx_ring.gpu import metal_failure
 from mlx_ring.platform import connect_error, ranks_local_network_hint
 
-# MLX 0.32's wording, and the newer one that tries every resolved address; transport.init_world
+# MLX 0.32's wording, and the newer one that tries every resolved address; world.init_world
 # prefixes it with the rank and the address it was connecting to.
 CONNECT = r"\[ring\] Couldn't connect(?: to any resolved address)? \((?:last )?error: (?P<errno>\d+)\)"
 RING_CONNECT = re.compile(CONNECT)

@@ -167,7 +167,7 @@ def main(argv: list[str]) -> None:
     """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0 prints
     `{"allsum": {...}}`."""
     from mlx_ring.ring.leftovers import drop_hostfile
-    from mlx_ring.ring.transport import init_world
+    from mlx_ring.ring.world import init_world
 
     hidden, dtype = int(argv[0]), argv[1]
     # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a core

@@ -40,7 +40,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
     A plan the launcher provisioned (RING_PLAN) is kept as it is: each host holds only its slice."""
     from mlx_ring.planning.allsum import fit, measure, remember
     from mlx_ring.planning.probe import local_capabilities
-    from mlx_ring.ring.transport import exchange
+    from mlx_ring.ring.world import exchange
 
     rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}

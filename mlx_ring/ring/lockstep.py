@@ -22,7 +22,8 @@ import mlx.core as mx
 
 from mlx_ring.ring.pipeline import RingError, Stage
 from mlx_ring.ring.protocol import DTYPES, Header, Kind
-from mlx_ring.ring.transport import Ring, closed_peer
+from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.world import closed_peer
 
 log = logging.getLogger(__name__)
 

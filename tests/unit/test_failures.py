@@ -9,7 +9,7 @@ from mlx_ring.launcher.failures import explain, ring_connect_failure
 MAC = Path(__file__).resolve().parents[1] / "data" / "macos"
 
 # Captured on this Linux machine with MLX 0.32.4: rank 1 of a ring of two whose rank 0 never listened
-# (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.transport import init_world; init_world()"`).
+# (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import init_world; init_world()"`).
 REFUSED_HERE = """Traceback (most recent call last):
   File "/work/wt/ringmac/mlx_ring/ring/transport.py", line 41, in init_world
     world = mx.distributed.init(backend="ring")

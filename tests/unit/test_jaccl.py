@@ -223,7 +223,7 @@ def test_a_rank_that_cannot_start_jaccl_names_its_devices_and_the_launcher_says_
     devices = tmp_path / "devices.json"
     devices.write_text(json.dumps([[None, "rdma_en2"], ["rdma_en3", None]]))
     env = {**os.environ, "MLX_IBV_DEVICES": str(devices), "MLX_RANK": "1", "MLX_JACCL_COORDINATOR": "10.0.1.10:32323"}
-    p = subprocess.run([sys.executable, "-c", "from mlx_ring.ring.transport import init_world; init_world()"],
+    p = subprocess.run([sys.executable, "-c", "from mlx_ring.ring.world import init_world; init_world()"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "rank 1 could not join the JACCL ring (its RDMA devices rdma_en3, coordinator 10.0.1.10:32323): " in p.stderr

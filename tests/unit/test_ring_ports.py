@@ -1,5 +1,5 @@
 """A rank's own ring port is never handed to its outgoing connections, and a port another program
-holds is refused in a sentence (transport._hold_own_ports)."""
+holds is refused in a sentence (world._hold_own_ports)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 from ringutil import ROOT
 
 from mlx_ring import platform
-from mlx_ring.ring import transport
+from mlx_ring.ring import world as ring_world
 from mlx_ring.ring.launch import free_port
 
 # In a network namespace of its own, the last rank of a ring of two as MLX's ring backend starts
@@ -28,7 +28,7 @@ listener = socket.socket(); listener.bind(("127.0.0.1", rank0)); listener.listen
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
     json.dump([[f"127.0.0.1:{rank0}"], [f"127.0.0.1:{mine}"]], f)
 os.environ.update(MLX_HOSTFILE=f.name, MLX_RANK="1")
-from mlx_ring.ring.transport import _hold_own_ports
+from mlx_ring.ring.world import _hold_own_ports
 held = _hold_own_ports() if sys.argv[1] == "hold" else []
 out = socket.socket()
 try:
@@ -74,11 +74,11 @@ def test_a_port_another_program_holds_is_refused_naming_it(tmp_path, monkeypatch
     hostfile.write_text(json.dumps([["127.0.0.1:1"], [f"127.0.0.1:{port}"]]))
     monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
     monkeypatch.setenv("MLX_RANK", "1")
-    monkeypatch.setattr(transport, "PORT_WAIT_S", 0)
+    monkeypatch.setattr(ring_world, "PORT_WAIT_S", 0)
     with pytest.raises(ValueError, match=f"ring port {port} on 127.0.0.1 is in use"):
-        transport._hold_own_ports()
+        ring_world._hold_own_ports()
     other.close()
-    held = transport._hold_own_ports()  # free again: held until MLX listens
+    held = ring_world._hold_own_ports()  # free again: held until MLX listens
     assert [s.getsockname()[1] for s in held] == [port]
     for s in held:
         s.close()
@@ -90,7 +90,7 @@ def test_an_address_not_on_this_host_is_refused_naming_it(tmp_path, monkeypatch)
     monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
     monkeypatch.setenv("MLX_RANK", "0")
     with pytest.raises(ValueError, match="cannot listen on its ring address 192.0.2.1:23000"):
-        transport._hold_own_ports()
+        ring_world._hold_own_ports()
 
 
 def test_a_port_below_the_ephemeral_range_is_checked_but_not_held(tmp_path, monkeypatch):
@@ -103,16 +103,16 @@ def test_a_port_below_the_ephemeral_range_is_checked_but_not_held(tmp_path, monk
     hostfile.write_text(json.dumps([["127.0.0.1:1"], [f"127.0.0.1:{port}"]]))
     monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
     monkeypatch.setenv("MLX_RANK", "1")
-    monkeypatch.setattr(transport, "PORT_WAIT_S", 0)
-    monkeypatch.setattr(transport, "ephemeral_ports", lambda: mac_range)
-    assert transport._hold_own_ports() == []
+    monkeypatch.setattr(ring_world, "PORT_WAIT_S", 0)
+    monkeypatch.setattr(ring_world, "ephemeral_ports", lambda: mac_range)
+    assert ring_world._hold_own_ports() == []
     with socket.socket() as s:  # not held: free for another listener, with no socket option needed
         s.bind(("127.0.0.1", port))
         s.listen(1)
         with pytest.raises(ValueError, match=f"ring port {port} on 127.0.0.1 is in use"):
-            transport._hold_own_ports()
-    monkeypatch.setattr(transport, "ephemeral_ports", lambda: (port, port))  # a range that holds it
-    held = transport._hold_own_ports()
+            ring_world._hold_own_ports()
+    monkeypatch.setattr(ring_world, "ephemeral_ports", lambda: (port, port))  # a range that holds it
+    held = ring_world._hold_own_ports()
     assert [s.getsockname()[1] for s in held] == [port]
     for s in held:
         s.close()
@@ -120,7 +120,7 @@ def test_a_port_below_the_ephemeral_range_is_checked_but_not_held(tmp_path, monk
 
 JOIN = '''
 import sys
-from mlx_ring.ring.transport import init_world
+from mlx_ring.ring.world import init_world
 world = init_world(verbose=sys.argv[1] == "1")
 print("joined", world.rank(), world.size())
 '''
