@@ -25,7 +25,7 @@ from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  #
 from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
-from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402

@@ -39,7 +39,7 @@ from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
-from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
