@@ -120,7 +120,7 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
     # at most the fewest any rank may, and a pipeline's prefill steps out are each on another stage, so
     # each stage may hold a step's worth; in tensor mode every rank holds every step.
     served, plan = serving(spec, cfg.prefill_chunk, cfg.max_active), shard.plan
-    layers = [plan.ranges[r // plan.tensor][1] - plan.ranges[r // plan.tensor][0] for r in range(plan.size)]
+    layers = [len(plan.layers_of(r)) for r in range(plan.size)]
     step = prefill_step(served, caps, layers, cfg.kv_tokens, chunk)
     budget = max(step, min(step_tokens(served, c, r, n, cfg.kv_tokens) for r, (c, n) in enumerate(zip(caps, layers))))
     sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
