@@ -31,9 +31,9 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
-from mlx_ring.ring.sums import ring_description, sum_group
+from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring
-from mlx_ring.ring.world import exchange, init_world, world_backend
+from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
 from shard import Shard, load_shard, serve_worker
 

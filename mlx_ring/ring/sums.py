@@ -5,7 +5,6 @@ NCCL's all_sum took 0.10 ms for a (1, 4096) bf16 array on 2 x H200 where the rin
 and both groups live in one process (MLX keeps one of each backend).
 """
 
-import json
 import logging
 import os
 
@@ -26,18 +25,9 @@ def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
     return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
 
 
-def ring_description() -> list[list[str]] | None:
-    """mlx.launch's ring description (MLX_HOSTFILE), read before the rank drops that temporary file."""
-    hostfile = settings.text("MLX_HOSTFILE")
-    if not hostfile:
-        return None
-    with open(hostfile) as f:
-        return json.load(f)
-
-
 def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) -> mx.distributed.Group:
     """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
-    `world`. `description`: `ring_description()`. Every rank of the world calls this at the same point of its start."""
+    `world`. `description`: `world.ring_description()`. Every rank of the world calls this at the same point of its start."""
     cuda = mx.default_device() == mx.gpu and not on_metal()
     if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not description:
         return world

@@ -51,8 +51,7 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
         rank = settings.text("MLX_RANK")
         if rank is None or not settings.text("MLX_HOSTFILE"):
             raise
-        ranks = len(json.loads(Path(settings.text("MLX_HOSTFILE")).read_text()))
-        after = (int(rank) + 1) % ranks
+        after = (int(rank) + 1) % len(ring_description())
         raise RuntimeError(f"rank {rank} could not join the ring (its next rank, {after}, at "
                            f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}") from e
     finally:
@@ -142,10 +141,18 @@ def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def ring_description() -> list[list[str]] | None:
+    """mlx.launch's ring description (MLX_HOSTFILE): per rank, the "ip:port" addresses it listens on.
+    Read before the rank drops that temporary file (server.main), for what needs it later."""
+    hostfile = settings.text("MLX_HOSTFILE")
+    if not hostfile:
+        return None
+    with open(hostfile) as f:
+        return json.load(f)
+
+
 def _ring_addresses(rank: int) -> list[tuple[str, int]]:
-    # mlx.launch's ring description: per rank, the "ip:port" addresses it listens on.
-    with open(settings.text("MLX_HOSTFILE")) as f:
-        return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in json.load(f)[rank])]
+    return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in ring_description()[rank])]
 
 
 def _ring_ports(rank: int) -> set[int]:

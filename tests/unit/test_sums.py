@@ -2,7 +2,8 @@
 
 import mlx.core as mx
 
-from mlx_ring.ring.sums import nccl_env, ring_description, sum_group
+from mlx_ring.ring.sums import nccl_env, sum_group
+from mlx_ring.ring.world import ring_description
 
 
 def test_nccl_forms_at_rank_0s_ring_address_on_a_port_past_every_ring_port():
