@@ -39,7 +39,7 @@ class Lockstep:
         self.limit = 2
         self.done: deque[tuple[Header, mx.array | None, object]] = deque()  # submitted, not yet collected
         self.busy_since: float | None = None  # when the wait on the other ranks now running started (the watchdog's)
-        self.unread: mx.array | None = None  # the last DECODE output handed out, not yet evaluated
+        self.unread: tuple[Header, mx.array] | None = None  # the last DECODE step handed out, its output not yet evaluated
         self.watch: StepWatch | None = None
 
     def watch_peers(self, lost) -> None:
@@ -86,7 +86,7 @@ class Lockstep:
     def settle(self) -> None:
         """Evaluate the last DECODE output, if that is still to do: the wait inside its all_sums is timed."""
         if self.unread is not None:
-            self._wait(Kind.DECODE, self.unread)
+            self._wait(*self.unread)
             self.unread = None
 
     @contextmanager
@@ -106,17 +106,18 @@ class Lockstep:
         self.settle()
         header, out, tag = self.done.popleft()
         if out is not None and header.kind == Kind.DECODE:
-            self.unread = out
+            self.unread = (header, out)
         elif out is not None:
-            self._wait(header.kind, out)
+            self._wait(header, out)
         return tag, out
 
-    def _wait(self, kind: int, out: mx.array) -> None:
+    def _wait(self, header: Header, out: mx.array) -> None:
         try:
             with self.watching():
                 mx.eval(out)
         except RuntimeError as e:
-            raise RingError(f"ring step {Kind(kind).name} failed: {e}") from e
+            raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
+        self.ring.mark("done", header)
 
     def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
         """One step on every rank with nothing else outstanding (tests, shutdown)."""

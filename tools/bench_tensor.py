@@ -1,0 +1,182 @@
+"""Tensor mode's step on the real scheduler without HTTP, in turn with mlx-lm's own loop on the same
+model cut by its own `shard()` (every rank runs `generate_step`, or `BatchGenerator` for several
+streams, joined by the same all_sums), in the same processes, --rounds times. Run it under mlx.launch,
+a GPU per rank (tensor mode's all_sums then go over NCCL, as in the server):
+
+    CUDA_PER_RANK=1 python tools/fed.py mlx.launch --backend ring --hostfile h2.json -- \\
+        python tools/bench_tensor.py --model DIR --streams 1,16 --peers
+
+--trace FILE then runs one stream once more and prints, per rank, where a decode step's time goes:
+rank 0's header leaving, each worker's header arriving, its graph built, its wait in the step (the
+device and the all_sums), and its wait for the next header (ranks on one host: one clock).
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
+
+one_gpu_per_rank()  # before MLX starts
+
+import mlx.core as mx  # noqa: E402
+import mlx_lm_loop  # noqa: E402
+from bench_steps import prompts, run, trace_file  # noqa: E402
+from mlx_lm.utils import load_model  # noqa: E402
+
+from mlx_ring.planning.plan import tensor_plan  # noqa: E402
+from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
+from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
+from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
+from mlx_ring.ring.sums import sum_group  # noqa: E402
+from mlx_ring.ring.transport import Ring  # noqa: E402
+from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
+from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
+from shard import load_shard, serve_worker  # noqa: E402
+
+
+def phases(streams: list[int], rounds: int, max_tokens: int, peers: bool) -> list[tuple[str, int, int]]:
+    """What every rank runs, in order: ("ring" or "peer", streams, tokens); a short warm-up of each
+    shape first (kernels compile for each new shape on CUDA)."""
+    out = [(who, n, 4) for n in streams for who in ("ring", "peer")[: 1 + peers]]
+    for n in streams:
+        out += [(who, n, max_tokens) for _ in range(rounds) for who in ("ring", "peer")[: 1 + peers]]
+    return out
+
+
+def peer_loop(model, n: int, tokens: int, prompt) -> tuple[float, str]:
+    return mlx_lm_loop.one_stream(model, prompt(0), tokens) if n == 1 else mlx_lm_loop.many_streams(model, n, tokens, prompt)
+
+
+def release(pipe: Lockstep) -> None:
+    """Let the workers out of their step loop (they then run mlx-lm's loop, or leave)."""
+    while pipe.outstanding():
+        pipe.collect()
+    pipe.settle()
+    pipe.round_trip(Header(Kind.SHUTDOWN))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="MLX model folder")
+    p.add_argument("--streams", default="1,16")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--peers", action="store_true", help="mlx-lm's loop on its own shard() of a second copy, in turn")
+    p.add_argument("--trace", type=Path, default=None, help="every rank's step events of a last one-stream run, to this JSON file")
+    a = p.parse_args()
+    a.prompt = None  # token ids that mean nothing (bench_steps' default)
+    a.prompt_of = prompts(a)
+    world = init_world()
+    sums = sum_group(world, ring_description())
+    plan = tensor_plan(spec_from_folder(a.model).n_layers, world.size())
+    shard = load_shard(a.model, plan, world.rank(), sums)
+    ring = Ring(world)
+    ring.trace = [] if a.trace else None
+    peer = None
+    if a.peers:
+        peer = load_model(a.model, lazy=True)[0]
+        peer.shard(sums)
+        mx.eval(peer.parameters())
+    todo = phases([int(x) for x in a.streams.split(",")], a.rounds, a.max_tokens, a.peers)
+    pipe = Lockstep(shard, ring, sums) if world.rank() == 0 else None
+    sched = Scheduler(pipe, shard) if pipe else None
+    times: dict[tuple[str, int], list[float]] = {}
+    for i, (who, n, tokens) in enumerate(todo):
+        if who == "peer":
+            seconds, line = peer_loop(peer, n, tokens, a.prompt_of)
+        elif pipe is None:  # a worker: serve steps until rank 0 lets it out
+            if i == 0 or todo[i - 1][0] != "ring":
+                serve_worker(shard, ring)
+            continue
+        else:
+            seconds, line = run(sched, n, tokens, a.prompt_of)
+            if i + 1 < len(todo) and todo[i + 1][0] == "peer":
+                release(pipe)
+        if pipe is not None and tokens > 4:
+            times.setdefault((who, n), []).append(seconds)
+            print(f"tensor-{world.size()} {who}: {line}", flush=True)
+    if pipe is not None:
+        for n in sorted({n for _, n in times}):
+            ring_s = times[("ring", n)]
+            ratio = (f", ring/mlx-lm speed median {statistics.median(q / p for p, q in zip(ring_s, times[('peer', n)])):.3f}"
+                     if ("peer", n) in times else "")
+            print(f"tensor-{world.size()}, {n} streams: ring {n * a.max_tokens / statistics.median(ring_s):.1f} tok/s{ratio}", flush=True)
+    if pipe is None:  # a worker: through the traced run (if any), then its events for rank 0
+        if a.trace:
+            if todo[-1][0] == "peer":
+                serve_worker(shard, ring)
+            part = trace_file(a.trace, ring.rank).with_suffix(".part")
+            part.write_text(json.dumps(ring.trace))
+            part.replace(trace_file(a.trace, ring.rank))
+        return
+    if not a.trace:
+        if todo[-1][0] == "ring":
+            release(pipe)
+        return
+    pipe.round_trip(Header(Kind.PING))
+    run(sched, 1, a.max_tokens, a.prompt_of)
+    pipe.round_trip(Header(Kind.PING))
+    release(pipe)
+    ranks = [ring.trace]
+    for r in range(1, ring.size):
+        path, deadline = trace_file(a.trace, r), time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks.append(json.loads(path.read_text()))
+        path.unlink()
+    a.trace.write_text(json.dumps(ranks))
+    print(f"tensor-{ring.size}, 1 stream, where a decode step's time goes (median ms):", flush=True)
+    for line in step_times(ranks):
+        print(line, flush=True)
+
+
+def step_times(ranks: list[list]) -> list[str]:
+    """Per rank, the median parts of a DECODE step between the two PINGs: rank 0's period (header to
+    header) and its header-to-built and header-to-done; a worker's hop (rank 0's header leaving to
+    it arriving), build, wait in the step, and wait for the next header."""
+    steps = [_steps(_between_pings(events), r) for r, events in enumerate(ranks)]
+    n = min(len(s) for s in steps)
+    decode = [i for i in range(n) if steps[0][i]["kind"] == Kind.DECODE]
+    med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
+    s0 = steps[0]
+    lines = [f"rank 0: {len(decode)} DECODE steps of {n}; period {med([s0[i + 1]['out'] - s0[i]['out'] for i in decode if i + 1 < n]):.2f}, "
+             f"header to built {med([s0[i]['built'] - s0[i]['out'] for i in decode]):.2f}, "
+             f"header to done {med([s0[i]['done'] - s0[i]['out'] for i in decode if 'done' in s0[i]]):.2f}"]
+    for r, s in enumerate(steps[1:], 1):
+        lines.append(f"rank {r}: hop {med([s[i]['in'] - s0[i]['out'] for i in decode]):.2f}, "
+                     f"build {med([s[i]['built'] - s[i]['in'] for i in decode]):.2f}, "
+                     f"in the step {med([s[i]['done'] - s[i]['built'] for i in decode]):.2f}, "
+                     f"waiting for the next header {med([s[i + 1]['in'] - s[i]['done'] for i in decode if i + 1 < n]):.2f}")
+    return lines
+
+
+def _between_pings(events: list) -> list:
+    """The events between the two PING steps around the traced run (each PING a few events in a row)."""
+    pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
+    end = next(a for a, b in zip(pings, pings[1:]) if b > a + 1)  # the first PING's last event
+    return events[end + 1 : pings[pings.index(end) + 1]]
+
+
+def _steps(events: list, rank: int) -> list[dict]:
+    """Events grouped by step: a step starts with its header leaving rank 0 ("out") or arriving on a
+    worker ("in"). A worker marks every step "done" once, in order, but maybe during a later step
+    (one that keeps a step queued): its k-th "done" is its k-th step's."""
+    start, out, done = ("out" if rank == 0 else "in"), [], []
+    for event, kind, _group, t in events:
+        if event == start:
+            out.append({"kind": kind})
+        if event == "done" and rank:
+            done.append(t)
+        else:
+            out[-1].setdefault(event, t)
+    for step, t in zip(out, done):
+        step["done"] = t
+    return out
+
+
+if __name__ == "__main__":
+    main()
