@@ -351,7 +351,8 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             out = shard.apply(header, payload)
             ring.mark("built", header)
             # Joins the step's all_sums with every other rank. Evaluated at once: keeping one step
-            # queued behind the last (as rank 0 does) made one stream 0.55x as fast on 2 x H100.
+            # queued behind the last (as rank 0 does) gained nothing for one stream on 4 x H100
+            # (tools/bench_tensor.py, docs/benchmarks.md), and on a CPU its header waits behind it.
             if out is not None:
                 mx.eval(out)
             ring.mark("done", header)

@@ -147,9 +147,10 @@ def join_ring(model: Path, trace: Path | None, layers: str | None = None) -> Pip
     if world.rank():
         serve_worker(shard, ring)
         if trace:  # whole or not at all: rank 0 reads it once it exists
-            part = trace_file(trace, ring.rank).with_suffix(".part")
+            path = trace_file(trace, ring.rank)
+            part = path.with_name(path.name + ".part")  # one a rank: they finish together
             part.write_text(json.dumps(ring.trace))
-            part.replace(trace_file(trace, ring.rank))
+            part.replace(path)
         return None
     return Pipeline(shard, ring)
 

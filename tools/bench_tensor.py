@@ -23,6 +23,7 @@ one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
 import mlx_lm_loop  # noqa: E402
+import step_split  # noqa: E402
 from bench_steps import prompts, run, trace_file  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
@@ -66,6 +67,8 @@ def main():
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--peers", action="store_true", help="mlx-lm's loop on its own shard() of a second copy, in turn")
+    p.add_argument("--split", action="store_true", help="rank 0's one-stream decode step split into Python, MLX "
+                   "encoding and the wait for the token, then its Python calls and MLX operations (tools/step_split.py)")
     p.add_argument("--trace", type=Path, default=None, help="every rank's step events of a last one-stream run, to this JSON file")
     a = p.parse_args()
     a.prompt = None  # token ids that mean nothing (bench_steps' default)
@@ -83,7 +86,7 @@ def main():
         mx.eval(peer.parameters())
     todo = phases([int(x) for x in a.streams.split(",")], a.rounds, a.max_tokens, a.peers)
     pipe = Lockstep(shard, ring, sums) if world.rank() == 0 else None
-    sched = Scheduler(pipe, shard) if pipe else None
+    sched = Scheduler(pipe, shard, groups=1) if pipe else None  # one decode group, as the server runs tensor mode
     times: dict[tuple[str, int], list[float]] = {}
     for i, (who, n, tokens) in enumerate(todo):
         if who == "peer":
@@ -105,16 +108,22 @@ def main():
             ratio = (f", ring/mlx-lm speed median {statistics.median(q / p for p, q in zip(ring_s, times[('peer', n)])):.3f}"
                      if ("peer", n) in times else "")
             print(f"tensor-{world.size()}, {n} streams: ring {n * a.max_tokens / statistics.median(ring_s):.1f} tok/s{ratio}", flush=True)
-    if pipe is None:  # a worker: through the traced run (if any), then its events for rank 0
-        if a.trace:
+    if pipe is None:  # a worker: through rank 0's split and traced runs (if any), then its events for rank 0
+        if a.trace or a.split:
             if todo[-1][0] == "peer":
                 serve_worker(shard, ring)
-            part = trace_file(a.trace, ring.rank).with_suffix(".part")
+        if a.trace:
+            path = trace_file(a.trace, ring.rank)
+            part = path.with_name(path.name + ".part")
             part.write_text(json.dumps(ring.trace))
-            part.replace(trace_file(a.trace, ring.rank))
+            part.replace(path)
         return
+    for _ in range(a.rounds if a.split else 0):
+        print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
+    if a.split:
+        print(step_split.counts(f"tensor-{ring.size} rank 0", lambda t: run(sched, 1, t, a.prompt_of)), flush=True)
     if not a.trace:
-        if todo[-1][0] == "ring":
+        if todo[-1][0] == "ring" or a.split:
             release(pipe)
         return
     pipe.round_trip(Header(Kind.PING))

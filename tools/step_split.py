@@ -9,7 +9,7 @@ import re
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -88,21 +88,22 @@ def split_generate_step(model, prompt: list[int], max_tokens: int) -> str:
 
 def split_ring(sched, run, max_tokens: int, prompt) -> str:
     """The ring's scheduler, one stream: python = the stage, head and sampling built (`Shard.apply`,
-    `head`, `sample_lazy`), encode = the rest of `Pipeline.submit` (its `async_eval`) and the
-    head's prefetch, wait = `read_tokens`; `run` is bench_steps' driver."""
+    `head`, `sample_lazy`), send = the step's header (and payload) leaving on the ring, encode = the
+    rest of `submit` (its `async_eval`) and the head's prefetch, wait = `read_tokens` and (in tensor
+    mode) the wait for the last step inside `submit`; `run` is bench_steps' driver."""
     from mlx_ring.serving import runner as sch
 
     clock, shard, pipe = Clock(), sched.pipe.stage, sched.pipe
     apply, submit, prefetch = shard.apply, pipe.submit, pipe.prefetch
-    timed_apply = clock.wrap(apply, "python")
+    inner = ("python", "wait", "send")
 
-    def timed_submit(*a, **kw):  # encode: submit less the stage's building
-        t, before = time.perf_counter(), clock.now.get("python", 0.0)
+    def timed_submit(*a, **kw):  # encode: submit less what is timed as its other parts
+        t, before = time.perf_counter(), sum(clock.now.get(p, 0.0) for p in inner)
         try:
             return submit(*a, **kw)
         finally:
-            inner = clock.now.get("python", 0.0) - before
-            clock.now["encode"] = clock.now.get("encode", 0.0) + time.perf_counter() - t - inner
+            nested = sum(clock.now.get(p, 0.0) for p in inner) - before
+            clock.now["encode"] = clock.now.get("encode", 0.0) + time.perf_counter() - t - nested
 
     step = sched.step
 
@@ -112,13 +113,17 @@ def split_ring(sched, run, max_tokens: int, prompt) -> str:
             clock.tick()
         return out
 
-    with patched(shard, "apply", timed_apply), patched(shard, "head", clock.wrap(shard.head, "python")), \
-            patched(pipe, "submit", timed_submit), patched(pipe, "prefetch", clock.wrap(prefetch, "encode")), \
-            patched(sch, "sample_lazy", clock.wrap(sch.sample_lazy, "python")), \
-            patched(sch, "read_tokens", clock.wrap(sch.read_tokens, "wait")), patched(sched, "step", ticking):
+    parts = [(shard, "apply", clock.wrap(apply, "python")), (shard, "head", clock.wrap(shard.head, "python")),
+             (pipe, "submit", timed_submit), (pipe, "prefetch", clock.wrap(prefetch, "encode")),
+             (pipe, "settle", clock.wrap(pipe.settle, "wait")), (pipe.ring, "send", clock.wrap(pipe.ring.send, "send")),
+             (sch, "sample_lazy", clock.wrap(sch.sample_lazy, "python")), (sch, "read_tokens", clock.wrap(sch.read_tokens, "wait")),
+             (sched, "step", ticking)]
+    with ExitStack() as stack:
+        for owner, name, f in parts:
+            stack.enter_context(patched(owner, name, f))
         clock.t = time.perf_counter()
         run(sched, 1, max_tokens, prompt)
-    return clock.line(f"ring-{pipe.ring.size}", ("python", "encode", "wait"))
+    return clock.line(f"ring-{pipe.ring.size}", ("python", "send", "encode", "wait"))
 
 
 def counts(name: str, loop: Callable[[int], object], n: int = 32) -> str:

@@ -25,3 +25,24 @@ def test_every_rank_records_the_traced_steps_in_ring_order(tmp_path):
     line = next(ln for ln in proc.stdout.splitlines() if "DECODE steps" in ln)
     # the 3 streams spread over the 2 groups; a group's first step has no period before it
     assert line.startswith(f"2 rank(s), 3 streams: {decodes - 2} DECODE steps: period "), line
+
+
+def test_bench_tensor_matches_mlx_lm_shard_loop_and_times_every_rank(tmp_path):
+    """tools/bench_tensor.py on a 2-rank tensor ring: the scheduler's greedy tokens equal mlx-lm's own
+    loop on the model its shard() cut (one stream and a batch), and the trace splits a decode step on
+    every rank."""
+    model = make_tiny_model(tmp_path / "model", "llama", n_layers=2, vocab_size=32000)
+    trace = tmp_path / "trace.json"
+    proc = launch(2, tmp_path, ["tools/bench_tensor.py", "--model", str(model), "--streams", "1,3", "--max-tokens", "6",
+                                "--rounds", "1", "--peers", "--trace", str(trace)], timeout=240)
+    lines = proc.stdout.splitlines()
+    for n, peer in ((1, "generate_step"), (3, "BatchGenerator")):
+        ring = next(ln for ln in lines if ln.startswith(f"tensor-2 ring: {n} streams:"))
+        other = next(ln for ln in lines if ln.startswith(f"tensor-2 peer: {peer}: {n} streams:"))
+        assert ring.rsplit("tokens ", 1)[1] == other.rsplit("tokens ", 1)[1], (ring, other)
+    assert any(ln.startswith("tensor-2, 3 streams: ring ") and "ring/mlx-lm speed median" in ln for ln in lines)
+    ranks = json.loads(trace.read_text())
+    assert len(ranks) == 2 and not list(tmp_path.glob("trace.json.rank*")), "rank 1's own file is merged, then removed"
+    # 6 tokens: the first from the prefill, 5 from DECODE steps, and one step chained past the last
+    assert any(ln.startswith("rank 0: 6 DECODE steps of ") for ln in lines), lines[-3:]
+    assert any(ln.startswith("rank 1: hop ") and "waiting for the next header" in ln for ln in lines), lines[-3:]
