@@ -12,6 +12,7 @@ also runs the head; every rank holds the embedding.
 import math
 from dataclasses import dataclass
 
+from mlx_ring.planning.activations import holds_graph, metal
 from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.cost import hop_seconds, layer_kv_bytes, runtime_bytes
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
@@ -19,11 +20,14 @@ from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
 CHUNK = 512  # prompt tokens a prefill step takes where PREFILL_CHUNK is auto
-# A tensor rank's host work per layer and step (building and encoding its graph), which a step does
-# not hide: its token ids reach the other ranks only once the last step's are sampled. Calibrated on
-# 2 of 4 H100s: tensor-2 ran a 20-layer Llama-70B-shaped step over NCCL in 13.2 ms, where the device's
-# reads and the all_sums account for 8.8 ms (0.98x one GPU, not the 1.47x they alone predict).
-HOST_LAYER_S = 0.22e-3
+# A tensor rank's host work per layer and step that the step does not hide: a worker builds a step's
+# graph only once its header comes, and its device starts the step after that. On a GPU: 2.39 ms a
+# step on tensor-2 and 2.40-2.78 ms on tensor-4 for 20 layers of the Llama-70B shape on 4 x H100
+# (tools/bench_tensor.py --trace). On a CPU device, where the graph's building shares the cores with
+# its compute: calibrated on this project's 2-core CI machine, a core per rank (tensor-2's measured
+# step, tests/unit/test_probe_figures.py). Macs: not measured; the GPU's figure.
+GPU_HOST_LAYER_S = 0.12e-3
+CPU_HOST_LAYER_S = 0.22e-3
 
 
 @dataclass(frozen=True)
@@ -131,13 +135,18 @@ def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[float]
                  allsum: AllSum) -> dict:
     """A tensor step of `rows` rows, in seconds: `compute` (every layer's share on its slowest rank,
     ranks sharing a device doing theirs in turn), `head` (rank 0), `allsum` (two a layer), `host`
-    (building the step, `HOST_LAYER_S` a layer)."""
+    (building the step, `host_layer_seconds` a layer)."""
     n = len(caps)
     layer = max(k * _device_seconds(s * model.layer_read_bytes, s * rows * model.layer_flops, c)
                 for c, s, k in zip(caps, shares, _turns(caps)))
     comm = 2 * model.n_layers * allsum.seconds(rows * model.hidden_bytes, n)
     return {"compute": model.n_layers * layer, "head": _head_seconds(model, caps[0], rows), "allsum": comm,
-            "host": model.n_layers * HOST_LAYER_S}
+            "host": model.n_layers * max(map(host_layer_seconds, caps))}
+
+
+def host_layer_seconds(cap: Capabilities) -> float:
+    """A tensor rank's host work per layer and step that its step does not hide."""
+    return GPU_HOST_LAYER_S if holds_graph(cap) or metal(cap) else CPU_HOST_LAYER_S
 
 
 def tensor_tokens_per_s(model: ModelSpec, caps: list[Capabilities], shares: list[float], streams: int,

@@ -50,11 +50,16 @@ def test_tensor_wins_where_the_device_bounds_the_step_by_more_than_the_hosts_wor
     assert choice.reason.startswith("tensor: 2 ranks, all_sum") and "JACCL" in choice.reason and "x the pipeline's" in choice.reason
 
 
-def test_the_hosts_work_per_step_keeps_the_pipeline_on_fast_gpus():
-    # On H100s the same cut reads in 13 ms on one GPU: a tensor rank's host work is most of its step.
+def test_the_hosts_work_per_step_decides_on_fast_gpus():
+    # On H100s the same cut reads in 12-13 ms on one GPU, and a tensor rank's host work is a fifth of
+    # its step: tensor-2 measured 1.13-1.20x ring-1 for one stream (docs/benchmarks.md, 4 x H100).
     _, _, _, choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"])
-    assert choice.mode == "pipeline" and 0.85 < ratio(choice) < 1.1  # measured: 0.98x one GPU
+    assert choice.mode == "tensor" and 1.1 <= ratio(choice) < 1.3
     assert "the pipeline's one stream" in choice.reason
+    # The 8B shape reads in 6 ms on one GPU: the host's work would be most of a tensor step (mlx-lm's
+    # own shard() loop measured 0.61x one GPU on 2 x H100).
+    _, _, _, choice = choose(LLAMA_8B, H100, DEFAULT_ALLSUM["nccl"])
+    assert choice.mode == "pipeline" and 0.45 < ratio(choice) < 0.8
 
 
 def test_the_pipeline_stays_where_all_sums_cross_tcp():
