@@ -20,15 +20,17 @@ DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
 def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None,
-              outs=None, choose_groups=0, parallel="pipeline"):
+              outs=None, choose_groups=0, parallel="pipeline", cases=None):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos).
     `model` a list (and `outs` a folder for each): the models one after another in one launch; returns
-    the first one's results (read the others with `read_probe`)."""
+    the first one's results (read the others with `read_probe`); `cases`: each model's own settings
+    over the arguments (ring_driver's --case: a dict of its flags' names)."""
     models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
     argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
             "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft),
             "--choose-groups", str(choose_groups), "--parallel", parallel]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
+    argv += ["--case", *map(json.dumps, cases)] if cases else []
     if layers:
         argv += ["--layers", *([layers] if isinstance(layers, str) else [x or "-" for x in layers])]
     launch(n, tmp_path, argv, timeout=timeout)
