@@ -51,6 +51,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = "hosts" if tier(item) == "hosts" else file(item)
         item.add_marker(pytest.mark.xdist_group(group))
-    # stable: each file keeps its order
-    items.sort(key=lambda item: (TIERS.index(tier(item)), file(item) not in LONGEST,
-                                 LONGEST.index(file(item)) if file(item) in LONGEST else 0))
+    rank = lambda item: LONGEST.index(file(item)) if file(item) in LONGEST else len(LONGEST)
+    items.sort(key=lambda item: (TIERS.index(tier(item)), rank(item)))  # stable: each file keeps its order
