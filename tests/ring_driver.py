@@ -8,7 +8,9 @@ before scheduler step k (or, with `"after": j` instead of "at", once sequence j 
 (prompt lookup, or `--draft-model DIR`, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
 resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
 all sequences left, the rows of each prefill and decode step) and `logits{i}.npy` (one row of logits per generated
-token of sequence i). Several `--model`s (with as many `--out` folders) run one after another in one launch.
+token of sequence i). Several `--model`s (with as many `--out` folders) run one after another in one launch;
+`--case` gives each its own settings (a JSON object of these flags' names: spec, groups, chunk, prompt_cache,
+draft, draft_model, choose_groups, parallel), so the cases of several tests share one launch's startup.
 """
 
 import argparse
@@ -37,7 +39,7 @@ from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True, nargs="+", help="one or more models, run one after another in this launch")
-    p.add_argument("--spec", required=True)
+    p.add_argument("--spec", help="the sequences, for every model without its own in --case")
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--layers", nargs="+", default=None, help="layers per rank, e.g. 3,2,2 (one for each model; - for even)")
@@ -48,16 +50,26 @@ def main():
                    "(serving/warmup.py), record it, then go on with --groups")
     p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor"], help="tensor: every rank a share of every layer")
     p.add_argument("--out", required=True, nargs="+", help="a folder for each model's results")
+    p.add_argument("--case", nargs="+", default=None, help="a JSON object for each model: its own settings over the flags")
     a = p.parse_args()
     world = init_world()
     ring = Ring(world)
     real = batching.sample_rows, batching.sample_lazy
     layers = a.layers or ["-"] * len(a.model)
-    for model, out, sizes in zip(a.model, a.out, layers, strict=True):  # one launch, several models: startup is most of a run
+    cases = [case_args(a, json.loads(c)) for c in a.case] if a.case else [a] * len(a.model)
+    # one launch, several models: startup is most of a run
+    for model, out, sizes, case in zip(a.model, a.out, layers, cases, strict=True):
         try:
-            run(a, world, ring, Path(model), Path(out), sizes)
+            run(case, world, ring, Path(model), Path(out), sizes)
         finally:
             batching.sample_rows, batching.sample_lazy = real
+
+
+def case_args(a: argparse.Namespace, case: dict) -> argparse.Namespace:
+    """The flags with one model's own settings over them (its spec as the flag holds it: JSON)."""
+    unknown = set(case) - set(vars(a))
+    assert not unknown, f"--case names no flag: {sorted(unknown)}"
+    return argparse.Namespace(**{**vars(a), **case, **({"spec": json.dumps(case["spec"])} if "spec" in case else {})})
 
 
 def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):

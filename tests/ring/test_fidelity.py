@@ -20,15 +20,17 @@ DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
 def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None,
-              outs=None, choose_groups=0, parallel="pipeline"):
+              outs=None, choose_groups=0, parallel="pipeline", cases=None):
     """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos).
     `model` a list (and `outs` a folder for each): the models one after another in one launch; returns
-    the first one's results (read the others with `read_probe`)."""
+    the first one's results (read the others with `read_probe`); `cases`: each model's own settings
+    over the arguments (ring_driver's --case: a dict of its flags' names)."""
     models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
     argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
             "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft),
             "--choose-groups", str(choose_groups), "--parallel", parallel]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
+    argv += ["--case", *map(json.dumps, cases)] if cases else []
     if layers:
         argv += ["--layers", *([layers] if isinstance(layers, str) else [x or "-" for x in layers])]
     launch(n, tmp_path, argv, timeout=timeout)
@@ -59,20 +61,52 @@ TESTED = [
 BATCHED = [("qwen3", 2, 1, 16), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4)]
 
 
+PROMPT = [5, 17, 42, 99, 3, 250, 7]
+LONE = [{"prompt": PROMPT, "max_tokens": 6, "at": 0}]
+
+
+def tiny_cases() -> dict:
+    """This file's tiny-model runs by name: (ranks, type, bits, layers per rank or None, ring_driver's
+    --case). Every test's runs on a rank count share one launch (the `tiny` fixture): startup is most
+    of a run this short."""
+    cases = {f"logits {kind} {n} {layers} {bits}": (n, kind, bits, layers, {"spec": LONE}) for kind, n, layers, bits in TESTED}
+    for kind, n, groups, chunk in BATCHED:
+        cases[f"batched {kind} {n} {groups} {chunk}"] = (n, kind, 0, None, {"spec": MIXED, "groups": groups, "chunk": chunk})
+    for groups in (1, 2):  # the second first times 1 and 2 groups on the ring (the warm-up's choice), then runs 2
+        cases[f"overlap {groups}"] = (2, "llama", 0, None, {"spec": MIXED, "groups": groups, "chunk": 3,
+                                                            "choose_groups": 4 * (groups - 1)})
+    for n, layers, budget, spec, _, _ in PROMPT_CACHE:
+        cases[f"prompt cache {n} {layers} {budget}"] = (n, "llama", 0, layers, {"spec": spec, "chunk": 16, "prompt_cache": budget})
+    cases["prefill together"] = (3, "llama", 0, "3,2,2", {"spec": TOGETHER, "chunk": 64, "prompt_cache": 1000})
+    cases["follow up"] = (3, "llama", 0, "3,2,2", {"spec": FOLLOW, "chunk": 16, "prompt_cache": 1000})
+    return cases
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """{case name: (its output folder, its model)}, run as tiny_cases() says: one launch per rank count."""
+    tmp, models, outs = tmp_path_factory.mktemp("tiny"), {}, {}
+    cases = tiny_cases()
+    for n in sorted({c[0] for c in cases.values()}):
+        mine = {name: c for name, c in cases.items() if c[0] == n}
+        for i, (name, (_, kind, bits, _, _)) in enumerate(mine.items()):
+            if (kind, bits) not in models:  # the same seed: the model each test made for itself
+                models[kind, bits] = make_tiny_model(tmp / f"{kind}-{bits}", kind, bits=bits)
+            outs[name] = tmp / str(n) / f"case{i}"
+            outs[name].mkdir(parents=True)
+        argv = [DRIVER, "--model", *(str(models[c[1], c[2]]) for c in mine.values()), "--out", *(str(outs[x]) for x in mine),
+                "--layers", *(c[3] or "-" for c in mine.values()), "--case", *(json.dumps(c[4]) for c in mine.values())]
+        launch(n, tmp / str(n), argv, timeout=120 + 60 * len(mine))
+    return {name: (outs[name], models[c[1], c[2]]) for name, c in cases.items()}
+
+
 @pytest.mark.parametrize("n", [2, 3])
-def test_tiny_models_logits_match_single_process(tmp_path, n):
+def test_tiny_models_logits_match_single_process(tiny, n):
     """Each case of TESTED for n ranks, one after another in one launch."""
-    cases = [(kind, layers, bits) for kind, k, layers, bits in TESTED if k == n]
-    models = [make_tiny_model(tmp_path / f"model{i}", kind, bits=bits) for i, (kind, _, bits) in enumerate(cases)]
-    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
-    for o in outs:
-        o.mkdir()
-    prompt = [5, 17, 42, 99, 3, 250, 7]
-    spec = [{"prompt": prompt, "max_tokens": 6, "at": 0}]
-    run_probe(tmp_path, n, models, spec, layers=[layers for _, layers, _ in cases], outs=outs)
-    for (kind, layers, bits), model, out in zip(cases, models, outs):
-        tokens, logits, status, ranks = read_probe(out, n, spec)
-        want, want_tokens = reference_logits(model, prompt, steps=6)
+    for kind, layers, bits in [(kind, layers, bits) for kind, k, layers, bits in TESTED if k == n]:
+        out, model = tiny[f"logits {kind} {n} {layers} {bits}"]
+        tokens, logits, status, ranks = read_probe(out, n, LONE)
+        want, want_tokens = reference_logits(model, PROMPT, steps=6)
         case = f"{kind} {layers} {bits}-bit"
         np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5, err_msg=case)  # prefill and 5 cached decode steps
         assert tokens[0] == want_tokens, case
@@ -141,14 +175,13 @@ MIXED = [
 
 
 @pytest.mark.parametrize("kind,n,groups,chunk", BATCHED)
-def test_batched_sequences_match_each_run_alone(tmp_path, kind, n, groups, chunk):
+def test_batched_sequences_match_each_run_alone(tiny, kind, n, groups, chunk):
     """Continuous batching, prefill (chunks of 4: a long prompt in several chunks; of 16: waiting
     prompts right-padded into one batch) and micro-batch groups: every sequence's logits agree with
     single-process mlx-lm running it alone within float rounding of the batch shapes (atol 1e-4 on
     logits of order 1), and its tokens are identical."""
-    model = make_tiny_model(tmp_path / "model", kind)
-    run_probe(tmp_path, n, model, MIXED, groups=groups, chunk=chunk)
-    check_batched(tmp_path, n, kind, model, chunk, groups)
+    out, model = tiny[f"batched {kind} {n} {groups} {chunk}"]
+    check_batched(out, n, kind, model, chunk, groups)
 
 
 def check_batched(out_dir, n, kind, model, chunk, groups=1):
@@ -173,17 +206,13 @@ def check_batched(out_dir, n, kind, model, chunk, groups=1):
         assert len(rows) >= 7, (kind, rows)
 
 
-def test_overlap_changes_no_token(tmp_path):
+def test_overlap_changes_no_token(tiny):
     """The same requests give bitwise the same tokens with 1 group or 2 groups in flight. Before the
     second run, the warm-up's choice of groups times both counts on the ring and keeps the faster,
     leaving nothing behind."""
-    model = make_tiny_model(tmp_path / "model", "llama")
-    runs = []
-    for groups in (1, 2):
-        (tmp_path / str(groups)).mkdir()
-        runs.append(run_probe(tmp_path / str(groups), 2, model, MIXED, groups=groups, chunk=3, choose_groups=4 * (groups - 1))[0])
+    runs = [read_probe(tiny[f"overlap {groups}"][0], 2, MIXED)[0] for groups in (1, 2)]
     assert runs[0] == runs[1]
-    chosen = json.loads((tmp_path / "2" / "result.json").read_text())["chosen"]
+    chosen = json.loads((tiny["overlap 2"][0] / "result.json").read_text())["chosen"]
     rate = {int(g): v for g, v in chosen["rate"].items()}
     assert sorted(rate) == [1, 2] and min(rate.values()) > 0, chosen
     assert chosen["groups"] == max(rate, key=rate.get) and chosen["idle"], chosen
@@ -210,7 +239,7 @@ P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # a long first turn
 X, Y, Q = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [201, 202, 203, 204, 205, 206, 207], [(5 * i) % 290 + 2 for i in range(30)]
 
 
-@pytest.mark.parametrize("n,layers,budget,spec,prefilled,hits", [
+PROMPT_CACHE = [
     # Turns of one chat, each prompt extending the last; an unrelated prompt meanwhile; two short
     # prompts prefilled as one padded batch, each followed up (their rows saved from the batch).
     (2, "5,2", 1000, [
@@ -236,53 +265,56 @@ X, Y, Q = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [201, 202, 203, 204, 205, 20
         {"prompt": Q, "max_tokens": 3, "after": 0},
         {"prompt": P + X, "max_tokens": 3, "after": 1},
     ], 40 + 30 + 50, 0),
-])
-def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tmp_path, n, layers, budget, spec, prefilled, hits):
+]
+# The first answer is one token, sampled from its prefill: the cache then holds P exactly.
+TOGETHER = [{"prompt": P, "max_tokens": 1, "at": 0}, *({"prompt": P + tail, "max_tokens": 4, "after": 0} for tail in (X, Y, Q[:5]))]
+FOLLOW = [{"prompt": P, "max_tokens": 5, "at": 0},
+          {"prompt": X, "max_tokens": 4, "after": 0, "follow": 0},
+          {"prompt": Y, "max_tokens": 3, "after": 1, "follow": 1}]
+
+
+@pytest.mark.parametrize("n,layers,budget,spec,prefilled,hits", PROMPT_CACHE)
+def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tiny, n, layers, budget, spec, prefilled, hits):
     """A prompt that starts like a cached one starts from that cache on every rank: each rank
     prefills only the new tokens, and the logits equal single-process mlx-lm's for the whole prompt."""
-    model = make_tiny_model(tmp_path / "model", "llama")
-    tokens, logits, status, _ = run_probe(tmp_path, n, model, spec, layers=layers, chunk=16, prompt_cache=budget)
+    out, model = tiny[f"prompt cache {n} {layers} {budget}"]
+    tokens, logits, status, _ = read_probe(out, n, spec)
     for i, s in enumerate(spec):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
         np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
         assert tokens[i] == want_tokens, f"sequence {i}"
     padding = 2 if len(spec) == 8 else 0  # the padded batch of 7 and 5 tokens runs 14 positions for 12 tokens
     assert [r["prefill_tokens"] for r in status] == [prefilled + padding] * n
-    cache = json.loads((tmp_path / "result.json").read_text())["prompt_cache"]
+    cache = json.loads((out / "result.json").read_text())["prompt_cache"]
     assert cache["hits"] == hits
     assert len({r["prompt_cache_entries"] for r in status}) == 1 and status[0]["prompt_cache_entries"] == cache["entries"]
     assert all(r["open_sequences"] == 0 and r["kv_cache_kib"] == 0 for r in status)
 
 
-def test_prompts_that_start_from_one_cached_prompt_prefill_together(tmp_path):
+def test_prompts_that_start_from_one_cached_prompt_prefill_together(tiny):
     """Prompts that arrive together and start like a cached prompt (a chat template's system prompt,
     say) each start from it and prefill the rest as one padded batch: one LOAD, one PREFILL and one
     SAVE step for all of them, every rank running only their new tokens, and the logits exact."""
-    model = make_tiny_model(tmp_path / "model", "llama")
-    # The first answer is one token, sampled from its prefill: the cache then holds P exactly.
-    spec = [{"prompt": P, "max_tokens": 1, "at": 0}, *({"prompt": P + tail, "max_tokens": 4, "after": 0} for tail in (X, Y, Q[:5]))]
-    tokens, logits, status, _ = run_probe(tmp_path, 3, model, spec, layers="3,2,2", chunk=64, prompt_cache=1000)
-    for i, s in enumerate(spec):
+    out, model = tiny["prefill together"]
+    tokens, logits, status, _ = read_probe(out, 3, TOGETHER)
+    for i, s in enumerate(TOGETHER):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
         np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
         assert tokens[i] == want_tokens, f"sequence {i}"
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = json.loads((out / "result.json").read_text())
     assert result["prefill_rows"] == [1, 3]
     assert (result["steps"].count("LOAD"), result["steps"].count("SAVE"), result["prompt_cache"]["hits"]) == (1, 2, 3)
     assert [r["prefill_tokens"] for r in status] == [len(P) + 3 * len(X)] * 3  # the batch: 3 rows padded to X's 10
 
 
-def test_a_follow_up_turn_starts_from_the_last_answer_too(tmp_path):
+def test_a_follow_up_turn_starts_from_the_last_answer_too(tiny):
     """A sequence that leaves keeps its prompt and answer: the next turn (prompt, answer, new message)
     prefills little more than the new message on every rank, and its logits stay exact."""
-    model = make_tiny_model(tmp_path / "model", "llama")
-    spec = [{"prompt": P, "max_tokens": 5, "at": 0},
-            {"prompt": X, "max_tokens": 4, "after": 0, "follow": 0},
-            {"prompt": Y, "max_tokens": 3, "after": 1, "follow": 1}]
-    tokens, logits, status, _ = run_probe(tmp_path, 3, model, spec, layers="3,2,2", chunk=16, prompt_cache=1000)
-    prompts = json.loads((tmp_path / "result.json").read_text())["prompts"]
+    out, model = tiny["follow up"]
+    tokens, logits, status, _ = read_probe(out, 3, FOLLOW)
+    prompts = json.loads((out / "result.json").read_text())["prompts"]
     assert prompts[2] == P + tokens[0] + X + tokens[1] + Y
-    for i, s in enumerate(spec):
+    for i, s in enumerate(FOLLOW):
         want, want_tokens = reference_logits(model, prompts[i], steps=s["max_tokens"])
         np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
         assert tokens[i] == want_tokens, f"sequence {i}"

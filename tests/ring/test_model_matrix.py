@@ -11,8 +11,9 @@ Startup is most of a ring run, so each rank count runs every type in one launch;
 raises ends that launch, and the next launch goes on from the type after it. So that this is rare,
 every type first runs alone in one process (the same scheduler, the whole model on one rank, going on
 past a failure) and as the same cuts chained in one process (`Slice`s, as each rank holds them); a
-type that fails there is refused with that reason and does not go to the ring. No model runs in this
-test's own process: a model may corrupt the memory of the process it runs in.
+type that fails there is refused with that reason and does not go to the ring; a type refused on 2
+ranks does not run on 3 (a type that stalls costs a launch its watchdog's wait). No model runs in
+this test's own process: a model may corrupt the memory of the process it runs in.
 """
 
 import json
@@ -77,9 +78,8 @@ def run_matrix(tmp: Path) -> dict:
         kind = case[0]
         if reason and found[kind]["admitted"]:
             found[kind] = dict(found[kind], admitted=False, reason=reason)
-    cases = [c for c in cases if found[c[0]]["admitted"]]
-    for n in RUNS:
-        ran = run_launches(tmp / f"ranks{n}", n, [c for c in cases if c[1] == n], alone)
+    for n in RUNS:  # fewer ranks first: a type refused there runs no more (its reason is that run's)
+        ran = run_launches(tmp / f"ranks{n}", n, [c for c in cases if c[1] == n and found[c[0]]["admitted"]], alone)
         for (kind, _, bits, _), reason in ran.items():
             if reason and found[kind]["admitted"]:
                 found[kind] = dict(found[kind], admitted=False, reason=f"{n} ranks{f', {bits}-bit' if bits else ''}: {reason}")

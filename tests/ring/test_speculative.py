@@ -6,7 +6,7 @@ import json
 import pytest
 from mlx_lm.utils import load_tokenizer
 from ringutil import make_tiny_model
-from test_fidelity import alone, run_probe
+from test_fidelity import alone, read_probe, run_probe
 
 TEXT = ("The lighthouse keeper climbed the stairs each evening, lit the lamp, and watched the ships pass "
         "through the narrow channel between the rocks.")
@@ -34,16 +34,37 @@ def test_greedy_speculative_tokens_identical_to_mlx_lm(tmp_path, default_model, 
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)  # freed on every rank
 
 
-def test_rows_join_and_leave_a_group_with_rejected_drafts_pending(tmp_path, default_model):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, default_model) -> dict:
+    """The 2-rank runs below, one after another in one launch (startup and loads are most of a run):
+    {name: (its output folder, its spec)}."""
+    tmp, tokenizer = tmp_path_factory.mktemp("two"), load_tokenizer(default_model)
     # No prompt cache: a row leaving or joining is the first thing after a verify pass whose rejected
     # drafts wait to be dropped (folded into the next DECODE when every row drops the same).
-    tokenizer = load_tokenizer(default_model)
-    spec = [{"prompt": chat(tokenizer, f"Repeat this text exactly, word for word:\n\n{TEXT}"), "max_tokens": 30, "at": 0},
+    rows = [{"prompt": chat(tokenizer, f"Repeat this text exactly, word for word:\n\n{TEXT}"), "max_tokens": 30, "at": 0},
             {"prompt": chat(tokenizer, "Repeat this line three times: the cat sat on the mat, the cat sat on the mat."),
              "max_tokens": 20, "at": 3},
             {"prompt": chat(tokenizer, "Write a short poem about the sea."), "max_tokens": 6, "at": 7}]
-    tokens, _, status, _ = run_probe(tmp_path, 2, default_model, spec, layers="17,13", draft=6)
-    result = json.loads((tmp_path / "result.json").read_text())
+    # The default model drafting for itself guesses (almost) every token; a random model of the same
+    # vocabulary guesses (almost) none, so its drafts are rejected and drafting backs off.
+    drafted = [{"prompt": chat(tokenizer, "Write a short poem about the sea."), "max_tokens": 24, "at": 0},
+               {"prompt": chat(tokenizer, "Name three colours."), "max_tokens": 16, "at": 2}]
+    random = make_tiny_model(tmp / "draft", "llama", n_layers=2, vocab_size=49152)
+    runs = {"rows": ("17,13", {"spec": rows, "draft": 6}),
+            "itself": ("12,18", {"spec": drafted, "draft": 4, "draft_model": str(default_model)}),
+            "random": ("12,18", {"spec": drafted, "draft": 4, "draft_model": str(random)})}
+    outs = {name: tmp / name for name in runs}
+    for o in outs.values():
+        o.mkdir()
+    run_probe(tmp, 2, [default_model] * len(runs), rows, layers=[layers for layers, _ in runs.values()], outs=list(outs.values()),
+              cases=[case for _, case in runs.values()], timeout=300 * len(runs))
+    return {name: (outs[name], case["spec"]) for name, (_, case) in runs.items()}
+
+
+def test_rows_join_and_leave_a_group_with_rejected_drafts_pending(two_ranks, default_model):
+    out, spec = two_ranks["rows"]
+    tokens, _, status, _ = read_probe(out, 2, spec)
+    result = json.loads((out / "result.json").read_text())
     for i, s in enumerate(spec):
         assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), i
     steps = result["steps"]
@@ -53,16 +74,10 @@ def test_rows_join_and_leave_a_group_with_rejected_drafts_pending(tmp_path, defa
 
 
 @pytest.mark.parametrize("drafter", ["itself", "random"])
-def test_a_draft_model_keeps_greedy_output_exact(tmp_path, default_model, drafter):
-    # The default model drafting for itself guesses (almost) every token; a random model of the same
-    # vocabulary guesses (almost) none, so its drafts are rejected and drafting backs off.
-    tokenizer = load_tokenizer(default_model)
-    draft = default_model if drafter == "itself" else make_tiny_model(tmp_path / "draft", "llama", n_layers=2, vocab_size=49152)
-    spec = [{"prompt": chat(tokenizer, "Write a short poem about the sea."), "max_tokens": 24, "at": 0},
-            {"prompt": chat(tokenizer, "Name three colours."), "max_tokens": 16, "at": 2}]
-    (tmp_path / "run").mkdir()
-    tokens, _, status, _ = run_probe(tmp_path / "run", 2, default_model, spec, layers="12,18", draft=4, draft_model=draft)
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
+def test_a_draft_model_keeps_greedy_output_exact(two_ranks, default_model, drafter):
+    out, spec = two_ranks[drafter]
+    tokens, _, status, _ = read_probe(out, 2, spec)
+    result = json.loads((out / "result.json").read_text())
     for i, s in enumerate(spec):
         assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), (drafter, i)
     if drafter == "itself":

@@ -5,6 +5,7 @@ speculative decoding."""
 import json
 
 import numpy as np
+import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 from ringutil import make_tiny_model, reference_logits
@@ -47,44 +48,58 @@ def test_tensor3_default_model_greedy_tokens_identical_to_mlx_lm(tmp_path, defau
     assert [(tuple(r["layers"]), r["parameter_bytes"]) for r in ranks] == [((0, 30), held)] * 3
 
 
-def test_tensor2_tiny_models_match_single_process(tmp_path):
+LONE = [5, 17, 42, 99, 3, 250, 7]
+BATCH = [{"prompt": LONE, "max_tokens": 6, "at": 0},
+         {"prompt": [8, 1, 77, 31, 200], "max_tokens": 6, "after": 0},
+         {"prompt": [64, 9, 13, 2, 2, 150, 300, 11, 4], "max_tokens": 6, "after": 0},
+         {"prompt": [19, 23], "max_tokens": 5, "follow": 2, "after": 2}]
+DRAFTED = [{"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
+           {"prompt": [8, 1, 77, 31, 200], "max_tokens": 8, "at": 2}]
+KINDS = ["llama", "qwen3"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """The 2-rank tiny runs below, one after another in one launch (startup is most of a run this
+    short): {name: (its output folder, its model)}."""
+    tmp = tmp_path_factory.mktemp("two")
+    models = {kind: make_tiny_model(tmp / kind, kind) for kind in KINDS}
+    runs = {kind: (models[kind], {"spec": BATCH, "prompt_cache": 4096}) for kind in KINDS}
+    # Drafts from a model on rank 0 (here the target itself, so most are kept), verified on both ranks.
+    runs["draft"] = (models["llama"], {"spec": DRAFTED, "draft": 3, "draft_model": str(models["llama"])})
+    outs = {name: tmp / f"out-{name}" for name in runs}
+    for o in outs.values():
+        o.mkdir()
+    run_probe(tmp, 2, [m for m, _ in runs.values()], BATCH, outs=list(outs.values()), parallel="tensor", chunk=32,
+              cases=[case for _, case in runs.values()], timeout=300 * 2)
+    return {name: (outs[name], model) for name, (model, _) in runs.items()}
+
+
+def test_tensor2_tiny_models_match_single_process(two_ranks):
     """Random llama and qwen3 models (4 heads, 2 KV heads) on 2 ranks: a lone prompt's logits within
     1e-4 of mlx-lm's (each rank sums its heads' and columns' share, then the all_sum adds the shares:
     float32 sums in another order), then prompts batched and a next turn from the prompt cache."""
-    kinds = ["llama", "qwen3"]
-    models = [make_tiny_model(tmp_path / f"model{i}", kind) for i, kind in enumerate(kinds)]
-    outs = [tmp_path / f"out{i}" for i in range(len(kinds))]
-    for o in outs:
-        o.mkdir()
-    lone = [5, 17, 42, 99, 3, 250, 7]
-    spec = [{"prompt": lone, "max_tokens": 6, "at": 0},
-            {"prompt": [8, 1, 77, 31, 200], "max_tokens": 6, "after": 0},
-            {"prompt": [64, 9, 13, 2, 2, 150, 300, 11, 4], "max_tokens": 6, "after": 0},
-            {"prompt": [19, 23], "max_tokens": 5, "follow": 2, "after": 2}]
-    run_probe(tmp_path, 2, models, spec, outs=outs, prompt_cache=4096, parallel="tensor", chunk=32)
-    for kind, model, out in zip(kinds, models, outs):
-        tokens, logits, status, ranks = read_probe(out, 2, spec)
+    for kind in KINDS:
+        out, model = two_ranks[kind]
+        tokens, logits, status, ranks = read_probe(out, 2, BATCH)
         result = json.loads((out / "result.json").read_text())
-        want, want_tokens = reference_logits(model, lone, steps=6)
+        want, want_tokens = reference_logits(model, LONE, steps=6)
         np.testing.assert_allclose(logits[0], want, rtol=1e-4, atol=1e-4, err_msg=kind)
         assert tokens[0] == want_tokens, kind
         for i, s in enumerate(result["prompts"][1:], 1):
-            assert tokens[i] == alone(model, s, spec[i]["max_tokens"]), (kind, i)
+            assert tokens[i] == alone(model, s, BATCH[i]["max_tokens"]), (kind, i)
         assert 2 in result["prefill_rows"], (kind, result)
         assert result["prompt_cache"]["hit_tokens"] > 0, (kind, result)
         assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status), kind
         assert [r["parameter_bytes"] for r in ranks] == [share_bytes(model, 2)] * 2, kind
 
 
-def test_tensor2_draft_model_keeps_greedy_output_exact(tmp_path):
+def test_tensor2_draft_model_keeps_greedy_output_exact(two_ranks):
     """Drafts from a model on rank 0 (here the target itself, so most are kept), verified on both ranks."""
-    model = make_tiny_model(tmp_path / "model", "llama")
-    spec = [{"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
-            {"prompt": [8, 1, 77, 31, 200], "max_tokens": 8, "at": 2}]
-    (tmp_path / "run").mkdir()
-    tokens, _, status, _ = run_probe(tmp_path / "run", 2, model, spec, draft=3, draft_model=model, parallel="tensor", chunk=32)
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
-    for i, s in enumerate(spec):
+    out, model = two_ranks["draft"]
+    tokens, _, status, _ = read_probe(out, 2, DRAFTED)
+    result = json.loads((out / "result.json").read_text())
+    for i, s in enumerate(DRAFTED):
         assert tokens[i] == alone(model, s["prompt"], s["max_tokens"]), i
     assert result["accepted"] >= 0.8 * result["drafted"] > 0, result
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)

@@ -68,15 +68,22 @@ def _tiny_gguf(tmp_path, kind="llama"):
     return path, ref
 
 
+@pytest.fixture(scope="module")
+def default_tokenizer(tmp_path_factory):
+    """The default GGUF's tokenizer, converted here afresh (not the machine's cached conversion); once
+    for the file, as the conversion takes seconds."""
+    return load_tokenizer(ms.resolve_model(None, tmp_path_factory.mktemp("c2"), "float32"))
+
+
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
-def test_gguf_file_converts_to_the_model_it_came_from(tmp_path, kind):
+def test_gguf_file_converts_to_the_model_it_came_from(tmp_path, kind, default_tokenizer):
     path, ref = _tiny_gguf(tmp_path, kind)
     folder = ms.resolve_model(str(path), tmp_path / "cache", "float32")
     got = dict(tree_flatten(load_model(folder)[0].parameters()))
     assert set(got) == set(ref)
     for k in ref:  # names mapped and (llama) q/k rows un-permuted exactly
         np.testing.assert_array_equal(np.array(got[k]), np.array(ref[k]), err_msg=k)
-    assert load_tokenizer(folder).encode("hello world") == load_tokenizer(ms.resolve_model(None, tmp_path / "c2", "float32")).encode("hello world")
+    assert load_tokenizer(folder).encode("hello world") == default_tokenizer.encode("hello world")
 
 
 def test_default_gguf_quantized_keeps_q4_and_matches_dequantized(cache_dir):
