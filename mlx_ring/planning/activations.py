@@ -91,4 +91,9 @@ def prefill_step(model: "ModelSpec", caps: list["Capabilities"], layers: list[in
     step by its time."""
     if not all(map(holds_graph, caps)):
         return chunk
-    return max(chunk, min(step_tokens(model, c, r, n, context) for r, (c, n) in enumerate(zip(caps, layers))))
+    return max(chunk, least_step_tokens(model, caps, layers, context))
+
+
+def least_step_tokens(model: "ModelSpec", caps: list["Capabilities"], layers: list[int], context: int) -> int:
+    """The fewest `step_tokens` any rank of the ring (rank r: `caps[r]`, `layers[r]` layers) holds."""
+    return min(step_tokens(model, c, r, n, context) for r, (c, n) in enumerate(zip(caps, layers)))

@@ -13,7 +13,7 @@ from mlx_ring import gpu
 from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
-from mlx_ring.planning.activations import prefill_step, step_tokens
+from mlx_ring.planning.activations import least_step_tokens, prefill_step
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
@@ -122,7 +122,7 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
     served, plan = serving(spec, cfg.prefill_chunk, cfg.max_active), shard.plan
     layers = [len(plan.layers_of(r)) for r in range(plan.size)]
     step = prefill_step(served, caps, layers, cfg.kv_tokens, chunk)
-    budget = max(step, min(step_tokens(served, c, r, n, cfg.kv_tokens) for r, (c, n) in enumerate(zip(caps, layers))))
+    budget = max(step, least_step_tokens(served, caps, layers, cfg.kv_tokens))
     sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
                       prefix=prompt_cache(cfg, shard, spec, cluster),
                       draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
