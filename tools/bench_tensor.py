@@ -109,9 +109,8 @@ def main():
                      if ("peer", n) in times else "")
             print(f"tensor-{world.size()}, {n} streams: ring {n * a.max_tokens / statistics.median(ring_s):.1f} tok/s{ratio}", flush=True)
     if pipe is None:  # a worker: through rank 0's split and traced runs (if any), then its events for rank 0
-        if a.trace or a.split:
-            if todo[-1][0] == "peer":
-                serve_worker(shard, ring)
+        if (a.trace or a.split) and todo[-1][0] == "peer":
+            serve_worker(shard, ring)
         if a.trace:
             path = trace_file(a.trace, ring.rank)
             part = path.with_name(path.name + ".part")
