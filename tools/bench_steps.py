@@ -57,11 +57,11 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     pipe = sched.pipe
     submit = pipe.submit
 
-    def counted(header, payload, tag=None, chained=False):
+    def counted(header, payload, *a, **kw):
         kinds[header.kind] = kinds.get(header.kind, 0) + 1  # names after the timing: Kind() costs a step
         if header.kind == Kind.PREFILL:
             shapes[payload.shape] = shapes.get(payload.shape, 0) + 1
-        submit(header, payload, tag, chained)
+        submit(header, payload, *a, **kw)
 
     pipe.submit = counted
     seqs = [Sequence(i, prompt(i), SamplingParams(temperature=0.0)) for i in range(n)]

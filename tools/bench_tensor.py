@@ -116,6 +116,8 @@ def main():
             part = path.with_name(path.name + ".part")
             part.write_text(json.dumps(ring.trace))
             part.replace(path)
+        if a.split and a.peers:  # mlx-lm's loop split alike, every rank in it
+            step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens)
         return
     for _ in range(a.rounds if a.split else 0):
         print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
@@ -124,7 +126,7 @@ def main():
     if not a.trace:
         if todo[-1][0] == "ring" or a.split:
             release(pipe)
-        return
+        return split_peer(a, peer)
     pipe.round_trip(Header(Kind.PING))
     run(sched, 1, a.max_tokens, a.prompt_of)
     pipe.round_trip(Header(Kind.PING))
@@ -140,6 +142,13 @@ def main():
     print(f"tensor-{ring.size}, 1 stream, where a decode step's time goes (median ms):", flush=True)
     for line in step_times(ranks):
         print(line, flush=True)
+    split_peer(a, peer)
+
+
+def split_peer(a, peer) -> None:
+    """With --split and --peers, mlx-lm's own loop split as the server's step is (every rank runs it)."""
+    for _ in range(a.rounds if a.split and a.peers else 0):
+        print("mlx-lm's loop, rank 0: " + step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
 
 
 def step_times(ranks: list[list]) -> list[str]:
@@ -156,7 +165,8 @@ def step_times(ranks: list[list]) -> list[str]:
              f"header to done {med([s0[i]['done'] - s0[i]['out'] for i in decode if 'done' in s0[i]]):.2f}"]
     for r, s in enumerate(steps[1:], 1):
         lines.append(f"rank {r}: hop {med([s[i]['in'] - s0[i]['out'] for i in decode]):.2f}, "
-                     f"build {med([s[i]['built'] - s[i]['in'] for i in decode]):.2f}, "
+                     f"header to built {med([s[i]['built'] - s[i]['in'] for i in decode]):.2f} "
+                     f"(built before its header: {sum(s[i]['built'] < s[i]['in'] for i in decode)}), "
                      f"in the step {med([s[i]['done'] - s[i]['built'] for i in decode]):.2f}, "
                      f"waiting for the next header {med([s[i + 1]['in'] - s[i]['done'] for i in decode if i + 1 < n]):.2f}")
     return lines
@@ -171,18 +181,19 @@ def _between_pings(events: list) -> list:
 
 def _steps(events: list, rank: int) -> list[dict]:
     """Events grouped by step: a step starts with its header leaving rank 0 ("out") or arriving on a
-    worker ("in"). A worker marks every step "done" once, in order, but maybe during a later step
-    (one that keeps a step queued): its k-th "done" is its k-th step's."""
-    start, out, done = ("out" if rank == 0 else "in"), [], []
+    worker ("in"). A worker builds every step and marks it "done" once each, in order, but maybe
+    during another step (a promised step is built before its header comes): its k-th is its k-th step's."""
+    start, out, ordered = ("out" if rank == 0 else "in"), [], {"built": [], "done": []}
     for event, kind, _group, t in events:
         if event == start:
             out.append({"kind": kind})
-        if event == "done" and rank:
-            done.append(t)
+        if event in ordered and rank:
+            ordered[event].append(t)
         else:
             out[-1].setdefault(event, t)
-    for step, t in zip(out, done):
-        step["done"] = t
+    for event, times in ordered.items():
+        for step, t in zip(out, times):
+            step[event] = t
     return out
 
 

@@ -47,7 +47,8 @@ class Clock:
         steps = [r["step"] * 1e3 for r in rows]  # the median hides slow steps; the tokens/s counts them
         return (f"{name}: median ms a step over {len(rows)} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
                 + f"; step mean {statistics.mean(steps):.2f}, max {max(steps):.2f}"
-                + f"; python's CPU time {statistics.median(r.get('python cpu', 0.0) for r in rows) * 1e3:.2f}")
+                + "; this thread's CPU time: " + ", ".join(
+                    f"{p} {statistics.median(r.get(p + ' cpu', 0.0) for r in rows) * 1e3:.2f}" for p in parts))
 
 
 @contextmanager
@@ -98,12 +99,13 @@ def split_ring(sched, run, max_tokens: int, prompt) -> str:
     inner = ("python", "wait", "send")
 
     def timed_submit(*a, **kw):  # encode: submit less what is timed as its other parts
-        t, before = time.perf_counter(), sum(clock.now.get(p, 0.0) for p in inner)
+        t, cpu, before = time.perf_counter(), time.thread_time(), [sum(clock.now.get(p + c, 0.0) for p in inner) for c in ("", " cpu")]
         try:
             return submit(*a, **kw)
         finally:
-            nested = sum(clock.now.get(p, 0.0) for p in inner) - before
-            clock.now["encode"] = clock.now.get("encode", 0.0) + time.perf_counter() - t - nested
+            nested = [sum(clock.now.get(p + c, 0.0) for p in inner) - b for c, b in zip(("", " cpu"), before)]
+            clock.now["encode"] = clock.now.get("encode", 0.0) + time.perf_counter() - t - nested[0]
+            clock.now["encode cpu"] = clock.now.get("encode cpu", 0.0) + time.thread_time() - cpu - nested[1]
 
     step = sched.step
 
