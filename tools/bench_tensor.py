@@ -116,9 +116,7 @@ def main():
             part = path.with_name(path.name + ".part")
             part.write_text(json.dumps(ring.trace))
             part.replace(path)
-        if a.split and a.peers:  # mlx-lm's loop split alike, every rank in it
-            step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens)
-        return
+        return split_peer(a, peer, show=False)
     for _ in range(a.rounds if a.split else 0):
         print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
     if a.split:
@@ -126,7 +124,7 @@ def main():
     if not a.trace:
         if todo[-1][0] == "ring" or a.split:
             release(pipe)
-        return split_peer(a, peer)
+        return split_peer(a, peer, show=True)
     pipe.round_trip(Header(Kind.PING))
     run(sched, 1, a.max_tokens, a.prompt_of)
     pipe.round_trip(Header(Kind.PING))
@@ -142,13 +140,16 @@ def main():
     print(f"tensor-{ring.size}, 1 stream, where a decode step's time goes (median ms):", flush=True)
     for line in step_times(ranks):
         print(line, flush=True)
-    split_peer(a, peer)
+    split_peer(a, peer, show=True)
 
 
-def split_peer(a, peer) -> None:
-    """With --split and --peers, mlx-lm's own loop split as the server's step is (every rank runs it)."""
+def split_peer(a, peer, show: bool) -> None:
+    """With --split and --peers, mlx-lm's own loop split as the server's step is, --rounds times:
+    every rank runs it (its all_sums need them all); rank 0 (`show`) prints it."""
     for _ in range(a.rounds if a.split and a.peers else 0):
-        print("mlx-lm's loop, rank 0: " + step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
+        line = step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens)
+        if show:
+            print("mlx-lm's loop, rank 0: " + line, flush=True)
 
 
 def step_times(ranks: list[list]) -> list[str]:
