@@ -60,5 +60,10 @@ def test_checks_probe_runs_the_launcher_on_every_host_and_caches_it(tmp_path):
     said, allsum = measure_ring(hosts, conf, hosts[0].port, 576, "float32", tmp_path / "cache")
     assert allsum is not None, said
     assert said.startswith("all_sum over the ring (2 ranks): ") and "for (64, 576) float32" in said
-    assert cached(tmp_path / "cache", ring_key(["127.0.0.1", "127.0.0.1"])).latency_ms == allsum.latency_ms
+    key = ring_key(["127.0.0.1", "127.0.0.1"])
+    row = json.loads((tmp_path / "cache" / "allsum.json").read_text())[key]
+    assert row["ranks"] == 2 and row["probe"] == PROBE
+    # Read back as measured, unless this loaded machine timed stalls (then the next start measures again).
+    kept = cached(tmp_path / "cache", key)
+    assert (kept is not None and kept.latency_ms == allsum.latency_ms) or implausible(row)
     assert measure_ring(hosts[:1], conf, hosts[0].port, 576, "float32", tmp_path / "cache") == ("", None)
