@@ -155,7 +155,8 @@ def split_peer(a, peer, show: bool) -> None:
 def step_times(ranks: list[list]) -> list[str]:
     """Per rank, the median parts of a DECODE step between the two PINGs: rank 0's period (header to
     header) and its header-to-built and header-to-done; a worker's hop (rank 0's header leaving to
-    it arriving), build, wait in the step, and wait for the next header."""
+    it arriving), header to built (below zero for a step built before its header came), wait in the
+    step, and wait for the next header."""
     steps = [_steps(_between_pings(events), r) for r, events in enumerate(ranks)]
     n = min(len(s) for s in steps)
     decode = [i for i in range(n) if steps[0][i]["kind"] == Kind.DECODE]

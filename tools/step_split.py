@@ -98,14 +98,15 @@ def split_ring(sched, run, max_tokens: int, prompt) -> str:
     apply, submit, prefetch = shard.apply, pipe.submit, pipe.prefetch
     inner = ("python", "wait", "send")
 
-    def timed_submit(*a, **kw):  # encode: submit less what is timed as its other parts
-        t, cpu, before = time.perf_counter(), time.thread_time(), [sum(clock.now.get(p + c, 0.0) for p in inner) for c in ("", " cpu")]
+    def timed_submit(*a, **kw):  # encode: submit less what is timed as its other parts, in wall and CPU time
+        clocks = {"": time.perf_counter, " cpu": time.thread_time}
+        start = {c: (f(), sum(clock.now.get(p + c, 0.0) for p in inner)) for c, f in clocks.items()}
         try:
             return submit(*a, **kw)
         finally:
-            nested = [sum(clock.now.get(p + c, 0.0) for p in inner) - b for c, b in zip(("", " cpu"), before)]
-            clock.now["encode"] = clock.now.get("encode", 0.0) + time.perf_counter() - t - nested[0]
-            clock.now["encode cpu"] = clock.now.get("encode cpu", 0.0) + time.thread_time() - cpu - nested[1]
+            for c, f in clocks.items():
+                nested = sum(clock.now.get(p + c, 0.0) for p in inner) - start[c][1]
+                clock.now["encode" + c] = clock.now.get("encode" + c, 0.0) + f() - start[c][0] - nested
 
     step = sched.step
 
