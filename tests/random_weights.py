@@ -25,6 +25,11 @@ SHAPES = {
     "llama3-70b": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                    "num_attention_heads": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
                    "max_position_embeddings": 8192, "tie_word_embeddings": False},
+    # Layers of 6.4 GB (bf16): a cut of 9 fills one 80 GB GPU, and on four a rank's step is still bound
+    # by reading its weights, not by the host's per-layer work.
+    "llama3-405b": {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+                    "num_attention_heads": 128, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                    "max_position_embeddings": 8192, "tie_word_embeddings": False},
     "qwen3-1.7b": {"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
                    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": True},
