@@ -184,7 +184,8 @@ def _between_pings(events: list) -> list:
 def _steps(events: list, rank: int) -> list[dict]:
     """Events grouped by step: a step starts with its header leaving rank 0 ("out") or arriving on a
     worker ("in"). A worker builds every step and marks it "done" once each, in order, but maybe
-    during another step (a promised step is built before its header comes): its k-th is its k-th step's."""
+    during another step (a variant may build a step before its header comes, or finish it during
+    the next one): its k-th is its k-th step's."""
     start, out, ordered = ("out" if rank == 0 else "in"), [], {"built": [], "done": []}
     for event, kind, _group, t in events:
         if event == start:

@@ -10,12 +10,15 @@ device; keeping the output keeps its event). Run under mlx.launch:
 
 Prints, on rank 0, the products' time alone and, per case, the median wall and CPU time (this
 thread's) of the evaluation (for the asynchronous sends, of the `mx.async_eval` call, and the
-header's median lag from that call to its arrival on rank 1, both ranks on one host's clock). On CUDA both waited for the products to finish, spinning
-(docs/benchmarks.md: what it means for tensor mode's step headers, which travel on the ring backend).
+header's median lag from that call to its arrival on rank 1, both ranks on one host's clock). On
+CUDA the send and the add with the GPU busy waited for the products to finish, spinning (docs/benchmarks.md:
+what it means for tensor mode's step headers, which travel on the ring backend).
 """
 
 import sys
 import time
+from functools import partial
+from statistics import median
 
 from mlx_ring.gpu import one_gpu_per_rank
 
@@ -31,8 +34,11 @@ def stamp() -> int:
     return int(time.time() * 1e6) % WINDOW_US
 
 
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+def timed(fn) -> tuple[float, float]:
+    """`fn()`'s wall time and this thread's CPU time, in seconds."""
+    t, c = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - t, time.thread_time() - c
 
 
 def main() -> None:
@@ -51,7 +57,11 @@ def main() -> None:
         return y
 
     header = lambda: mx.array([stamp()] + list(range(9)), dtype=mx.int32)  # noqa: E731
-    cases = {"a header's send, GPU idle": False, "a header's send, GPU busy": True, "a CPU add, GPU busy": True}
+    send = lambda: mx.distributed.send(header(), 1, group=w)  # noqa: E731
+    one = mx.array([1.0])
+    # Each case: whether the GPU is busy first, and what is evaluated (a header goes to rank 1 every round).
+    cases = {"a header's send, GPU idle": (False, send), "a header's send, GPU busy": (True, send),
+             "a CPU add, GPU busy": (True, lambda: mx.add(one, one, stream=mx.cpu))}
     later = ["async_eval of a header's send, GPU busy, its output dropped",
              "async_eval of a header's send, GPU busy, its output kept"]
     if w.rank() == 1:
@@ -66,51 +76,35 @@ def main() -> None:
             mx.eval(mx.distributed.send(mx.array([median(lags)]), 0, group=w))  # rank 0 prints it
         return
     mx.eval(work())
-    alone = []
-    for _ in range(ROUNDS):
-        t = time.perf_counter()
-        mx.eval(work())
-        alone.append(time.perf_counter() - t)
-    print(f"{k} products alone: {median(alone) * 1e3:.3f} ms", flush=True)
-    for case, busy in cases.items():
-        walls, cpus, queued = [], [], []
+    alone = median(timed(lambda: mx.eval(work()))[0] for _ in range(ROUNDS))
+    print(f"{k} products alone: {alone * 1e3:.3f} ms", flush=True)
+    for case, (busy, make) in cases.items():
+        times, queued = [], []
         for _ in range(ROUNDS):
             y = work() if busy else None
-            t = time.perf_counter()
-            if y is not None:
-                mx.async_eval(y)
-            queued.append(time.perf_counter() - t)
-            h, a = header(), mx.array([1.0])
-            t, c = time.perf_counter(), time.thread_time()
-            if case.startswith("a CPU add"):
-                mx.eval(mx.add(a, a, stream=mx.cpu))
-            else:
-                mx.eval(mx.distributed.send(h, 1, group=w))
-            walls.append(time.perf_counter() - t)
-            cpus.append(time.thread_time() - c)
+            queued.append(timed(lambda: y is not None and mx.async_eval(y))[0])
+            out = make()
+            times.append(timed(lambda: mx.eval(out)))
             if y is not None:
                 mx.eval(y)
-            if case.startswith("a CPU add"):
-                mx.eval(mx.distributed.send(h, 1, group=w))  # rank 1 takes a header every round
-        print(f"{case}: wall {median(walls) * 1e3:.3f} ms, CPU {median(cpus) * 1e3:.3f} ms "
+            if make is not send:
+                mx.eval(send())  # rank 1 takes a header every round
+        print(f"{case}: wall {median(t[0] for t in times) * 1e3:.3f} ms, CPU {median(t[1] for t in times) * 1e3:.3f} ms "
               f"(after async_eval of the products, {median(queued) * 1e3:.3f} ms)", flush=True)
     for case in later:
-        walls, cpus, kept = [], [], []
+        times, kept = [], []
         for _ in range(ROUNDS):
             y = work()
             mx.async_eval(y)
-            t, c = time.perf_counter(), time.thread_time()
-            sent = mx.distributed.send(header(), 1, group=w)
-            mx.async_eval(sent)
-            walls.append(time.perf_counter() - t)
-            cpus.append(time.thread_time() - c)
+            sent = send()
+            times.append(timed(partial(mx.async_eval, sent)))
             if case.endswith("kept"):
                 kept.append(sent)
             del sent
             mx.eval(y)
         kept.clear()  # the GPU is idle now
         lag = mx.distributed.recv((1,), mx.float32, 1, group=w).item()
-        print(f"{case}: the call {median(walls) * 1e3:.3f} ms, CPU {median(cpus) * 1e3:.3f} ms; "
+        print(f"{case}: the call {median(t[0] for t in times) * 1e3:.3f} ms, CPU {median(t[1] for t in times) * 1e3:.3f} ms; "
               f"the header reached rank 1 {lag:.3f} ms after the call", flush=True)
 
 
