@@ -2,7 +2,7 @@
 this wrapper (in place of `server.py` in the mlx.launch command, or alone for one rank), then
 summarise. Each round that runs a step records its wall and thread-CPU time and, within it, the
 Python graph building of the steps (`Shard.apply`), their MLX encoding (the rest of
-`Pipeline.submit`), the wait on the device for sampled tokens (`read_tokens`), the head, sampling,
+`Pipeline.submit`, or tensor mode's `Lockstep.submit`), the wait on the device for sampled tokens (`read_tokens`), the head, sampling,
 the engine's own per-token work (`_advance`) and any garbage collection; the trace is rewritten
 after every finished request.
 
@@ -28,8 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(trace: Path, argv: list[str]) -> None:
-    import shard
-    from mlx_ring.ring import pipeline
+    from mlx_ring.gpu import one_gpu_per_rank
+
+    one_gpu_per_rank()  # before `shard` starts MLX, as server.py does
+    import shard  # noqa: I001 (after the line above)
+    from mlx_ring.ring import lockstep, pipeline
     from mlx_ring.serving import engine, runner
 
     rounds, now = [], {}
@@ -48,6 +51,7 @@ def run(trace: Path, argv: list[str]) -> None:
     # Methods the shard binds at construction and module functions looked up at call time: patched
     # before server.py builds anything.
     for owner, name in ((shard.Shard, "apply"), (shard.Shard, "head"), (pipeline.Pipeline, "submit"),
+                        (lockstep.Lockstep, "submit"),
                         (runner, "read_tokens"), (runner, "sample_lazy"), (runner, "sample_rows"),
                         (engine.Engine, "_advance")):
         timed(owner, name, name.strip("_"))
@@ -87,10 +91,10 @@ def summary(trace: Path) -> None:
             runs.append(run_)
             run_ = []
     runs += [run_] if run_ else []
-    print("decode per request: rounds, period, apply (Python), encode (MLX), read (device), advance ms; period/apply")
+    print("decode per request: rounds, period, CPU, apply (Python), encode (MLX), read (device), advance ms; period/apply")
     for n, decode in enumerate(runs):
         apply, period = ms(decode, "apply"), ms(decode, "dt")
-        print(f"{n:3d}: {len(decode):4d} {period:6.2f} {apply:5.2f} {ms(decode, 'submit') - apply:5.2f} "
+        print(f"{n:3d}: {len(decode):4d} {period:6.2f} {ms(decode, 'cpu'):6.2f} {apply:5.2f} {ms(decode, 'submit') - apply:5.2f} "
               f"{ms(decode, 'read_tokens'):6.3f} {ms(decode, 'advance'):5.2f}  {period / apply:5.2f}")
     slow = [(i, round(r["dt"] * 1e3), round(r.get("submit", 0) * 1e3), round(r.get("gc", 0) * 1e3))
             for i, r in enumerate(rounds) if r["dt"] > 0.05]
