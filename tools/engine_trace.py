@@ -96,6 +96,9 @@ def summary(trace: Path) -> None:
         apply, period = ms(decode, "apply"), ms(decode, "dt")
         print(f"{n:3d}: {len(decode):4d} {period:6.2f} {ms(decode, 'cpu'):6.2f} {apply:5.2f} {ms(decode, 'submit') - apply:5.2f} "
               f"{ms(decode, 'read_tokens'):6.3f} {ms(decode, 'advance'):5.2f}  {period / apply:5.2f}")
+    ahead = sum("read_tokens" in r for r in rounds)
+    print(f"rounds: {len(rounds)}, of which {ahead} read ahead (the next step built before the tokens were read), "
+          f"{sum('sample_rows' in r for r in rounds)} sampled after their step was read")
     slow = [(i, round(r["dt"] * 1e3), round(r.get("submit", 0) * 1e3), round(r.get("gc", 0) * 1e3))
             for i, r in enumerate(rounds) if r["dt"] > 0.05]
     print("rounds over 50 ms (index, ms, of which submitting steps, garbage collection):", slow)
