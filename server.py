@@ -5,6 +5,7 @@ its main thread (the one thread that owns MLX) and serves the OpenAI API from a 
 The other ranks loop on the step protocol until told to shut down.
 """
 
+import functools
 import logging
 import os
 import socket
@@ -58,12 +59,14 @@ def setup_logging(cfg: Config, rank: int) -> None:
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, spec, world: mx.distributed.Group, model_path: Path) -> tuple[LayerPlan, list[Capabilities], dict]:
+def make_plan(cfg: Config, spec, world: mx.distributed.Group, model_path: Path,
+              sums=None) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
     computes the same plan from the model's sizes (weight headers only) in the mode PARALLEL gives or
-    auto chooses (from the model's config: how its layers split); LAYERS= fixes the counts.
+    auto chooses (from the model's config: how its layers split; `sums()`: the group its all_sums would
+    run over, else `world`); LAYERS= fixes the counts.
     Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
-    return plan_ring(cfg, spec, world, read_config(model_path))
+    return plan_ring(cfg, spec, world, read_config(model_path), sums)
 
 
 def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> Cluster:
@@ -135,10 +138,12 @@ def main() -> None:
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
     spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
-    plan, caps, predicted = make_plan(cfg, spec, world, model_path)
+    # Tensor mode's all_sum group, formed where the planner first measures over it or the shard loads.
+    sums = functools.cache(lambda: sum_group(world, description))
+    plan, caps, predicted = make_plan(cfg, spec, world, model_path, sums)
     if rank == 0:
         log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
-    shard = load_shard(model_path, plan, rank, sum_group(world, description) if plan.tensor > 1 else None)
+    shard = load_shard(model_path, plan, rank, sums() if plan.tensor > 1 else None)
     log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
              f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)
     cluster = gather_cluster(shard, world, predicted)

@@ -14,7 +14,7 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hostfile import Host, mlx_hostfile, read_hostfile
 from mlx_ring.hosts import ssh
-from mlx_ring.planning.allsum import fit, implausible, parse, remember, ring_allsum, ring_key
+from mlx_ring.planning.allsum import TRANSPORTS, fit, implausible, parse, remember, ring_allsum, ring_key
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal
 from mlx_ring.planning.capabilities import compute_units
 from mlx_ring.planning.modes import AllSum
@@ -53,10 +53,11 @@ def measure_ring(hosts: list[Host], conf: Path, port: int, hidden: int, dtype: s
     if found is None:
         tail = " ".join(out.strip().splitlines()[-3:])[-300:] or f"mlx.launch exited with {p.returncode}"
         return f"all_sum over the ring: not measured ({tail}); the planner assumes a default", None
-    remember(cache_dir, ring_key([h.ssh for h in hosts], "ring"), found)
-    allsum = fit(found)
+    backend = found.get("backend", "ring")  # "nccl" where the hosts' CUDA GPUs would run tensor mode's all_sums
+    remember(cache_dir, ring_key([h.ssh for h in hosts], backend), found)
+    allsum = fit(found, TRANSPORTS[backend])
     why = implausible(found)
-    return (f"all_sum over the ring ({len(hosts)} ranks): {found['rows_1_ms']:.3f} ms for (1, {hidden}), "
+    return (f"all_sum over {'NCCL' if backend == 'nccl' else 'the ring'} ({len(hosts)} ranks): {found['rows_1_ms']:.3f} ms for (1, {hidden}), "
             f"{found['rows_64_ms']:.3f} ms for (64, {hidden}) {dtype}: {allsum.latency_ms:.3f} ms + "
             f"{allsum.gbytes_s:.2f} GB/s"
             + (f" (the lower quartile of {found['rounds']} rounds; their medians {found['rows_1_median_ms']:.3f} "

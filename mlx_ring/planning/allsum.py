@@ -157,24 +157,34 @@ def backend_of(entries: list[dict]) -> str:
     return "jaccl" if ring_backend(entries).startswith("jaccl") else "ring"
 
 
-def ring_allsum(cache_dir: Path, entries: list[dict]) -> AllSum:
-    """The all_sum measured on the ring of these hosts.json entries, else the default for its backend."""
-    backend = backend_of(entries)
-    return cached(cache_dir, ring_key([str(e.get("ssh", "")) for e in entries], backend)) or DEFAULT_ALLSUM[backend]
+def ring_allsum(cache_dir: Path, entries: list[dict], backend: str = "") -> AllSum:
+    """The all_sum measured on the ring of these hosts.json entries, else the default for its backend.
+    `backend`: the one tensor mode's all_sums go over, where the caller knows it (a rank: "nccl" on CUDA
+    GPUs, `sums.nccl_sums`); else one measured over NCCL on these hosts wins (only CUDA hosts measure
+    one), then the hostfile's."""
+    hosts = [str(e.get("ssh", "")) for e in entries]
+    backends = [backend] if backend else ["nccl", backend_of(entries)]
+    for b in backends:
+        if found := cached(cache_dir, ring_key(hosts, b)):
+            return found
+    return DEFAULT_ALLSUM[backends[-1]]
 
 
 def main(argv: list[str]) -> None:
     """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0 prints
     `{"allsum": {...}}`."""
     from mlx_ring.ring.leftovers import drop_hostfile
-    from mlx_ring.ring.world import init_world
+    from mlx_ring.ring.sums import sum_group
+    from mlx_ring.ring.world import init_world, ring_description
 
     hidden, dtype = int(argv[0]), argv[1]
     # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a core
     # watching it, and on 2 cores the all_sums then timed the ranks' waits for a core (0.5-27 ms each,
     # against 0.06-0.3 ms with the core free), not the link.
     world = init_world()
+    description = ring_description()  # NCCL's group forms from it on CUDA GPUs, as a server's does
     drop_hostfile()  # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs
-    result = measure(world, hidden, dtype)
+    group = sum_group(world, description)  # what tensor mode's all_sums would run over
+    result = measure(group, hidden, dtype) | {"backend": "ring" if group is world else "nccl"}
     if world.rank() == 0:
         print(json.dumps({"allsum": result}), flush=True)

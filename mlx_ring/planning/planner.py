@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -32,14 +33,17 @@ def dtype_of(spec: ModelSpec) -> str:
     return spec.dtype.split()[0] if spec.dtype.split()[0] in ("float32", "float16", "bfloat16") else "float16"
 
 
-def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -> tuple[LayerPlan, list[Capabilities], dict]:
+def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None,
+              sums: Callable[[], object] | None = None) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself; rank 0 adds the settings, hosts.json's keys, the model's sizes, how
     its layers split between the ranks (`config`: its config.json) and the ring's all_sum as cached;
     one exchange later every rank holds the same inputs and so computes the same plan (rank 0's win).
-    PARALLEL=auto on a ring whose all_sum was never measured measures it first, every rank at once.
+    PARALLEL=auto on a ring whose all_sum was never measured measures it first, every rank at once,
+    over `sums()`: the group tensor mode's all_sums would run over (NCCL's on CUDA GPUs; default `world`).
     A plan the launcher provisioned (RING_PLAN) is kept as it is: each host holds only its slice."""
     from mlx_ring.planning.allsum import fit, measure, remember
     from mlx_ring.planning.probe import local_capabilities
+    from mlx_ring.ring.sums import nccl_sums
     from mlx_ring.ring.world import exchange
 
     rank, size = world.rank(), world.size()
@@ -55,14 +59,14 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
                 log.info("%s names %d hosts, the ring has %d: its per-host keys are not used", cfg.hostfile, len(entries), size)
                 entries = []
         entries = entries or [{"ssh": "?"}] * size
-        backend = backend_of(entries)
+        backend = "nccl" if nccl_sums(size) else backend_of(entries)
         key = ring_key([str(e.get("ssh", "")) for e in entries], backend)
         mine |= {"strategy": cfg.strategy, "layers": list(cfg.layers) if cfg.layers else None,
                  "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts,
                  "spec": asdict(serving(spec, cfg.prefill_chunk, cfg.max_active)),
                  "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None,
                  "parallel": cfg.parallel, "split": shares_or_refusal(config, size),
-                 "allsum": asdict(ring_allsum(cfg.cache_dir, entries))}
+                 "allsum": asdict(ring_allsum(cfg.cache_dir, entries, backend))}
     rows = exchange(mine, world)
     lead = rows[0]
     spec = ModelSpec(**lead["spec"])
@@ -72,7 +76,8 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None) -
     splits = isinstance(lead["split"], list) and compute_units([Capabilities(**r["caps"]) for r in rows]) > 1
     if splits and not allsum.source.startswith("measured") and lead["parallel"] == "auto" and size > 1 \
             and not lead["provisioned"]:
-        measured = exchange({"allsum": measure(world, hidden_size(spec), dtype_of(spec))}, world)[0]["allsum"]
+        group = sums() if sums else world
+        measured = exchange({"allsum": measure(group, hidden_size(spec), dtype_of(spec))}, world)[0]["allsum"]
         allsum = fit(measured, allsum.transport)
         if rank == 0:
             remember(cfg.cache_dir, key, measured)

@@ -17,10 +17,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import mlx.core as mx
+from mlx_ring.gpu import one_gpu_per_rank
 
-from mlx_ring import settings
-from mlx_ring.gpu import own_memory, usable_bytes, usable_own, working_set
+one_gpu_per_rank()  # run as `./launch.sh probe` on a GPU host: before MLX starts (a server has called it already)
+
+import mlx.core as mx  # noqa: E402
+
+from mlx_ring import settings  # noqa: E402
+from mlx_ring.gpu import own_memory, usable_bytes, usable_own, working_set  # noqa: E402
 from mlx_ring.planning.capabilities import Capabilities, default_usable_gb
 from mlx_ring.planning.plan import GIB
 from mlx_ring.platform import memory as host_memory

@@ -25,11 +25,17 @@ def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
     return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
 
 
+def nccl_sums(size: int) -> bool:
+    """Whether a world of `size` ranks runs tensor mode's all_sums over NCCL: CUDA GPUs and an MLX
+    built with NCCL (the planner predicts with it, `sum_group` forms the group)."""
+    cuda = mx.default_device() == mx.gpu and not on_metal()
+    return size > 1 and cuda and mx.distributed.is_available("nccl")
+
+
 def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) -> mx.distributed.Group:
     """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
     `world`. `description`: `world.ring_description()`. Every rank of the world calls this at the same point of its start."""
-    cuda = mx.default_device() == mx.gpu and not on_metal()
-    if world.size() == 1 or not cuda or not mx.distributed.is_available("nccl") or not description:
+    if not nccl_sums(world.size()) or not description:
         return world
     env = nccl_env(description, world.size())
     env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}

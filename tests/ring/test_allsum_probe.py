@@ -16,6 +16,7 @@ def test_the_probe_measures_the_rings_all_sum(tmp_path):
     found = parse(out)
     assert found is not None, out
     assert found["ranks"] == 2 and found["hidden"] == 576 and found["bytes_per_element"] == 4
+    assert found["backend"] == "ring"  # no CUDA here: the all_sums a tensor ring would run, over the ring backend
     assert 0 < found["rows_1_ms"] and 0 < found["rows_64_ms"]
     # Rounds past the warm-up, the lower quartile kept: never above their median.
     assert found["probe"] == PROBE and 1 <= found["rounds"] <= ROUNDS and "older probe" not in implausible(found)

@@ -158,3 +158,17 @@ def test_the_dry_run_plans_each_rank_as_its_own_probe_says(tmp_path, capsys, mon
     assert main(args) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["mode"] == "tensor" and d["modes"]["tensor"]["allsum_from"].startswith("measured on this ring")
+
+
+def test_a_figure_measured_over_nccl_is_the_one_a_cuda_ring_plans_with(tmp_path):
+    # A CUDA ring runs tensor mode's all_sums over NCCL: its probe caches them under "nccl", and the
+    # planner reads that figure, or NCCL's default, never the ring backend's.
+    hosts = [{"ssh": "127.0.0.1"}] * 2
+    assert ring_allsum(tmp_path, hosts, "nccl") == DEFAULT_ALLSUM["nccl"]
+    assert ring_allsum(tmp_path, hosts) == DEFAULT_ALLSUM["ring"]
+    remember(tmp_path, KEY, NOW)
+    remember(tmp_path, ring_key(["127.0.0.1"] * 2, "nccl"), {**NOW, "rows_1_ms": 0.047, "rows_64_ms": 0.054})
+    over_nccl = ring_allsum(tmp_path, hosts, "nccl")
+    assert over_nccl.transport == "NCCL" and over_nccl.source.startswith("measured on this ring")
+    assert ring_allsum(tmp_path, hosts) == over_nccl  # the launcher, which cannot see the GPUs: the NCCL figure wins
+    assert ring_allsum(tmp_path, hosts, "ring").transport == "ring (TCP)"

@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from mlx_ring.ring.sums import nccl_env, sum_group
+from mlx_ring.ring.sums import nccl_env, nccl_sums, sum_group
 from mlx_ring.ring.world import ring_description
 
 
@@ -18,6 +18,7 @@ def test_an_ipv6_rank_0_is_given_without_brackets():
 def test_off_cuda_the_sums_stay_on_the_ring():
     world = mx.distributed.init()  # a world of one here, on a CPU
     assert sum_group(world, [["127.0.0.1:5000"]]) is world
+    assert not nccl_sums(2) and not nccl_sums(1)  # so the planner predicts the ring's all_sum
 
 
 def test_the_description_is_read_before_the_rank_drops_mlx_launchs_hostfile(tmp_path, monkeypatch):
