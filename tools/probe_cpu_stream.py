@@ -1,18 +1,21 @@
 """What an evaluation on MLX's CPU stream costs the calling thread while the GPU is busy: a step
 header's send on the ring backend (40 bytes) and a one-element CPU add, each with the GPU idle and
 right after `mx.async_eval` of K chained (1, 8192) x (8192, 8192) bf16 products. Two ranks; rank 1
-receives the headers. Then the send handed to `mx.async_eval` instead, its output dropped at once or
-kept until the GPU is idle: how long the call takes, and how late the header reaches rank 1 (MLX's
+receives the headers. Then the send handed to `mx.async_eval` instead: how long the call takes, and
+how late the header reaches rank 1; and rank 1's receive of a header (sent at once) while its own
+GPU is busy. Each with the evaluated output dropped at once or kept until the GPU is idle: MLX's
 CUDA backend frees a CPU-stream event's managed memory with `cudaFree`, which may wait for the
-device; keeping the output keeps its event). Run under mlx.launch:
+device, and keeping the output keeps its event. Run under mlx.launch:
 
     CUDA_PER_RANK=1 python tools/fed.py mlx.launch --backend ring --hostfile h2.json -- python tools/probe_cpu_stream.py [K]
 
-Prints, on rank 0, the products' time alone and, per case, the median wall and CPU time (this
-thread's) of the evaluation (for the asynchronous sends, of the `mx.async_eval` call, and the
-header's median lag from that call to its arrival on rank 1, both ranks on one host's clock). On
-CUDA the send and the add with the GPU busy waited for the products to finish, spinning (docs/benchmarks.md:
-what it means for tensor mode's step headers, which travel on the ring backend).
+Prints, on rank 0, the products' time alone and, per case, the median wall and CPU time (the
+timing thread's) of the evaluation (for the asynchronous sends, of the `mx.async_eval` call, and
+the header's median lag from that call to its arrival on rank 1, both ranks on one host's clock).
+On CUDA the send and the add with the GPU busy waited for the products to finish, spinning; an
+asynchronous send whose output was kept reached rank 1 in 0.96 ms, one whose output was dropped
+3.9 s late (docs/benchmarks.md: what it means for tensor mode's step headers, which travel on the
+ring backend).
 """
 
 import sys
@@ -59,11 +62,14 @@ def main() -> None:
     header = lambda: mx.array([stamp()] + list(range(9)), dtype=mx.int32)  # noqa: E731
     send = lambda: mx.distributed.send(header(), 1, group=w)  # noqa: E731
     one = mx.array([1.0])
-    # Each case: whether the GPU is busy first, and what is evaluated (a header goes to rank 1 every round).
-    cases = {"a header's send, GPU idle": (False, send), "a header's send, GPU busy": (True, send),
-             "a CPU add, GPU busy": (True, lambda: mx.add(one, one, stream=mx.cpu))}
+    # Each case: whether the GPU is busy first, what is evaluated (a header goes to rank 1 every round),
+    # and whether its output is kept until the GPU is idle.
+    cases = {"a header's send, GPU idle": (False, send, False), "a header's send, GPU busy": (True, send, False),
+             "a header's send, GPU busy, its output kept": (True, send, True),
+             "a CPU add, GPU busy": (True, lambda: mx.add(one, one, stream=mx.cpu), False)}
     later = ["async_eval of a header's send, GPU busy, its output dropped",
              "async_eval of a header's send, GPU busy, its output kept"]
+    receives = ["rank 1's receive of a header, its GPU busy", "rank 1's receive of a header, its GPU busy, its output kept"]
     if w.rank() == 1:
         for _ in range(len(cases) * ROUNDS):
             mx.eval(mx.distributed.recv((10,), mx.int32, 0, group=w))
@@ -74,17 +80,32 @@ def main() -> None:
                 mx.eval(got)
                 lags.append((stamp() - got[0].item()) % WINDOW_US / 1e3)
             mx.eval(mx.distributed.send(mx.array([median(lags)]), 0, group=w))  # rank 0 prints it
+        for case in receives:  # rank 0 sends at once, its GPU idle: a slow receive waits on rank 1's GPU
+            times, kept = [], []
+            for _ in range(ROUNDS):
+                y = work()
+                mx.async_eval(y)
+                got = mx.distributed.recv((10,), mx.int32, 0, group=w)
+                times.append(timed(lambda: mx.eval(got)))
+                if case.endswith("kept"):
+                    kept.append(got)
+                del got
+                mx.eval(y)
+            kept.clear()
+            mx.eval(mx.distributed.send(mx.array([median(t[0] for t in times), median(t[1] for t in times)]), 0, group=w))
         return
     mx.eval(work())
     alone = median(timed(lambda: mx.eval(work()))[0] for _ in range(ROUNDS))
     print(f"{k} products alone: {alone * 1e3:.3f} ms", flush=True)
-    for case, (busy, make) in cases.items():
+    for case, (busy, make, keep) in cases.items():
         times, queued = [], []
         for _ in range(ROUNDS):
             y = work() if busy else None
             queued.append(timed(lambda: y is not None and mx.async_eval(y))[0])
             out = make()
             times.append(timed(lambda: mx.eval(out)))
+            if not keep:
+                del out
             if y is not None:
                 mx.eval(y)
             if make is not send:
@@ -106,6 +127,11 @@ def main() -> None:
         lag = mx.distributed.recv((1,), mx.float32, 1, group=w).item()
         print(f"{case}: the call {median(t[0] for t in times) * 1e3:.3f} ms, CPU {median(t[1] for t in times) * 1e3:.3f} ms; "
               f"the header reached rank 1 {lag:.3f} ms after the call", flush=True)
+    for case in receives:
+        for _ in range(ROUNDS):
+            mx.eval(send())
+        wall, cpu = mx.distributed.recv((2,), mx.float32, 1, group=w).tolist()
+        print(f"{case}: wall {wall * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
