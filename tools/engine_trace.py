@@ -2,9 +2,9 @@
 this wrapper (in place of `server.py` in the mlx.launch command, or alone for one rank), then
 summarise. Each round that runs a step records its wall and thread-CPU time and, within it, the
 Python graph building of the steps (`Shard.apply`), their MLX encoding (the rest of
-`Pipeline.submit`, or tensor mode's `Lockstep.submit`), the wait on the device for sampled tokens (`read_tokens`), the head, sampling,
-the engine's own per-token work (`_advance`) and any garbage collection; the trace is rewritten
-after every finished request.
+`Pipeline.submit`, or of tensor mode's `Lockstep.submit`), the wait on the device for sampled
+tokens (`read_tokens`), the head, sampling, the engine's own per-token work (`_advance`) and any
+garbage collection; the trace is rewritten after every finished request.
 
     python tools/engine_trace.py run /tmp/trace.json server.py --model DIR --port 8000
     python tools/engine_trace.py summary /tmp/trace.json
