@@ -44,6 +44,11 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - t, time.thread_time() - c
 
 
+def medians(times: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median wall and CPU time of `timed` results, in milliseconds."""
+    return median(t[0] for t in times) * 1e3, median(t[1] for t in times) * 1e3
+
+
 def main() -> None:
     w = mx.distributed.init(backend="ring")
     if w.size() != 2:
@@ -92,7 +97,7 @@ def main() -> None:
                 del got
                 mx.eval(y)
             kept.clear()
-            mx.eval(mx.distributed.send(mx.array([median(t[0] for t in times), median(t[1] for t in times)]), 0, group=w))
+            mx.eval(mx.distributed.send(mx.array(medians(times)), 0, group=w))
         return
     mx.eval(work())
     alone = median(timed(lambda: mx.eval(work()))[0] for _ in range(ROUNDS))
@@ -111,8 +116,9 @@ def main() -> None:
             out = None  # a kept output goes now, the GPU idle
             if make is not send:
                 mx.eval(send())  # rank 1 takes a header every round
-        print(f"{case}: wall {median(t[0] for t in times) * 1e3:.3f} ms, CPU {median(t[1] for t in times) * 1e3:.3f} ms "
-              f"(after async_eval of the products, {median(queued) * 1e3:.3f} ms)", flush=True)
+        wall, cpu = medians(times)
+        print(f"{case}: wall {wall:.3f} ms, CPU {cpu:.3f} ms (after async_eval of the products, {median(queued) * 1e3:.3f} ms)",
+              flush=True)
     for case in later:
         times, kept = [], []
         for _ in range(ROUNDS):
@@ -126,13 +132,14 @@ def main() -> None:
             mx.eval(y)
         kept.clear()  # the GPU is idle now
         lag = mx.distributed.recv((1,), mx.float32, 1, group=w).item()
-        print(f"{case}: the call {median(t[0] for t in times) * 1e3:.3f} ms, CPU {median(t[1] for t in times) * 1e3:.3f} ms; "
-              f"the header reached rank 1 {lag:.3f} ms after the call", flush=True)
+        wall, cpu = medians(times)
+        print(f"{case}: the call {wall:.3f} ms, CPU {cpu:.3f} ms; the header reached rank 1 {lag:.3f} ms after the call",
+              flush=True)
     for case in receives:
         for _ in range(ROUNDS):
             mx.eval(send())
-        wall, cpu = mx.distributed.recv((2,), mx.float32, 1, group=w).tolist()
-        print(f"{case}: wall {wall * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms", flush=True)
+        wall, cpu = mx.distributed.recv((2,), mx.float32, 1, group=w).tolist()  # rank 1's medians, ms
+        print(f"{case}: wall {wall:.3f} ms, CPU {cpu:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
