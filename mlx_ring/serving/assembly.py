@@ -21,6 +21,7 @@ from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.report import format_summary
 from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.sums import nccl_sums
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.prefix import PrefixIndex
@@ -139,7 +140,8 @@ def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, sp
     hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
              if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
     status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
-                  may_regroup=not cfg.groups and shard.batches and not shard.tensor)
+                  may_regroup=not cfg.groups and shard.batches and not shard.tensor,
+                  nccl=shard.tensor and nccl_sums(plan.size))
     if kv_room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
         kv_room = fit_room(spec, cluster.ranks, status, kv_room, cluster.plan.prediction.kv_tokens)
         cluster = cluster.with_kv_room(kv_room)

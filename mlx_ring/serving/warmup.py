@@ -52,16 +52,17 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int,
-         may_regroup: bool) -> list[dict]:
+         may_regroup: bool, nccl: bool) -> list[dict]:
     """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
-    settings first requests use, prompts of every length on CUDA, the prompt cache seeded with
+    settings first requests use, prompts of every length on CUDA (`warm_lengths`: a whole chunk only
+    where tensor mode sums over NCCL, `nccl`), the prompt cache seeded with
     `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU, the
     faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict) after it:
     the warm-up runs the largest batch and the longest chunk, so their peaks are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
     log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
              warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params), peak_gib())
-    if lengths := warm_lengths(chunk):
+    if lengths := warm_lengths(chunk, nccl):
         log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use; "
                  "MLX peak memory %.2f GiB)", chunk, warm_prompts(sched, ids, prompt, lengths), peak_gib())
     seed_prompt_cache(sched, ids, prompt)
@@ -151,11 +152,15 @@ def warm_params() -> list[SamplingParams]:
     return [SamplingParams(temperature=t, logprobs=lp) for t in (0.0, 1.0) for lp in (False, True)]
 
 
-def warm_lengths(chunk: int) -> list[int]:
+def warm_lengths(chunk: int, nccl: bool) -> list[int]:
     """Prompt lengths warmed one by one: on CUDA every length up to a prefill chunk, since a matmul of
     a new shape is planned on first use (10-19 ms a prompt on an H100; decode steps of as many rows
-    use the same shapes); elsewhere none."""
-    return list(range(1, chunk + 1)) if mx.cuda.is_available() else []
+    use the same shapes); elsewhere none. Where tensor mode sums over NCCL (`nccl`), only a whole
+    chunk, for the activations' peak: the hundreds of CUDA graphs every length leaves, each holding
+    NCCL's all_sums, slowed every later decode step there (15.8 against 12.1 ms on 2 x H100)."""
+    if not mx.cuda.is_available():
+        return []
+    return [chunk] if nccl else list(range(1, chunk + 1))
 
 
 def warm_prompts(sched: Scheduler, ids: itertools.count, prompt: list[int], lengths: list[int]) -> float:

@@ -107,6 +107,15 @@ def test_prefill_attending_unfused_as_on_cuda_decodes_the_same(tmp_path, monkeyp
     assert sorted(set(calls)) == [3, 8] and calls.count(8) == 7, calls
 
 
+def test_every_prompt_length_is_warmed_on_cuda_but_one_chunk_where_tensor_mode_sums_over_nccl(monkeypatch):
+    from mlx_ring.serving import warmup
+
+    assert warmup.warm_lengths(4, nccl=False) == [] == warmup.warm_lengths(4, nccl=True)  # this CPU: none
+    monkeypatch.setattr(warmup.mx.cuda, "is_available", lambda: True)
+    assert warmup.warm_lengths(4, nccl=False) == [1, 2, 3, 4]
+    assert warmup.warm_lengths(4, nccl=True) == [4]  # a whole chunk, for the peak: more graphs slow every step there
+
+
 def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     import itertools
 
