@@ -31,6 +31,7 @@ from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
+from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring
@@ -152,7 +153,10 @@ def main() -> None:
     # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed (ring/deadline.py).
     jaccl = world_backend() == "jaccl"
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
-    ring = Ring(world, cfg.receive_apart, deadlines, framed(jaccl, cfg.ring_frames), [c.host for c in caps])
+    frame = framed(jaccl, cfg.ring_frames)
+    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header waited for its GPU.
+    link = HeaderLink.open(world, description) if plan.tensor > 1 and not (jaccl or frame) else None
+    ring = Ring(world, cfg.receive_apart, deadlines, frame, [c.host for c in caps], link)
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:

@@ -332,6 +332,12 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
+    # Where headers come on a link of their own, a decode step stays queued on the device while the
+    # next header comes and the next step is built (as rank 0 and mlx-lm's loop do); a header through
+    # MLX would wait behind it (on a CPU, and on CUDA, where MLX's CPU stream waits for the GPU). Other
+    # steps are evaluated at once: a prefill chunk's intermediates are not held twice.
+    queue = ring.link is not None
+    queued: tuple[Header, mx.array] | None = None
     while True:
         try:
             header, payload = ring.recv()
@@ -350,12 +356,16 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
                 payload = summed_ids(header, None, shard.world)  # rank 0's sampled ids, within the step's graph
             out = shard.apply(header, payload)
             ring.mark("built", header)
-            # Joins the step's all_sums with every other rank. Evaluated at once: keeping one step
-            # queued behind the last (as rank 0 does) gained nothing for one stream on 4 x H100
-            # (tools/bench_tensor.py, docs/benchmarks.md), and on a CPU its header waits behind it.
             if out is not None:
-                mx.eval(out)
-            ring.mark("done", header)
+                mx.async_eval(out)  # joins the step's all_sums with every other rank
+            if queued is not None:  # the last decode step, now that this one is queued behind it
+                mx.eval(queued[1])
+                ring.mark("done", queued[0])
+            queued = (header, out) if queue and out is not None and header.kind == Kind.DECODE else None
+            if queued is None:
+                if out is not None:
+                    mx.eval(out)
+                ring.mark("done", header)
         shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return

@@ -29,6 +29,7 @@ from mlx_lm.utils import load_model  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
+from mlx_ring.ring.headlink import HeaderLink  # noqa: E402
 from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
 from mlx_ring.ring.sums import sum_group  # noqa: E402
@@ -74,10 +75,11 @@ def main():
     a.prompt = None  # token ids that mean nothing (bench_steps' default)
     a.prompt_of = prompts(a)
     world = init_world()
-    sums = sum_group(world, ring_description())
+    description = ring_description()
+    sums = sum_group(world, description)
     plan = tensor_plan(spec_from_folder(a.model).n_layers, world.size())
     shard = load_shard(a.model, plan, world.rank(), sums)
-    ring = Ring(world)
+    ring = Ring(world, link=HeaderLink.open(world, description))  # as the server's tensor mode
     ring.trace = [] if a.trace else None
     peer = None
     if a.peers:

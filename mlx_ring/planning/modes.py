@@ -20,12 +20,18 @@ from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
 CHUNK = 512  # prompt tokens a prefill step takes where PREFILL_CHUNK is auto
-# A tensor rank's host work per layer and step that the step does not hide: a worker builds a step's
-# graph only once its header comes, and its device starts the step after that. On a GPU: 2.39 ms a
-# step on tensor-2 and 2.40-2.78 ms on tensor-4 for 20 layers of the Llama-70B shape on 4 x H100
-# (tools/bench_tensor.py --trace). On a CPU device, where the graph's building shares the cores with
-# its compute: calibrated on this project's 2-core CI machine, a core per rank (tensor-2's measured
-# step, tests/unit/test_probe_figures.py). Macs: not measured; the GPU's figure.
+# A tensor rank's host work per layer and step. On a GPU whose ring carries the step headers on a
+# link of their own (ring/headlink.py), every rank builds a step while its device runs the last one,
+# as mlx-lm's own loop does: the host's whole work (Python and MLX's encoding) hides behind the
+# device's, or the device's behind it. Rank 0's thread spent 5.4-7.5 ms of it a step on 20 layers of
+# the Llama-70B shape on 2 x H100, as much as mlx-lm's loop (tools/bench_tensor.py --split).
+GPU_BUSY_LAYER_S = 0.31e-3
+# Where the headers come through MLX (JACCL's framed steps), a worker builds a step only once its
+# header comes, and its device starts the step after that: 2.39 ms a step on tensor-2 and 2.40-2.78 ms
+# on tensor-4 for those 20 layers on 4 x H100 (tools/bench_tensor.py --trace), added to the step. On a
+# CPU device, where the graph's building shares the cores with its compute, always added: calibrated
+# on this project's 2-core CI machine, a core per rank (tensor-2's measured step,
+# tests/unit/test_probe_figures.py). Macs: not measured; the GPU's figures.
 GPU_HOST_LAYER_S = 0.12e-3
 CPU_HOST_LAYER_S = 0.22e-3
 
@@ -135,17 +141,25 @@ def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[float]
                  allsum: AllSum) -> dict:
     """A tensor step of `rows` rows, in seconds: `compute` (every layer's share on its slowest rank,
     ranks sharing a device doing theirs in turn), `head` (rank 0), `allsum` (two a layer), `host`
-    (building the step, `host_layer_seconds` a layer)."""
+    (the host's work on the step that the device's does not hide, `hides_host`). They add up to the step."""
     n = len(caps)
     layer = max(k * _device_seconds(s * model.layer_read_bytes, s * rows * model.layer_flops, c)
                 for c, s, k in zip(caps, shares, _turns(caps)))
-    comm = 2 * model.n_layers * allsum.seconds(rows * model.hidden_bytes, n)
-    return {"compute": model.n_layers * layer, "head": _head_seconds(model, caps[0], rows), "allsum": comm,
-            "host": model.n_layers * max(map(host_layer_seconds, caps))}
+    parts = {"compute": model.n_layers * layer, "head": _head_seconds(model, caps[0], rows),
+             "allsum": 2 * model.n_layers * allsum.seconds(rows * model.hidden_bytes, n)}
+    if hides_host(caps, allsum):
+        return parts | {"host": max(0.0, model.n_layers * GPU_BUSY_LAYER_S - sum(parts.values()))}
+    return parts | {"host": model.n_layers * max(map(host_layer_seconds, caps))}
+
+
+def hides_host(caps: list[Capabilities], allsum: AllSum) -> bool:
+    """Whether every rank builds a step while its device runs the last: GPUs whose headers travel on
+    the header link (every ring but JACCL's)."""
+    return allsum.transport != DEFAULT_ALLSUM["jaccl"].transport and all(holds_graph(c) or metal(c) for c in caps)
 
 
 def host_layer_seconds(cap: Capabilities) -> float:
-    """A tensor rank's host work per layer and step that its step does not hide."""
+    """A tensor rank's host work per layer and step that its step does not hide, where it hides none."""
     return GPU_HOST_LAYER_S if holds_graph(cap) or metal(cap) else CPU_HOST_LAYER_S
 
 

@@ -56,18 +56,26 @@ class Header:
         """Whether a payload follows this header on the wire."""
         return bool(self.shape) and not self.summed
 
-    def encode(self) -> mx.array:
+    def ints(self) -> tuple[int, ...]:
+        """The header's HEADER_LEN fields as they go on the wire."""
         dims = list(self.shape) + [0] * (3 - len(self.shape))
-        return mx.array([self.kind, self.batch, self.offset, self.dtype, self.group, self.summed, len(self.shape), *dims],
-                        dtype=mx.int32)
+        return (int(self.kind), self.batch, self.offset, self.dtype, self.group, self.summed, len(self.shape), *dims)
+
+    def encode(self) -> mx.array:
+        return mx.array(self.ints(), dtype=mx.int32)
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
         """A header another rank sent; ProtocolError when it cannot be one (checked under `python -O` too)."""
-        kind, batch, offset, dtype, group, summed, ndim, *dims = a.tolist()
+        return Header.parse(tuple(a.tolist()))
+
+    @staticmethod
+    def parse(values: tuple[int, ...]) -> "Header":
+        """`decode` of the fields as ints."""
+        kind, batch, offset, dtype, group, summed, ndim, *dims = values
         if (kind not in Kind._value2member_map_ or not 0 <= ndim <= 3 or not 0 <= dtype < len(DTYPES)
                 or min(dims[:ndim], default=0) < 0 or summed not in (0, 1)):
-            raise ProtocolError(f"a step header that no rank sends: {a.tolist()} (the ranks run different versions, or the stream is corrupt)")
+            raise ProtocolError(f"a step header that no rank sends: {list(values)} (the ranks run different versions, or the stream is corrupt)")
         return Header(Kind(kind), batch, offset, tuple(dims[:ndim]), dtype, group, summed)
 
     @staticmethod

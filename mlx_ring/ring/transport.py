@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import frame_count, header_of, pack, payload_of
+from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 from mlx_ring.ring.world import prev_fds
 
@@ -59,8 +60,10 @@ class Ring:
     `receive_apart`: see `receives_apart` (None: RECEIVE_APART, else by device)."""
 
     def __init__(self, world: mx.distributed.Group, receive_apart: frozenset[str] | None = None,
-                 deadlines: Deadlines | None = None, frame: int = 0, hosts: list[str] | None = None):
+                 deadlines: Deadlines | None = None, frame: int = 0, hosts: list[str] | None = None,
+                 link: HeaderLink | None = None):
         self.world = world
+        self.link = link  # tensor mode's headers go on this socket of their own, not MLX's ring (ring/headlink.py)
         # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed instead,
         # each naming the rank (and its host, `hosts`) waited on.
         self.deadlines, self.hosts = deadlines, hosts
@@ -104,6 +107,9 @@ class Ring:
         if payload is not None:  # the header tells the payload actually sent (the last rank trims a prefill's)
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one graph have no order.
+        if self.link is not None:
+            self.link.send(header.ints())
+            return
         with self.timed(lambda: f"{self._who(self.next)} to take a step's header"):
             mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
@@ -158,10 +164,11 @@ class Ring:
         (Building a forward step's graph must not read its input: the wait would then find no data coming.)"""
         if self.frame:
             return self._recv_frames()
-        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
-            self._wait_for_data()
-            # The header tells the payload's shape and dtype, so it must arrive first.
-            header = Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
+        if self.link is not None:
+            wait_readable([self.link.fileno()], lambda: self.term, self.prev)
+            header = Header.parse(self.link.recv())
+        else:
+            header = self._recv_header()
         self.mark("in", header)
         if not header.carried:
             return header, None
@@ -172,6 +179,12 @@ class Ring:
                 self.wait_payload()  # on the host: a stopped peer blocks this thread here, not a command buffer
                 mx.eval(payload)
         return header, payload
+
+    def _recv_header(self) -> Header:
+        with self.timed(lambda: f"the next step from {self._who(self.prev)}", bounded=False):  # an idle ring is silent
+            self._wait_for_data()
+            # The header tells the payload's shape and dtype, so it must arrive first.
+            return Header.decode(mx.distributed.recv((HEADER_LEN,), mx.int32, self.prev, group=self.world))
 
     def _who(self, rank: int) -> str:
         return f"rank {rank} ({self.hosts[rank]})" if self.hosts else f"rank {rank}"

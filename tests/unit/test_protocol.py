@@ -19,6 +19,8 @@ BAD = [  # kind, batch, offset, dtype, group, summed, ndim, dims
 
 
 def test_a_header_no_rank_sends_is_refused():
+    assert Header.parse(Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2).ints()) == \
+        Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2)  # the fields a header link carries
     good = Header.for_payload(Kind.DECODE, mx.zeros((2, 1, 8)), group=1)
     assert Header.decode(good.encode()) == good and good.carried
     summed = Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1)  # ids that come in an all_sum
