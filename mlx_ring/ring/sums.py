@@ -12,8 +12,16 @@ import mlx.core as mx
 
 from mlx_ring import settings
 from mlx_ring.gpu import on_metal
+from mlx_ring.ring.world import cores_each, world_backend
 
 log = logging.getLogger(__name__)
+
+# MLX's ring backend sums an array of `size` x 512 KiB or more in two parts at once, one per socket,
+# each socket's thread spinning while it waits (mlx/distributed/ring/ring.cpp: min_send_size of 256
+# KiB a rank and direction). A rank with one core runs both spinning threads on it: a (512, 576)
+# float32 sum over 2 ranks, a core each, took 12 ms whole and 4-5 ms as two smaller sums.
+RING_PART_BYTES = 2 * 262144
+_WHOLE_SUM = mx.distributed.all_sum
 
 
 def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
@@ -36,6 +44,10 @@ def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) 
     """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
     `world`. `description`: `world.ring_description()`. Every rank of the world calls this at the same point of its start."""
     if not nccl_sums(world.size()) or not description:
+        if world.size() > 1 and world_backend() == "ring" and cores_each() < 2:
+            mx.distributed.all_sum = sum_in_pieces  # MLX's and mlx-lm's layers call it by this name
+            log.info("tensor mode's all_sums in pieces under %d KiB: this rank has one core, on which MLX's "
+                     "ring would sum larger arrays in two parts at once", world.size() * RING_PART_BYTES >> 10)
         return world
     env = nccl_env(description, world.size())
     env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
@@ -49,3 +61,22 @@ def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) 
         raise RuntimeError(f"NCCL made rank {group.rank()} of {group.size()} of ring rank {world.rank()} of {world.size()}")
     log.info("tensor mode's all_sums over NCCL (%s:%s)", env["NCCL_HOST_IP"], env["NCCL_PORT"])
     return group
+
+
+def pieces(size: int, rows: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Row ranges [a, b) covering `rows` rows of `row_bytes` each, every range (of more than one row)
+    under the bytes MLX's ring backend sums in two parts at once over `size` ranks."""
+    step = max(1, (size * RING_PART_BYTES - 1) // row_bytes)
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)]
+
+
+def sum_in_pieces(x: mx.array, *, group: mx.distributed.Group | None = None, stream=None) -> mx.array:
+    """`mx.distributed.all_sum`, an array its ring backend would sum in two parts at once summed as
+    row `pieces` it sums in one: the same sums, elementwise."""
+    size = (group or mx.distributed.init()).size()
+    if x.ndim < 2 or x.nbytes < size * RING_PART_BYTES:
+        return _WHOLE_SUM(x, group=group, stream=stream)
+    rows = x.reshape(-1, x.shape[-1])  # (rows, width)
+    parts = [_WHOLE_SUM(rows[a:b], group=group, stream=stream)
+             for a, b in pieces(size, rows.shape[0], x.shape[-1] * x.itemsize)]
+    return mx.concatenate(parts).reshape(x.shape)

@@ -186,9 +186,19 @@ def _share_cores(world: mx.distributed.Group) -> None:
     me = zlib.crc32(machine().encode()) & 0x7FFFFFFF
     hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=world).tolist()
     local = hosts.count(me)
+    _CORES[:] = [max(1, len(usable_cores() or range(os.cpu_count() or 1)) // local)]
     set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
     if local > 1 and set_threads is not None:
-        set_threads(max(1, len(usable_cores() or range(os.cpu_count() or 1)) // local))
+        set_threads(_CORES[0])
+
+
+_CORES: list[int] = []  # filled by init_world (`_share_cores`)
+
+
+def cores_each() -> int:
+    """The cores this rank has to itself: those it may run on, shared evenly with the other ranks on
+    its machine (0 before `init_world`)."""
+    return _CORES[0] if _CORES else 0
 
 
 # The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.

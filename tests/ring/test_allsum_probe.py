@@ -1,6 +1,6 @@
 """The all_sum over a real ring: the probe `./launch.sh check` runs under mlx.launch prints what it
 measured, and a ring started with PARALLEL=auto measures it once, caches it, and every rank chooses
-the same mode for the same reason."""
+the same mode for the same reason; and an array summed in pieces there is the array summed whole."""
 
 import json
 
@@ -23,6 +23,22 @@ def test_the_probe_measures_the_rings_all_sum(tmp_path):
     assert found["rows_1_ms"] <= found["rows_1_median_ms"] and found["rows_64_ms"] <= found["rows_64_median_ms"]
     a = fit(found)
     assert a.latency_ms >= 0 and a.gbytes_s > 0 and a.source.startswith("measured on this ring")
+
+
+PIECES = """
+import mlx.core as mx
+from mlx_ring.ring.sums import _WHOLE_SUM, sum_in_pieces
+from mlx_ring.ring.world import init_world
+world = init_world()
+x = mx.random.normal((2, 700, 576), key=mx.random.key(world.rank()))  # 3.2 MB: pieces; each rank's own
+whole, pieces = _WHOLE_SUM(x, group=world), sum_in_pieces(x, group=world)
+print("rank", world.rank(), "equal", mx.array_equal(whole, pieces).item(), "summed", not mx.allclose(whole, x).item())
+"""
+
+
+def test_an_array_summed_in_pieces_is_the_array_summed_whole(tmp_path):
+    out = launch(2, tmp_path, ["-c", PIECES], timeout=120).stdout
+    assert out.count("equal True summed True") == 2, out
 
 
 def test_auto_measures_the_all_sum_once_and_every_rank_chooses_alike(tmp_path):
