@@ -63,8 +63,9 @@ def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: 
     log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
              warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params), peak_gib())
     if lengths := warm_lengths(chunk, nccl):
-        log.info("prompts of every length up to %d warmed in %.1f s (CUDA plans each new matmul shape on first use; "
-                 "MLX peak memory %.2f GiB)", chunk, warm_prompts(sched, ids, prompt, lengths), peak_gib())
+        which = f"a prompt of {chunk} tokens" if len(lengths) == 1 else f"prompts of every length up to {chunk}"
+        log.info("%s warmed in %.1f s (CUDA plans each new matmul shape on first use; MLX peak memory %.2f GiB)",
+                 which, warm_prompts(sched, ids, prompt, lengths), peak_gib())
     seed_prompt_cache(sched, ids, prompt)
     if may_regroup and len(sched.groups) > 1 and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, ids, prompt, max_active)
