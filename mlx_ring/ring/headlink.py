@@ -14,6 +14,7 @@ import struct
 import mlx.core as mx
 
 from mlx_ring.ring.protocol import HEADER_LEN
+from mlx_ring.ring.world import split_address
 
 FORMAT = struct.Struct(f"<{HEADER_LEN}i")
 ACCEPT_S = 60  # the previous rank connects as soon as it has every rank's port
@@ -32,7 +33,7 @@ class HeaderLink:
         first ring address's IP, on a port the system picks, and tells the others in one all_gather."""
         rank, size = world.rank(), world.size()
         nxt, prev = (rank + 1) % size, (rank - 1) % size
-        host = _ip(description[rank][0])
+        host = split_address(description[rank][0])[0]
         listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         with listener:
             listener.bind((host, 0))
@@ -40,7 +41,7 @@ class HeaderLink:
             # Every rank listens before any connects: the all_gather returns only once all have bound.
             port = mx.array([listener.getsockname()[1]], dtype=mx.int32)
             ports = (mx.distributed.all_gather(port, group=world) if size > 1 else port).tolist()
-            address = (_ip(description[nxt][0]), ports[nxt])
+            address = (split_address(description[nxt][0])[0], ports[nxt])
             try:
                 to_next = socket.create_connection(address, timeout=ACCEPT_S)
             except OSError as e:
@@ -81,7 +82,3 @@ class HeaderLink:
     def close(self) -> None:
         self.to_next.close()
         self.from_prev.close()
-
-
-def _ip(address: str) -> str:
-    return address.rsplit(":", 1)[0].strip("[]")

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from mlx_ring import settings
 from mlx_ring.gpu import on_metal
-from mlx_ring.ring.world import cores_each, world_backend
+from mlx_ring.ring.world import cores_each, split_address, world_backend
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,9 @@ def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
     """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description (per rank,
     the "ip:port" addresses it listens on): rank 0's first address, and the port after the highest
     ring port (so it never meets one of the ring's), as mlx.launch --backend nccl would set them."""
-    ip = description[0][0].rsplit(":", 1)[0]
-    port = max(int(a.rsplit(":", 1)[1]) for rank in description for a in rank) + 1
-    return {"NCCL_HOST_IP": ip.strip("[]"), "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
+    ip = split_address(description[0][0])[0]
+    port = max(split_address(a)[1] for rank in description for a in rank) + 1
+    return {"NCCL_HOST_IP": ip, "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
 
 
 def nccl_sums(size: int) -> bool:

@@ -151,6 +151,13 @@ def ring_description() -> list[list[str]] | None:
         return json.load(f)
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """An "ip:port" address of mlx.launch's ring description as (ip, port), an IPv6 address's
+    brackets dropped."""
+    ip, port = address.rsplit(":", 1)
+    return ip.strip("[]"), int(port)
+
+
 def _ring_addresses(rank: int) -> list[tuple[str, int]]:
     return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in ring_description()[rank])]
 
