@@ -120,14 +120,19 @@ def tensor_list() -> str:
     if even:
         lines += ["", "Of these, only evenly (attention heads, KV heads and MLP columns dividing by the number of "
                   "ranks, as mlx-lm's own split needs): " + ", ".join(f"`{k}`" for k in sorted(even)) + "."]
+    unshared = [k for k, v in found["admitted"].items() if v["uneven"] and not v.get("shared")]
+    if unshared:
+        lines += ["", "Of the others, not on more ranks than the model has KV heads: "
+                  + ", ".join(f"`{k}`" for k in sorted(unshared)) + "."]
     return "\n".join(lines)
 
 
 def write_tensor(found: dict) -> None:
-    """Record the tensor matrix's result (`{type: {"admitted", "reason", "uneven"}}`) in supported.json
-    and docs/models.md."""
+    """Record the tensor matrix's result (`{type: {"admitted", "reason", "uneven", "shared"}}`) in
+    supported.json and docs/models.md."""
     record = load()
-    record["tensor"] = {"admitted": {k: {"uneven": v["uneven"]} for k, v in sorted(found.items()) if v["admitted"]},
+    record["tensor"] = {"admitted": {k: {"uneven": v["uneven"], "shared": v["shared"]} for k, v in sorted(found.items())
+                                     if v["admitted"]},
                         "refused": {k: v["reason"] for k, v in sorted(found.items()) if not v["admitted"]}}
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
     global _record

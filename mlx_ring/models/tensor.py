@@ -4,7 +4,8 @@ model's own forward gives the whole model's output on every rank.
 
 The model's own mlx-lm `shard()` cuts it where it has one and its even split fits the group. Otherwise
 the standard layouts are cut here with MLX's distributed layers (`tensor_layers.py`), unevenly where
-the KV heads do not divide: attention with q/k/v (or one fused qkv) and an output projection, MLPs of
+the KV heads do not divide, and with a KV head kept by each rank that reads it where there are fewer
+KV heads than ranks: attention with q/k/v (or one fused qkv) and an output projection, MLPs of
 gate/up/down (or fused gate_up, or two layers), and mixture-of-experts blocks of switch layers. What
 is of another layout is refused. Which types the cut is right for is measured, as for the pipeline:
 tests/ring/test_tensor_matrix.py runs every type's tiny model split 2 and 3 ways against the whole
@@ -27,12 +28,12 @@ from mlx_ring.models.tensor_layers import (
     slice_rows,
     sum_output,
 )
-from mlx_ring.models.tensor_shares import check_admitted, even, refuse, spans
+from mlx_ring.models.tensor_shares import check_admitted, even, head_split, refuse, spans
 
 # Attention modules name their query and KV head counts one of these ways.
 HEAD_ATTRS = (("n_heads", "n_kv_heads"), ("num_attention_heads", "num_key_value_heads"), ("num_heads", "num_kv_heads"),
               ("num_heads", "num_key_value_heads"))
-GROUP_ATTRS = ("num_key_value_groups", "n_kv_groups", "n_rep")  # query heads per KV head, where kept
+GROUP_ATTRS = ("num_key_value_groups", "n_kv_groups", "n_rep", "repeats")  # query heads per KV head, where kept
 OUT_NAMES = ("o_proj", "out_proj", "dense")
 # MLPs: the layers that make the columns (gate and up, or one of them), then the one that takes them.
 MLP_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("c_fc_0", "c_fc_1", "c_proj"),
@@ -141,30 +142,31 @@ def _is_attention(m: nn.Module) -> bool:
 
 
 def _attention(m: nn.Module, n: int, rank: int):
-    """(the cut, None) for an attention split by groups of KV heads, or (None, why)."""
+    """(the cut, None) for an attention split by its heads (`head_split`), or (None, why)."""
     names = next((p for p in HEAD_ATTRS if all(isinstance(getattr(m, a, None), int) for a in p)), None)
     if names is None:
         return None, "an attention without head counts this split knows"
     heads, kv = getattr(m, names[0]), getattr(m, names[1])
-    if kv < n:
-        return None, f"{kv} KV heads cannot be shared by {n} ranks"
-    if heads % kv:
-        return None, f"{heads} query heads are not whole groups of {kv} KV heads"
+    try:
+        split = head_split(heads, kv, n)
+    except ValueError as e:
+        return None, str(e)
+    mine = split[rank]
     out_name = next(x for x in OUT_NAMES if is_linear(getattr(m, x, None)))
     o = getattr(m, out_name)
     o_in, unit = in_width(o)
-    per_o, g = o_in // heads, heads // kv
-    # Each projection's parts: (first row, rows per head, heads per KV group), in the order the forward
-    # splits them.
+    per_o = o_in // heads
+    # Each projection's parts: (first row, rows per head, whether its heads are queries), in the order
+    # the forward splits them.
     if is_linear(getattr(m, "qkv_proj", None)):
         if out_width(m.qkv_proj) != (heads + 2 * kv) * per_o:
             return None, "its fused qkv_proj is not queries, keys and values of one head size"
-        parts = {"qkv_proj": [(0, per_o, g), (heads * per_o, per_o, 1), ((heads + kv) * per_o, per_o, 1)]}
+        parts = {"qkv_proj": [(0, per_o, True), (heads * per_o, per_o, False), ((heads + kv) * per_o, per_o, False)]}
     else:
-        parts = {"q_proj": [(0, out_width(m.q_proj) // heads, g)], "k_proj": [(0, out_width(m.k_proj) // kv, 1)],
-                 "v_proj": [(0, out_width(m.v_proj) // kv, 1)]}
+        parts = {"q_proj": [(0, out_width(m.q_proj) // heads, True)], "k_proj": [(0, out_width(m.k_proj) // kv, False)],
+                 "v_proj": [(0, out_width(m.v_proj) // kv, False)]}
     q_width, k_width = heads * parts.get("q_proj", [(0, per_o)])[0][1], kv * parts.get("k_proj", [(0, per_o)])[0][1]
-    if any((a * g * per_o) % unit for a, _ in spans(even(kv, n))):
+    if any((h.start * per_o) % unit for h in split):
         return None, f"its heads of {per_o} columns do not fill whole quantization groups of {unit}"
     extra, norms = {}, {}
     for name, c in m.children().items():
@@ -173,30 +175,46 @@ def _attention(m: nn.Module, n: int, rank: int):
         if is_linear(c) and out_width(c) in (heads * per_o, heads):  # a gate on each head's output (or its scalar)
             extra[name] = (c, out_width(c) // heads)
         elif isinstance(c, nn.RMSNorm) and c.weight.shape[-1] in (q_width, k_width) and heads > 1:
-            # A norm over all heads' queries or keys: each rank's part of it, per KV group.
-            norms[name] = (c, q_width // kv if c.weight.shape[-1] == q_width else k_width // kv)
+            # A norm over all heads' queries or keys: each rank's part of it, its squares summed over the ranks.
+            if c.weight.shape[-1] == k_width and kv < n:
+                return None, f"its {name} is a norm over every KV head's keys, which ranks sharing KV heads would count twice"
+            norms[name] = (c, q_width // heads if c.weight.shape[-1] == q_width else k_width // kv)
         elif is_linear(c) or any(v.ndim >= 2 for _, v in tree_flatten(c.parameters())):
             return None, f"its {name} ({type(c).__name__}) is of no layout this split knows"
-    a, b = spans(even(kv, n))[rank]
+
+    def heads_rows(start: int, per: int, query: bool) -> list[tuple[int, int]]:
+        return [(start + mine.start * per, start + mine.end * per)] if query else \
+            _joined([(start + j * per, start + (j + 1) * per) for j in mine.kv])
 
     def step(group):
         for name, segments in parts.items():
-            ranges = [(start + a * hpg * per, start + b * hpg * per) for start, per, hpg in segments]
-            setattr(m, name, rows(getattr(m, name), ranges, group))
+            setattr(m, name, rows(getattr(m, name), [r for s in segments for r in heads_rows(*s)], group))
         for name, (c, per) in extra.items():
-            setattr(m, name, rows(c, [(a * g * per, b * g * per)], group))
+            setattr(m, name, rows(c, heads_rows(0, per, True), group))
         for name, (c, per) in norms.items():
-            setattr(m, name, SplitRMSNorm(c.weight[a * per:b * per], c.eps, c.weight.shape[-1], group))
-        setattr(m, out_name, columns(o, a * g * per_o, b * g * per_o, group))
+            (a, b), = heads_rows(0, per, c.weight.shape[-1] == q_width)
+            setattr(m, name, SplitRMSNorm(c.weight[a:b], c.eps, c.weight.shape[-1], group))
+        setattr(m, out_name, columns(o, mine.start * per_o, mine.end * per_o, group))
         for name in PER_HEAD:
             if isinstance(getattr(m, name, None), mx.array):
-                setattr(m, name, getattr(m, name)[a * g:b * g])
-        setattr(m, names[0], (b - a) * g)
-        setattr(m, names[1], b - a)
+                setattr(m, name, getattr(m, name)[mine.start:mine.end])
+        setattr(m, names[0], mine.end - mine.start)
+        setattr(m, names[1], len(mine.kv))
         for name in GROUP_ATTRS:
             if isinstance(getattr(m, name, None), int):
-                setattr(m, name, g)
+                setattr(m, name, mine.group)
     return step, None
+
+
+def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges with each one that starts where the last ended joined to it."""
+    out = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def _mlp(m: nn.Module, n: int, rank: int):

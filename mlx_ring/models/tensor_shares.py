@@ -1,10 +1,13 @@
 """Whether a model splits N ways for tensor mode, and each rank's share of it, from its config.json
 alone (no weights, no MLX arrays): the planner's view of what `mlx_ring.models.tensor.split_model`
 does. Both cut by the same arithmetic here: attention by groups of KV heads (the larger groups to
-the first ranks), MLP and experts' columns as evenly as their quantization groups allow.
+the first ranks) where every rank can have one, else by query heads with the KV heads they read
+shared (`head_split`); MLP and experts' columns as evenly as their quantization groups allow.
 """
 
+import math
 from dataclasses import dataclass
+from functools import cache
 
 from mlx_ring.models import support
 
@@ -26,6 +29,7 @@ class Share:
     columns: int  # MLP columns of each layer (each expert's, for a mixture of experts)
     fraction: float  # of the whole model's weights this rank holds (embedding, norms and head are on every rank)
     layer: float = 1.0  # of each layer's weights this rank holds (what its step reads and computes)
+    cache: float = 1.0  # of each layer's KV cache this rank keeps (a KV head kept by several ranks counts on each)
 
 
 def refuse(kind: str, why: str) -> ValueError:
@@ -34,7 +38,9 @@ def refuse(kind: str, why: str) -> ValueError:
 
 
 def record() -> dict:
-    """What the tensor-mode matrix found: {"admitted": {type: {"uneven": bool}}, "refused": {type: reason}}."""
+    """What the tensor-mode matrix found: {"admitted": {type: {"uneven": bool, "shared": bool}}, "refused":
+    {type: reason}}: "uneven" where its layouts split unevenly, "shared" where KV heads kept by several
+    ranks were tested."""
     return support.load().get("tensor", {"admitted": {}, "refused": {}})
 
 
@@ -65,6 +71,70 @@ def even(total: int, n: int, unit: int = 1) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class Heads:
+    """One rank's attention heads in every layer: query heads [start, end), and the model's KV head
+    behind each KV head the rank keeps, in order. A KV head may repeat, so that the rank's query heads
+    make equal groups over its KV heads, as attention's grouped queries need."""
+    start: int
+    end: int
+    kv: tuple[int, ...]
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head on this rank."""
+        return (self.end - self.start) // len(self.kv)
+
+
+def head_split(heads: int, kv: int, n: int) -> list[Heads]:
+    """Each of n ranks' attention heads. With at least n KV heads, whole groups of them (the larger
+    first), so no KV head is kept twice. With fewer, the query heads as evenly as they go, each rank
+    keeping the KV heads its queries read (a KV head several ranks read is kept by each, as vLLM does);
+    of the even splits, the one whose busiest rank keeps the fewest KV heads, then the fewest in all
+    (found rank by rank, as many ranks' splits are too many to try). ValueError (a sentence) where the
+    heads cannot be shared n ways."""
+    if heads % kv:
+        raise ValueError(f"{heads} query heads are not whole groups of {kv} KV heads")
+    g = heads // kv
+    if kv >= n:
+        return [Heads(a * g, b * g, tuple(range(a, b))) for a, b in spans(even(kv, n))]
+    if heads < n:
+        raise ValueError(f"{heads} query heads cannot be shared by {n} ranks")
+    size, extra = divmod(heads, n)  # `extra` ranks take one query head more
+
+    @cache
+    def reads(r: int, u: int, big: int) -> Heads:  # rank r's heads, after u ranks that took one more
+        return _reading(r * size + u, r * size + u + size + big, g)
+
+    def steps(r: int, u: int, most: float):  # rank r's choices (the larger first) keeping at most `most` KV heads
+        return [(b, len(reads(r, u, b).kv)) for b in (1, 0) if u + b <= extra and len(reads(r, u, b).kv) <= most]
+
+    @cache
+    def busiest(r: int, u: int) -> float:  # the fewest KV heads the busiest of ranks r.. can keep
+        return (0 if u == extra else math.inf) if r == n else \
+            min((max(k, busiest(r + 1, u + b)) for b, k in steps(r, u, math.inf)), default=math.inf)
+
+    @cache
+    def total(r: int, u: int) -> float:  # the fewest KV heads ranks r.. keep, none more than the busiest
+        return (0 if u == extra else math.inf) if r == n else \
+            min((k + total(r + 1, u + b) for b, k in steps(r, u, busiest(0, 0))), default=math.inf)
+
+    out, u = [], 0
+    for r in range(n):
+        b = next(b for b, k in steps(r, u, busiest(0, 0)) if k + total(r + 1, u + b) == total(r, u))
+        out.append(reads(r, u, b))
+        u += b
+    return out
+
+
+def _reading(a: int, b: int, g: int) -> Heads:
+    """Query heads [a, b) with the KV heads they read (`g` query heads to a KV head): runs of unequal
+    length repeat their KV head, in runs of their greatest common divisor, so the groups are equal."""
+    runs = [(j, min(b, (j + 1) * g) - max(a, j * g)) for j in range(a // g, (b - 1) // g + 1)]
+    unit = math.gcd(*(length for _, length in runs))
+    return Heads(a, b, tuple(j for j, length in runs for _ in range(length // unit)))
+
+
 def _first(config: dict, keys: tuple, default=None):
     return next((config[k] for k in keys if isinstance(config.get(k), int) and config[k] > 0), default)
 
@@ -85,19 +155,21 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
     experts, expert_width = _first(text, EXPERTS, 0), _first(text, EXPERT_WIDTH, 0)
     if n < 1:
         raise ValueError(f"a tensor split needs at least one rank, not {n}")
-    if kv < n:
-        raise refuse(kind, f"{kv} KV heads cannot be shared by {n} ranks")
-    if heads % kv:
-        raise refuse(kind, f"{heads} query heads are not whole groups of {kv} KV heads")
-    per_group, head_dim = heads // kv, text.get("head_dim") or hidden // heads
-    kv_sizes = even(kv, n)
-    if quant and any((a * per_group * head_dim) % unit for a, _ in spans(kv_sizes)):
+    try:
+        split = head_split(heads, kv, n)
+    except ValueError as e:
+        raise refuse(kind, str(e)) from None
+    head_dim = text.get("head_dim") or hidden // heads
+    if quant and any((h.start * head_dim) % unit for h in split):
         raise refuse(kind, f"its heads of {head_dim} columns do not fill whole quantization groups of {unit}")
     cols, expert_cols = even(width, n, unit), even(expert_width, n, unit)
-    uneven = len(set(kv_sizes)) > 1 or heads % n or any(len(set(c)) > 1 for c in (cols, expert_cols) if sum(c))
+    uneven = kv % n or heads % n or any(len(set(c)) > 1 for c in (cols, expert_cols) if sum(c))
     if uneven and n > 1 and not record()["admitted"][kind].get("uneven"):
         raise refuse(kind, f"its {heads} heads, {kv} KV heads and MLP of {width} columns do not split evenly {n} ways, "
                            "and only mlx-lm's shard(), which splits evenly, is tested for it")
+    if kv < n and not record()["admitted"][kind].get("shared"):
+        raise refuse(kind, f"its {kv} KV heads are fewer than {n} ranks, and no test has kept a KV head on several "
+                           "ranks for it")
     # Parameter counts of the standard layout, to weigh heads against columns against what every rank holds.
     attn_q = 2 * hidden * head_dim  # a query head's rows in q and columns in o
     attn_kv = 2 * hidden * head_dim  # a KV head's rows in k and v
@@ -109,8 +181,10 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
     layers = _first(text, LAYERS, 1)
     total = replicated + layers * whole_layer
     shares = []
-    for k, c, e in zip(kv_sizes, cols, expert_cols if expert_width else [0] * n):
-        mine = k * per_group * attn_q + k * attn_kv + c * mlp_col + e * expert_col
-        shares.append(Share(heads=k * per_group, kv_heads=k, columns=c, fraction=(replicated + layers * mine) / total,
-                            layer=mine / whole_layer))
+    latent = bool(text.get("kv_lora_rank"))  # latent attention's cache is one for all heads: every rank keeps it whole
+    for h, c, e in zip(split, cols, expert_cols if expert_width else [0] * n):
+        mine = (h.end - h.start) * attn_q + len(h.kv) * attn_kv + c * mlp_col + e * expert_col
+        shares.append(Share(heads=h.end - h.start, kv_heads=len(h.kv), columns=c,
+                            fraction=(replicated + layers * mine) / total, layer=mine / whole_layer,
+                            cache=1.0 if latent else len(h.kv) / kv))
     return shares

@@ -20,7 +20,7 @@ from mlx_ring.planning.modes import (
     tensor_tokens_per_s,
 )
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
-from mlx_ring.planning.split import tensor_shares
+from mlx_ring.planning.split import Part, tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
 MARGIN = 1.1  # tensor mode must beat the pipeline's one stream by this much: host costs are not modelled
@@ -60,7 +60,7 @@ def predict(model: ModelSpec, caps: list[Capabilities], pipeline: LayerPlan | st
     if error:
         out["tensor"] = {"error": error, **comm}
     else:
-        out["tensor"] = {"error": "", "shares": [round(s, 4) for s in split],
+        out["tensor"] = {"error": "", "shares": [round(s.layer, 4) for s in split],
                          "tokens_per_s": {str(s): round(tensor_tokens_per_s(model, caps, split, s, allsum), 2)
                                           for s in STREAMS},
                          "first_token_s": round(tensor_first_token(model, caps, split, allsum, PROMPT), 3),
@@ -162,11 +162,11 @@ def format_modes(modes: dict, reason: str) -> str:
     return "\n".join(lines)
 
 
-def shares_or_refusal(config: dict | None, n: int) -> list[float] | str:
-    """Each rank's share of every layer, or the sentence why the model does not split `n` ways."""
+def shares_or_refusal(config: dict | None, n: int) -> list[Part] | str:
+    """Each rank's part of every layer, or the sentence why the model does not split `n` ways."""
     if config is None:
         return "the model's config.json was not read, so its heads are not known; tensor mode needs them"
     try:
-        return [float(s) for s in tensor_shares(config, n)]
+        return tensor_shares(config, n)
     except ValueError as e:
         return str(e)

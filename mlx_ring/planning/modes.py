@@ -16,6 +16,7 @@ from mlx_ring.planning.activations import holds_graph, metal
 from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.cost import hop_seconds, layer_kv_bytes, runtime_bytes
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
+from mlx_ring.planning.split import Part
 
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
@@ -137,13 +138,13 @@ def _turns(caps: list[Capabilities]) -> list[int]:
     return [count[c.host, c.unit] for c in caps]
 
 
-def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[float], rows: int,
+def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[Part], rows: int,
                  allsum: AllSum) -> dict:
     """A tensor step of `rows` rows, in seconds: `compute` (every layer's share on its slowest rank,
     ranks sharing a device doing theirs in turn), `head` (rank 0), `allsum` (two a layer), `host`
     (the host's work on the step that the device's does not hide, `hides_host`). They add up to the step."""
     n = len(caps)
-    layer = max(k * _device_seconds(s * model.layer_read_bytes, s * rows * model.layer_flops, c)
+    layer = max(k * _device_seconds(s.layer * model.layer_read_bytes, s.layer * rows * model.layer_flops, c)
                 for c, s, k in zip(caps, shares, _turns(caps)))
     parts = {"compute": model.n_layers * layer, "head": _head_seconds(model, caps[0], rows),
              "allsum": 2 * model.n_layers * allsum.seconds(rows * model.hidden_bytes, n)}
@@ -163,13 +164,13 @@ def host_layer_seconds(cap: Capabilities) -> float:
     return GPU_HOST_LAYER_S if holds_graph(cap) or metal(cap) else CPU_HOST_LAYER_S
 
 
-def tensor_tokens_per_s(model: ModelSpec, caps: list[Capabilities], shares: list[float], streams: int,
+def tensor_tokens_per_s(model: ModelSpec, caps: list[Capabilities], shares: list[Part], streams: int,
                         allsum: AllSum) -> float:
     """Decoded tokens/s of `streams` streams, all in one step."""
     return streams / sum(tensor_parts(model, caps, shares, streams, allsum).values())
 
 
-def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[float], allsum: AllSum,
+def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[Part], allsum: AllSum,
                        prompt: int = PROMPT) -> float:
     """Seconds to the first token of a `prompt`-token prompt, its chunks one after the other."""
     chunk = min(prompt, model.prefill_chunk or CHUNK)
@@ -179,26 +180,26 @@ def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[
     return t + _head_seconds(model, caps[0], 1)
 
 
-def tensor_need(model: ModelSpec, cap: Capabilities, rank: int, share: float, kv_tokens: int) -> float:
-    """Bytes a rank of a tensor ring needs: its share of every layer and of their KV cache (split by
-    heads), the embedding (rank 0: both ends) and the runtime of a rank running every layer."""
+def tensor_need(model: ModelSpec, cap: Capabilities, rank: int, share: Part, kv_tokens: int) -> float:
+    """Bytes a rank of a tensor ring needs: its part of every layer and of their KV cache, the
+    embedding (rank 0: both ends) and the runtime of a rank running every layer."""
     ends = model.ends_bytes if rank == 0 else embed_bytes(model)
-    layers = model.n_layers * share * (model.layer_bytes + layer_kv_bytes(model, kv_tokens))
+    layers = model.n_layers * (share.layer * model.layer_bytes + share.cache * layer_kv_bytes(model, kv_tokens))
     return ends + layers + runtime_bytes(model, cap, rank, model.n_layers, kv_tokens)
 
 
-def tensor_misfit(model: ModelSpec, caps: list[Capabilities], shares: list[float], kv_tokens: int) -> str:
+def tensor_misfit(model: ModelSpec, caps: list[Capabilities], shares: list[Part], kv_tokens: int) -> str:
     """"" where every rank holds its share, else a sentence naming the first rank that cannot."""
     for r, (c, s) in enumerate(zip(caps, shares)):
         need = tensor_need(model, c, r, s, kv_tokens)
         if need > c.usable_gb * GIB + 1:
-            return (f"tensor mode needs {need / GIB:.1f} GB on {c.host} (rank {r}: a {s:.0%} share of every layer, "
+            return (f"tensor mode needs {need / GIB:.1f} GB on {c.host} (rank {r}: a {s.layer:.0%} share of every layer, "
                     f"its KV cache for {kv_tokens} tokens, {'both ends' if r == 0 else 'the embedding'} and the runtime) "
                     f"but it has {c.usable_gb:.1f} GB usable")
     return ""
 
 
-def tensor_kv_room(model: ModelSpec, caps: list[Capabilities], shares: list[float], kv_tokens: int,
+def tensor_kv_room(model: ModelSpec, caps: list[Capabilities], shares: list[Part], kv_tokens: int,
                        most: int = 1 << 24) -> int:
     """Tokens of KV cache every rank of a tensor ring has room for beside its share of the weights."""
     tokens = most
@@ -208,6 +209,6 @@ def tensor_kv_room(model: ModelSpec, caps: list[Capabilities], shares: list[floa
         lo, hi = 0, tokens
         while lo < hi:  # the most tokens whose caches fit in `room`
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if model.n_layers * s * layer_kv_bytes(model, mid) <= room else (lo, mid - 1)
+            lo, hi = (mid, hi) if model.n_layers * s.cache * layer_kv_bytes(model, mid) <= room else (lo, mid - 1)
         tokens = lo
     return tokens

@@ -23,6 +23,7 @@ from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
+from mlx_ring.planning.split import Part
 from mlx_ring.planning.strategies import STRATEGIES
 
 log = logging.getLogger("planner")
@@ -65,10 +66,11 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None,
                  "kv_tokens": cfg.kv_tokens, "prompt_cache_gb": cfg.prompt_cache_gb, "hosts": hosts,
                  "spec": asdict(serving(spec, cfg.prefill_chunk, cfg.max_active)),
                  "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None,
-                 "parallel": cfg.parallel, "split": shares_or_refusal(config, size),
+                 "parallel": cfg.parallel, "split": _plain(shares_or_refusal(config, size)),
                  "allsum": asdict(ring_allsum(cfg.cache_dir, entries, backend))}
     rows = exchange(mine, world)
     lead = rows[0]
+    lead["split"] = lead["split"] if isinstance(lead["split"], str) else [Part(**p) for p in lead["split"]]
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
     # Nothing to measure where tensor mode is out whatever its links cost: a model that does not split,
@@ -102,8 +104,13 @@ def read_config(folder: Path) -> dict | None:
         return None
 
 
-def _shares(split: list[float] | str) -> list[float] | None:
+def _shares(split: list[Part] | str) -> list[Part] | None:
     return split if isinstance(split, list) else None
+
+
+def _plain(split: list[Part] | str) -> list[dict] | str:
+    """The split as the ranks' exchange carries it (JSON)."""
+    return split if isinstance(split, str) else [asdict(p) for p in split]
 
 
 # --- the dry run ------------------------------------------------------------------------------

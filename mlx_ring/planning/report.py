@@ -21,10 +21,11 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
+from mlx_ring.planning.split import Part
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-            links: list[tuple[float, float]] | None = None, shares: list[float] | None = None,
+            links: list[tuple[float, float]] | None = None, shares: list[Part] | None = None,
             allsum: AllSum | None = None, kept: list[float] | None = None) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
     `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0.
@@ -57,7 +58,7 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
 
 
 def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-                   shares: list[float], allsum: AllSum, kept: list[float] | None = None) -> dict:
+                   shares: list[Part], allsum: AllSum, kept: list[float] | None = None) -> dict:
     """`summary` of a tensor plan: every rank its share of every layer; a step is the slowest share of
     each layer, rank 0's head and two all_sums a layer."""
     parts = tensor_parts(model, caps, shares, 1, allsum)
@@ -67,9 +68,9 @@ def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, 
         ranks.append({
             "rank": r, "host": c.host, "device": c.device, "memory_gb": round(c.memory_gb, 2),
             "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
-            "capabilities_from": c.source, "layers": [0, plan.n_layers], "share": round(s, 4),
+            "capabilities_from": c.source, "layers": [0, plan.n_layers], "share": round(s.layer, 4),
             "working_set_gb": round(c.working_set_gb, 2),
-            "weights_gb": round((plan.n_layers * s * model.layer_bytes
+            "weights_gb": round((plan.n_layers * s.layer * model.layer_bytes
                                  + (model.ends_bytes if r == 0 else embed_bytes(model))) / GIB, 3),
             "needs_gb": round(tensor_need(model, c, r, s, kv_tokens) / GIB, 3),
             "runtime_gb": round(runtime_bytes(model, c, r, plan.n_layers, kv_tokens) / GIB, 3),

@@ -1,12 +1,26 @@
 """Whether a model's layers can be shared N ways (tensor mode), from config.json alone: the model
-cutter's own arithmetic (`mlx_ring.models.tensor_shares`), as the share of every layer each rank
+cutter's own arithmetic (`mlx_ring.models.tensor_shares`), as the part of every layer each rank
 holds. Pure, no MLX arrays.
 """
+
+from dataclasses import dataclass
 
 from mlx_ring.models.tensor_shares import tensor_shares as cut_shares
 
 
-def tensor_shares(config: dict, n: int) -> list[float]:
-    """Each rank's share of every layer in tensor mode; ValueError (a sentence) where the model cannot be
+@dataclass(frozen=True)
+class Part:
+    """One rank's part of every layer in tensor mode."""
+    layer: float  # of the layer's weights: what the rank reads and computes in a step
+    cache: float  # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or latent attention's whole)
+
+
+def even_parts(n: int) -> list[Part]:
+    """n equal parts of every layer and its cache."""
+    return [Part(1 / n, 1 / n)] * n
+
+
+def tensor_shares(config: dict, n: int) -> list[Part]:
+    """Each rank's part of every layer in tensor mode; ValueError (a sentence) where the model cannot be
     split `n` ways."""
-    return [s.layer for s in cut_shares(config, n)]
+    return [Part(s.layer, s.cache) for s in cut_shares(config, n)]

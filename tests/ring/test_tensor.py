@@ -103,3 +103,30 @@ def test_tensor2_draft_model_keeps_greedy_output_exact(two_ranks):
         assert tokens[i] == alone(model, s["prompt"], s["max_tokens"]), i
     assert result["accepted"] >= 0.8 * result["drafted"] > 0, result
     assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)
+
+
+def test_tensor3_ranks_keep_a_shared_kv_head_and_match_single_process(tmp_path):
+    """A random qwen3 (4 heads over 2 KV heads, q/k norms per head) on 3 ranks, more ranks than KV heads:
+    query heads 2 + 1 + 1, ranks 1 and 2 each keeping KV head 1 and its cache. In one launch: a lone
+    prompt's logits within 1e-4 of mlx-lm's, then prompts batched and a next turn from the prompt
+    cache; then drafts by prompt lookup; greedy tokens exact, every rank's caches freed."""
+    model = make_tiny_model(tmp_path / "qwen3", "qwen3")
+    outs = [tmp_path / "batch", tmp_path / "drafts"]
+    for o in outs:
+        o.mkdir()
+    run_probe(tmp_path, 3, [model, model], BATCH, outs=outs, parallel="tensor", chunk=32, timeout=300 * 2,
+              cases=[{"spec": BATCH, "prompt_cache": 4096}, {"spec": DRAFTED, "draft": 3}])
+    tokens, logits, status, _ = read_probe(outs[0], 3, BATCH)
+    result = json.loads((outs[0] / "result.json").read_text())
+    want, want_tokens = reference_logits(model, LONE, steps=6)
+    np.testing.assert_allclose(logits[0], want, rtol=1e-4, atol=1e-4)
+    assert tokens[0] == want_tokens
+    for i, s in enumerate(result["prompts"][1:], 1):
+        assert tokens[i] == alone(model, s, BATCH[i]["max_tokens"]), i
+    assert 2 in result["prefill_rows"] and result["prompt_cache"]["hit_tokens"] > 0, result
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)
+    tokens, _, status, _ = read_probe(outs[1], 3, DRAFTED)
+    for i, s in enumerate(DRAFTED):
+        assert tokens[i] == alone(model, s["prompt"], s["max_tokens"]), i
+    assert json.loads((outs[1] / "result.json").read_text())["drafted"] > 0
+    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status)

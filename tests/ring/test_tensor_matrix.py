@@ -3,11 +3,14 @@ tensor mode (`mlx_ring.models.tensor`) on 2 ranks (KV groups 2 + 1: uneven, so c
 layouts) and on 3 ranks (1 + 1 + 1: even, so by mlx-lm's own shard() where the type has one), also
 4-bit on 2 ranks: the logits of a prompt and of greedy steps equal the whole model's in one process
 within the bound below, and the greedy tokens are the same. A type is admitted for tensor mode exactly
-when all its runs pass (a type refused on 2 ranks does not run on 3); supported.json's `tensor` records
-what this test finds, with whether the uneven cut was tested for it, and the test fails where the file
-says otherwise. The default model (SmolLM2-135M: 9 heads over 3 KV heads) runs in the same launches:
-6 + 3 heads on 2 ranks, mlx-lm's shard() on 3, 32 greedy tokens equal, and each rank holds the heads,
-columns and bytes the planner's `tensor_shares` says.
+when all these runs pass (a type refused on 2 ranks does not run on 3). An admitted type split by the
+layouts runs on 4 ranks too, more ranks than KV heads (query heads 2 + 2 + 1 + 1, KV head 2 kept by
+ranks 2 and 3): where that passes, it may share KV heads. supported.json's `tensor` records what this
+test finds, with whether the uneven cut and the shared KV heads were tested for each type, and the
+test fails where the file says otherwise. The default model (SmolLM2-135M: 9 heads over 3 KV heads)
+runs in the same launches: 6 + 3 heads on 2 ranks, mlx-lm's shard() on 3, 3 + 2 + 2 + 2 on 4 (rank 2
+keeps KV heads 1 and 2), 32 greedy tokens equal, and each rank holds the heads, columns and bytes the
+planner's `tensor_shares` says.
 After a change (mlx-lm, tensor.py), write the record and docs/models.md's list anew with
 
     MLX_RING_ADMIT=1 ./launch.sh test tests/ring/test_tensor_matrix.py
@@ -45,6 +48,7 @@ STALL_S, DEFAULT_STALL_S = 30, 240  # seconds a model may take (the default mode
 SIZES = {"hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 192,
          "moe_intermediate_size": 192, "v_head_dim": 32, "head_dim": 32}
 RUNS = [(2, 0), (2, 4), (3, 0)]  # (ranks, bits), fewer ranks first
+SHARED = 4  # ranks of the run with more ranks than KV heads
 
 
 def variant(kind: str) -> dict:
@@ -77,16 +81,20 @@ def test_every_supported_type_splits_for_tensor_mode_exactly_when_its_runs_pass(
         except Exception as e:  # noqa: BLE001 -- any failure to build is the reason this type is refused
             found[kind] = {"admitted": False, "reason": f"no tiny model of 6 heads over 3 KV heads: {_line(e)}", "uneven": False}
             continue
-        found[kind] = {"admitted": True, "reason": "", "uneven": False}
-        cases += [(kind, n, bits, folders[bits]) for n, bits in RUNS]
+        found[kind] = {"admitted": True, "reason": "", "uneven": False, "shared": False}
+        cases += [(kind, n, bits, folders[bits]) for n, bits in [*RUNS, (SHARED, 0)]]
     prompt = load_tokenizer(default_model).encode("The capital of France is")
-    for n in sorted({n for n, _ in RUNS}):
-        # A type already refused on fewer ranks runs no more.
-        mine = [c for c in cases if c[1] == n and found[c[0]]["admitted"]] + [("default", n, 0, default_model)]
+    for n in sorted({n for n, _ in RUNS} | {SHARED}):
+        # A type already refused on fewer ranks runs no more; only a type the layouts split shares KV heads.
+        mine = [c for c in cases if c[1] == n and found[c[0]]["admitted"] and (n != SHARED or found[c[0]]["uneven"])]
+        mine.append(("default", n, 0, default_model))
         for (kind, _, bits, _), (reason, how) in run_launches(tmp_path / f"ranks{n}", n, mine, prompt).items():
             if kind == "default":
                 assert reason is None, f"the default model on {n} ranks: {reason}"
-                assert how == ("layouts" if n == 2 else "shard()"), how  # 3 KV heads: uneven on 2, even on 3
+                assert how == ("shard()" if n == 3 else "layouts"), how  # 3 KV heads: uneven on 2, even on 3, shared on 4
+                continue
+            if n == SHARED:  # a failure here keeps the type to as many ranks as it has KV heads
+                found[kind]["shared"] = reason is None
                 continue
             found[kind]["uneven"] |= how == "layouts"
             if reason and reason.startswith("unrunnable") and bits:  # a 4-bit run with nothing to compare: the others count
@@ -95,14 +103,15 @@ def test_every_supported_type_splits_for_tensor_mode_exactly_when_its_runs_pass(
                 found[kind] = dict(found[kind], admitted=False, reason=f"{n} ranks{f', {bits}-bit' if bits else ''}: {reason}")
     if os.environ.get("MLX_RING_ADMIT") == "1":
         support.write_tensor(found)
-    for n in sorted({n for n, _ in RUNS}):  # the planner's view of the split (admitted types only: after the record)
+    for n in sorted({n for n, _ in RUNS} | {SHARED}):  # the planner's view of the split (admitted types only: after the record)
         _check_shares(tmp_path / f"ranks{n}" / "default-0", n, default_model)
     recorded = support.load()["tensor"]
     admitted = sorted(k for k, v in found.items() if v["admitted"])
     assert admitted == sorted(recorded["admitted"]), (
         f"admitted now but not recorded: {sorted(set(admitted) - set(recorded['admitted']))}; recorded but failing now: "
         f"{ {k: found[k]['reason'] for k in set(recorded['admitted']) - set(admitted)} }; see this file's docstring")
-    assert {k: v["uneven"] for k, v in found.items() if v["admitted"]} == {k: v["uneven"] for k, v in recorded["admitted"].items()}
+    flags = lambda v: (v["uneven"], v.get("shared", False))
+    assert {k: flags(v) for k, v in found.items() if v["admitted"]} == {k: flags(v) for k, v in recorded["admitted"].items()}
     assert (ROOT / "docs" / "models.md").read_text().count(support.tensor_list()) == 1
 
 

@@ -18,6 +18,7 @@ from mlx_ring.planning.cost import kv_room, layer_kv_bytes, memory_need
 from mlx_ring.planning.plan import GIB, tensor_plan
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
+from mlx_ring.planning.split import even_parts
 from mlx_ring.serving.rows import one_request
 from mlx_ring.serving.warmup import count_measured, fit_room
 
@@ -75,7 +76,7 @@ def test_a_tensor_ranks_figure_counts_its_share_of_every_layers_kv_room():
     """In tensor mode every rank holds its share of each layer's cache (split by heads): its KV room is
     that share of all the layers' caches for the room the ring grants, within what it may fill."""
     caps = [replace(H100, usable_gb=60.0), replace(H100, usable_gb=60.0)]
-    s = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=[0.5, 0.5], kept=[1.0, 1.0])
+    s = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=even_parts(2), kept=[1.0, 1.0])
     room = s["kv_capacity_tokens"]
     assert s["mode"] == "tensor" and room > 100 * 8192
     for r in s["ranks"]:

@@ -19,7 +19,7 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_from_sizes
-from mlx_ring.planning.split import tensor_shares
+from mlx_ring.planning.split import Part, even_parts, tensor_shares
 
 # Llama-3-8B, bfloat16: 218M parameters a layer, 525M in each of the embedding and the head.
 LLAMA_8B = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b",
@@ -35,12 +35,13 @@ H100 = H100_4[:2]
 ULTRAS = [Capabilities(f"ultra-{i}", 192, 150, 28, 800, "Apple M3 Ultra") for i in (1, 2)]
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+HALVES = even_parts(2)
 TCP_1MS = AllSum(1.0, 1.25, 2, "ring (TCP)", "as measured on 2 x H100 through the host")
 
 
 def choose(spec, caps, allsum, parallel="auto", split=None, **kw):
     n = len(caps)
-    return plan_mode(spec, caps, None, parallel, "balanced", 8192, split=split or [1 / n] * n, allsum=allsum, **kw)
+    return plan_mode(spec, caps, None, parallel, "balanced", 8192, split=split or even_parts(n), allsum=allsum, **kw)
 
 
 def ratio(choice) -> float:
@@ -67,8 +68,8 @@ def test_the_hosts_work_per_step_decides_on_fast_gpus():
     _, _, _, choice = choose(LLAMA_405B_CUT, H100_4, DEFAULT_ALLSUM["nccl"])
     assert choice.mode == "tensor" and 2.2 <= ratio(choice) < 3.2
     # Where the headers come through MLX (JACCL), the host's build is added to the step instead.
-    hidden = tensor_parts(LLAMA_70B_CUT, H100, [0.5, 0.5], 1, DEFAULT_ALLSUM["nccl"])
-    added = tensor_parts(LLAMA_70B_CUT, H100, [0.5, 0.5], 1, replace(DEFAULT_ALLSUM["nccl"], transport="JACCL (Thunderbolt)"))
+    hidden = tensor_parts(LLAMA_70B_CUT, H100, HALVES, 1, DEFAULT_ALLSUM["nccl"])
+    added = tensor_parts(LLAMA_70B_CUT, H100, HALVES, 1, replace(DEFAULT_ALLSUM["nccl"], transport="JACCL (Thunderbolt)"))
     assert hidden["host"] == 0.0 and added["host"] == pytest.approx(20 * 0.12e-3)
     # The 8B shape reads in 6 ms on one GPU: the host's work would be most of a tensor step (mlx-lm's
     # own shard() loop measured 0.61x one GPU on 2 x H100).
@@ -89,8 +90,8 @@ def test_the_pipeline_stays_where_all_sums_cross_tcp():
 def test_ranks_sharing_one_device_gain_nothing_from_tensor_mode():
     cpu = [Capabilities("box", 64, 40, 0.1, 20)] * 2  # no unit of their own: they take turns on the cores
     choice = choose(LLAMA_8B, cpu, DEFAULT_ALLSUM["jaccl"])[3]
-    parts = tensor_parts(LLAMA_8B, cpu, [0.5, 0.5], 1, DEFAULT_ALLSUM["jaccl"])
-    alone = tensor_parts(LLAMA_8B, cpu[:1], [1.0], 1, DEFAULT_ALLSUM["jaccl"])
+    parts = tensor_parts(LLAMA_8B, cpu, HALVES, 1, DEFAULT_ALLSUM["jaccl"])
+    alone = tensor_parts(LLAMA_8B, cpu[:1], even_parts(1), 1, DEFAULT_ALLSUM["jaccl"])
     assert parts["compute"] == pytest.approx(alone["compute"]) and choice.mode == "pipeline"
 
 
@@ -119,8 +120,8 @@ def test_unequal_memory_takes_the_pipeline_and_names_the_small_host():
 
 
 def test_a_model_that_does_not_split_takes_the_pipeline_with_the_sentence():
-    split = shares_or_refusal({**LLAMA_CONFIG, "num_attention_heads": 2, "num_key_value_heads": 1}, 2)
-    assert split == "llama can't be split for tensor mode: 1 KV heads cannot be shared by 2 ranks; use PARALLEL=pipeline"
+    split = shares_or_refusal({**LLAMA_CONFIG, "num_attention_heads": 3, "num_key_value_heads": 1}, 4)
+    assert split == "llama can't be split for tensor mode: 3 query heads cannot be shared by 4 ranks; use PARALLEL=pipeline"
     choice = choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], split=split)[3]
     assert choice.mode == "pipeline" and choice.reason == f"pipeline: {split}"
     with pytest.raises(ValueError, match="PARALLEL=tensor: llama can't be split for tensor mode.*use PARALLEL=auto or pipeline"):
@@ -132,7 +133,7 @@ def test_settings_that_fix_the_mode_or_the_split_are_kept():
     assert choose(LLAMA_70B_CUT, H100, DEFAULT_ALLSUM["nccl"], parallel="pipeline")[3].reason == "pipeline: PARALLEL=pipeline"
     assert choose(LLAMA_8B, H100, TCP_1MS, parallel="tensor")[0].tensor == 2  # asked for, though slower
     fixed = plan_mode(LLAMA_70B_CUT, H100, None, "auto", "balanced", 8192, layers=(12, 8),
-                      split=[0.5, 0.5], allsum=DEFAULT_ALLSUM["nccl"])
+                      split=HALVES, allsum=DEFAULT_ALLSUM["nccl"])
     assert fixed[0].sizes == [12, 8] and fixed[3].reason == "pipeline: LAYERS fixes a pipeline's split"
     one = choose(LLAMA_8B, H100[:1], DEFAULT_ALLSUM["nccl"])[3]
     assert one.mode == "pipeline" and one.reason == "pipeline: one rank, nothing to share"
@@ -164,27 +165,29 @@ def test_all_sum_cost_scales_with_the_ring():
 
 def test_tensor_memory_is_a_share_of_every_layer_and_every_rank_the_embedding():
     cap = H100[0]
-    rank0, rank1 = (tensor_need(LLAMA_8B, cap, r, 0.5, 8192) for r in (0, 1))
+    rank0, rank1 = (tensor_need(LLAMA_8B, cap, r, HALVES[r], 8192) for r in (0, 1))
     assert rank0 - rank1 == pytest.approx(LLAMA_8B.ends_bytes - embed_bytes(LLAMA_8B))
     assert embed_bytes(LLAMA_8B) == pytest.approx(1.05e9)  # untied: the head stays on rank 0
     tied = ModelSpec(30, 1e7, 0.6e8, 0.57e8, 1152, 1e7, 2e7, 1e8)
     assert embed_bytes(tied) == tied.ends_bytes  # tied: the embedding is the head
-    whole = tensor_need(LLAMA_8B, cap, 0, 1.0, 8192)
+    whole = tensor_need(LLAMA_8B, cap, 0, Part(1.0, 1.0), 8192)
     assert whole - rank0 == pytest.approx(16 * (436e6 + 8192 * 4096))  # half the layers and half their cache
+    kept_twice = tensor_need(LLAMA_8B, cap, 0, Part(0.5, 1.0), 8192)  # a rank keeping every KV head
+    assert kept_twice - rank0 == pytest.approx(16 * 8192 * 4096)
     small = [Capabilities("a", 16, 10, 4, 120), Capabilities("b", 64, 48, 30, 546)]
-    assert tensor_kv_room(LLAMA_8B, small, [0.5, 0.5], 8192) < tensor_kv_room(LLAMA_8B, small[1:] * 2, [0.5, 0.5], 8192)
+    assert tensor_kv_room(LLAMA_8B, small, HALVES, 8192) < tensor_kv_room(LLAMA_8B, small[1:] * 2, HALVES, 8192)
 
 
 def test_predictions_per_stream_and_first_token():
     pipe = plan_from_sizes(20, [10, 10])
-    m = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], DEFAULT_ALLSUM["nccl"], 8192)
+    m = predict(LLAMA_70B_CUT, H100, pipe, HALVES, DEFAULT_ALLSUM["nccl"], 8192)
     for mode in ("pipeline", "tensor"):
         tps = m[mode]["tokens_per_s"]
         assert set(tps) == {"1", "16", "64"} and tps["1"] < tps["16"] < tps["64"]  # more streams share each read
         assert m[mode]["first_token_s"] > 0 and m[mode]["kv_capacity_tokens"] >= 8192
     # A long prompt's first token: both devices work on every chunk, if the chunks' all_sums cross fast links.
-    fast = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], AllSum(0.03, 100.0), 8192)
-    slow = predict(LLAMA_70B_CUT, H100, pipe, [0.5, 0.5], TCP_1MS, 8192)
+    fast = predict(LLAMA_70B_CUT, H100, pipe, HALVES, AllSum(0.03, 100.0), 8192)
+    slow = predict(LLAMA_70B_CUT, H100, pipe, HALVES, TCP_1MS, 8192)
     assert fast["tensor"]["first_token_s"] < fast["pipeline"]["first_token_s"] < slow["tensor"]["first_token_s"]
     assert m["tensor"]["allsum_ms_per_token"] == pytest.approx(40 * m["tensor"]["allsum_ms"], rel=1e-2)
     failed = predict(LLAMA_8B, H100, "the model does not fit", "no split", DEFAULT_ALLSUM["ring"], 8192)
@@ -203,12 +206,17 @@ def test_the_table_shows_each_mode_and_why():
 
 
 def test_the_planner_takes_each_ranks_share_of_a_layer_from_the_cut():
-    assert tensor_shares(LLAMA_CONFIG, 2) == [0.5, 0.5] and tensor_shares(LLAMA_CONFIG, 1) == [1.0]
+    assert tensor_shares(LLAMA_CONFIG, 2) == HALVES and tensor_shares(LLAMA_CONFIG, 1) == even_parts(1)
     smol = {**LLAMA_CONFIG, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
     two = tensor_shares(smol, 2)  # 6 + 3 heads, 768 + 768 MLP columns
-    assert two[0] > 0.5 > two[1] and sum(two) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="8 KV heads cannot be shared by 16 ranks"):
-        tensor_shares(LLAMA_CONFIG, 16)
+    assert two[0].layer > 0.5 > two[1].layer and sum(p.layer for p in two) == pytest.approx(1.0)
+    assert [p.cache for p in two] == [2 / 3, 1 / 3]
+    sixteen = tensor_shares(LLAMA_CONFIG, 16)  # 2 query heads each: each KV head kept by 2 ranks
+    assert sixteen == [sixteen[0]] * 16 and sixteen[0].layer > 1 / 16 and sixteen[0].cache == 1 / 8
+    latent = tensor_shares({**LLAMA_CONFIG, "kv_lora_rank": 512}, 2)  # one latent cache for every head
+    assert [p.cache for p in latent] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="32 query heads cannot be shared by 64 ranks"):
+        tensor_shares(LLAMA_CONFIG, 64)
 
 
 def test_the_probe_result_fits_a_latency_and_a_bandwidth(tmp_path):
@@ -301,7 +309,7 @@ def test_the_launcher_chooses_and_knows_when_auto_would_guess(tmp_path):
     ring = SimpleNamespace(cfg=cfg, spec=LLAMA_70B_CUT, model=tmp_path / "model", hosts=hosts, measured=H100,
                            problems=[], allsum=None, links=None, split="", plan=None, caps=None, choice=None)
     choose(ring)
-    assert ring.split == [0.5, 0.5] and ring.allsum == DEFAULT_ALLSUM["ring"] and ring.choice.mode == "pipeline"
+    assert ring.split == HALVES and ring.allsum == DEFAULT_ALLSUM["ring"] and ring.choice.mode == "pipeline"
     assert unmeasured(ring)  # a first start measures before it ships the plan
     ring.measured = [Capabilities("box", 64, 40, 0.1, 20)] * 2
     assert not unmeasured(ring)  # ranks taking turns on one device: tensor mode cannot pay, nothing to measure

@@ -12,11 +12,12 @@ from mlx_ring.planning.auto import plan_mode
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import DEFAULT_ALLSUM, tensor_parts
 from mlx_ring.planning.plan import ModelSpec
+from mlx_ring.planning.split import Part
 
 # The default model (SmolLM2-135M as float32) as sizes.py reads it, split 6 + 3 heads over 2 ranks.
 SMOL = ModelSpec(30, 14160384.0, 113248512, 113246208, 1536, 14160384.0, 7080192.0, 56623104.0, "float32", "smol",
                  hidden_bytes=2304, act_bytes_per_token=44544.0, heads=9, vocab=49152, context_length=8192)
-SHARES = [0.5416666666666666, 0.4583333333333333]
+SHARES = [Part(0.5416666666666666, 2 / 3), Part(0.4583333333333333, 1 / 3)]
 # One core each (as `bench --pin` runs them), as the speed probe measured a core: best of its rounds.
 PINNED = [Capabilities("vm", 23.5, 10.4, 0.0962, 4.80, "AMD EPYC", unit=f"cores {r}") for r in (0, 1)]
 # allsum.json as the old probe left it on that machine (check's probe, mlx.launch spinning a core beside it).
@@ -111,7 +112,7 @@ def test_the_cpu_compute_terms_match_the_measured_steps():
     pipeline = 1 / choose(a).modes["pipeline"]["tokens_per_s"]["1"]
     # The larger share bounds a layer: 54% of one core's read of it.
     whole = SMOL.layer_read_bytes / (PINNED[0].bandwidth_gbs * 1e9)
-    assert parts["compute"] == pytest.approx(SMOL.n_layers * SHARES[0] * whole, rel=1e-6)
+    assert parts["compute"] == pytest.approx(SMOL.n_layers * SHARES[0].layer * whole, rel=1e-6)
     assert tensor / pipeline == pytest.approx(64.4 / 78.6, abs=0.1)
     # Both slow by about one factor: the probe read 4.8 GB/s where decoding the 538 MB reached 6.6.
     assert 1.2 < tensor * 1e3 / 64.4 < 1.5 and 1.2 < pipeline * 1e3 / 78.6 < 1.5

@@ -3,11 +3,12 @@ split_model on one rank. The multi-rank check that split_model cuts as tensor_sh
 tests/ring/test_tensor_matrix.py."""
 
 import json
+from itertools import combinations
 
 import pytest
 
 from mlx_ring.models import support
-from mlx_ring.models.tensor_shares import even, record, spans, tensor_shares
+from mlx_ring.models.tensor_shares import _reading, even, head_split, record, spans, tensor_shares
 
 
 @pytest.fixture
@@ -22,13 +23,59 @@ def test_the_default_model_splits_its_3_kv_heads_2_and_1_on_2_ranks(smollm2):
     assert a.fraction > b.fraction > 0.5 - 1e-9  # the embedding (tied to the head) is on both
 
 
-def test_the_default_model_splits_evenly_3_ways_and_not_4_ways(smollm2):
+def test_the_default_model_splits_evenly_3_ways(smollm2):
     shares = tensor_shares(smollm2, 3)
     assert [(s.heads, s.kv_heads, s.columns) for s in shares] == [(3, 1, 512)] * 3
     assert len({s.fraction for s in shares}) == 1
-    with pytest.raises(ValueError, match=r"^llama can't be split for tensor mode: 3 KV heads cannot be shared by 4 "
+
+
+def test_the_default_model_shares_a_kv_head_on_4_ranks_and_cannot_go_10_ways(smollm2):
+    shares = tensor_shares(smollm2, 4)  # 3 + 2 + 2 + 2 query heads; ranks 1 and 2 both read KV head 1, 2 and 3 KV head 2
+    assert [(s.heads, s.kv_heads) for s in shares] == [(3, 1), (2, 1), (2, 2), (2, 1)]
+    assert shares[2].fraction > shares[1].fraction  # the KV head kept twice is in its share
+    with pytest.raises(ValueError, match=r"^llama can't be split for tensor mode: 9 query heads cannot be shared by 10 "
                                          r"ranks; use PARALLEL=pipeline$"):
-        tensor_shares(smollm2, 4)
+        tensor_shares(smollm2, 10)
+
+
+@pytest.mark.parametrize("heads,kv", [(9, 3), (6, 3), (16, 2), (10, 2), (12, 4), (8, 1), (32, 8), (40, 8), (28, 4)])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_every_query_head_reads_its_own_kv_head_on_the_rank_that_holds_it(heads, kv, n):
+    if heads < n:
+        return
+    split = head_split(heads, kv, n)
+    assert [(h.start, h.end) for h in split] == spans([h.end - h.start for h in split])  # every query head once, in order
+    assert split[-1].end == heads and all(h.end > h.start for h in split)
+    for h in split:
+        assert (h.end - h.start) % len(h.kv) == 0  # equal groups, as attention's grouped queries need
+        # Local query head i reads the rank's KV head i // group: the model's KV head of query head start + i.
+        assert [h.kv[i // h.group] for i in range(h.end - h.start)] == [q // (heads // kv) for q in range(h.start, h.end)]
+    if kv >= n:  # whole groups: no KV head kept twice
+        assert sorted(j for h in split for j in h.kv) == list(range(kv))
+    else:  # the query heads as even as they go
+        assert max(h.end - h.start for h in split) - min(h.end - h.start for h in split) <= 1
+
+
+def test_the_split_keeps_the_fewest_kv_heads_of_every_even_split_and_is_quick_for_many_ranks():
+    def kept(split):
+        return max(len(h.kv) for h in split), sum(len(h.kv) for h in split)
+
+    for kv, g, n in [(k, g, n) for k in range(1, 5) for g in range(1, 7) for n in range(k + 1, min(k * g, 9) + 1)]:
+        size, extra = divmod(kv * g, n)
+        every = [[size + (r in big) for r in range(n)] for big in combinations(range(n), extra)]
+        best = min(kept([_reading(a, b, g) for a, b in spans(sizes)]) for sizes in every)
+        assert kept(head_split(kv * g, kv, n)) == best, (kv * g, kv, n)
+    assert len(head_split(128, 8, 100)) == 100  # 100 ranks: C(100, 28) even splits, not tried one by one
+
+
+def test_a_kv_head_read_by_unequal_runs_of_queries_is_kept_once_per_run_unit():
+    # 10 query heads over 2 KV heads on 3 ranks: 3 + 4 + 3 puts 2 + 2 queries of each KV head on rank 1
+    # (one copy each), where 4 + 3 + 3 would need KV head 1 twice on rank 1 (runs of 1 and 2).
+    assert [(h.start, h.end, h.kv) for h in head_split(10, 2, 3)] == [(0, 3, (0,)), (3, 7, (0, 1)), (7, 10, (1,))]
+    assert [h.kv for h in head_split(16, 2, 3)] == [(0,), (0, 1), (1,)]  # 5 + 6 + 5: 3 + 3 on rank 1
+    assert [h.kv for h in head_split(5, 1, 2)] == [(0,), (0,)]
+    with pytest.raises(ValueError, match="^6 query heads are not whole groups of 4 KV heads$"):
+        head_split(6, 4, 2)
 
 
 def test_one_rank_holds_everything(smollm2):
