@@ -20,7 +20,7 @@ from mlx_ring.planning.modes import (
     tensor_tokens_per_s,
 )
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
-from mlx_ring.planning.split import Part, tensor_shares
+from mlx_ring.planning.split import Part, even_parts, tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
 MARGIN = 1.1  # tensor mode must beat the pipeline's one stream by this much: host costs are not modelled
@@ -123,7 +123,7 @@ def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dic
                                          provisioned)[0]
     except ValueError as e:
         pipe = str(e)
-    modes = predict(spec, caps, pipe, split if split != "" else [1.0 / n] * n, allsum, kv_tokens, links)
+    modes = predict(spec, caps, pipe, split if split != "" else even_parts(n), allsum, kv_tokens, links)
     if shipped:
         mode, reason = decide(shipped, n, modes)  # raises where the shipped mode cannot run here
         try:  # the launcher's reason, where these inputs give its choice; else only that it chose

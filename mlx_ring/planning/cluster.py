@@ -22,6 +22,7 @@ class Planned:
     runtime_gb: float = 0.0
     predicted_stage_ms: float = 0.0
     share: float | None = None  # tensor mode: its share of every layer (None: a pipeline's stage)
+    cache_share: float | None = None  # tensor mode: its part of every layer's KV cache (its KV heads)
     prompt_cache_gb: float | None = None  # set aside for the prompt cache on this rank (None: not planned)
     kv_room_gb: float | None = None  # its caches for the KV room every rank grants (None: not planned)
     most_gb: float | None = None  # the most it holds: weights, runtime, KV room and prompt cache

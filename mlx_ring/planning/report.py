@@ -21,7 +21,7 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
-from mlx_ring.planning.split import Part
+from mlx_ring.planning.split import Part, even_parts
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
@@ -32,7 +32,7 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
     A tensor plan's ranks each hold `shares` of every layer (equal where None), joined by `allsum`.
     `kept`: the GB each rank keeps for its prompt cache (`plan_for`'s), counted in its memory figure."""
     if plan.tensor > 1:
-        return tensor_summary(model, caps, plan, kv_tokens, shares or [1.0 / plan.size] * plan.size,
+        return tensor_summary(model, caps, plan, kv_tokens, shares or even_parts(plan.size),
                               allsum or DEFAULT_ALLSUM["ring"], kept)
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
@@ -69,6 +69,7 @@ def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, 
             "rank": r, "host": c.host, "device": c.device, "memory_gb": round(c.memory_gb, 2),
             "usable_gb": round(c.usable_gb, 2), "tflops": round(c.tflops, 3), "bandwidth_gbs": round(c.bandwidth_gbs, 1),
             "capabilities_from": c.source, "layers": [0, plan.n_layers], "share": round(s.layer, 4),
+            "cache_share": round(s.cache, 4),
             "working_set_gb": round(c.working_set_gb, 2),
             "weights_gb": round((plan.n_layers * s.layer * model.layer_bytes
                                  + (model.ends_bytes if r == 0 else embed_bytes(model))) / GIB, 3),
@@ -88,17 +89,18 @@ def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, 
 
 def memory_figures(model: ModelSpec, ranks: list[dict], room: int) -> None:
     """Each rank's memory figure for a KV room of `room` tokens (what every rank grants the caches at
-    once): `kv_room_gb`, its layers' caches for that room (a tensor rank's `share` of every layer's),
+    once): `kv_room_gb`, its layers' caches for that room (a tensor rank's `cache_share` of every layer's),
     and `most_gb`, the most it holds: its weights, runtime, KV room and prompt cache (`weights_gb`,
     `runtime_gb`, `prompt_cache_gb`)."""
     for r in ranks:
         lo, hi = r["layers"]
-        r["kv_room_gb"] = kv_room_gb(model, hi - lo, r.get("share"), room)
+        r["kv_room_gb"] = kv_room_gb(model, hi - lo, r.get("cache_share"), room)
         r["most_gb"] = most_gb(r["weights_gb"], r["runtime_gb"], r["kv_room_gb"], r.get("prompt_cache_gb"))
 
 
 def kv_room_gb(model: ModelSpec, layers: int, share: float | None, room: int) -> float:
-    """GB of KV cache a rank of `layers` layers (a tensor rank: its `share` of each) grants `room` tokens."""
+    """GB of KV cache a rank of `layers` layers (a tensor rank: its `share` of each one's cache) grants
+    `room` tokens."""
     return round(layers * (share or 1.0) * layer_kv_bytes(model, room) / GIB, 3)
 
 

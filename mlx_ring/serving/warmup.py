@@ -133,7 +133,7 @@ def count_measured(spec: ModelSpec | None, ranks: tuple[RankFacts, ...], status:
         if measured > planned:
             view = replace(view, runtime_gb=round(measured, 3), needs_gb=round(view.needs_gb + measured - planned, 3))
         if spec is not None and kv_room is not None:
-            kv = kv_room_gb(spec, rank.layers[1] - rank.layers[0], view.share, kv_room)
+            kv = kv_room_gb(spec, rank.layers[1] - rank.layers[0], view.cache_share, kv_room)
             view = replace(view, kv_room_gb=kv, most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb))
         out.append(replace(rank, planned=view))
     return tuple(out)

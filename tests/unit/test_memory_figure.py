@@ -18,7 +18,7 @@ from mlx_ring.planning.cost import kv_room, layer_kv_bytes, memory_need
 from mlx_ring.planning.plan import GIB, tensor_plan
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
-from mlx_ring.planning.split import even_parts
+from mlx_ring.planning.split import Part
 from mlx_ring.serving.rows import one_request
 from mlx_ring.serving.warmup import count_measured, fit_room
 
@@ -76,16 +76,20 @@ def test_a_tensor_ranks_figure_counts_its_share_of_every_layers_kv_room():
     """In tensor mode every rank holds its share of each layer's cache (split by heads): its KV room is
     that share of all the layers' caches for the room the ring grants, within what it may fill."""
     caps = [replace(H100, usable_gb=60.0), replace(H100, usable_gb=60.0)]
-    s = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=even_parts(2), kept=[1.0, 1.0])
+    s = summary(SPEC, caps, tensor_plan(16, 2), 8192, kept=[1.0, 1.0])  # even parts where none are given
     room = s["kv_capacity_tokens"]
     assert s["mode"] == "tensor" and room > 100 * 8192
     for r in s["ranks"]:
-        assert r["share"] == 0.5 and r["prompt_cache_gb"] == 1.0
+        assert r["share"] == r["cache_share"] == 0.5 and r["prompt_cache_gb"] == 1.0
         assert r["kv_room_gb"] == pytest.approx(16 * 0.5 * layer_kv_bytes(SPEC, room) / GIB, abs=1e-3)
         assert r["most_gb"] == pytest.approx(r["weights_gb"] + r["runtime_gb"] + r["kv_room_gb"] + 1.0, abs=2e-3)
         assert r["most_gb"] <= 60.0 + 1.0 + 1e-3
     header, *rows = format_summary(s).splitlines()[:3]
     assert "KV room" in header and all(f"{r['most_gb']:.1f} GB" in row for r, row in zip(s["ranks"], rows))
+    # A rank keeping more of the cache than of the weights (KV heads kept by several ranks) grants the room from it.
+    kept_twice = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=[Part(0.5, 1.0), Part(0.5, 0.5)], kept=[1.0, 1.0])
+    first, second = kept_twice["ranks"]
+    assert kept_twice["kv_capacity_tokens"] < room and first["kv_room_gb"] == pytest.approx(2 * second["kv_room_gb"], abs=2e-3)
 
 
 def test_the_runtime_and_the_prefill_cap_count_the_same_tokens():
