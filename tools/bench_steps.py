@@ -35,12 +35,12 @@ import mlx.core as mx  # noqa: E402
 import mlx_lm_loop  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
-from ring_timeline import between_pings, decode_times, summary  # noqa: E402
 
 from mlx_ring.planning.plan import plan_from_sizes, uniform_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
+from mlx_ring.ring.timeline import between_pings, decode_times, summary  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving import runner  # noqa: E402
