@@ -23,8 +23,7 @@ one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
 import mlx_lm_loop  # noqa: E402
-import step_split  # noqa: E402
-from bench_steps import prompts, run, trace_file  # noqa: E402
+from bench_steps import prompts, run, split_generate_step, split_ring, trace_file  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
@@ -68,8 +67,9 @@ def main():
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--peers", action="store_true", help="mlx-lm's loop on its own shard() of a second copy, in turn")
-    p.add_argument("--split", action="store_true", help="rank 0's one-stream decode step split into Python, MLX "
-                   "encoding and the wait for the token, then its Python calls and MLX operations (tools/step_split.py)")
+    p.add_argument("--split", action="store_true",
+                   help="rank 0's one-stream decode step split into Python, MLX encoding and "
+                   "the wait for the token (bench_steps.split_ring); with --peers, mlx-lm's too")
     p.add_argument("--trace", type=Path, default=None, help="every rank's step events of a last one-stream run, to this JSON file")
     a = p.parse_args()
     a.prompt = None  # token ids that mean nothing (bench_steps' default)
@@ -120,9 +120,7 @@ def main():
             part.replace(path)
         return split_peer(a, peer, show=False)
     for _ in range(a.rounds if a.split else 0):
-        print(step_split.split_ring(sched, run, a.max_tokens, a.prompt_of), flush=True)
-    if a.split:
-        print(step_split.counts(f"tensor-{ring.size} rank 0", lambda t: run(sched, 1, t, a.prompt_of)), flush=True)
+        print(split_ring(sched, a.max_tokens, a.prompt_of), flush=True)
     if not a.trace:
         if todo[-1][0] == "ring" or a.split:
             release(pipe)
@@ -149,7 +147,7 @@ def split_peer(a, peer, show: bool) -> None:
     """With --split and --peers, mlx-lm's own loop split as the server's step is, --rounds times:
     every rank runs it (its all_sums need them all); rank 0 (`show`) prints it."""
     for _ in range(a.rounds if a.split and a.peers else 0):
-        line = step_split.split_generate_step(peer, a.prompt_of(0), a.max_tokens)
+        line = split_generate_step(peer, a.prompt_of(0), a.max_tokens)
         if show:
             print("mlx-lm's loop, rank 0: " + line, flush=True)
 

@@ -1,7 +1,7 @@
 """Soak test (not CI): concurrent streams against a running server for a while; no errors allowed,
 memory per rank must stay flat.
 
-    ./launch.sh &&  .venv/bin/python soak.py --url http://127.0.0.1:8100 --streams 8 --minutes 10
+    ./launch.sh start && .venv/bin/python tools/soak.py --url http://127.0.0.1:8100 --streams 8 --minutes 10
 
 Every stream loops: a streamed chat completion of a varying prompt and length, now and then one it
 abandons mid-stream (a client that goes away). Every 15 s it samples /cluster/status. Writes

@@ -27,7 +27,7 @@ def holds_graph(cap: "Capabilities") -> bool:
     """Whether the device keeps a graph's intermediates until the whole graph has run, so every layer
     of a stage counts: a GPU through CUDA does (0.9-1.6 GiB for 16 layers of an 8B shape with 512-token
     chunks, measured on an H200); a CPU and Metal free each array once the next ones are made
-    (tools/probe_activations.py: 18 MiB for 15 layers' chunk on a CPU, about one layer's)."""
+    (a CPU's stage measured at about one layer's: docs/planning.md)."""
     return cap.device.startswith(("NVIDIA", "Tesla"))  # CUDA's device names
 
 

@@ -83,8 +83,7 @@ class Ring:
         self.wait_in_kernel = mx.default_device() == mx.cpu or metal
         # On CUDA, a send that waits on the GPU polls an atomic with sleeps that grow to a quarter of
         # the wait so far (libcu++'s backoff): this thread computes the payload first, waiting on a
-        # CUDA event, then sends it (a hop after a 1.4 ms stage cost 0.3 ms less on 2 x H100 and on
-        # 2 x H200: tools/probe_hop.py).
+        # CUDA event, then sends it (faster hops on 2 x H100 and 2 x H200: docs/benchmarks.md).
         self.compute_before_send = mx.default_device() == mx.gpu and not metal
         # With tracing on (bench_steps --trace): (event, kind, group, seconds) as each step's header comes
         # in ("in"), its stage's graph is built ("built", marked by the caller) and its payload leaves ("out").

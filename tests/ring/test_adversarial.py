@@ -19,8 +19,9 @@ import openai
 import pytest
 from fuzzbodies import MODEL, bodies
 from hypothesis import HealthCheck, given, settings
-from random_weights import make_random_model
 from serverutil import running_server
+
+from tools.random_model import make_random_model
 
 EOS_OFF = {"2": -100}  # SmolLM2's end token: forbid it so a request runs as long as asked
 

@@ -156,7 +156,7 @@ def padded(default_model, tmp_path_factory):
     import json
     import shutil
 
-    from random_weights import TOKENIZER_FILES, make_random_model
+    from tools.random_model import TOKENIZER_FILES, make_random_model
 
     tmp = tmp_path_factory.mktemp("padded")
     (tmp / "tokenizer").mkdir()
