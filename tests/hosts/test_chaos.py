@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from ringutil import ROOT, free_port, wait_healthy
-from testhosts import NetnsHosts, sh, why_not
+from tools.testhosts import NetnsHosts, sh, why_not
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -1,5 +1,5 @@
 """The ring across hosts that share nothing: every rank in its own network namespace with its own
-sshd, home and project folder (tests/testhosts.py), started over real ssh by `./launch.sh` from this
+sshd, home and project folder (tools/testhosts.py), started over real ssh by `./launch.sh` from this
 machine, which provisions each host (code, environment, its slice of the weights) as a user's Macs."""
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 from ringutil import ROOT, free_port
-from testhosts import NetnsHosts, why_not
+from tools.testhosts import NetnsHosts, why_not
 
 REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
