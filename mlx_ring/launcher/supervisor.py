@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.failures import explain
@@ -98,10 +99,10 @@ def why_left(rank: int, host: str, code: int | None, answers=lambda host: False,
     `answers(host)`: whether the host takes ssh now."""
     # ssh exits 255 for its own failure (keepalives unanswered, connection cut), and also when the
     # remote command died by a signal: a host that still answers tells the two apart.
-    if code == 255 and host != "127.0.0.1" and answers(host):
+    if code == exits.SSH_ENDED and host != "127.0.0.1" and answers(host):
         return (f"rank {rank} on {host} died (killed by a signal, or its ssh session was cut) while {host} still "
                 f"answers; see {RunDir(Path(log_dir)).rank_log(rank)} on {host}; the ring restarts")
-    if code == 255:
+    if code == exits.SSH_ENDED:
         return (f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, asleep or "
                 "off the network); the ring restarts once it is back")
     return f"rank {rank} on {host} exited ({'killed' if code is None else f'code {code}'}); the ring restarts"
@@ -250,7 +251,7 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
         if take_back:
             continue
         # A rank that cannot start (a setting, a model, a host that differs) fails the same way again.
-        why = next((line[line.index("cannot start: "):] for line in out.splitlines() if "cannot start: " in line), None)
+        why = next(iter(exits.refusals(out)), None)
         if why:
             write_state(s.state_file, "failed", why=why)
             log.info("not restarting: %s", why)
@@ -293,10 +294,10 @@ def start(s: LaunchSettings, args: list[str]) -> int:
                     s.startup_timeout)
     if rc == EXITED:
         new = logfile.read_bytes()[seen:].decode(errors="replace")
-        why = [line[line.index("cannot start: "):] for line in new.splitlines() if "cannot start: " in line]
+        why = exits.refusals(new)
         if why:
             log.info("%s", why[-1])
-            return 2
+            return exits.REFUSED
         log.info("the ring exited during startup; last lines of %s:\n%s", logfile, "\n".join(new.splitlines()[-20:]))
         return 1
     if rc != READY:

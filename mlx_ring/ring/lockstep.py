@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import mlx.core as mx
 
+from mlx_ring.exits import RING_BROKEN
 from mlx_ring.ring.pipeline import RingError, Stage
 from mlx_ring.ring.protocol import DTYPES, Header, Kind
 from mlx_ring.ring.transport import Ring
@@ -149,7 +150,7 @@ class StepWatch:
     """A tensor rank's watch on the ring. MLX's all_sum has no deadline, and a rank whose neighbour
     is gone may wait in it forever (rank 0 did, a stopped peer's socket closed under it). Every quarter
     second this looks for a neighbour's closed socket, and (with `timeout`) for a step running past
-    it; either ends in `lost(why)`: by default the rank names it and exits (status 75, as rank 0
+    it; either ends in `lost(why)`: by default the rank names it and exits (RING_BROKEN, as rank 0
     does), so mlx.launch stops the ring and the launcher restarts it."""
 
     def __init__(self, rank: int, timeout: float | None = None, lost=None):
@@ -191,4 +192,4 @@ class StepWatch:
     def _exit(self, why: str) -> None:
         log.error("rank %d: %s; exiting for a restart", self.rank, why)
         logging.shutdown()
-        os._exit(75)
+        os._exit(RING_BROKEN)
