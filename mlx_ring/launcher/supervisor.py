@@ -209,6 +209,33 @@ def exit_codes(codes: dict, hosts: list[str]) -> str:
     return ", ".join(named) or "no rank reported"
 
 
+# What a ring that ended by itself comes to, by each rank's exit code (mlx_ring/exits.py says what
+# each means). A rank mlx.launch killed (None), or any other code (-N: a signal): restart.
+RESTART, STOP = "restart", "stop"
+ON_EXIT = {
+    exits.SHUT_DOWN: RESTART,  # every rank did, unasked: rank 0 drained on another's SIGTERM
+    exits.CRASHED: RESTART,  # a bug may not recur; MAX_RESTARTS bounds one that does
+    exits.REFUSED: STOP,  # it would refuse again: stop, with its reason
+    exits.RING_BROKEN: RESTART,  # a peer left or went silent: a new ring mends it
+    exits.SSH_ENDED: RESTART,  # a host gone is waited for first (healing.restart_hosts)
+}
+
+
+def must_stop(codes: dict, out: str, hosts: list[str]) -> str | None:
+    """The refusal that stops a ring which ended by itself (a rank that cannot start would fail the
+    same way again), or None to restart it. `codes`: {rank: exit code} as mlx.launch named them
+    (None: killed; a rank it did not name exited SHUT_DOWN), `out`: the ranks' output."""
+    said = exits.refusals(out)
+    if said:
+        return said[0]
+    ended = {r: exits.SHUT_DOWN for r in range(len(hosts))} | codes
+    stops = [r for r, c in sorted(ended.items()) if ON_EXIT.get(c, RESTART) == STOP]
+    if stops:  # REFUSED with no refusal line (argparse's usage error, say): its output says why
+        first = {stops[0]: ended[stops[0]]}
+        return exits.refusal(f"{exit_codes(first, hosts)} (see its output in launcher.log)")
+    return None
+
+
 def kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -250,8 +277,7 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
         take_back = away.back.is_set()  # drained on purpose, to restart with every host: no failure
         if take_back:
             continue
-        # A rank that cannot start (a setting, a model, a host that differs) fails the same way again.
-        why = next(iter(exits.refusals(out)), None)
+        why = must_stop(codes, out, rank_hosts(s))
         if why:
             write_state(s.state_file, "failed", why=why)
             log.info("not restarting: %s", why)
