@@ -18,7 +18,7 @@ from typing import Callable
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_ring.exits import RING_BROKEN
-from mlx_ring.ring.pipeline import RingError
+from mlx_ring.ring.handle import RingError
 from mlx_ring.serving.port import (
     STEP_BUCKETS,
     Delta,
