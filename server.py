@@ -12,7 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
-from mlx_ring import gpu
+from mlx_ring import exits, gpu
 
 gpu.one_gpu_per_rank()  # before MLX starts
 
@@ -173,5 +173,5 @@ if __name__ == "__main__":
     try:
         main()
     except ValueError as e:  # configuration errors: one clear line, no traceback; launch.sh does not retry
-        logging.getLogger("server").error("cannot start: %s", e)
-        sys.exit(2)
+        logging.getLogger("server").error("%s", exits.refusal(str(e)))
+        sys.exit(exits.REFUSED)

@@ -53,10 +53,7 @@ def peer_loop(model, n: int, tokens: int, prompt) -> tuple[float, str]:
 
 def release(pipe: Lockstep) -> None:
     """Let the workers out of their step loop (they then run mlx-lm's loop, or leave)."""
-    while pipe.outstanding():
-        pipe.collect()
-    pipe.settle()
-    pipe.round_trip(Header(Kind.SHUTDOWN))
+    pipe.shutdown()
 
 
 def main():

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.launcher import environment, supervisor
 from mlx_ring.launcher.settings import LaunchSettings, read_settings
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         environment.ensure(dev=cmd in ("test", "bench"), cuda=s.cuda)
     except ValueError as e:
-        log.info("cannot start: %s", e)
+        log.info("%s", exits.refusal(str(e)))
         return 2
     if cmd == "check":  # the model prepared first: the check plans its slices
         s.log_dir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.failures import explain
@@ -98,10 +99,10 @@ def why_left(rank: int, host: str, code: int | None, answers=lambda host: False,
     `answers(host)`: whether the host takes ssh now."""
     # ssh exits 255 for its own failure (keepalives unanswered, connection cut), and also when the
     # remote command died by a signal: a host that still answers tells the two apart.
-    if code == 255 and host != "127.0.0.1" and answers(host):
+    if code == exits.SSH_ENDED and host != "127.0.0.1" and answers(host):
         return (f"rank {rank} on {host} died (killed by a signal, or its ssh session was cut) while {host} still "
                 f"answers; see {RunDir(Path(log_dir)).rank_log(rank)} on {host}; the ring restarts")
-    if code == 255:
+    if code == exits.SSH_ENDED:
         return (f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, asleep or "
                 "off the network); the ring restarts once it is back")
     return f"rank {rank} on {host} exited ({'killed' if code is None else f'code {code}'}); the ring restarts"
@@ -208,6 +209,33 @@ def exit_codes(codes: dict, hosts: list[str]) -> str:
     return ", ".join(named) or "no rank reported"
 
 
+# What a ring that ended by itself comes to, by each rank's exit code (mlx_ring/exits.py says what
+# each means). A rank mlx.launch killed (None), or any other code (-N: a signal): restart.
+RESTART, STOP = "restart", "stop"
+ON_EXIT = {
+    exits.SHUT_DOWN: RESTART,  # every rank did, unasked: rank 0 drained on another's SIGTERM
+    exits.CRASHED: RESTART,  # a bug may not recur; MAX_RESTARTS bounds one that does
+    exits.REFUSED: STOP,  # it would refuse again: stop, with its reason
+    exits.RING_BROKEN: RESTART,  # a peer left or went silent: a new ring mends it
+    exits.SSH_ENDED: RESTART,  # a host gone is waited for first (healing.restart_hosts)
+}
+
+
+def must_stop(codes: dict, out: str, hosts: list[str]) -> str | None:
+    """The refusal that stops a ring which ended by itself (a rank that cannot start would fail the
+    same way again), or None to restart it. `codes`: {rank: exit code} as mlx.launch named them
+    (None: killed; a rank it did not name exited SHUT_DOWN), `out`: the ranks' output."""
+    said = exits.refusals(out)
+    if said:
+        return said[0]
+    ended = {r: exits.SHUT_DOWN for r in range(len(hosts))} | codes
+    stops = [r for r, c in sorted(ended.items()) if ON_EXIT.get(c, RESTART) == STOP]
+    if stops:  # REFUSED with no refusal line (argparse's usage error, say): its output says why
+        first = {stops[0]: ended[stops[0]]}
+        return exits.refusal(f"{exit_codes(first, hosts)} (see its output in launcher.log)")
+    return None
+
+
 def kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -249,8 +277,7 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
         take_back = away.back.is_set()  # drained on purpose, to restart with every host: no failure
         if take_back:
             continue
-        # A rank that cannot start (a setting, a model, a host that differs) fails the same way again.
-        why = next((line[line.index("cannot start: "):] for line in out.splitlines() if "cannot start: " in line), None)
+        why = must_stop(codes, out, rank_hosts(s))
         if why:
             write_state(s.state_file, "failed", why=why)
             log.info("not restarting: %s", why)
@@ -293,10 +320,10 @@ def start(s: LaunchSettings, args: list[str]) -> int:
                     s.startup_timeout)
     if rc == EXITED:
         new = logfile.read_bytes()[seen:].decode(errors="replace")
-        why = [line[line.index("cannot start: "):] for line in new.splitlines() if "cannot start: " in line]
+        why = exits.refusals(new)
         if why:
             log.info("%s", why[-1])
-            return 2
+            return exits.REFUSED
         log.info("the ring exited during startup; last lines of %s:\n%s", logfile, "\n".join(new.splitlines()[-20:]))
         return 1
     if rc != READY:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mlx_ring import settings
+from mlx_ring import exits, settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
 from mlx_ring.hostfile import Host, hostfile_backend, mlx_hostfile, read_hostfile, resolve
 from mlx_ring.hosts import provision, ssh
@@ -253,19 +253,19 @@ def main(argv: list[str] | None = None) -> int:
                       settings.text("PROVISION") != "0", settings.text("MLX_RING_CAPS") or "", settings_to_forward())
         ring = run(a, cfg, opts)
     except ValueError as e:
-        print(f"cannot start: {e}", file=sys.stderr)
-        return 2
+        print(exits.refusal(str(e)), file=sys.stderr)
+        return exits.REFUSED
     if a.out:  # for the supervisor: a host that did not answer, or lost its address, is waited for; others are not
         a.out.mkdir(parents=True, exist_ok=True)
         LaunchDir(a.out).problems.write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable,
                                                          "unaddressed": ring.unaddressed}))
     for problem in ring.problems:
-        print(f"cannot start: {problem}", file=sys.stderr)
+        print(exits.refusal(problem), file=sys.stderr)
     if a.command == "check":
         print(f"{len(ring.problems)} problem(s)" if ring.problems else
               f"no problem found; {len(ring.pending)} host(s) not set up yet, which `./launch.sh start` sets up"
               if ring.pending else "all hosts ready", file=sys.stderr)
-    return 2 if ring.problems else 0
+    return exits.REFUSED if ring.problems else 0
 
 
 if __name__ == "__main__":

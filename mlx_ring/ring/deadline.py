@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mlx_ring import settings
+from mlx_ring.exits import RING_BROKEN
 
 log = logging.getLogger("ring")
-
-LEFT_CODE = 75  # as rank 0's engine exits on a broken ring (EX_TEMPFAIL): the launcher restarts it
 
 
 def leave(reason: str) -> None:
     """End this rank now, saying why (the launcher reads the line back from the ranks' output)."""
     log.error("ring deadline: rank %s %s; leaving", settings.text("MLX_RANK") or "?", reason)
     logging.shutdown()
-    os._exit(LEFT_CODE)
+    os._exit(RING_BROKEN)  # as rank 0's engine exits on a broken ring: the launcher restarts it
 
 
 @dataclass(frozen=True)

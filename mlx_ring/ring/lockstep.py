@@ -7,7 +7,8 @@ on the tokens its group's last step is still sampling sends its header alone: th
 rank's graph in one more all_sum (`summed_ids`), so no rank waits for them on the host: rank 0 builds
 and starts the step while the last one computes (as mlx-lm's generate loop does alone), and the
 others build theirs while rank 0 runs the head and samples.
-`Lockstep` is rank 0's handle, with `Pipeline`'s interface, so the scheduler drives both modes alike.
+`Lockstep` is rank 0's handle, a `RingHandle` (ring/handle.py) as `Pipeline` is: the scheduler
+drives both modes alike.
 """
 
 import logging
@@ -20,7 +21,8 @@ from dataclasses import replace
 
 import mlx.core as mx
 
-from mlx_ring.ring.pipeline import RingError, Stage
+from mlx_ring.exits import RING_BROKEN
+from mlx_ring.ring.handle import RingError, SharedSteps, Stage
 from mlx_ring.ring.protocol import DTYPES, Header, Kind
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.world import closed_peer
@@ -28,8 +30,9 @@ from mlx_ring.ring.world import closed_peer
 log = logging.getLogger(__name__)
 
 
-class Lockstep:
-    """Submit steps (sent on, then applied here at once), collect their outputs in order."""
+class Lockstep(SharedSteps):
+    """Submit steps (sent on, then applied here at once), collect their outputs in order. A step's
+    own compute and its all_sums are one graph here, so the watchdog times both."""
 
     def __init__(self, stage: Stage, ring: Ring, sums: mx.distributed.Group):
         assert ring.rank == 0, "only rank 0 drives the ring"
@@ -38,7 +41,6 @@ class Lockstep:
         # before it on rank 0 (one stream), so more outstanding ones would gain nothing.
         self.limit = 2
         self.done: deque[tuple[Header, mx.array | None, object]] = deque()  # submitted, not yet collected
-        self.busy_since: float | None = None  # when the wait on the other ranks now running started (the watchdog's)
         self.unread: tuple[Header, mx.array] | None = None  # the last DECODE step handed out, its output not yet evaluated
         self.watch: StepWatch | None = None
 
@@ -89,17 +91,6 @@ class Lockstep:
             self._wait(*self.unread)
             self.unread = None
 
-    @contextmanager
-    def watching(self):
-        """Mark a wait on the other ranks, for the watchdog (nests). A step's own compute and its
-        all_sums are one graph here, so the watchdog times both."""
-        outer = self.busy_since
-        self.busy_since = outer or time.monotonic()
-        try:
-            yield
-        finally:
-            self.busy_since = outer
-
     def collect(self) -> tuple[object, mx.array | None]:
         """The oldest outstanding step's tag and output. A DECODE step's output comes back unevaluated:
         the caller builds on it (head, sampling, the next step) and calls `settle()` before it reads."""
@@ -119,19 +110,10 @@ class Lockstep:
             raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
         self.ring.mark("done", header)
 
-    def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
-        """One step on every rank with nothing else outstanding (tests, shutdown)."""
-        assert not self.outstanding()
-        self.submit(header, payload)
-        return self.collect()[1]
-
-    def shutdown(self) -> None:
-        while self.outstanding():
-            self.collect()
-        self.settle()
+    def leaving(self) -> None:
+        """The watch ends: every rank leaves now, and a socket closing is no fault."""
         if self.watch is not None:
             self.watch.stop()
-        self.round_trip(Header(Kind.SHUTDOWN))
 
 
 def summed_ids(header: Header, ids: mx.array | None, group: mx.distributed.Group) -> mx.array:
@@ -149,7 +131,7 @@ class StepWatch:
     """A tensor rank's watch on the ring. MLX's all_sum has no deadline, and a rank whose neighbour
     is gone may wait in it forever (rank 0 did, a stopped peer's socket closed under it). Every quarter
     second this looks for a neighbour's closed socket, and (with `timeout`) for a step running past
-    it; either ends in `lost(why)`: by default the rank names it and exits (status 75, as rank 0
+    it; either ends in `lost(why)`: by default the rank names it and exits (RING_BROKEN, as rank 0
     does), so mlx.launch stops the ring and the launcher restarts it."""
 
     def __init__(self, rank: int, timeout: float | None = None, lost=None):
@@ -191,4 +173,4 @@ class StepWatch:
     def _exit(self, why: str) -> None:
         log.error("rank %d: %s; exiting for a restart", self.rank, why)
         logging.shutdown()
-        os._exit(75)
+        os._exit(RING_BROKEN)

@@ -5,29 +5,19 @@ rank 0 computes its stage of the next step while the other ranks compute theirs;
 decides so that the ring can never deadlock (see `Pipeline.limit`).
 """
 
-import time
 from collections import deque
-from contextlib import contextmanager
-from typing import Protocol
 
 import mlx.core as mx
 
+from mlx_ring.ring.handle import RingError, SharedSteps, Stage
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import Ring
 
 
-class RingError(RuntimeError):
-    """The ring is broken (a peer died or answered out of step); only a restart mends it."""
-
-
-class Stage(Protocol):
-    """Rank 0's slice of the model, as the pipeline sees it (`shard.Shard`)."""
-
-    def apply(self, header: Header, payload: mx.array | None) -> mx.array | None: ...
-
-
-class Pipeline:
-    """Submit steps (rank 0 applies its own stage at once), collect them as they come home, in order."""
+class Pipeline(SharedSteps):
+    """Submit steps (rank 0 applies its own stage at once), collect them as they come home, in
+    order. The watchdog times the waits on the other ranks only: a slow stage of rank 0's is no
+    hung peer."""
 
     def __init__(self, stage: Stage, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
@@ -37,7 +27,6 @@ class Pipeline:
         self.limit = max(1, ring.size - 1)
         self.inflight: deque[tuple[Header, object]] = deque()  # sent, not yet back (with their tags)
         self.ready: deque[tuple[Header, mx.array | None, bool, object]] = deque()  # applied here, not yet sent (alone: done)
-        self.busy_since: float | None = None  # when the wait on the ring now running started; read by the watchdog
         # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
         # nothing before reading it: the last rank may be blocked sending it (when it does not fit
         # the sockets' buffers) while rank 0 blocks sending to rank 1, and the ring would deadlock.
@@ -85,17 +74,6 @@ class Pipeline:
             except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
                 raise RingError(f"ring step DECODE failed: {e}") from e
             self.unread = None
-
-    @contextmanager
-    def watching(self):
-        """Mark a wait on the other ranks, for the watchdog (nests). Rank 0's own compute stays
-        outside: a slow local stage is not a hung peer."""
-        outer = self.busy_since
-        self.busy_since = outer or time.monotonic()
-        try:
-            yield
-        finally:
-            self.busy_since = outer
 
     def collect(self) -> tuple[object, mx.array | None]:
         """The oldest outstanding step's tag and payload, back from the last rank. A DECODE step's
@@ -154,14 +132,3 @@ class Pipeline:
             except RuntimeError as e:
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
             self.inflight.append((header, tag))
-
-    def round_trip(self, header: Header, payload: mx.array | None = None) -> mx.array | None:
-        """One step through every rank with nothing else outstanding (tests, shutdown)."""
-        assert not self.outstanding()
-        self.submit(header, payload)
-        return self.collect()[1]
-
-    def shutdown(self) -> None:
-        while self.outstanding():
-            self.collect()
-        self.round_trip(Header(Kind.SHUTDOWN))

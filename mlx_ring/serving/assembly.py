@@ -19,8 +19,8 @@ from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.report import format_summary
+from mlx_ring.ring.handle import RingHandle
 from mlx_ring.ring.lockstep import Lockstep
-from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.sums import nccl_sums
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
@@ -96,7 +96,8 @@ def draft_model(cfg: Config, vocab: int):
     return model
 
 
-def assemble(cfg: Config, shard, pipe: Pipeline | Lockstep, model_path: Path, spec, cluster: Cluster, caps: list[Capabilities]) -> Rank0:
+def assemble(cfg: Config, shard, pipe: RingHandle, model_path: Path, spec, cluster: Cluster,
+             caps: list[Capabilities]) -> Rank0:
     """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
     rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
     kv_room = cluster.kv_room  # token-rows of KV cache every rank has room for

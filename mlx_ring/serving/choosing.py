@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import mlx.core as mx
 
-from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.handle import RingHandle
 from mlx_ring.ring.protocol import DTYPES, Header, Kind, StatusRow
 from mlx_ring.serving.prefix import PrefixIndex, common_prefix
 from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
@@ -38,8 +38,9 @@ class Chooser:
     the fewest that keep every rank at work once there are as many sequences (each rank runs one
     group's stage while the others run theirs); with fewer sequences, the empty groups take no steps."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends, *, groups: int = 0, chunk: int = 512, prefix: PrefixIndex | None = None,
-                 draft_tokens: int = 0, draft_model=None, kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0,
+    def __init__(self, pipe: RingHandle, ends: Ends, *, groups: int = 0, chunk: int = 512,
+                 prefix: PrefixIndex | None = None, draft_tokens: int = 0, draft_model=None,
+                 kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0,
                  prefill_step: int = 0):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the

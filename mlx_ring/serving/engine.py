@@ -17,7 +17,8 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_ring.ring.pipeline import RingError
+from mlx_ring.exits import RING_BROKEN
+from mlx_ring.ring.handle import RingError
 from mlx_ring.serving.port import (
     STEP_BUCKETS,
     Delta,
@@ -202,7 +203,7 @@ class Engine:
             self._close(failed.message, failed)
             self._finish_calls(reason)
         finally:  # whatever failed above (an HTTP loop already closed), the process must still exit
-            self.exit(75)
+            self.exit(RING_BROKEN)
 
     def _finish_calls(self, reason: str) -> None:
         """Fail every ping still queued, and any that comes later (`ping` checks `finished`)."""

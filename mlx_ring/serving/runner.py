@@ -7,7 +7,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.handle import RingHandle
 from mlx_ring.serving.choosing import Ends
 from mlx_ring.serving.rows import Sequence, Step
 from mlx_ring.serving.sampling import Token, read_tokens, sample_lazy, sample_rows
@@ -27,7 +27,7 @@ class Ran:
 class Runner:
     """Rank 0's head and samplers over the steps that come home on `pipe`."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends):
+    def __init__(self, pipe: RingHandle, ends: Ends):
         self.pipe, self.ends = pipe, ends
 
     def prefill(self, step: Step, out: mx.array) -> Ran:

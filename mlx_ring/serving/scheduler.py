@@ -7,7 +7,7 @@ caller calls `step()` in a loop and decides when sequences stop.
 
 import mlx.core as mx
 
-from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.handle import RingHandle
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.serving.choosing import Chooser, Ends
 from mlx_ring.serving.rows import Group, Sequence, Step
@@ -19,7 +19,7 @@ class Scheduler(Chooser):
     """The chooser's lanes, with rank 0's runner for the steps that come home; the keyword arguments
     are `Chooser`'s."""
 
-    def __init__(self, pipe: Pipeline, ends: Ends, **lanes):
+    def __init__(self, pipe: RingHandle, ends: Ends, **lanes):
         super().__init__(pipe, ends, **lanes)
         self.runner = Runner(pipe, ends)
         self.drafted = self.accepted = 0  # draft tokens verified and kept, since the start (status)

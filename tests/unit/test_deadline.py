@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 
+from mlx_ring.exits import RING_BROKEN as LEFT_CODE
 from mlx_ring.launcher.failures import explain
-from mlx_ring.ring.deadline import LEFT_CODE, Deadlines
+from mlx_ring.ring.deadline import Deadlines
 
 
 def test_only_bounded_waits_expire_and_each_names_what_it_waited_for():
