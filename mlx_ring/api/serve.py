@@ -95,7 +95,10 @@ def serve(cfg: Config, engine, served: ServedModel, ranks: int, plan: str) -> No
     if not web.is_alive():
         engine.stop()
         engine.run()  # tells the other ranks to exit
-        raise SystemExit(f"the HTTP server could not start on {cfg.host}:{cfg.port} (port in use?); set PORT")
+        # a refusal, not a crash: a port another program holds stays held, so no restart
+        raise ValueError(
+            f"the HTTP server could not start on {cfg.host}:{cfg.port} (port in use?); set PORT"
+        )
     log.info("layer plan:\n%s", plan)
     log.info("ready: %s://%s:%d/v1 serving %s on %d rank(s)", "https" if cfg.tls else "http", cfg.host, cfg.port, served.id, ranks)
     engine.run()

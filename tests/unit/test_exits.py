@@ -4,6 +4,7 @@ cannot start stops the ring with its reason, and every other way a rank ends res
 
 import logging
 import signal
+import socket
 import subprocess
 import sys
 
@@ -116,3 +117,18 @@ def test_the_supervisor_restarts_a_broken_ring_until_max_restarts(supervised, ca
     assert "the ring exited (rank 1 on mini-b: code 75); restart 1 of 1 in 2 s" in caplog.text, caplog.text
     state = read_state(s.state_file)
     assert state["state"] == "failed" and "failed 2 times in a row (rank 1 on mini-b: code 255)" in state["why"], state
+
+
+def test_a_rank_0_whose_port_is_held_refuses_to_start_rather_than_restarting():
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        p = subprocess.run([sys.executable, "server.py", "--port", str(port)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        held.close()
+    assert p.returncode == exits.REFUSED, p.stderr[-2000:]
+    assert supervisor.must_stop({0: p.returncode}, p.stderr, HOSTS) == (
+        f"cannot start: the HTTP server could not start on 127.0.0.1:{port} (port in use?); set PORT")
