@@ -46,6 +46,7 @@ def pytest_collection_modifyitems(config, items):
     it; the test hosts' files share one worker, as they make the same namespace hosts. Groups start
     in this order (xdist's own reorder, by number of tests, is off): the slowest first, so no worker
     is left with a long tail."""
+    # The folder right under tests/: a tier's subject folders (tests/unit/hosts/) belong to that tier.
     tier = lambda item: next((t for t in TIERS if f"tests/{t}/" in item.nodeid), "unit")
     file = lambda item: item.nodeid.split("::")[0]
     for item in items:

@@ -13,7 +13,7 @@ import pytest
 from mlx_ring.hostfile import format_hostfile, load_hosts
 from mlx_ring.hosts import thunderbolt as tb
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "macos" / "thunderbolt"
+DATA = Path(__file__).resolve().parents[2] / "data" / "macos" / "thunderbolt"
 TWO = {"127.0.0.1": "two-macs/mbp", "studio.local": "two-macs/studio"}
 THREE = {"127.0.0.1": "three-macs/mini-a", "mini-b.local": "three-macs/mini-b", "mini-c.local": "three-macs/mini-c"}
 

@@ -211,7 +211,7 @@ def test_a_firewall_that_drops_the_ring_stops_it_and_a_mac_that_sleeps_is_warned
     from mlx_ring.launcher.preflight import Preflight, firewall_problems, warnings
     from mlx_ring.macos_settings import Firewall, parse_pmset
 
-    mac_dir = os.path.join(os.path.dirname(__file__), "..", "data", "macos")
+    mac_dir = os.path.join(os.path.dirname(__file__), "..", "..", "data", "macos")
     py = "/Users/me/.local/share/uv/python/cpython-3.11.11-macos-aarch64-none/bin/python3.11"
     blocked = Facts("mini-2.local", system="Darwin arm64", firewall=True, python=py, fw=Firewall(True, False, False, False),
                     power=parse_pmset(open(os.path.join(mac_dir, "pmset_g_desktop.txt")).read()))

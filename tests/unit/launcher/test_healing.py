@@ -10,7 +10,7 @@ from mlx_ring.launcher import healing
 from mlx_ring.launcher.healing import Away, restart_hosts
 from mlx_ring.launcher.settings import LaunchSettings
 from mlx_ring.launcher.waiting import read_state
-from tests.unit.test_thunderbolt import DATA, THREE, facts
+from tests.unit.hosts.test_thunderbolt import DATA, THREE, facts
 
 
 def test_a_thunderbolt_address_lost_is_told_apart_from_a_wrong_one():

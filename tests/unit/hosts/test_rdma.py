@@ -10,7 +10,7 @@ from mlx_ring.hosts.facts import parse
 from mlx_ring.hosts.rdma import rdma_notes, rdma_problems
 from mlx_ring.macos_settings import format_rdma, parse_ibv_devices, parse_ibv_devinfo, parse_macos_version, rdma_advice
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "macos"
+DATA = Path(__file__).resolve().parents[2] / "data" / "macos"
 
 
 def read(name: str) -> str:

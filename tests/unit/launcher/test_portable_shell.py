@@ -14,7 +14,7 @@ from stockmac import BASH_32, stock_path, stubs_called
 
 from mlx_ring.hosts.provision import RECEIVE_CODE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def posix_shell(name: str) -> str:

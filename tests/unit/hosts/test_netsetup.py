@@ -11,7 +11,7 @@ import pytest
 from mlx_ring.hosts import netsetup
 from mlx_ring.hosts import thunderbolt as tb
 from tests.stockmac import BASH_32
-from tests.unit.test_thunderbolt import DATA, THREE, entries_for, facts
+from tests.unit.hosts.test_thunderbolt import DATA, THREE, entries_for, facts
 
 MACOS = DATA.parent
 

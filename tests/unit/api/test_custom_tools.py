@@ -15,7 +15,7 @@ from llguidance import LLMatcher
 from mlx_ring.api.lark_regex import lark_to_regex
 
 # Codex 0.171's apply_patch grammar, as its request carries it (tests/data/clients/codex_0.171_gpt55_responses.json)
-LARK = json.loads((__import__("pathlib").Path(__file__).parent.parent / "data" / "clients" / "codex_0.171_gpt55_responses.json")
+LARK = json.loads((__import__("pathlib").Path(__file__).parents[2] / "data" / "clients" / "codex_0.171_gpt55_responses.json")
                   .read_text())["body"]["tools"][3]["format"]["definition"]
 PATCH = "*** Begin Patch\n*** Update File: hello.py\n@@ def hello():\n-    print(\"hi\")\n+    print(\"hello\")\n*** End Patch\n"
 TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch",

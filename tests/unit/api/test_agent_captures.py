@@ -9,7 +9,7 @@ from pathlib import Path
 from apiutil import FakeEngine, client
 from llguidance import LLMatcher
 
-DATA = Path(__file__).parent.parent / "data" / "clients"
+DATA = Path(__file__).parents[2] / "data" / "clients"
 SPAWN = '<tool_call>\n{"name": "multi_agent_v1__spawn_agent", "arguments": {"message": "look"}}\n</tool_call>'
 
 

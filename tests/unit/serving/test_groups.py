@@ -9,7 +9,7 @@ from mlx_ring.planning.capabilities import Capabilities, colocate
 from mlx_ring.planning.probe import local_capabilities
 from mlx_ring.serving.warmup import decode_groups
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BOX = Capabilities("box", 16, 8, 0.1, 20)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from mlx_ring.gpu import metal_failure
 from mlx_ring.launcher.failures import explain, ring_connect_failure
 
-MAC = Path(__file__).resolve().parents[1] / "data" / "macos"
+MAC = Path(__file__).resolve().parents[2] / "data" / "macos"
 
 # Captured on this Linux machine with MLX 0.32.4: rank 1 of a ring of two whose rank 0 never listened
 # (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import init_world; init_world()"`).

@@ -21,7 +21,7 @@ from mlx_ring.hosts.facts import SCRIPT, parse
 from mlx_ring.hosts.link import measure_pair
 from mlx_ring.ring.launch import free_port
 
-MAC = Path(__file__).resolve().parents[1] / "data" / "macos"
+MAC = Path(__file__).resolve().parents[2] / "data" / "macos"
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
 SHELLS = [s for s in ("dash", "/work/shared/mac/bash-3.2") if shutil.which(s) or Path(s).exists()]
 
