@@ -121,7 +121,8 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
 
 def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRouter:
     """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are documented
-    as `schema` in /openapi.json, which schemathesis holds each route to (tests/unit/test_api_schema.py)."""
+    as `schema` in /openapi.json, which schemathesis holds each route to
+    (tests/unit/api/test_schema.py)."""
     doc = {"content": {"application/json": {"schema": schema}}}
     return APIRouter(route_class=error_routes(shape), responses={
         400: {"description": "Bad request"} | doc, 404: {"description": "Unknown model"} | doc,

@@ -32,7 +32,7 @@ GPU_BUSY_LAYER_S = 0.31e-3
 # on tensor-4 for those 20 layers on 4 x H100 (tools/bench_tensor.py --trace), added to the step. On a
 # CPU device, where the graph's building shares the cores with its compute, always added: calibrated
 # on this project's 2-core CI machine, a core per rank (tensor-2's measured step,
-# tests/unit/test_probe_figures.py). Macs: not measured; the GPU's figures.
+# tests/unit/planning/test_probe_figures.py). Macs: not measured; the GPU's figures.
 GPU_HOST_LAYER_S = 0.12e-3
 CPU_HOST_LAYER_S = 0.22e-3
 

@@ -1,7 +1,7 @@
 """The real `openai` client against the real server: 2 ranks under mlx.launch, default model. What the
 ring does end to end: answers as mlx-lm's, limits, stop strings, logprobs, seeds, every rank's figures.
 The other dialects (Anthropic Messages, OpenAI Responses, Ollama) through their own clients: the same
-greedy text. (Request checks and response shapes: tests/unit/test_api_*.py, in process.)"""
+greedy text. (Request checks and response shapes: tests/unit/api/, in process.)"""
 
 import socket
 import time

@@ -91,8 +91,8 @@ def test_generated_bodies_get_an_answer_or_the_dialects_error(default_model, pat
 
 
 def test_the_openapi_document_shows_every_dialect_in_its_own_error_shape(default_model):
-    """The dialects' routes are documented (so tests/unit/test_api_schema.py's fuzz reaches them), each
-    with its own error body."""
+    """The dialects' routes are documented (so tests/unit/api/test_schema.py's fuzz reaches them),
+    each with its own error body."""
     tokenizer = load_tokenizer(default_model)
     with client(FakeEngine(tokenizer), served_model(default_model, tokenizer)) as http:
         paths = http.get("/openapi.json").json()["paths"]
