@@ -28,9 +28,21 @@ USAGE = """usage: ./launch.sh [command] [args]
             (--over thunderbolt; --apply sets them on each Mac, --write saves hosts.json)
   logs      follow logs/*.log              prepare   install and convert the model only
   test      run the test suite (extra args go to pytest)
+            test quick: the in-process tests (tests/unit) alone, the quick check while editing
   bench     benchmark the ring against single-process mlx_lm.server (tools/bench.py --help)
   setup     install this host's runtime environment only (the launcher runs it on every host)
 Extra arguments to start go to server.py, e.g. ./launch.sh start --model ~/models/Qwen3-4B-4bit"""
+
+
+QUICK = "tests/unit"  # the in-process tier: no ranks, no mlx.launch, no test hosts
+
+
+def pytest_argv(args: list[str]) -> list[str]:
+    """Python's arguments for `./launch.sh test [quick] [pytest args]`: the whole suite, or with
+    `quick` the in-process tier alone; the rest go to pytest either way."""
+    if args[:1] == ["quick"]:
+        return ["-m", "pytest", QUICK, *args[1:]]
+    return ["-m", "pytest", *args]
 
 
 def run_python(argv: list[str]) -> None:
@@ -119,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if subprocess.run([sys.executable, "server.py", "--prepare"], cwd=ROOT, env=environment.rank_env(),
                           stdout=subprocess.DEVNULL).returncode:
             return 2
-    then = {"prepare": ["server.py", "--prepare"], "test": ["-m", "pytest"], "bench": ["tools/bench.py"],
+    if cmd == "test":
+        run_python(pytest_argv(args))
+    then = {"prepare": ["server.py", "--prepare"], "bench": ["tools/bench.py"],
             "check": ["-m", "mlx_ring.launcher.up", "check", "--ring-port", str(s.ring_port)],
             "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],  # later flags win
             "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile]}
