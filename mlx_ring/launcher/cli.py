@@ -121,16 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         if cmd not in ("prepare", "setup", "check", "plan", "hosts", "test", "bench"):
             log.info("unknown command '%s'; use start, stop, restart, status, check, plan, hosts, logs, test, prepare, "
                      "setup or bench (./launch.sh help)", cmd)
-            return 2
+            return exits.REFUSED
         environment.ensure(dev=cmd in ("test", "bench"), cuda=s.cuda)
     except ValueError as e:
         log.info("%s", exits.refusal(str(e)))
-        return 2
+        return exits.REFUSED
     if cmd == "check":  # the model prepared first: the check plans its slices
         s.log_dir.mkdir(parents=True, exist_ok=True)
         if subprocess.run([sys.executable, "server.py", "--prepare"], cwd=ROOT, env=environment.rank_env(),
                           stdout=subprocess.DEVNULL).returncode:
-            return 2
+            return exits.REFUSED
     if cmd == "test":
         run_python(pytest_argv(args))
     then = {"prepare": ["server.py", "--prepare"], "bench": ["tools/bench.py"],

@@ -301,10 +301,10 @@ def start(s: LaunchSettings, args: list[str]) -> int:
     s.log_dir.mkdir(parents=True, exist_ok=True)
     log.info("preparing the model (converted once, then cached)...")
     if subprocess.run([PYTHON, "server.py", "--prepare", *args], cwd=ROOT, stdout=subprocess.DEVNULL).returncode:
-        return 2
+        return exits.REFUSED
     log.info("checking and provisioning the hosts in %s...", s.hostfile)
     if hosts_up(s, args):
-        return 2
+        return exits.REFUSED
     url = s.url
     log.info("starting the ring...")
     logfile = s.run.launcher_log
