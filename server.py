@@ -83,12 +83,12 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
 
 
 def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: Cluster, caps: list[Capabilities]) -> None:
-    """Rank 0: its scheduler and engine, warmed up (serving/assembly.py), then the API over them
+    """Rank 0: its scheduler and engine, warmed up (serving/startup.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
     from mlx_ring.ring.lockstep import Lockstep
     from mlx_ring.ring.pipeline import Pipeline
-    from mlx_ring.serving.assembly import assemble
+    from mlx_ring.serving.startup import assemble
 
     pipe = Lockstep(shard, ring, shard.world) if shard.plan.tensor > 1 else Pipeline(shard, ring)
     rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)

@@ -33,7 +33,7 @@ class Config:
     drain_timeout: float  # seconds running requests get to finish after SIGTERM
     api_key: str | None  # if set, /v1/* needs `Authorization: Bearer <key>`
     groups: int  # decode micro-batches in flight (0: one per rank)
-    prefill_chunk: int  # prompt tokens per prefill step; 0: by device (serving/assembly.prefill_chunk)
+    prefill_chunk: int  # prompt tokens per prefill step; 0: by device (serving/startup.prefill_chunk)
     strategy: str  # layer plan: balanced | uniform | memory | compute | custom (strategies.py)
     parallel: str  # PARALLEL: auto | pipeline | tensor (planning/auto.py decides; plan.py's LayerPlan.tensor)
     kv_tokens: int  # KV-cache tokens each rank reserves memory for when the layer plan is made

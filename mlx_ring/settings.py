@@ -1,5 +1,5 @@
 """Every setting in one table: its name, default, parser and meaning. The ranks' `Config` (config.py),
-the launcher's settings (launcher/settings.py) and every other read of the environment draw on it, so
+the launcher's settings (launcher/launch_settings.py) and every other read of the environment draw on it, so
 a setting has one default and is read one way. It imports nothing of the package: every floor may use it.
 """
 

@@ -19,7 +19,7 @@ from mlx_ring.rundir import RunDir
 from mlx_ring.serving.rows import one_request
 
 if TYPE_CHECKING:
-    from mlx_ring.serving.assembly import Rank0
+    from mlx_ring.serving.startup import Rank0
 
 log = logging.getLogger("server")
 

@@ -9,7 +9,7 @@ import sys
 from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.launcher import environment, supervisor
-from mlx_ring.launcher.settings import LaunchSettings, read_settings
+from mlx_ring.launcher.launch_settings import LaunchSettings, read_settings
 from mlx_ring.launcher.status import status_text
 from mlx_ring.launcher.waiting import describe, read_state
 

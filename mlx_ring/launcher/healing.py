@@ -15,8 +15,8 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 from mlx_ring.hostfile import format_hostfile, named_backend, read_hostfile, ring_backend, without_ranks
 from mlx_ring.hosts import ssh
-from mlx_ring.launcher.settings import LaunchSettings
-from mlx_ring.launcher.waiting import POLL_S, StandIn, reachable, read_state, wait_for, write_state
+from mlx_ring.launcher.launch_settings import LaunchSettings
+from mlx_ring.launcher.waiting import POLL_S, DownServer, reachable, read_state, wait_for, write_state
 from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")
@@ -101,7 +101,7 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
         log.info("waiting for %s to be back (tried every %d s): %s", ", ".join(hosts), POLL_S, why)
         t0 = time.monotonic()
         write_state(s.state_file, "waiting", hosts=hosts, why=why)
-        with StandIn(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
+        with DownServer(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
             wait_for(conf, hosts, why, stopping,
                      lambda: s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after,
                      back=back)

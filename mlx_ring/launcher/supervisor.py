@@ -20,7 +20,7 @@ from mlx_ring.hosts import ssh
 from mlx_ring.launcher.failures import explain
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
 from mlx_ring.launcher.ready import EXITED, READY, wait_ready
-from mlx_ring.launcher.settings import LaunchSettings
+from mlx_ring.launcher.launch_settings import LaunchSettings
 from mlx_ring.launcher.waiting import reachable, read_state, write_state
 from mlx_ring.ring.leftovers import sweep
 from mlx_ring.rundir import LaunchDir, RunDir

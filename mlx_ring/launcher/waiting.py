@@ -78,8 +78,8 @@ def wait_for(conf: Path, hosts: list[str], why: str, stopping: threading.Event, 
         stopping.wait(poll_s)
 
 
-class StandIn:
-    """A 503 on every path of the API's address while the ring is down (`with StandIn(...)`); /health
+class DownServer:
+    """A 503 on every path of the API's address while the ring is down (`with DownServer(...)`); /health
     carries the state. Quietly absent when the port cannot be had."""
 
     def __init__(self, host: str, port: int, state_file: Path, tls: tuple[str, str] | None = None):

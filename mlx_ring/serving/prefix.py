@@ -24,7 +24,7 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 @dataclass(eq=False)
-class Entry:
+class CachedPrompt:
     id: int
     tokens: tuple[int, ...]
     used: int  # when a lookup last chose it (least recently used goes first)
@@ -38,14 +38,14 @@ class PrefixIndex:
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.entries: dict[int, Entry] = {}
+        self.entries: dict[int, CachedPrompt] = {}
         self.trie = PromptTrie()  # tokens -> entry id, under the one key 0
         self.ids = itertools.count(1)
         self.clock = itertools.count()
         self.held = 0  # tokens in all entries
         self.hits = self.hit_tokens = 0  # prompts that started from an entry, and the tokens they reused
 
-    def _nearest(self, found: PromptTrieResult, n: int) -> tuple[Entry | None, int]:
+    def _nearest(self, found: PromptTrieResult, n: int) -> tuple[CachedPrompt | None, int]:
         # The entry sharing the longest start with the `n` tokens the trie was searched for, and how
         # long: any entry below the deepest trie node the walk reached shares all of it.
         if found.exact is not None:
@@ -90,7 +90,7 @@ class PrefixIndex:
         for e in drop:
             del self.entries[e.id]
             self.trie.pop(0, list(e.tokens))
-        entry = Entry(next(self.ids), tuple(tokens), next(self.clock))
+        entry = CachedPrompt(next(self.ids), tuple(tokens), next(self.clock))
         self.entries[entry.id] = entry
         self.trie.add(0, tokens, entry.id)
         self.held = room + len(tokens)

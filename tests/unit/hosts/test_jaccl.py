@@ -111,7 +111,7 @@ def test_four_macs_cabled_in_a_line_cannot_close_a_jaccl_ring():
 
 def test_a_ring_without_a_mac_keeps_rdma_where_the_rest_are_cabled(tmp_path):
     from mlx_ring.launcher import healing
-    from mlx_ring.launcher.settings import LaunchSettings
+    from mlx_ring.launcher.launch_settings import LaunchSettings
 
     three = mesh(3)
     assert without_ranks(three, [0, 2]) == [{"ssh": "mac-0", "ips": ["10.0.1.0"], "rdma": [None, "rdma_en4"]},

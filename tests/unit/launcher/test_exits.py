@@ -13,7 +13,7 @@ import pytest
 from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.launcher import supervisor
-from mlx_ring.launcher.settings import LaunchSettings
+from mlx_ring.launcher.launch_settings import LaunchSettings
 from mlx_ring.launcher.waiting import read_state
 
 HOSTS = ["127.0.0.1", "mini-b"]

@@ -8,7 +8,7 @@ import threading
 from mlx_ring.hosts.thunderbolt import addresses_reset
 from mlx_ring.launcher import healing
 from mlx_ring.launcher.healing import Away, restart_hosts
-from mlx_ring.launcher.settings import LaunchSettings
+from mlx_ring.launcher.launch_settings import LaunchSettings
 from mlx_ring.launcher.waiting import read_state
 from tests.unit.hosts.test_thunderbolt import DATA, THREE, facts
 

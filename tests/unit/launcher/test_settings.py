@@ -7,7 +7,7 @@ import re
 import pytest
 
 from mlx_ring.config import ENV_ONLY, ROOT, _parser, parse_config, setting_names, settings_to_forward
-from mlx_ring.launcher.settings import read_settings
+from mlx_ring.launcher.launch_settings import read_settings
 from mlx_ring.settings import FLAG, LAUNCHER, RANK, SETTINGS, names, read
 
 

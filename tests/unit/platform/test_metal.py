@@ -24,7 +24,7 @@ from mlx_ring.planning.plan import GIB, ModelSpec
 from mlx_ring.planning.strategies import plan_layers
 from mlx_ring.ring.protocol import Kind
 from mlx_ring.ring.transport import Ring, in_graph, receives_apart
-from mlx_ring.serving import assembly
+from mlx_ring.serving import startup
 
 # `mx.device_info()` as Macs report it. A 16 GB Apple M1 (macOS 13.7.8, mlx 0.29.3's
 # `mx.metal.device_info()`), from a public benchmark receipt found with the code search (its
@@ -184,11 +184,11 @@ def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_
     cfg = parse_config([])[0]
     linux = RankFacts(0, "box", (0, 32), planned=Planned(tflops=0.15, working_set_gb=0.0))
     mini = RankFacts(1, "mini", (32, 64), planned=Planned(tflops=3.5, working_set_gb=10.67))
-    assert assembly.prefill_chunk(cfg, Cluster((linux,)), Q32B.layer_flops) == 128  # this CPU's default
+    assert startup.prefill_chunk(cfg, Cluster((linux,)), Q32B.layer_flops) == 128  # this CPU's default
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5)], cap=128)
-    assert assembly.prefill_chunk(cfg, Cluster((linux, mini)), Q32B.layer_flops) == want < 128
-    assert assembly.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], Cluster((linux, mini)), Q32B.layer_flops) == 300
+    assert startup.prefill_chunk(cfg, Cluster((linux, mini)), Q32B.layer_flops) == want < 128
+    assert startup.prefill_chunk(parse_config(["--prefill-chunk", "300"])[0], Cluster((linux, mini)), Q32B.layer_flops) == 300
     # in tensor mode each rank computes its share of every layer
     pair = (replace(mini, rank=0, layers=(0, 64)), replace(mini, host="mini2", layers=(0, 64)))
     want = watchdog_chunk([("mini", 32 * Q32B.layer_flops, 3.5), ("mini2", 32 * Q32B.layer_flops, 3.5)], cap=128)
-    assert assembly.prefill_chunk(cfg, Cluster(pair, PlanFacts(tensor=2)), Q32B.layer_flops) == want
+    assert startup.prefill_chunk(cfg, Cluster(pair, PlanFacts(tensor=2)), Q32B.layer_flops) == want
