@@ -21,6 +21,7 @@ from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict, only_with
 from mlx_ring.api.served import ServedModel
+from mlx_ring.models.shape import read_shape
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
 OLLAMA_VERSION = "0.12.0"
@@ -213,11 +214,11 @@ def details(served: ServedModel) -> dict:
 def model_info(served: ServedModel) -> dict:
     """`/api/show`'s `model_info` as Ollama builds it from a config.json (x/server/show.go): the
     architecture, then its sizes under `<architecture>.`; the context length is the one served."""
-    c = {**served.config.get("text_config", {}), **served.config}
+    s = read_shape(served.config)
     arch = architecture(served)
-    sizes = {"embedding_length": c.get("hidden_size"), "block_count": c.get("num_hidden_layers"),
-             "attention.head_count": c.get("num_attention_heads"), "attention.head_count_kv": c.get("num_key_value_heads"),
-             "feed_forward_length": c.get("intermediate_size"), "vocab_size": c.get("vocab_size")}
+    sizes = {"embedding_length": s.hidden_size, "block_count": s.layers,
+             "attention.head_count": s.heads, "attention.head_count_kv": s.kv_heads,
+             "feed_forward_length": s.intermediate_size, "vocab_size": s.vocab_size}
     info = {"general.architecture": arch, "general.basename": served.id, f"{arch}.context_length": served.context_length}
     info |= {f"{arch}.{k}": v for k, v in sizes.items() if v}
     return info | ({"general.parameter_count": served.parameters} if served.parameters else {})
