@@ -21,7 +21,6 @@ from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict, only_with
 from mlx_ring.api.served import ServedModel
-from mlx_ring.models.shape import read_shape
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
 OLLAMA_VERSION = "0.12.0"
@@ -213,12 +212,13 @@ def details(served: ServedModel) -> dict:
 
 def model_info(served: ServedModel) -> dict:
     """`/api/show`'s `model_info` as Ollama builds it from a config.json (x/server/show.go): the
-    architecture, then its sizes under `<architecture>.`; the context length is the one served."""
-    s = read_shape(served.config)
+    architecture, then its sizes (models/shape.py's reading) under `<architecture>.`; the context
+    length is the one served."""
+    s = served.shape
     arch = architecture(served)
     sizes = {"embedding_length": s.hidden_size, "block_count": s.layers,
              "attention.head_count": s.heads, "attention.head_count_kv": s.kv_heads,
-             "feed_forward_length": s.intermediate_size, "vocab_size": s.vocab_size}
+             "feed_forward_length": s.intermediate_size, "vocab_size": s.vocab_size} if s else {}
     info = {"general.architecture": arch, "general.basename": served.id, f"{arch}.context_length": served.context_length}
     info |= {f"{arch}.{k}": v for k, v in sizes.items() if v}
     return info | ({"general.parameter_count": served.parameters} if served.parameters else {})

@@ -4,16 +4,13 @@ its config.json in one place, for the planner (`planning/sizes.py`), the tensor 
 
 Read as mlx-lm reads it: from the arguments of the model mlx-lm builds for the config (lazily:
 no weight is made), its defaults included; from the config's own keys where mlx-lm cannot build it.
+Only reading imports MLX: the HTTP side holds a ModelShape without it.
 """
 
 import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-
-from mlx.utils import tree_flatten
-
-from mlx_ring.models.compat import model_classes
 
 # What building a model from a config mlx-lm cannot take raises (an unknown type, a missing key).
 UNBUILDABLE = (ValueError, KeyError, TypeError, AttributeError, AssertionError, NotImplementedError,
@@ -124,6 +121,8 @@ def _size(v) -> int:
 
 def _built(config: dict):
     """The model mlx-lm builds for `config` (lazily: nothing allocated), or None where it cannot."""
+    from mlx_ring.models.compat import model_classes
+
     try:
         model_cls, args_cls = model_classes(config)
         return model_cls(args_cls.from_dict(config))
@@ -151,6 +150,8 @@ def _tied(model, keys: dict) -> bool:
     weights of its own. gemma3_text drops its head only on finding none in the weights: untied
     here."""
     if model is not None:
+        from mlx.utils import tree_flatten
+
         params = tree_flatten(model.parameters())
         return not any(HEAD_WEIGHTS.search(p) and not IN_LAYER.search(p) for p, _ in params)
     # Where mlx-lm cannot build it: the config's word, else a head of its own (the larger count,

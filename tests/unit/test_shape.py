@@ -123,7 +123,7 @@ def test_mlx_lms_defaults_fill_what_a_wrapper_leaves_out():
     assert (shape.heads, shape.kv_heads, shape.head_dim, shape.vocab_size) == (8, 4, 256, 262208)
     assert (shape.layers, shape.context_length) == (34, 131072)
     served = ServedModel(id="g", tokenizer=None, context_length=shape.context_length,
-                         default_max_tokens=1, vocab_size=1, config=config)
+                         default_max_tokens=1, vocab_size=1, config=config, shape=shape)
     info = model_info(served)
     assert [info[f"gemma3.{k}"] for k in ("attention.head_count", "attention.head_count_kv",
                                           "block_count", "embedding_length", "vocab_size")] == [
