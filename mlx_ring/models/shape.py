@@ -29,7 +29,8 @@ EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "top_k_expe
                      "num_experts_per_token", "moe_k")
 EXPERT_WIDTH = ("moe_intermediate_size", "expert_intermediate_size")
 SHARED = ("n_shared_experts", "num_shared_experts")
-SHARED_WIDTH = ("shared_expert_intermediate_size", "shared_intermediate_size")
+# (not MiniMax's shared_intermediate_size: its mlx-lm model has no shared expert, whatever it says)
+SHARED_WIDTH = ("shared_expert_intermediate_size",)
 # The head's own weights, outside the layers (internlm2 and llama4_text name it `output`).
 HEAD_WEIGHTS = re.compile(r"(?:^|\.)(?:lm_head|output)(?:\.|$)")
 IN_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")

@@ -166,3 +166,13 @@ def test_reading_a_config_leaves_it_as_it_was():
     before = json.dumps(config, sort_keys=True)
     read_shape(config)
     assert json.dumps(config, sort_keys=True) == before
+
+
+def test_a_shared_expert_is_one_the_model_has():
+    moe = {**DENSE, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "num_experts": 4}
+    qwen = read_shape({**moe, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 48})
+    assert (qwen.experts, qwen.shared_expert_width) == (4, 48)
+    # MiniMax's config names a shared width that its mlx-lm model has no expert for
+    minimax = {**moe, "model_type": "minimax", "num_local_experts": 4,
+               "shared_intermediate_size": 48, "rotary_dim": 16}
+    assert read_shape(minimax).shared_expert_width == 0
