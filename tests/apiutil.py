@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_ring.api.app import make_app
 from mlx_ring.api.served import ServedModel
+from mlx_ring.models.shape import read_shape
 from mlx_ring.planning.cluster import Cluster, PlanFacts, RankFacts
 from mlx_ring.planning.sizes import parameter_count
 from mlx_ring.ring.protocol import StatusRow
@@ -136,7 +137,8 @@ def served_model(model, tokenizer) -> ServedModel:
     return ServedModel(id=MODEL, tokenizer=tokenizer, context_length=config["max_position_embeddings"],
                        default_max_tokens=512, vocab_size=min(vocab, len(tokenizer.get_vocab())),
                        cluster=Cluster(ranks, PlanFacts("balanced", 30, ((0, 15), (15, 30)))),
-                       grammars=Grammars(tokenizer, vocab), config=config, parameters=parameter_count(config), weights="float32")
+                       grammars=Grammars(tokenizer, vocab), config=config, parameters=parameter_count(config), weights="float32",
+                       shape=read_shape(config))
 
 
 def client(engine: FakeEngine, served: ServedModel, keys=(), app_args: dict | None = None, **changes) -> TestClient:

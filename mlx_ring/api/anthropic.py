@@ -16,7 +16,7 @@ from mlx_ring.api.dialects import arguments, chat_request, check_tool_choice, co
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import MAX_STOP, NAME, Refused, _Strict, hosted_tools_refused
+from mlx_ring.api.schema import NAME, Refused, _Strict, bounds_of, hosted_tools_refused
 from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
@@ -242,12 +242,13 @@ class MessagesRequest(CountTokensRequest):
     harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and (
         v.get("edits") is None or isinstance(v["edits"], list)) and all(
         isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits") or [])}
-    max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP)
+    # checked where the internal request is built (dialects.chat_request), by its bounds
+    max_tokens: int = Field(json_schema_extra=bounds_of("max_tokens"))
+    stop_sequences: list[str] | None = Field(None, json_schema_extra=bounds_of("stop"))
     stream: bool = False
-    temperature: float = Field(1.0, ge=0.0, le=1.0)
-    top_p: float = Field(1.0, ge=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0: off.")
+    temperature: float = Field(1.0, ge=0.0, le=1.0)  # Anthropic's own range, inside ours
+    top_p: float = Field(1.0, json_schema_extra=bounds_of("top_p"))
+    top_k: int = Field(0, description="0: off.", json_schema_extra=bounds_of("top_k"))
     metadata: Metadata | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
     context_management: Annotated[dict | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
@@ -309,8 +310,10 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     @router.post("/v1/messages", openapi_extra=body_of(MessagesRequest))
     async def messages(http: HttpRequest):
         body = await bodies.read(MessagesRequest, await http.body())
-        chat = chat_request(body.chat(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                      top_k=body.top_k, stop=body.stop_sequences or None, stream=body.stream))
+        fields = body.chat(max_tokens=body.max_tokens, temperature=body.temperature,
+                           top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,
+                           stream=body.stream)
+        chat = chat_request(fields, names={"stop": "stop_sequences"})
         used, events = await front.events(chat, http, stream_calls=body.stream, start=body.stream)
         window = context_cuts(front.served, used, body.max_tokens)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": front.served.id}

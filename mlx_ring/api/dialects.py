@@ -10,8 +10,9 @@ from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 
-from mlx_ring.api.errors import ApiError, error_body, validation_error
+from mlx_ring.api.errors import ApiError, error_body, validation_error, validation_message
 from mlx_ring.api.schema import (
     ChatCompletionRequest,
     ChatMessage,
@@ -25,15 +26,25 @@ from mlx_ring.api.schema import (
     TextFormat,
     Tool,
     ToolCall,
+    _Sampling,
 )
 from mlx_ring.serving.port import Done
 
+SAMPLED = set(_Sampling.model_fields)  # what every kind of internal request takes and bounds
 
-def chat_request(fields: dict, kind: type = ChatCompletionRequest):
-    """The one internal request (`kind`: chat, or a completion) from a dialect's translated fields, built
-    as they are: the dialect's own model validated the body once, naming the client's fields, and its
-    rules include every rule of the internal request, so nothing is checked twice."""
+
+def chat_request(fields: dict, kind: type = ChatCompletionRequest, names: dict | None = None):
+    """The one internal request (`kind`: chat, or a completion) from a dialect's translated fields.
+    Its sampling fields are checked here by the internal request's own rules, which hold each bound
+    (a dialect's model copies none): a bad value is a 400 naming the client's field (`names`: the
+    internal field -> the dialect's, where they differ). Messages, tools and formats are built as
+    they are: the dialect's own model validated them, in its own words."""
     out = {k: v for k, v in fields.items() if v is not None}
+    try:
+        sampled = _Sampling.model_validate({k: out.pop(k) for k in list(out) if k in SAMPLED})
+    except ValidationError as e:
+        raise _named(e, names or {}) from None
+    out |= {k: getattr(sampled, k) for k in sampled.model_fields_set}
     if "messages" in out:
         out["messages"] = [ChatMessage.model_construct(**m | ({"tool_calls": [ToolCall.model_construct(
             id=c["id"], type="function", function=FunctionCall.model_construct(**c["function"])) for c in m["tool_calls"]]}
@@ -46,6 +57,18 @@ def chat_request(fields: dict, kind: type = ChatCompletionRequest):
     if "response_format" in out:
         out["response_format"] = _response_format(out["response_format"])
     return kind.model_construct(**out)
+
+
+def _named(e: ValidationError, names: dict[str, str]) -> ApiError:
+    """The 400 for the first problem of the internal request's sampling fields, in the client's
+    words."""
+    errors = e.errors(include_url=False, include_context=False, include_input=False)
+    first = validation_message(errors[:1])
+    ours, message = first["param"], first["message"]
+    theirs = names.get(ours, ours)
+    if ours and message.startswith(ours):
+        message = theirs + message[len(ours):]
+    return ApiError(400, message, param=theirs.split(".")[0] if theirs else None)
 
 
 def _response_format(fmt: dict):

@@ -19,7 +19,7 @@ from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_rout
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import MAX_STOP, CompletionRequest, Tool, _Strict, only_with
+from mlx_ring.api.schema import CompletionRequest, Tool, _Strict, bounds_of, only_with
 from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
@@ -28,6 +28,9 @@ OLLAMA_VERSION = "0.12.0"
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
            "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
+# The internal request's field -> the client's, for the 400 of a bad value (dialects.chat_request).
+NAMES = {ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()}
+NAMES["max_tokens"] = "options.num_predict"
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
@@ -35,18 +38,22 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
 NDJSON = {200: {"description": "OK", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}
 
 
+def _bounded(option: str):
+    """An option that the internal request's field checks when it is built, by its bounds."""
+    return Field(None, json_schema_extra=bounds_of(OPTIONS[option]))
+
+
 class Options(_Strict):
     model_config = ConfigDict(extra="allow")  # Ollama's load-time and other options: accepted, ignored
-    # the bounds of the internal request's fields (schema._Sampling), so a body is checked once, here
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
-    stop: list[str] | None = Field(None, max_length=MAX_STOP)
-    repeat_penalty: float | None = Field(None, ge=0.1, le=10.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    temperature: float | None = _bounded("temperature")
+    top_p: float | None = _bounded("top_p")
+    top_k: int | None = _bounded("top_k")
+    min_p: float | None = _bounded("min_p")
+    seed: int | None = _bounded("seed")
+    stop: list[str] | None = _bounded("stop")
+    repeat_penalty: float | None = _bounded("repeat_penalty")
+    presence_penalty: float | None = _bounded("presence_penalty")
+    frequency_penalty: float | None = _bounded("frequency_penalty")
     num_predict: int | None = Field(None, description="Most tokens to generate; -1 or -2: as many as fit.")
 
 
@@ -212,12 +219,13 @@ def details(served: ServedModel) -> dict:
 
 def model_info(served: ServedModel) -> dict:
     """`/api/show`'s `model_info` as Ollama builds it from a config.json (x/server/show.go): the
-    architecture, then its sizes under `<architecture>.`; the context length is the one served."""
-    c = {**served.config.get("text_config", {}), **served.config}
+    architecture, then its sizes (models/shape.py's reading) under `<architecture>.`; the context
+    length is the one served."""
+    s = served.shape
     arch = architecture(served)
-    sizes = {"embedding_length": c.get("hidden_size"), "block_count": c.get("num_hidden_layers"),
-             "attention.head_count": c.get("num_attention_heads"), "attention.head_count_kv": c.get("num_key_value_heads"),
-             "feed_forward_length": c.get("intermediate_size"), "vocab_size": c.get("vocab_size")}
+    sizes = {"embedding_length": s.hidden_size, "block_count": s.layers,
+             "attention.head_count": s.heads, "attention.head_count_kv": s.kv_heads,
+             "feed_forward_length": s.intermediate_size, "vocab_size": s.vocab_size} if s else {}
     info = {"general.architecture": arch, "general.basename": served.id, f"{arch}.context_length": served.context_length}
     info |= {f"{arch}.{k}": v for k, v in sizes.items() if v}
     return info | ({"general.parameter_count": served.parameters} if served.parameters else {})
@@ -269,7 +277,7 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
             fields["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.response_format():
             fields["response_format"] = body.response_format()
-        request = chat_request(fields)
+        request = chat_request(fields, names=NAMES)
         if not body.messages:  # as Ollama: an empty chat only loads the model (or, keep_alive 0, unloads it)
             front.check(request)  # what a chat with messages would be refused for
             return {"model": body.model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": True,
@@ -285,16 +293,17 @@ def ollama_routes(front: Front, bodies: Bodies) -> APIRouter:
         known(served, body.model)
         fields = body.fields()
         if not body.prompt:  # as Ollama: an empty prompt only loads the model (or, keep_alive 0, unloads it)
-            front.check(chat_request(fields))  # what a prompt would be refused for
+            front.check(chat_request(fields, names=NAMES))  # what a prompt would be refused for
             return {"model": body.model, "created_at": now(), "response": "", "done": True,
                     "done_reason": "unload" if body.unloads() else "load"}
         timing = Timing()
         if body.raw:
-            _, events = await front.raw_events(chat_request(fields | {"prompt": body.prompt}, CompletionRequest), http)
+            raw = chat_request(fields | {"prompt": body.prompt}, CompletionRequest, NAMES)
+            _, events = await front.raw_events(raw, http)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
             fields |= {"messages": messages} | ({"response_format": body.response_format()} if body.response_format() else {})
-            _, events = await front.events(chat_request(fields), http)
+            _, events = await front.events(chat_request(fields, names=NAMES), http)
         return await answer(body, events, timing, lambda text, calls=None: {"response": text})
 
     @router.head("/", include_in_schema=False)

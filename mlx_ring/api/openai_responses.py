@@ -21,7 +21,7 @@ from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.responses_kept import Kept
-from mlx_ring.api.schema import NAME, Refused, _Strict, hosted_tools_refused
+from mlx_ring.api.schema import NAME, Refused, _Strict, bounds_of, hosted_tools_refused
 
 
 class TextContent(_Strict):
@@ -161,9 +161,10 @@ class ResponsesRequest(_Strict):
     model: str | None = None
     input: Annotated[str, Field(min_length=1)] | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    # checked where the internal request is built (dialects.chat_request), by its bounds
+    max_output_tokens: int | None = Field(None, json_schema_extra=bounds_of("max_tokens"))
+    temperature: float = Field(1.0, json_schema_extra=bounds_of("temperature"))
+    top_p: float = Field(1.0, json_schema_extra=bounds_of("top_p"))
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | ToolChoiceCustom | None = None
     parallel_tool_calls: bool | None = None
@@ -318,7 +319,7 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
     async def create(http: HttpRequest):
         body = await bodies.read(ResponsesRequest, await http.body())
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
-        chat = chat_request(body.chat(history))
+        chat = chat_request(body.chat(history), names={"max_tokens": "max_output_tokens"})
         custom_tools.constrain_calls(chat, body.tools)
         answer = Answer(body, front.served.id, history)
         _, events = await front.events(chat, http, stream_calls=body.stream)

@@ -245,7 +245,8 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
-            raise ValueError(f"stop: at most {MAX_STOP} stop strings; this request has {len(self.stop)}")
+            raise ValueError(f"stop: List should have at most {MAX_STOP} stop strings; "
+                             f"this request has {len(self.stop)}")
         return self
 
     def clamp_tokens(self):
@@ -278,6 +279,28 @@ class _Sampling(_Strict):
             grammar=grammar,
             logprobs=self.logprob_count() is not None,
         )
+
+
+# JSON Schema keywords of a bound, by the JSON type they bound.
+BOUNDS = {"number": ("minimum", "maximum"), "integer": ("minimum", "maximum"),
+          "array": ("minItems", "maxItems")}
+
+
+def bounds_of(name: str):
+    """The internal request's bounds on its sampling field `name` (minimum, maximum, maxItems), as
+    a dialect field's `json_schema_extra`: the dialect's value becomes that field, and is checked
+    where the internal request is built (dialects.chat_request), so the bound is held only here and
+    /openapi.json shows it on the dialect's field too."""
+    own = _Sampling.model_json_schema()["properties"][name]
+    branches = own.get("anyOf", [own])
+    kept = {k: v for b in branches for k, v in b.items() if k in BOUNDS.get(b.get("type"), ())}
+
+    def document(schema: dict) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            keys = BOUNDS.get(branch.get("type"), ())
+            branch.update({k: v for k, v in kept.items() if k in keys})
+
+    return document
 
 
 class ChatCompletionRequest(_Sampling):

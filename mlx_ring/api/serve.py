@@ -12,6 +12,7 @@ from mlx_ring.api.app import make_app, warm_http
 from mlx_ring.api.keys import load_keys
 from mlx_ring.api.served import ServedModel, served_name
 from mlx_ring.config import Config
+from mlx_ring.models.shape import read_shape
 from mlx_ring.models.source import DEFAULT_MODEL
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
 from mlx_ring.planning.sizes import parameter_count
@@ -27,10 +28,11 @@ log = logging.getLogger("server")
 def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
     """The model as the HTTP side sees it, from rank 0's assembly."""
     kv_room, tokenizer, model_config = rank0.kv_room, rank0.tokenizer, rank0.config
+    shape = read_shape(model_config)
     return ServedModel(
         id=served_name(cfg.served_model_name, cfg.model, DEFAULT_MODEL),
         tokenizer=tokenizer,
-        context_length=model_config.get("max_position_embeddings") or 4096,
+        context_length=shape.context_length,
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(rank0.vocab, len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
@@ -39,6 +41,7 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
         grammars=rank0.grammars,
         aliases=cfg.model_aliases,
         config=model_config,
+        shape=shape,
         parameters=parameter_count(model_config),
         weights=weights_held(model_config, rank0.dtype),
     )

@@ -7,6 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mlx_ring.api.errors import ApiError
+from mlx_ring.models.shape import ModelShape
 from mlx_ring.planning.cluster import Cluster
 
 
@@ -39,6 +40,7 @@ class ServedModel:
     grammars: object = None  # serving.grammar.Grammars: checks the grammars of constrained answers
     aliases: tuple[str, ...] = ()  # MODEL_ALIASES: other names or patterns a request may name the model by
     config: dict = field(default_factory=dict)  # the model's config.json (what /api/show tells of it)
+    shape: ModelShape | None = None  # its shape as models/shape.py reads it (None: unknown)
     parameters: int = 0  # the model's parameter count (0: unknown)
     weights: str = ""  # how its weights are held: "int4" (MLX's quantization), "float32", ...
 

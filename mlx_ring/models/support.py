@@ -14,6 +14,8 @@ from pathlib import Path
 
 import mlx_lm
 
+from mlx_ring.models.shape import text_keys
+
 RECORD = Path(__file__).with_name("supported.json")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 BEGIN, END = "<!-- model matrix: begin (generated) -->", "<!-- model matrix: end -->"
@@ -51,7 +53,7 @@ UNTESTED = {"hidden_size_per_layer_input": "per-layer inputs made from the token
 def check_supported(config: dict) -> None:
     """ValueError naming the model type and why it is refused, unless the matrix admitted it."""
     kind = config.get("model_type")
-    text = {**config.get("text_config", {}), **config}
+    text = text_keys(config)
     on = [k for k in UNTESTED if text.get(k)]
     if kind in SUPPORTED and on:
         raise ValueError(f"model type {kind!r} is supported, but not with {on[0]} set: {UNTESTED[on[0]]}")

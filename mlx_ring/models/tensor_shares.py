@@ -1,8 +1,9 @@
 """Whether a model splits N ways for tensor mode, and each rank's share of it, from its config.json
-alone (no weights, no MLX arrays): the planner's view of what `mlx_ring.models.tensor.split_model`
-does. Both cut by the same arithmetic here: attention by groups of KV heads (the larger groups to
-the first ranks) where every rank can have one, else by query heads with the KV heads they read
-shared (`head_split`); MLP and experts' columns as evenly as their quantization groups allow.
+alone (no weights; its shape as `mlx_ring.models.shape` reads it): the planner's view of what
+`mlx_ring.models.tensor.split_model` does. Both cut by the same arithmetic here: attention by
+groups of KV heads (the larger groups to the first ranks) where every rank can have one, else by
+query heads with the KV heads they read shared (`head_split`); MLP and experts' columns as evenly
+as their quantization groups allow.
 """
 
 import math
@@ -10,15 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from mlx_ring.models import support
-
-HEADS = ("num_attention_heads", "n_heads", "num_heads", "n_head")
-KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
-HIDDEN = ("hidden_size", "d_model", "n_embd", "dim", "model_dim")
-WIDTH = ("intermediate_size", "ffn_hidden_size", "n_inner")
-EXPERTS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-EXPERT_WIDTH = ("moe_intermediate_size", "expert_intermediate_size")
-SHARED = ("n_shared_experts", "num_shared_experts")
-LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+from mlx_ring.models.shape import read_shape
 
 
 @dataclass(frozen=True)
@@ -135,31 +128,27 @@ def _reading(a: int, b: int, g: int) -> Heads:
     return Heads(a, b, tuple(j for j, length in runs for _ in range(length // unit)))
 
 
-def _first(config: dict, keys: tuple, default=None):
-    return next((config[k] for k in keys if isinstance(config.get(k), int) and config[k] > 0), default)
-
-
 def tensor_shares(config: dict, n: int) -> list[Share]:
     """Each of n ranks' share of the model `config` (a config.json) describes, split for tensor mode;
     ValueError, in `split_model`'s words, where it cannot be split n ways."""
     kind = config.get("model_type", "?")
     check_admitted(kind)
-    text = {**config, **config.get("text_config", {})}
-    heads, hidden = _first(text, HEADS), _first(text, HIDDEN)
-    if heads is None or hidden is None:
+    shape = read_shape(config)
+    heads, hidden = shape.heads, shape.hidden_size
+    if not heads or not hidden:
         raise refuse(kind, "its config names no attention heads or hidden size")
-    kv = _first(text, KV_HEADS, heads)
+    kv = shape.kv_heads
     quant = config.get("quantization") or {}
     unit = quant.get("group_size", 1)
-    width = _first(text, WIDTH, 0)
-    experts, expert_width = _first(text, EXPERTS, 0), _first(text, EXPERT_WIDTH, 0)
+    width = shape.intermediate_size
+    experts, expert_width = shape.experts, shape.expert_width
     if n < 1:
         raise ValueError(f"a tensor split needs at least one rank, not {n}")
     try:
         split = head_split(heads, kv, n)
     except ValueError as e:
         raise refuse(kind, str(e)) from None
-    head_dim = text.get("head_dim") or hidden // heads
+    head_dim = shape.head_dim
     if quant and any((h.start * head_dim) % unit for h in split):
         raise refuse(kind, f"its heads of {head_dim} columns do not fill whole quantization groups of {unit}")
     cols, expert_cols = even(width, n, unit), even(expert_width, n, unit)
@@ -174,14 +163,14 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
     attn_q = 2 * hidden * head_dim  # a query head's rows in q and columns in o
     attn_kv = 2 * hidden * head_dim  # a KV head's rows in k and v
     mlp_col = 3 * hidden  # a column's row in gate and up, column in down
-    expert_col = mlp_col * (experts + (_first(text, SHARED, 0) if experts else 0))
+    expert_col = mlp_col * (experts + (shape.shared_experts if experts else 0))
     whole_layer = heads * attn_q + kv * attn_kv + width * mlp_col + expert_width * expert_col
-    vocab = _first(text, ("vocab_size", "padded_vocab_size", "num_vocab"), 0)
-    replicated = vocab * hidden * (1 if text.get("tie_word_embeddings", True) else 2)
-    layers = _first(text, LAYERS, 1)
+    replicated = shape.vocab_size * hidden * (1 if shape.tied else 2)
+    layers = shape.layers or 1
     total = replicated + layers * whole_layer
     shares = []
-    latent = bool(text.get("kv_lora_rank"))  # latent attention's cache is one for all heads: every rank keeps it whole
+    # latent attention's cache is one for all heads: every rank keeps it whole
+    latent = bool(shape.kv_lora_rank)
     for h, c, e in zip(split, cols, expert_cols if expert_width else [0] * n):
         mine = (h.end - h.start) * attn_q + len(h.kv) * attn_kv + c * mlp_col + e * expert_col
         shares.append(Share(heads=h.end - h.start, kv_heads=len(h.kv), columns=c,

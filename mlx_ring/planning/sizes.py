@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_ring.models.compat import model_classes
+from mlx_ring.models.shape import read_shape, text_keys
 from mlx_ring.planning.plan import ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F32": 4, "F16": 2, "BF16": 2}
@@ -24,42 +25,42 @@ SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _text(c: dict) -> dict:
-    """A config's text model's keys: a vision-language wrapper (Gemma 3 from 4B) keeps them in `text_config`."""
-    return {**c.get("text_config", {}), **{k: v for k, v in c.items() if k != "text_config"}}
-
-
 def _counts(c: dict) -> dict:
-    """Parameter counts from a Hugging Face / mlx-lm config: per layer (all and active) and the ends."""
-    c = _text(c)
-    h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    nh = c["num_attention_heads"]
-    nkv = c.get("num_key_value_heads") or nh
-    d = c.get("head_dim") or h // nh
+    """Parameter counts from a Hugging Face / mlx-lm config (its shape as models/shape.py reads
+    it): per layer (all and active) and the ends. KeyError naming a size the config lacks."""
+    s = read_shape(c)
+    for key, size in (("hidden_size", s.hidden_size), ("num_hidden_layers", s.layers),
+                      ("num_attention_heads", s.heads), ("vocab_size", s.vocab_size)):
+        if not size:
+            raise KeyError(key)
+    h, L, V, nh, nkv, d = s.hidden_size, s.layers, s.vocab_size, s.heads, s.kv_heads, s.head_dim
     attn = h * nh * d + 2 * h * nkv * d + nh * d * h
-    if c.get("attention_bias") or c.get("model_type") == "qwen2":
+    if s.attention_bias or s.model_type == "qwen2":
         attn += nh * d + 2 * nkv * d
-    norms = 2 * h + (2 * d if c.get("model_type", "").startswith("qwen3") else 0)
-    experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    norms = 2 * h + (2 * d if s.model_type.startswith("qwen3") else 0)
+    experts = s.experts
+    width = s.expert_width if experts else 0
+    if not (width or s.intermediate_size):
+        raise KeyError("intermediate_size")
     # The arrays a layer makes per token: norms, residuals and projections of the hidden size, queries
     # (and their rotated copy), keys and values, the MLP's gate, up, activation and product.
     flow = 6 * h + 2 * nh * d + 2 * nkv * d
     if experts:
-        moe_i = c.get("moe_intermediate_size") or c["intermediate_size"]
-        k = c.get("num_experts_per_tok") or 1
-        shared_i = c.get("shared_expert_intermediate_size") or 0
+        moe_i = width or s.intermediate_size
+        k = s.experts_per_token
+        shared_i = s.shared_expert_width
         shared = 3 * h * shared_i + (h if shared_i else 0)
         mlp, active_mlp = experts * 3 * h * moe_i + h * experts + shared, k * 3 * h * moe_i + h * experts + shared
         flow += 4 * (k * moe_i + shared_i) + k * h + experts  # each token's copy per expert it is routed to
     else:
-        mlp = active_mlp = 3 * h * (c.get("block_ff_dim") or c["intermediate_size"])  # LFM2 names it block_ff_dim
-        flow += 4 * (c.get("block_ff_dim") or c["intermediate_size"])
-    tied = c.get("tie_word_embeddings", False)
+        mlp = active_mlp = 3 * h * s.intermediate_size
+        flow += 4 * s.intermediate_size
     # Latent attention (DeepSeek-V2/V3) caches one compressed vector and one rotary key per token.
-    kv = c["kv_lora_rank"] + c["qk_rope_head_dim"] if c.get("kv_lora_rank") else 2 * nkv * d
+    kv = s.kv_lora_rank + s.rope_head_dim if s.kv_lora_rank else 2 * nkv * d
     return {"layer": attn + mlp + norms, "active": attn + active_mlp + norms, "linear": attn + mlp,
-            "embed": V * h, "head": 0 if tied else V * h, "norm": h, "kv": kv, "n_layers": L, "vocab_hidden": V * h,
-            "flow": flow, "heads": nh, "vocab": V, "context": c.get("max_position_embeddings") or 4096}  # as served
+            "embed": V * h, "head": 0 if s.tied else V * h, "norm": h, "kv": kv, "n_layers": L,
+            "vocab_hidden": V * h, "flow": flow, "heads": nh, "vocab": V,
+            "context": s.context_length}
 
 
 def _shape(n: dict, act: int) -> dict:
@@ -94,7 +95,7 @@ def cache_layout(config: dict, act: int) -> dict:
     n = len(caches)
     windows = [c.max_size for c in caches if getattr(c, "max_size", None)]
     states = sum(1 for c in caches if not hasattr(c, "offset"))  # no positions: a fixed state
-    state = STATE_ELEMENTS.get(config.get("model_type"), lambda _: 0)(_text(config)) * act
+    state = STATE_ELEMENTS.get(config.get("model_type"), lambda _: 0)(text_keys(config)) * act
     return {"kv_window_share": len(windows) / n, "kv_window": max(windows, default=0), "state_share": states / n,
             "state_bytes": float(state)}
 
@@ -102,9 +103,6 @@ def cache_layout(config: dict, act: int) -> dict:
 def _quantization(c: dict) -> dict | None:
     q = c.get("quantization") or c.get("quantization_config")
     return q if isinstance(q, dict) and q.get("bits") else None
-
-
-EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "top_k_experts", "num_experts_per_token", "moe_k")
 
 
 def _weight_bytes(path: str, size: int, ndim: int, q: dict | None, act: int) -> float:
@@ -130,10 +128,10 @@ def tensor_sizes(c: dict) -> dict | None:
         params = tree_flatten(model.parameters())
     except (ValueError, KeyError, TypeError, AttributeError, AssertionError, NotImplementedError):
         return None
-    text = _text(c)
-    act = DTYPE_BYTES.get(text.get("torch_dtype") or text.get("dtype") or "float16", 2)
+    shape = read_shape(c)
+    act = DTYPE_BYTES.get(shape.dtype, 2)
     q = _quantization(c)
-    k = next((text[n] for n in EXPERTS_PER_TOKEN if text.get(n)), 1)
+    k = shape.experts_per_token
     n = len(model.layers)
     layers, active, params_active = [0.0] * n, [0.0] * n, [0.0] * n
     ends = head = embed = 0.0
@@ -158,9 +156,8 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
     """An estimate from config.json alone: dense or MoE layers, tied or untied head, any dtype or
     mlx-lm quantization (`bits` per weight plus a float16 scale and bias per `group_size`, per layer
     where the config says so)."""
-    n = _counts(c)
-    text = _text(c)
-    dtype = text.get("torch_dtype") or text.get("dtype") or "float16"
+    n, shape = _counts(c), read_shape(c)
+    dtype = shape.dtype
     act = DTYPE_BYTES.get(dtype, 2)
     q = _quantization(c)
     # mlx-lm quantizes every linear layer and the embedding; norms stay in float.
@@ -177,9 +174,9 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
         head_read = exact["head"] or exact["embed"]
         flops = 2.0 * sum(exact["params_active"]) / L
         return ModelSpec(L, layer, ends, head_read, n["kv"] * act, read, flops, 2.0 * n["vocab_hidden"], label, name,
-                         text["hidden_size"] * act, **cache_layout(c, act), **_shape(n, act))
+                         shape.hidden_size * act, **cache_layout(c, act), **_shape(n, act))
     return ModelSpec(n["n_layers"], layer, ends, head_read, n["kv"] * act, read, 2.0 * n["active"], 2.0 * n["vocab_hidden"],
-                     label, name, text["hidden_size"] * act, **cache_layout(c, act), **_shape(n, act))
+                     label, name, shape.hidden_size * act, **cache_layout(c, act), **_shape(n, act))
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
@@ -232,4 +229,5 @@ def spec_from_folder(folder: Path) -> ModelSpec:
     n = _counts(config)
     return ModelSpec(est.n_layers, layer, ends, head or embed, n["kv"] * act, layer * n["active"] / n["layer"],
                      est.layer_flops, est.head_flops, f"{dtype} + quantized" if quant else dtype, folder.name,
-                     _text(config)["hidden_size"] * act, **cache_layout(config, act), **_shape(n, act))
+                     read_shape(config).hidden_size * act, **cache_layout(config, act),
+                     **_shape(n, act))

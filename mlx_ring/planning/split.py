@@ -1,6 +1,6 @@
 """Whether a model's layers can be shared N ways (tensor mode), from config.json alone: the model
 cutter's own arithmetic (`mlx_ring.models.tensor_shares`), as the part of every layer each rank
-holds. Pure, no MLX arrays.
+holds. No weight is read.
 """
 
 from dataclasses import dataclass
