@@ -19,7 +19,7 @@ from mlx_ring.api.openai_responses import responses_routes
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses_kept import Kept
 from mlx_ring.api.served import ServedModel
-from mlx_ring.api.status import status_routes
+from mlx_ring.api.ring_routes import status_routes
 from mlx_ring.serving.port import EnginePort
 
 

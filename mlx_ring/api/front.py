@@ -31,7 +31,7 @@ class Prompt:
 
 
 @dataclass
-class Choice:
+class ChoiceState:
     """One choice's answer so far: content, tool calls and the tokens behind them."""
 
     index: int
@@ -58,12 +58,12 @@ class Choice:
 
 
 @dataclass
-class Step:
+class ChoiceEvent:
     """One engine event of one choice, as every adapter reads it: the tokens it carries, the parts
     its text released ((kind, call index, value): "text", "begin", "args", "end" or "call", as
     `ToolCallText` names them), and `end`: the choice's Done, the request's Failed, or None."""
 
-    choice: Choice
+    choice: ChoiceState
     tokens: list
     parts: list[tuple]
     end: Done | Failed | None = None
@@ -71,11 +71,11 @@ class Step:
 
 
 @dataclass
-class Answer:
+class Reply:
     """A queued request's answer: its choices (filled in as the steps come) and the steps."""
 
-    choices: list[Choice]
-    steps: AsyncIterator[Step]
+    choices: list[ChoiceState]
+    steps: AsyncIterator[ChoiceEvent]
     prompt_tokens: int
 
     async def events(self, start: bool = False) -> AsyncIterator[tuple]:
@@ -125,7 +125,7 @@ class Front:
         check_sampling(self.served, body)
         return Prompt(await self.prompts.completion(body))
 
-    def open(self, body, prompt: Prompt, http: HttpRequest, stream_calls: bool = False) -> Answer:
+    def open(self, body, prompt: Prompt, http: HttpRequest, stream_calls: bool = False) -> Reply:
         """Queue a checked request: its answer's steps. A 400 (the completion limit), 429 or 503
         ApiError before anything is queued. `stream_calls`: a call whose format allows it comes as
         begin, args..., end instead of one call part."""
@@ -137,12 +137,12 @@ class Front:
             if reservation:
                 settle(reservation, 0)  # refused: it used nothing
             raise
-        choices = [Choice(i, ToolCallText(**prompt.tools, stream=stream_calls) if prompt.tools else None) for i in range(body.n)]
-        return Answer(choices, _steps(choices, self._run(reqs, queue, http, reservation)), len(prompt.ids))
+        choices = [ChoiceState(i, ToolCallText(**prompt.tools, stream=stream_calls) if prompt.tools else None) for i in range(body.n)]
+        return Reply(choices, _steps(choices, self._run(reqs, queue, http, reservation)), len(prompt.ids))
 
     async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False,
                      start: bool = False) -> tuple[int, AsyncIterator[tuple]]:
-        """(prompt tokens, the answer's events: `Answer.events`, `start` passed on) of a chat request from
+        """(prompt tokens, the answer's events: `Reply.events`, `start` passed on) of a chat request from
         an agent's dialect: max_tokens over the room the prompt leaves is cut to it, as agents expect (docs/api.md)."""
         body.clamp_tokens()
         answer = self.open(body, await self.chat(body), http, stream_calls)
@@ -213,19 +213,19 @@ class Front:
             self.engine.cancel(*reqs)
 
 
-async def _steps(choices: list[Choice], flow) -> AsyncIterator[Step]:
+async def _steps(choices: list[ChoiceState], flow) -> AsyncIterator[ChoiceEvent]:
     """The engine's (index, event) flow as steps, each choice's text split into its parts."""
     try:
         async for i, ev in flow:
             c = choices[i]
             if isinstance(ev, Failed):
-                yield Step(c, [], [], ev)
+                yield ChoiceEvent(c, [], [], ev)
                 return
             if isinstance(ev, Done):
                 c.done = ev
             tokens = ev.tokens if isinstance(ev, Delta) else []
             c.tokens += tokens
             parts = c.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
-            yield Step(c, tokens, parts, ev if isinstance(ev, Done) else None, ev.cached_tokens)
+            yield ChoiceEvent(c, tokens, parts, ev if isinstance(ev, Done) else None, ev.cached_tokens)
     finally:
         await flow.aclose()  # now, not when collected: it cancels the request on every rank

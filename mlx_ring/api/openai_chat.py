@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError, error_body
-from mlx_ring.api.front import Answer, Front
+from mlx_ring.api.front import Reply, Front
 from mlx_ring.api.openai_parts import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
@@ -53,7 +53,7 @@ def openai_routes(front: Front, bodies: Bodies) -> APIRouter:
     return router
 
 
-async def respond(front: Front, body, answer: Answer, chat: bool):
+async def respond(front: Front, body, answer: Reply, chat: bool):
     """OpenAI's answer to a queued request: a chat completion or a text completion, whole or streamed."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     head = {"id": rid, "created": int(time.time()), "model": front.served.id}
@@ -83,7 +83,7 @@ async def respond(front: Front, body, answer: Answer, chat: bool):
                    "usage": usage([c.done for c in answer.choices])}
 
 
-async def stream(answer: Answer, head: dict, chat: bool, body, token_text):
+async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
     """OpenAI's server-sent events: chunks of each choice's content, logprobs and tool calls, its
     finish, the usage when asked for, then [DONE]; a failure mid-way is an error event."""
     obj = "chat.completion.chunk" if chat else "text_completion"

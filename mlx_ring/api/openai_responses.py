@@ -275,7 +275,7 @@ def message_item(mid: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
 
 
-class Answer:
+class ResponseDraft:
     """One response being made: its object, filled in as the events come."""
 
     def __init__(self, body: ResponsesRequest, model: str, history: list[dict]):
@@ -321,7 +321,7 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
         history = kept.get(body.previous_response_id)[0] if body.previous_response_id else []
         chat = chat_request(body.chat(history), names={"max_tokens": "max_output_tokens"})
         custom_tools.constrain_calls(chat, body.tools)
-        answer = Answer(body, front.served.id, history)
+        answer = ResponseDraft(body, front.served.id, history)
         _, events = await front.events(chat, http, stream_calls=body.stream)
         if body.stream:
             return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
@@ -339,7 +339,7 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
     return router
 
 
-async def stream(answer: Answer, events, kept: Kept):
+async def stream(answer: ResponseDraft, events, kept: Kept):
     """response.created, response.in_progress, each output item's added, deltas and done events,
     then response.completed (or .incomplete, or .failed)."""
     seq = iter(range(1 << 62))

@@ -15,7 +15,7 @@ from mlx_ring.hosts.facts import read_facts
 from mlx_ring.hosts.identity import versions
 from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
-from mlx_ring.planning.auto import Choice
+from mlx_ring.planning.auto import ModeChoice
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
@@ -54,7 +54,7 @@ class Preflight:
     split: list[float] | str = ""  # each rank's share in tensor mode, or why the model does not split
     allsum: AllSum | None = None  # the ring's all_sum: measured by check, else cached or a default
     links: list[tuple[float, float]] | None = None  # each hop (rtt ms, Gbit/s), as check measured them
-    choice: Choice | None = None  # the mode and why (PARALLEL)
+    choice: ModeChoice | None = None  # the mode and why (PARALLEL)
 
 
 def each_host(ring: Preflight, fn) -> dict:

@@ -20,14 +20,14 @@ from mlx_ring.planning.modes import (
     tensor_tokens_per_s,
 )
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
-from mlx_ring.planning.split import Part, even_parts, tensor_shares
+from mlx_ring.planning.split import ShareSize, even_sizes, tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
 MARGIN = 1.1  # tensor mode must beat the pipeline's one stream by this much: host costs are not modelled
 
 
 @dataclass(frozen=True)
-class Choice:
+class ModeChoice:
     """The mode the ring runs in, the sentence why, and what each mode was predicted to do."""
 
     mode: str
@@ -107,7 +107,7 @@ def decide(parallel: str, n: int, modes: dict, fixed: str = "") -> tuple[str, st
 def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dict] | None, parallel: str,
               strategy: str, kv_tokens: int, layers=None, prompt_cache_gb: float = 0.0, provisioned=None,
               split: list[float] | str = "", allsum: AllSum | None = None,
-              links: list[tuple[float, float]] | None = None) -> tuple[LayerPlan, list[Capabilities], list[float], Choice]:
+              links: list[tuple[float, float]] | None = None) -> tuple[LayerPlan, list[Capabilities], list[float], ModeChoice]:
     """(plan, each rank's capabilities as planned with, GB kept for the prompt cache, the choice): the
     pipeline's plan as `plan_for` makes it or every rank's share of every layer, as PARALLEL says.
     A `provisioned` plan of one stage on several ranks is a tensor plan the launcher chose."""
@@ -123,7 +123,7 @@ def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dic
                                          provisioned)[0]
     except ValueError as e:
         pipe = str(e)
-    modes = predict(spec, caps, pipe, split if split != "" else even_parts(n), allsum, kv_tokens, links)
+    modes = predict(spec, caps, pipe, split if split != "" else even_sizes(n), allsum, kv_tokens, links)
     if shipped:
         mode, reason = decide(shipped, n, modes)  # raises where the shipped mode cannot run here
         try:  # the launcher's reason, where these inputs give its choice; else only that it chose
@@ -135,10 +135,10 @@ def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dic
         fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
         mode, reason = decide(parallel, n, modes, fixed)
     plan = pipe if mode == "pipeline" else tensor_plan(spec.n_layers, n, strategy)
-    return plan, caps, kept, Choice(mode, reason, modes)
+    return plan, caps, kept, ModeChoice(mode, reason, modes)
 
 
-def with_choice(summary: dict, choice: Choice) -> dict:
+def with_choice(summary: dict, choice: ModeChoice) -> dict:
     """A plan's summary (report.summary) with its mode, why, and each mode's prediction."""
     return {**summary, "mode": choice.mode, "mode_reason": choice.reason, "modes": choice.modes}
 
@@ -162,7 +162,7 @@ def format_modes(modes: dict, reason: str) -> str:
     return "\n".join(lines)
 
 
-def shares_or_refusal(config: dict | None, n: int) -> list[Part] | str:
+def shares_or_refusal(config: dict | None, n: int) -> list[ShareSize] | str:
     """Each rank's part of every layer, or the sentence why the model does not split `n` ways."""
     if config is None:
         return "the model's config.json was not read, so its heads are not known; tensor mode needs them"

@@ -16,7 +16,7 @@ from mlx_ring.planning.activations import holds_graph, metal
 from mlx_ring.planning.capabilities import Capabilities, compute_units
 from mlx_ring.planning.cost import hop_seconds, layer_kv_bytes, runtime_bytes
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
-from mlx_ring.planning.split import Part
+from mlx_ring.planning.split import ShareSize
 
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
@@ -138,7 +138,7 @@ def _turns(caps: list[Capabilities]) -> list[int]:
     return [count[c.host, c.unit] for c in caps]
 
 
-def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[Part], rows: int,
+def tensor_parts(model: ModelSpec, caps: list[Capabilities], shares: list[ShareSize], rows: int,
                  allsum: AllSum) -> dict:
     """A tensor step of `rows` rows, in seconds: `compute` (every layer's share on its slowest rank,
     ranks sharing a device doing theirs in turn), `head` (rank 0), `allsum` (two a layer), `host`
@@ -164,13 +164,13 @@ def host_layer_seconds(cap: Capabilities) -> float:
     return GPU_HOST_LAYER_S if holds_graph(cap) or metal(cap) else CPU_HOST_LAYER_S
 
 
-def tensor_tokens_per_s(model: ModelSpec, caps: list[Capabilities], shares: list[Part], streams: int,
+def tensor_tokens_per_s(model: ModelSpec, caps: list[Capabilities], shares: list[ShareSize], streams: int,
                         allsum: AllSum) -> float:
     """Decoded tokens/s of `streams` streams, all in one step."""
     return streams / sum(tensor_parts(model, caps, shares, streams, allsum).values())
 
 
-def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[Part], allsum: AllSum,
+def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[ShareSize], allsum: AllSum,
                        prompt: int = PROMPT) -> float:
     """Seconds to the first token of a `prompt`-token prompt, its chunks one after the other."""
     chunk = min(prompt, model.prefill_chunk or CHUNK)
@@ -180,7 +180,7 @@ def tensor_first_token(model: ModelSpec, caps: list[Capabilities], shares: list[
     return t + _head_seconds(model, caps[0], 1)
 
 
-def tensor_need(model: ModelSpec, cap: Capabilities, rank: int, share: Part, kv_tokens: int) -> float:
+def tensor_need(model: ModelSpec, cap: Capabilities, rank: int, share: ShareSize, kv_tokens: int) -> float:
     """Bytes a rank of a tensor ring needs: its part of every layer and of their KV cache, the
     embedding (rank 0: both ends) and the runtime of a rank running every layer."""
     ends = model.ends_bytes if rank == 0 else embed_bytes(model)
@@ -188,7 +188,7 @@ def tensor_need(model: ModelSpec, cap: Capabilities, rank: int, share: Part, kv_
     return ends + layers + runtime_bytes(model, cap, rank, model.n_layers, kv_tokens)
 
 
-def tensor_misfit(model: ModelSpec, caps: list[Capabilities], shares: list[Part], kv_tokens: int) -> str:
+def tensor_misfit(model: ModelSpec, caps: list[Capabilities], shares: list[ShareSize], kv_tokens: int) -> str:
     """"" where every rank holds its share, else a sentence naming the first rank that cannot."""
     for r, (c, s) in enumerate(zip(caps, shares)):
         need = tensor_need(model, c, r, s, kv_tokens)
@@ -199,7 +199,7 @@ def tensor_misfit(model: ModelSpec, caps: list[Capabilities], shares: list[Part]
     return ""
 
 
-def tensor_kv_room(model: ModelSpec, caps: list[Capabilities], shares: list[Part], kv_tokens: int,
+def tensor_kv_room(model: ModelSpec, caps: list[Capabilities], shares: list[ShareSize], kv_tokens: int,
                        most: int = 1 << 24) -> int:
     """Tokens of KV cache every rank of a tensor ring has room for beside its share of the weights."""
     tokens = most

@@ -23,7 +23,7 @@ from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
-from mlx_ring.planning.split import Part
+from mlx_ring.planning.split import ShareSize
 from mlx_ring.planning.strategies import STRATEGIES
 
 log = logging.getLogger("planner")
@@ -70,7 +70,7 @@ def plan_ring(cfg: Config, spec: ModelSpec, world, config: dict | None = None,
                  "allsum": asdict(ring_allsum(cfg.cache_dir, entries, backend))}
     rows = exchange(mine, world)
     lead = rows[0]
-    lead["split"] = lead["split"] if isinstance(lead["split"], str) else [Part(**p) for p in lead["split"]]
+    lead["split"] = lead["split"] if isinstance(lead["split"], str) else [ShareSize(**p) for p in lead["split"]]
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
     # Nothing to measure where tensor mode is out whatever its links cost: a model that does not split,
@@ -104,11 +104,11 @@ def read_config(folder: Path) -> dict | None:
         return None
 
 
-def _shares(split: list[Part] | str) -> list[Part] | None:
+def _shares(split: list[ShareSize] | str) -> list[ShareSize] | None:
     return split if isinstance(split, list) else None
 
 
-def _plain(split: list[Part] | str) -> list[dict] | str:
+def _plain(split: list[ShareSize] | str) -> list[dict] | str:
     """The split as the ranks' exchange carries it (JSON)."""
     return split if isinstance(split, str) else [asdict(p) for p in split]
 

@@ -21,18 +21,18 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
-from mlx_ring.planning.split import Part, even_parts
+from mlx_ring.planning.split import ShareSize, even_sizes
 
 
 def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-            links: list[tuple[float, float]] | None = None, shares: list[Part] | None = None,
+            links: list[tuple[float, float]] | None = None, shares: list[ShareSize] | None = None,
             allsum: AllSum | None = None, kept: list[float] | None = None) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`, /cluster/status).
     `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh check`; else hops count 0.
     A tensor plan's ranks each hold `shares` of every layer (equal where None), joined by `allsum`.
     `kept`: the GB each rank keeps for its prompt cache (`plan_for`'s), counted in its memory figure."""
     if plan.tensor > 1:
-        return tensor_summary(model, caps, plan, kv_tokens, shares or even_parts(plan.size),
+        return tensor_summary(model, caps, plan, kv_tokens, shares or even_sizes(plan.size),
                               allsum or DEFAULT_ALLSUM["ring"], kept)
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
@@ -58,7 +58,7 @@ def summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_toke
 
 
 def tensor_summary(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int,
-                   shares: list[Part], allsum: AllSum, kept: list[float] | None = None) -> dict:
+                   shares: list[ShareSize], allsum: AllSum, kept: list[float] | None = None) -> dict:
     """`summary` of a tensor plan: every rank its share of every layer; a step is the slowest share of
     each layer, rank 0's head and two all_sums a layer."""
     parts = tensor_parts(model, caps, shares, 1, allsum)

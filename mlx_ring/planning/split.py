@@ -9,18 +9,18 @@ from mlx_ring.models.tensor_shares import tensor_shares as cut_shares
 
 
 @dataclass(frozen=True)
-class Part:
-    """One rank's part of every layer in tensor mode."""
+class ShareSize:
+    """How much of every layer one rank holds in tensor mode: the size of its `Share`."""
     layer: float  # of the layer's weights: what the rank reads and computes in a step
     cache: float  # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or latent attention's whole)
 
 
-def even_parts(n: int) -> list[Part]:
-    """n equal parts of every layer and its cache."""
-    return [Part(1 / n, 1 / n)] * n
+def even_sizes(n: int) -> list[ShareSize]:
+    """n equal shares of every layer and its cache."""
+    return [ShareSize(1 / n, 1 / n)] * n
 
 
-def tensor_shares(config: dict, n: int) -> list[Part]:
+def tensor_shares(config: dict, n: int) -> list[ShareSize]:
     """Each rank's part of every layer in tensor mode; ValueError (a sentence) where the model cannot be
     split `n` ways."""
-    return [Part(s.layer, s.cache) for s in cut_shares(config, n)]
+    return [ShareSize(s.layer, s.cache) for s in cut_shares(config, n)]

@@ -18,7 +18,7 @@ from mlx_ring.planning.cost import kv_room, layer_kv_bytes, memory_need
 from mlx_ring.planning.plan import GIB, tensor_plan
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_config
-from mlx_ring.planning.split import Part
+from mlx_ring.planning.split import ShareSize
 from mlx_ring.serving.rows import one_request
 from mlx_ring.serving.warmup import count_measured, fit_room
 
@@ -87,7 +87,7 @@ def test_a_tensor_ranks_figure_counts_its_share_of_every_layers_kv_room():
     header, *rows = format_summary(s).splitlines()[:3]
     assert "KV room" in header and all(f"{r['most_gb']:.1f} GB" in row for r, row in zip(s["ranks"], rows))
     # A rank keeping more of the cache than of the weights (KV heads kept by several ranks) grants the room from it.
-    kept_twice = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=[Part(0.5, 1.0), Part(0.5, 0.5)], kept=[1.0, 1.0])
+    kept_twice = summary(SPEC, caps, tensor_plan(16, 2), 8192, shares=[ShareSize(0.5, 1.0), ShareSize(0.5, 0.5)], kept=[1.0, 1.0])
     first, second = kept_twice["ranks"]
     assert kept_twice["kv_capacity_tokens"] < room and first["kv_room_gb"] == pytest.approx(2 * second["kv_room_gb"], abs=2e-3)
 

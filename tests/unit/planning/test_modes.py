@@ -19,7 +19,7 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, ModelSpec, plan_from_sizes
-from mlx_ring.planning.split import Part, even_parts, tensor_shares
+from mlx_ring.planning.split import ShareSize, even_sizes, tensor_shares
 
 # Llama-3-8B, bfloat16: 218M parameters a layer, 525M in each of the embedding and the head.
 LLAMA_8B = ModelSpec(32, 436e6, 2 * 1.05e9, 1.05e9, 4096, 436e6, 2 * 218e6, 2 * 525e6, "bfloat16", "8b",
@@ -35,13 +35,13 @@ H100 = H100_4[:2]
 ULTRAS = [Capabilities(f"ultra-{i}", 192, 150, 28, 800, "Apple M3 Ultra") for i in (1, 2)]
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
-HALVES = even_parts(2)
+HALVES = even_sizes(2)
 TCP_1MS = AllSum(1.0, 1.25, 2, "ring (TCP)", "as measured on 2 x H100 through the host")
 
 
 def choose(spec, caps, allsum, parallel="auto", split=None, **kw):
     n = len(caps)
-    return plan_mode(spec, caps, None, parallel, "balanced", 8192, split=split or even_parts(n), allsum=allsum, **kw)
+    return plan_mode(spec, caps, None, parallel, "balanced", 8192, split=split or even_sizes(n), allsum=allsum, **kw)
 
 
 def ratio(choice) -> float:
@@ -91,7 +91,7 @@ def test_ranks_sharing_one_device_gain_nothing_from_tensor_mode():
     cpu = [Capabilities("box", 64, 40, 0.1, 20)] * 2  # no unit of their own: they take turns on the cores
     choice = choose(LLAMA_8B, cpu, DEFAULT_ALLSUM["jaccl"])[3]
     parts = tensor_parts(LLAMA_8B, cpu, HALVES, 1, DEFAULT_ALLSUM["jaccl"])
-    alone = tensor_parts(LLAMA_8B, cpu[:1], even_parts(1), 1, DEFAULT_ALLSUM["jaccl"])
+    alone = tensor_parts(LLAMA_8B, cpu[:1], even_sizes(1), 1, DEFAULT_ALLSUM["jaccl"])
     assert parts["compute"] == pytest.approx(alone["compute"]) and choice.mode == "pipeline"
 
 
@@ -170,9 +170,9 @@ def test_tensor_memory_is_a_share_of_every_layer_and_every_rank_the_embedding():
     assert embed_bytes(LLAMA_8B) == pytest.approx(1.05e9)  # untied: the head stays on rank 0
     tied = ModelSpec(30, 1e7, 0.6e8, 0.57e8, 1152, 1e7, 2e7, 1e8)
     assert embed_bytes(tied) == tied.ends_bytes  # tied: the embedding is the head
-    whole = tensor_need(LLAMA_8B, cap, 0, Part(1.0, 1.0), 8192)
+    whole = tensor_need(LLAMA_8B, cap, 0, ShareSize(1.0, 1.0), 8192)
     assert whole - rank0 == pytest.approx(16 * (436e6 + 8192 * 4096))  # half the layers and half their cache
-    kept_twice = tensor_need(LLAMA_8B, cap, 0, Part(0.5, 1.0), 8192)  # a rank keeping every KV head
+    kept_twice = tensor_need(LLAMA_8B, cap, 0, ShareSize(0.5, 1.0), 8192)  # a rank keeping every KV head
     assert kept_twice - rank0 == pytest.approx(16 * 8192 * 4096)
     small = [Capabilities("a", 16, 10, 4, 120), Capabilities("b", 64, 48, 30, 546)]
     assert tensor_kv_room(LLAMA_8B, small, HALVES, 8192) < tensor_kv_room(LLAMA_8B, small[1:] * 2, HALVES, 8192)
@@ -206,7 +206,7 @@ def test_the_table_shows_each_mode_and_why():
 
 
 def test_the_planner_takes_each_ranks_share_of_a_layer_from_the_cut():
-    assert tensor_shares(LLAMA_CONFIG, 2) == HALVES and tensor_shares(LLAMA_CONFIG, 1) == even_parts(1)
+    assert tensor_shares(LLAMA_CONFIG, 2) == HALVES and tensor_shares(LLAMA_CONFIG, 1) == even_sizes(1)
     smol = {**LLAMA_CONFIG, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
     two = tensor_shares(smol, 2)  # 6 + 3 heads, 768 + 768 MLP columns
     assert two[0].layer > 0.5 > two[1].layer and sum(p.layer for p in two) == pytest.approx(1.0)

@@ -12,12 +12,12 @@ from mlx_ring.planning.auto import plan_mode
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import DEFAULT_ALLSUM, tensor_parts
 from mlx_ring.planning.plan import ModelSpec
-from mlx_ring.planning.split import Part
+from mlx_ring.planning.split import ShareSize
 
 # The default model (SmolLM2-135M as float32) as sizes.py reads it, split 6 + 3 heads over 2 ranks.
 SMOL = ModelSpec(30, 14160384.0, 113248512, 113246208, 1536, 14160384.0, 7080192.0, 56623104.0, "float32", "smol",
                  hidden_bytes=2304, act_bytes_per_token=44544.0, heads=9, vocab=49152, context_length=8192)
-SHARES = [Part(0.5416666666666666, 2 / 3), Part(0.4583333333333333, 1 / 3)]
+SHARES = [ShareSize(0.5416666666666666, 2 / 3), ShareSize(0.4583333333333333, 1 / 3)]
 # One core each (as `bench --pin` runs them), as the speed probe measured a core: best of its rounds.
 PINNED = [Capabilities("vm", 23.5, 10.4, 0.0962, 4.80, "AMD EPYC", unit=f"cores {r}") for r in (0, 1)]
 # allsum.json as the old probe left it on that machine (check's probe, mlx.launch spinning a core beside it).
