@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from mlx_ring.api.errors import ApiError, validation_message
 
-IN_PLACE_BYTES = 256 * 1024  # bodies up to this are parsed on the event loop (~1 ms at most)
+IN_PLACE_BYTES = 256 * 1024  # bodies up to this are parsed on the event loop: short enough not to stall it
 WORKERS = 2
 LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: json.loads may make a lone surrogate of it
 

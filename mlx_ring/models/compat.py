@@ -91,11 +91,9 @@ def cache_from_saved(saved: tuple, n: int) -> KVCache:
 
 UNFUSED_SEVERAL = mx.cuda.is_available()  # passes of several positions over a growing cache: see below
 # On CUDA a prefill chunk over at most this many key positions attends unfused: the fused kernel is
-# built anew for each new (query, key) length pair. On an H100 (Llama-3-8B shape, bf16) a prompt of a
-# length not met before took 100-115 ms longer to its first token than one of a length met before,
-# and the process's first such prompt stalled its next step 170 ms more; unfused, 15-40 ms longer and
-# no stall, for 5-10 ms more on a prompt of a known length. The scores stay small here (a 512-token
-# chunk's: 64 KiB a key position and layer, 128 MiB at this bound, gone once the layer is done).
+# built anew for each new (query, key) length pair, so a prompt of a length not met before waits for
+# a build and stalls the next step; unfused, it costs a little on every prompt and never stalls. The
+# scores stay small below this bound, and are gone once the layer is done.
 UNFUSED_PREFILL_KEYS = 2048  # the plan's activation figure counts the scores up to it (planning/activations.py)
 _FUSED = mx.fast.scaled_dot_product_attention
 

@@ -17,8 +17,7 @@ SCORE_BYTES = 4  # attention computed unfused (a CPU always) keeps its scores an
 # UNFUSED_PREFILL_KEYS, which says why (kept apart so planning reads no MLX; a test holds them equal).
 UNFUSED_KEYS = 2048
 # A CUDA rank's prefill steps may hold this share of the memory its plan leaves beside weights and the
-# KV_TOKENS reserve: 16 layers of the Llama-3-8B shape on an 80 GB H100 get 4096-token steps (8 prompts'
-# 512-token chunks, about 15 GiB), the rest stays KV room (about 47 GiB, 770k tokens).
+# KV_TOKENS reserve: big enough for several prompts' chunks a step, the rest stays KV room.
 CUDA_SHARE = 0.25
 MOST_STEP_TOKENS = 16384  # mlx-lm's batch generator prefills at most 8 prompts x 2048 tokens a step
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 ROWS = (1, 64)  # one stream's hidden state, and a batch's
 ROUNDS = 12  # timed rounds of each size, the two sizes taking turns
-WARMUP = 2  # untimed rounds first: right after connecting, a round ran up to 100x slower on loopback
+WARMUP = 2  # untimed rounds first: the rounds right after connecting run far slower
 CHAIN = (16, 4)  # all_sums in one graph, one after the other, of each size: latency needs the longer chain
 BUDGET_S = 1.5  # past this (warm-up included), the timing stops after the round in hand: `check` on a slow link stays quick
 PROBE = 2  # this way of timing; a figure cached by an older way (a median of 5 rounds, no warm-up) is measured again
@@ -179,8 +179,7 @@ def main(argv: list[str]) -> None:
 
     hidden, dtype = int(argv[0]), argv[1]
     # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a core
-    # watching it, and on 2 cores the all_sums then timed the ranks' waits for a core (0.5-27 ms each,
-    # against 0.06-0.3 ms with the core free), not the link.
+    # watching it, and on 2 cores the all_sums then timed the ranks' waits for a core, not the link.
     world = init_world()
     description = ring_description()  # NCCL's group forms from it on CUDA GPUs, as a server's does
     drop_hostfile()  # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs

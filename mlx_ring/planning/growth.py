@@ -1,8 +1,8 @@
 """How a decode group's KV cache grows: the one rule that the ranks apply to their caches (shard.py)
 and that rank 0 counts room by (serving/rows.py)."""
 
-# A decode group's cache grows by this many token-rows at a time (mlx-lm's fixed 256 tokens a row
-# left 64 rows holding 4x the tokens they had, and growing copies the whole cache).
+# A decode group's cache grows by this many token-rows at a time: mlx-lm's fixed 256 tokens a row
+# leaves a wide group holding many times the tokens it has, and growing copies the whole cache.
 GROUP_SPARE_TOKENS = 256
 
 

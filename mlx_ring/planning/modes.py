@@ -24,12 +24,12 @@ CHUNK = 512  # prompt tokens a prefill step takes where PREFILL_CHUNK is auto
 # A tensor rank's host work per layer and step. On a GPU whose ring carries the step headers on a
 # link of their own (ring/headlink.py), every rank builds a step while its device runs the last one,
 # as mlx-lm's own loop does: the host's whole work (Python and MLX's encoding) hides behind the
-# device's, or the device's behind it. Rank 0's thread spent 5.4-7.5 ms of it a step on 20 layers of
-# the Llama-70B shape on 2 x H100, as much as mlx-lm's loop (tools/bench_tensor.py --split).
+# device's, or the device's behind it; rank 0's thread was as busy as mlx-lm's loop's
+# (`tools/bench_tensor.py --split`, figures in docs/benchmarks.md).
 GPU_BUSY_LAYER_S = 0.31e-3
 # Where the headers come through MLX (JACCL's framed steps), a worker builds a step only once its
-# header comes, and its device starts the step after that: 2.39 ms a step on tensor-2 and 2.40-2.78 ms
-# on tensor-4 for those 20 layers on 4 x H100 (tools/bench_tensor.py --trace), added to the step. On a
+# header comes, and its device starts the step after that, so the host's work is added to the step
+# (`tools/bench_tensor.py --trace`, figures in docs/benchmarks.md). On a
 # CPU device, where the graph's building shares the cores with its compute, always added: calibrated
 # on this project's 2-core CI machine, a core per rank (tensor-2's measured step,
 # tests/unit/planning/test_probe_figures.py). Macs: not measured; the GPU's figures.
@@ -59,14 +59,13 @@ class AllSum:
 
 
 # Defaults where nothing was measured on this ring, from recorded measurements (2 ranks each; all_sums
-# chained in one graph as the probe times them).
+# chained in one graph as the probe times them; docs/benchmarks.md has the runs).
 DEFAULT_ALLSUM = {
-    # MLX's ring backend through the host: 0.22 ms for (1, 4096) and 1.09 ms for (64, 4096) bf16 between
-    # two GPUs of one host (2 x H100); links between machines add their own round trip (0.3-1 ms seen).
+    # MLX's ring backend goes through the host; links between machines add their own round trip.
     "ring": AllSum(0.5, 0.6, 2, "ring (TCP)", "default for MLX's ring backend over TCP (0.3-1 ms an all_sum seen)"),
-    # JACCL (RDMA over Thunderbolt 5): about 30 us a message; Thunderbolt 5 carries 80 Gbit/s.
+    # JACCL (RDMA over Thunderbolt 5): its published latency a message; Thunderbolt 5's 80 Gbit/s.
     "jaccl": AllSum(0.03, 6.0, 2, "JACCL (Thunderbolt)", "default for JACCL (about 30 us a message)"),
-    # NCCL on 2 x H100 (NVLink): 0.047 ms for (1, 4096), 0.054 ms for (64, 4096) bf16.
+    # NCCL over NVLink, as measured on 2 x H100.
     "nccl": AllSum(0.047, 75.0, 2, "NCCL", "default for NCCL (0.047 ms for (1, 4096) bf16 on 2 x H100)"),
 }
 

@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 
 # MLX's ring backend sums an array of `size` x 512 KiB or more in two parts at once, one per socket,
 # each socket's thread spinning while it waits (mlx/distributed/ring/ring.cpp: min_send_size of 256
-# KiB a rank and direction). A rank with one core runs both spinning threads on it: a (512, 576)
-# float32 sum over 2 ranks, a core each, took 12 ms whole and 4-5 ms as two smaller sums.
+# KiB a rank and direction). A rank with one core runs both spinning threads on it, so there two
+# smaller sums in turn beat one whole sum (docs/benchmarks.md).
 RING_PART_BYTES = 2 * 262144
 _WHOLE_SUM = mx.distributed.all_sum
 

@@ -76,9 +76,9 @@ class Ring:
         self.apart = receives_apart(metal, receive_apart if receive_apart is not None else receive_apart_setting())
         # Wait for a payload in the kernel on a CPU device, where MLX's polling thread takes a core
         # from the stage itself, and on Metal, where a command buffer must never wait on a payload
-        # that has not started to arrive (a stopped peer would abort the rank after ~5 s instead of
-        # rank 0 timing the wait, STEP_TIMEOUT). On other GPUs, evaluating at once queues the stage's
-        # kernels while the data is on its way (waiting first cost 1 ms a token on 2 x H200), at the
+        # that has not started to arrive (a stopped peer would trip Metal's watchdog instead of rank 0
+        # timing the wait, STEP_TIMEOUT). On other GPUs, evaluating at once queues the stage's kernels
+        # while the data is on its way (waiting first cost time every token), at the
         # price of a polling core while a peer computes, or when it stopped mid-step.
         self.wait_in_kernel = mx.default_device() == mx.cpu or metal
         # On CUDA, a send that waits on the GPU polls an atomic with sleeps that grow to a quarter of

@@ -83,7 +83,7 @@ def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.a
     if not (first.plain() and all(s.settings == settings for s in samplers)):
         return None
     # Greedy picks, top-k and a temperature's draw do not change when every logit of a row moves by
-    # the same amount; a report or top-p needs the normalised ones (about 1 ms a row of 49k on a CPU core).
+    # the same amount; a report or top-p needs the normalised ones, which cost a pass over the row.
     normalise = first.logprobs or 0 < first.top_p < 1.0
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) if normalise else logits
     try:

@@ -106,7 +106,7 @@ def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], 
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
     its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
-    # activations for many layers at once (0.9-1.6 GiB for 16 layers of an 8B shape on an H200).
+    # activations for many layers at once (docs/benchmarks.md, memory against the plan).
     planned = planned_runtime(ranks)
     excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, weights_kib(ranks)), planned)]
     fitted = room_after(spec, kv_room, [r.layers[1] - r.layers[0] for r in ranks], excess)
