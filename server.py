@@ -43,7 +43,8 @@ log = logging.getLogger("server")
 
 
 def setup_logging(cfg: Config, rank: int) -> None:
-    """Every line carries rank and host; rank r also writes `logs/rank{r}.log` on its own machine."""
+    """Every line carries rank and host; rank r also writes `logs/rank{r}.log` on its own
+    machine."""
     host = socket.gethostname()
 
     class Tag(logging.Filter):
@@ -51,26 +52,34 @@ def setup_logging(cfg: Config, rank: int) -> None:
             record.rank, record.host = rank, host
             return True
 
-    fmt = logging.Formatter("%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s")
+    fmt = logging.Formatter(
+        "%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s"
+    )
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(RunDir(cfg.log_dir).rank_log(rank))]
+    handlers = [
+        logging.StreamHandler(sys.stderr),
+        logging.FileHandler(RunDir(cfg.log_dir).rank_log(rank)),
+    ]
     for h in handlers:
         h.setFormatter(fmt)
         h.addFilter(Tag())
     logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
 
 
-def make_plan(cfg: Config, spec, world: mx.distributed.Group, model_path: Path,
-              sums=None) -> tuple[LayerPlan, list[Capabilities], dict]:
+def make_plan(
+    cfg: Config, spec, world: mx.distributed.Group, model_path: Path, sums=None
+) -> tuple[LayerPlan, list[Capabilities], dict]:
     """Every rank measures itself (cached per host), the ranks exchange what they found, and each
-    computes the same plan from the model's sizes (weight headers only) in the mode PARALLEL gives or
-    auto chooses (from the model's config: how its layers split; `sums()`: the group its all_sums would
-    run over, else `world`); LAYERS= fixes the counts.
-    Returns the plan, every rank's capabilities as planned with, and the plan's summary."""
+    computes the same plan from the model's sizes (weight headers only) in the mode PARALLEL
+    gives or auto chooses (from the model's config: how its layers split; `sums()`: the group its
+    all_sums would run over, else `world`); LAYERS= fixes the counts. Returns the plan, every
+    rank's capabilities as planned with, and the plan's summary."""
     return plan_ring(cfg, spec, world, read_config(model_path), sums)
 
 
-def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | None = None) -> Cluster:
+def gather_cluster(
+    shard: Shard, world: mx.distributed.Group, predicted: dict | None = None
+) -> Cluster:
     """Every rank's static facts (host, range, bytes held), gathered with one collective, plus the
     planner's view of each rank (capabilities, memory needed, predicted stage time)."""
     infos = exchange(shard.info(), world)
@@ -78,11 +87,28 @@ def gather_cluster(shard: Shard, world: mx.distributed.Group, predicted: dict | 
     views = predicted["ranks"] if predicted else [None] * len(infos)
     ranks = tuple(RankFacts.of(info, view) for info, view in zip(infos, views))
     plan = shard.plan
-    return Cluster(ranks, PlanFacts(plan.strategy, plan.n_layers, tuple(map(tuple, plan.ranges)),
-                                    Prediction.of(predicted) if predicted else None, plan.mode, plan.tensor))
+    return Cluster(
+        ranks,
+        PlanFacts(
+            plan.strategy,
+            plan.n_layers,
+            tuple(map(tuple, plan.ranges)),
+            Prediction.of(predicted) if predicted else None,
+            plan.mode,
+            plan.tensor,
+        ),
+    )
 
 
-def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster: Cluster, caps: list[Capabilities]) -> None:
+def serve_rank0(
+    cfg: Config,
+    shard: Shard,
+    ring: Ring,
+    model_path,
+    spec,
+    cluster: Cluster,
+    caps: list[Capabilities],
+) -> None:
     """Rank 0: its scheduler and engine, warmed up (serving/startup.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
@@ -97,14 +123,18 @@ def serve_rank0(cfg: Config, shard: Shard, ring: Ring, model_path, spec, cluster
 
 
 def local_model(cfg: Config, rank: int) -> Path:
-    """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID, RING_PLAN),
-    whatever other slices the cache holds; else the model resolved here (rank 0's own machine)."""
+    """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID,
+    RING_PLAN), whatever other slices the cache holds; else the model resolved here (rank 0's own
+    machine)."""
     sizes = cfg.plan[1] if cfg.model_id and cfg.plan else ()
-    if len(sizes) == 1:  # one stage (tensor mode, or one rank): every layer, or a share of each, and the ends
+    # one stage (tensor mode, or one rank): every layer, or a share of each, and the ends
+    if len(sizes) == 1:
         found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(sizes[0]), True))
     elif rank < len(sizes):
         start = sum(sizes[:rank])
-        found = find_slice(cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + sizes[rank]), rank == 0))
+        found = find_slice(
+            cfg.cache_dir, cfg.model_id, pieces_for(range(start, start + sizes[rank]), rank == 0)
+        )
     else:
         found = None
     if found:
@@ -116,8 +146,10 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
     """Every rank serves the same model with the same code and versions, or none starts."""
     model_id = manifest(model_path, cfg.cache_dir)["id"]
     if cfg.model_id and model_id != cfg.model_id:
-        raise ValueError(f"this host's model {model_path} (id {model_id}) is not the one the launcher sent "
-                         f"(id {cfg.model_id}); start the ring with ./launch.sh")
+        raise ValueError(
+            f"this host's model {model_path} (id {model_id}) is not the one the launcher sent "
+            f"(id {cfg.model_id}); start the ring with ./launch.sh"
+        )
     problem = disagreement(exchange(identity(model_id), world))
     if problem:
         raise ValueError(problem)
@@ -126,9 +158,11 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
 def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
     cfg, prepare_only = parse_config()
-    note(RunDir(cfg.log_dir).tempfiles)  # mlx.launch's temporary files, removed once this rank is gone
+    # mlx.launch's temporary files, removed once this rank is gone
+    note(RunDir(cfg.log_dir).tempfiles)
     world = init_world(cfg.ring_socket_buffer, cfg.ring_verbose)
-    description = ring_description()  # tensor mode's NCCL group forms from it, after the file is gone
+    # tensor mode's NCCL group forms from it, after the file is gone
+    description = ring_description()
     drop_hostfile()
     rank = world.rank()
     setup_logging(cfg, rank)
@@ -138,33 +172,48 @@ def main() -> None:
         return
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
     check_agreement(cfg, model_path, world)
-    spec = spec_from_folder(model_path)  # the model's sizes, read once: for the plan and the prompt cache
-    # Tensor mode's all_sum group, formed where the planner first measures over it or the shard loads.
+    # the model's sizes, read once: for the plan and the prompt cache
+    spec = spec_from_folder(model_path)
+    # Tensor mode's all_sum group, formed where the planner first measures over it or the shard
+    # loads.
     sums = functools.cache(lambda: sum_group(world, description))
     plan, caps, predicted = make_plan(cfg, spec, world, model_path, sums)
     if rank == 0:
         log.info("layer plan %s, %s mode:\n%s", plan.strategy, plan.mode, format_summary(predicted))
     shard = load_shard(model_path, plan, rank, sums() if plan.tensor > 1 else None)
-    log.info("loaded layers [%d, %d)%s from %s: %.1f MiB", shard.start, shard.end,
-             f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "", model_path, shard.info()["parameter_bytes"] / 2**20)
+    log.info(
+        "loaded layers [%d, %d)%s from %s: %.1f MiB",
+        shard.start,
+        shard.end,
+        f", a 1/{plan.tensor} share of each" if plan.tensor > 1 else "",
+        model_path,
+        shard.info()["parameter_bytes"] / 2**20,
+    )
     cluster = gather_cluster(shard, world, predicted)
-    # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it forces a restart.
+    # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it
+    # forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
-    # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed (ring/deadline.py).
+    # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed
+    # (ring/deadline.py).
     jaccl = world_backend() == "jaccl"
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
     frame = framed(jaccl, cfg.ring_frames)
-    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header waited for its GPU.
+    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header waited for
+    # its GPU.
     link = HeaderLink.open(world, description) if plan.tensor > 1 and not (jaccl or frame) else None
     ring = Ring(world, cfg.receive_apart, deadlines, frame, [c.host for c in caps], link)
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:
-        log.info("receiving %s payloads before building the stage on them (RECEIVE_APART%s)",
-                 " and ".join(sorted(k.name.lower() for k in ring.apart)), "=auto, on Metal" if cfg.receive_apart is None else "")
+        log.info(
+            "receiving %s payloads before building the stage on them (RECEIVE_APART%s)",
+            " and ".join(sorted(k.name.lower() for k in ring.apart)),
+            "=auto, on Metal" if cfg.receive_apart is None else "",
+        )
     if rank == 0:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
-    else:  # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
+    # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
+    else:
         serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
     log.info("exiting")
 
@@ -172,6 +221,7 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:  # configuration errors: one clear line, no traceback; launch.sh does not retry
+    # configuration errors: one clear line, no traceback; launch.sh does not retry
+    except ValueError as e:
         logging.getLogger("server").error("%s", exits.refusal(str(e)))
         sys.exit(exits.REFUSED)

@@ -43,6 +43,7 @@ from mlx_ring.ring.transport import PeerSilent, Ring
 
 log = logging.getLogger(__name__)
 
+
 def rss_kib() -> int:
     """Resident memory of this process now, in KiB (Linux and macOS alike)."""
     return resident_bytes() >> 10
@@ -55,36 +56,55 @@ def parameter_bytes(module: nn.Module) -> int:
 class Shard:
     """The layers `[start, end)` of one rank and their KV caches, and (rank 0) embedding and head.
 
-    Caches live in two places: one per prefill batch while its prompts are prefilled (a lone prompt's
-    exactly as a single process would hold it, several prompts' as one right-padded batch), then, once
-    it joins a decode group, as rows of that group's batched, left-padded cache (mlx-lm's
+    Caches live in two places: one per prefill batch while its prompts are prefilled (a lone
+    prompt's exactly as a single process would hold it, several prompts' as one right-padded batch),
+    then, once it joins a decode group, as rows of that group's batched, left-padded cache (mlx-lm's
     `BatchKVCache`), so the whole group decodes in one forward step.
     """
 
-    def __init__(self, cut: Slice, plan: LayerPlan, rank: int, plain_kv: bool = False, batches: bool = True,
-                 world: mx.distributed.Group | None = None):
+    def __init__(
+        self,
+        cut: Slice,
+        plan: LayerPlan,
+        rank: int,
+        plain_kv: bool = False,
+        batches: bool = True,
+        world: mx.distributed.Group | None = None,
+    ):
         self.slice, self.model, self.plan, self.rank, self.world = cut, cut.model, plan, rank, world
-        # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and reused by
-        # prefix, drop rejected drafts, and take right padding out after a batch's prefill.
+        # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and
+        # reused by prefix, drop rejected drafts, and take right padding out after a batch's
+        # prefill.
         self.plain_kv = plain_kv
         self.batches = batches  # the layers take several rows at once (else one row a decode group)
         self.start, self.end = plan.ranges[plan.stage_of(rank)]
-        self.tensor = plan.tensor > 1  # every rank a share of every layer, the step's all_sums joining them
-        self.last = plan.stage_of(rank) == len(plan.ranges) - 1  # its output is rank 0's (the last rank's, or every rank's)
+        # every rank a share of every layer, the step's all_sums joining them
+        self.tensor = plan.tensor > 1
+        # its output is rank 0's (the last rank's, or every rank's)
+        self.last = plan.stage_of(rank) == len(plan.ranges) - 1
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
-        self.saved: dict[int, list] = {}  # prompt-cache entry -> per-layer (keys, values) of its tokens
+        # prompt-cache entry -> per-layer (keys, values) of its tokens
+        self.saved: dict[int, list] = {}
         self.prefill_tokens = 0  # token positions run through prefill steps (status)
-        # Moving average, on workers, of the time from a forward step's header to passing it on: this
-        # rank's stage plus any wait for the payload (which arrives inside the stage's graph).
+        # Moving average, on workers, of the time from a forward step's header to passing it on:
+        # this rank's stage plus any wait for the payload (which arrives inside the stage's graph).
         self.forward_us = 0.0
         self.busy_s = 0.0  # time spent running steps (workers: from a step's arrival to its send)
         self.kv_peak = 0  # most bytes the KV caches held at once
         self.host = socket.gethostname()
-        self._steps = {Kind.PREFILL: self._prefill, Kind.DECODE: self._decode, Kind.JOIN: self._join,
-                       Kind.FILTER: self._filter, Kind.FREE: self._free, Kind.STATUS: self._status,
-                       Kind.LOAD: self._load, Kind.SAVE: self._save, Kind.SAVE_ROW: self._save_row,
-                       Kind.TRIM: self._trim}
+        self._steps = {
+            Kind.PREFILL: self._prefill,
+            Kind.DECODE: self._decode,
+            Kind.JOIN: self._join,
+            Kind.FILTER: self._filter,
+            Kind.FREE: self._free,
+            Kind.STATUS: self._status,
+            Kind.LOAD: self._load,
+            Kind.SAVE: self._save,
+            Kind.SAVE_ROW: self._save_row,
+            Kind.TRIM: self._trim,
+        }
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -93,7 +113,8 @@ class Shard:
     def head(self, h: mx.array) -> mx.array:
         return self.slice.head(h)
 
-    # -- every rank ---------------------------------------------------------------------------------
+    # -- every rank
+    # ---------------------------------------------------------------------------------
     @staticmethod
     def rows(caches: list | None) -> int:
         """Rows of a batch's caches (a lone prompt's cache has one)."""
@@ -105,9 +126,9 @@ class Shard:
         return seen.shape[0] if isinstance(seen, mx.array) else 1
 
     def apply(self, header: Header, payload: mx.array | None) -> mx.array | None:
-        """Apply one step to this rank's layers and caches; returns the payload to pass on. A forward
-        step comes as token ids `(B, L)` to a rank whose layers start at 0 (the first stage embeds),
-        else as hidden states `(B, L, H)`."""
+        """Apply one step to this rank's layers and caches; returns the payload to pass on. A
+        forward step comes as token ids `(B, L)` to a rank whose layers start at 0 (the first
+        stage embeds), else as hidden states `(B, L, H)`."""
         step = self._steps.get(header.kind)
         return step(header, payload) if step is not None else payload  # PING, SHUTDOWN: passed on
 
@@ -115,36 +136,53 @@ class Shard:
         B, L = payload.shape[:2]
         if header.offset == 0:
             caches = self.slice.new_caches()
-            if B > 1:  # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
-                caches = merge_caches([caches] * B)  # merging empty caches only counts them: no copy per row
+            # prompts prefilled together: one batch cache, as mlx-lm's batch generator makes
+            if B > 1:
+                # merging empty caches only counts them: no copy per row
+                caches = merge_caches([caches] * B)
             self.prefills[header.batch] = caches
         caches = self.prefills.get(header.batch)
         if caches is None:
             raise ProtocolError(f"rank {self.rank}: no cache for prefill batch {header.batch}")
         for c in caches:
-            c.step = L  # grows by the chunk: no spare room, which a batch's padding would roll in at its join
-        seen = positions(caches) if B == 1 else header.offset  # a batch's (one per row) would need a sync
+            # grows by the chunk: no spare room, which a batch's padding would roll in at its join
+            c.step = L
+        # a batch's (one per row) would need a sync
+        seen = positions(caches) if B == 1 else header.offset
         if seen not in (None, header.offset):
-            raise ProtocolError(f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, rank 0 expects {header.offset}")
-        with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):  # see compat
+            raise ProtocolError(
+                (
+                    f"rank {self.rank}: cache of prefill batch {header.batch} holds {seen} tokens, "
+                    f"rank 0 expects {header.offset}"
+                )
+            )
+        # see compat
+        with unfused_attention(UNFUSED_SEVERAL and header.offset + L <= UNFUSED_PREFILL_KEYS):
             out = self.slice.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.last and B == 1:
-            out = out[:, -1:, :]  # rank 0 needs only a lone prompt's last position (it has no padding)
+            # rank 0 needs only a lone prompt's last position (it has no padding)
+            out = out[:, -1:, :]
         return out
 
     def _decode(self, header: Header, payload: mx.array) -> mx.array:
         rows = self.rows(self.groups.get(header.group))
         if rows != payload.shape[0]:
-            raise ProtocolError(f"rank {self.rank}: group {header.group} has {rows} rows, step has {payload.shape[0]}")
+            raise ProtocolError(
+                (
+                    f"rank {self.rank}: group {header.group} has {rows} rows, step "
+                    f"has {payload.shape[0]}"
+                )
+            )
         caches = self.groups[header.group]
         if header.offset:  # drafts every row rejected in the group's last step
             for c in caches:
                 c.trim(header.offset)
         size = caches[0].nbytes
         with unfused_attention(payload.shape[1] > 1 and UNFUSED_SEVERAL):  # verifying drafts
-            out = self.slice.forward(payload, caches)  # token ids on the first stage: its forward embeds them
+            # token ids on the first stage: its forward embeds them
+            out = self.slice.forward(payload, caches)
         share_offsets(caches)
         if caches[0].nbytes != size:  # grew (every few steps): only then can the peak move
             self.kv_bytes()
@@ -192,7 +230,9 @@ class Shard:
         mx.clear_cache()
 
     def _load(self, header: Header, entries: mx.array) -> mx.array:
-        rows = [[cache_from_saved(s, header.offset) for s in self.saved[e]] for e in entries.tolist()]
+        rows = [
+            [cache_from_saved(s, header.offset) for s in self.saved[e]] for e in entries.tolist()
+        ]
         self.prefills[header.batch] = rows[0] if len(rows) == 1 else merge_caches(rows)
         return entries  # the next rank loads the same
 
@@ -204,7 +244,9 @@ class Shard:
         held = positions(caches).tolist()  # tokens per row: one read for the whole step
         for row, _, n in payload.tolist():
             if row >= 0 and held[row] != n:
-                raise ProtocolError(f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}")
+                raise ProtocolError(
+                    f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}"
+                )
         return self._keep(payload, caches, saved_from_batch)
 
     def _keep(self, lines: mx.array, caches: list, take) -> mx.array:
@@ -219,8 +261,11 @@ class Shard:
         return lines  # the next rank keeps the same
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
-        mine = mx.concatenate([table[: self.rank], self.status_row().array(), table[self.rank + 1 :]])
-        if self.tensor:  # no table goes round: every rank fills its row of a zero table, and one all_sum joins them
+        mine = mx.concatenate(
+            [table[: self.rank], self.status_row().array(), table[self.rank + 1 :]]
+        )
+        # no table goes round: every rank fills its row of a zero table, and one all_sum joins them
+        if self.tensor:
             return mx.distributed.all_sum(mine, group=self.world)
         return mine
 
@@ -231,7 +276,8 @@ class Shard:
             c.step = step
 
     def count(self, header: Header, took: float) -> None:
-        """A step's `took` seconds on this rank, for the status: busy time, and a forward step's average."""
+        """A step's `took` seconds on this rank, for the status: busy time, and a forward step's
+        average."""
         self.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):
             self.forward_us = 0.9 * self.forward_us + 0.1 * took * 1e6
@@ -241,7 +287,9 @@ class Shard:
 
     def kv_bytes(self) -> int:
         """Bytes the KV caches hold now (allocated, spare room included); updates the peak."""
-        now = sum(c.nbytes for caches in (*self.prefills.values(), *self.groups.values()) for c in caches)
+        now = sum(
+            c.nbytes for caches in (*self.prefills.values(), *self.groups.values()) for c in caches
+        )
         self.kv_peak = max(self.kv_peak, now)
         return now
 
@@ -250,10 +298,23 @@ class Shard:
         for caches in (*self.prefills.values(), *self.groups.values()):
             rows += self.rows(caches)
             seen = positions(caches)
-            tokens += int(mx.maximum(seen, 0).sum().item()) if seen is not None else 0  # an int or one per row
-        return StatusRow(self.rank, mx.get_active_memory() >> 10, mx.get_peak_memory() >> 10, rss_kib(), rows, tokens,
-                         int(self.forward_us), self.kv_bytes() >> 10, self.kv_peak >> 10, int(self.busy_s * 100) % 2**31,
-                         len(self.saved), self.saved_bytes() >> 10, self.prefill_tokens % 2**31)
+            # an int or one per row
+            tokens += int(mx.maximum(seen, 0).sum().item()) if seen is not None else 0
+        return StatusRow(
+            self.rank,
+            mx.get_active_memory() >> 10,
+            mx.get_peak_memory() >> 10,
+            rss_kib(),
+            rows,
+            tokens,
+            int(self.forward_us),
+            self.kv_bytes() >> 10,
+            self.kv_peak >> 10,
+            int(self.busy_s * 100) % 2**31,
+            len(self.saved),
+            self.saved_bytes() >> 10,
+            self.prefill_tokens % 2**31,
+        )
 
     def info(self) -> dict:
         return {
@@ -263,51 +324,80 @@ class Shard:
             "parameter_bytes": parameter_bytes(self.model),
             "holds_embedding": "embed_tokens" in self.slice.owner,
             # the final norm and an output projection: its own, or the embedding used as one (tied)
-            "holds_head": "norm" in self.slice.owner and ("lm_head" in self.model or "embed_tokens" in self.slice.owner),
+            "holds_head": "norm" in self.slice.owner
+            and ("lm_head" in self.model or "embed_tokens" in self.slice.owner),
         }
 
 
-def load_shard(model_path: Path, plan: LayerPlan, rank: int, world: mx.distributed.Group | None = None) -> Shard:
-    """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and head),
-    then materialise what is left: tensors of other ranks are never read from disk. A folder the
-    launcher sent holds only this host's pieces; it must hold all of this rank's. In tensor mode
-    (`plan.tensor` > 1, `world` the ranks sharing the layers) every rank keeps its share of every
-    layer, and the whole embedding and head (rank 0 runs the head; the others only embed)."""
+def load_shard(
+    model_path: Path, plan: LayerPlan, rank: int, world: mx.distributed.Group | None = None
+) -> Shard:
+    """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and
+    head), then materialise what is left: tensors of other ranks are never read from disk. A
+    folder the launcher sent holds only this host's pieces; it must hold all of this rank's. In
+    tensor mode (`plan.tensor` > 1, `world` the ranks sharing the layers) every rank keeps its
+    share of every layer, and the whole embedding and head (rank 0 runs the head; the others only
+    embed)."""
     start, end = plan.ranges[plan.stage_of(rank)]
     tensor = plan.tensor > 1
     lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0 or tensor))
     if lacking:
-        raise ValueError(f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
-                         "start the ring with ./launch.sh, which sends every host the pieces of its slice")
+        raise ValueError(
+            f"{model_path} lacks {', '.join(lacking[:4])} of this rank's layers [{start}, {end}); "
+            "start the ring with ./launch.sh, which sends every host the pieces of its slice"
+        )
     hosted = (Path(model_path) / MANIFEST).is_file()
-    check_supported(json.loads((Path(model_path) / "config.json").read_text()))  # before mlx-lm builds anything
+    # before mlx-lm builds anything
+    check_supported(json.loads((Path(model_path) / "config.json").read_text()))
     model, config = load_model(Path(model_path), lazy=True, strict=not hosted)
     if len(model.layers) != plan.n_layers:
-        raise ValueError(f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}")
+        raise ValueError(
+            f"the plan is for {plan.n_layers} layers but the model has {len(model.layers)}"
+        )
     if tensor:
-        assert world is not None and world.size() == plan.tensor, "tensor mode needs the world of its ranks"
-        split_model(model, world)  # before the cut: the slice's caches are made for this rank's heads
+        assert world is not None and world.size() == plan.tensor, (
+            "tensor mode needs the world of its ranks"
+        )
+        # before the cut: the slice's caches are made for this rank's heads
+        split_model(model, world)
     cut = Slice(model, start, end, ends=rank == 0 or tensor)
-    mx.eval(model.parameters())  # only the slice's tensors (and rank 0's ends) are still in the model
-    mx.reset_peak_memory()  # the peak the status reports is serving's: loading comes before any cache
-    return Shard(cut, plan, rank, cut.plain_kv, batches=config.get("model_type") not in UNBATCHED, world=world)
+    # only the slice's tensors (and rank 0's ends) are still in the model
+    mx.eval(model.parameters())
+    # the peak the status reports is serving's: loading comes before any cache
+    mx.reset_peak_memory()
+    return Shard(
+        cut,
+        plan,
+        rank,
+        cut.plain_kv,
+        batches=config.get("model_type") not in UNBATCHED,
+        world=world,
+    )
 
 
-def serve_worker(shard: Shard, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0) -> None:
+def serve_worker(
+    shard: Shard, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0
+) -> None:
     """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
     SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since. In tensor
     mode a step runs on every rank at once, joined by its all_sums: `step_timeout` bounds each."""
     # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the
     # clock on a silent predecessor. Rank 0 drains for at most drain_timeout, so a silence that long
     # means no drain is going on (rank 0 stopped, or its host is gone).
-    signal.signal(signal.SIGTERM, lambda *_: (log.info("SIGTERM: leaving when rank 0 shuts the ring down"),
-                                              ring.terminate(drain_timeout)))
+    signal.signal(
+        signal.SIGTERM,
+        lambda *_: (
+            log.info("SIGTERM: leaving when rank 0 shuts the ring down"),
+            ring.terminate(drain_timeout),
+        ),
+    )
     if shard.tensor:
         return _serve_tensor(shard, ring, step_timeout)
     while True:
-        # The next step, from the previous rank; a forward step's payload arrives within the graph that
-        # computes on it and sends the result on (one sync per step instead of two; every payload is
-        # consumed), except where the ring receives it apart first (every forward step on Metal: Ring.apart).
+        # The next step, from the previous rank; a forward step's payload arrives within the graph
+        # that computes on it and sends the result on (one sync per step instead of two; every
+        # payload is consumed), except where the ring receives it apart first (every forward step on
+        # Metal: Ring.apart).
         try:
             header, payload = ring.recv(lazy=True)
         except PeerSilent as e:
@@ -326,16 +416,17 @@ WORKER_GRACE_S = 5.0
 
 
 def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
-    """A tensor rank's loop: the step (header and input: token ids or a small table) comes from the
-    previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs it:
-    every rank then meets the step's all_sums, and every socket carries the same order of messages."""
+    """A tensor rank's loop: the step (header and input: token ids or a small table) comes from
+    the previous rank, on the host, and goes on to the next (the last keeps it) before this rank
+    runs it: every rank then meets the step's all_sums, and every socket carries the same order
+    of messages."""
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
     # Where headers come on a link of their own, a decode step stays queued on the device while the
-    # next header comes and the next step is built (as rank 0 and mlx-lm's loop do); a header through
-    # MLX would wait behind it (on a CPU, and on CUDA, where MLX's CPU stream waits for the GPU). Other
-    # steps are evaluated at once: a prefill chunk's intermediates are not held twice.
+    # next header comes and the next step is built (as rank 0 and mlx-lm's loop do); a header
+    # through MLX would wait behind it (on a CPU, and on CUDA, where MLX's CPU stream waits for the
+    # GPU). Other steps are evaluated at once: a prefill chunk's intermediates are not held twice.
     queue = ring.link is not None
     queued: tuple[Header, mx.array] | None = None
     while True:
@@ -345,7 +436,9 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             log.warning("leaving: %s", e)
             return
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
-            raise RankLeft(f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}") from e
+            raise RankLeft(
+                f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}"
+            ) from e
         if header.kind == Kind.SHUTDOWN:
             watch.stop()  # every rank leaves now: closing sockets are no fault
         t0 = time.perf_counter()
@@ -353,7 +446,8 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             if ring.rank < ring.size - 1:
                 ring.send(header, payload)
             if header.summed:
-                payload = summed_ids(header, None, shard.world)  # rank 0's sampled ids, within the step's graph
+                # rank 0's sampled ids, within the step's graph
+                payload = summed_ids(header, None, shard.world)
             out = shard.apply(header, payload)
             ring.mark("built", header)
             if out is not None:
@@ -361,7 +455,9 @@ def _serve_tensor(shard: Shard, ring: Ring, step_timeout: float) -> None:
             if queued is not None:  # the last decode step, now that this one is queued behind it
                 mx.eval(queued[1])
                 ring.mark("done", queued[0])
-            queued = (header, out) if queue and out is not None and header.kind == Kind.DECODE else None
+            queued = (
+                (header, out) if queue and out is not None and header.kind == Kind.DECODE else None
+            )
             if queued is None:
                 if out is not None:
                     mx.eval(out)

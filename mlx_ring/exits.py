@@ -21,4 +21,4 @@ def refusal(reason: str) -> str:
 def refusals(text: str) -> list[str]:
     """Every refusal in `text` (the ranks' output, a log), in order, from its marker on: a line's
     prefix (a rank's log format: time, rank, host) is dropped."""
-    return [line[line.index(MARKER):] for line in text.splitlines() if MARKER in line]
+    return [line[line.index(MARKER) :] for line in text.splitlines() if MARKER in line]

@@ -71,14 +71,16 @@ GPU_MEMORY_SHARE = 0.9
 
 
 def own_memory(info: dict) -> tuple[int, int] | None:
-    """(total, free) bytes of a GPU with memory of its own, as MLX's `device_info()` reports it on CUDA
-    (`total_memory`, `free_memory`); None where the device shares the host's memory (CPU, Metal)."""
+    """(total, free) bytes of a GPU with memory of its own, as MLX's `device_info()` reports it
+    on CUDA (`total_memory`, `free_memory`); None where the device shares the host's memory (CPU,
+    Metal)."""
     total, free = info.get("total_memory"), info.get("free_memory")
     return (int(total), int(free)) if total and free is not None else None
 
 
 def usable_own(total: int, free: int) -> int:
-    """What a rank may fill on a GPU of its own: what is free now, at most `GPU_MEMORY_SHARE` of it."""
+    """What a rank may fill on a GPU of its own: what is free now, at most `GPU_MEMORY_SHARE` of
+    it."""
     return int(min(free, GPU_MEMORY_SHARE * total))
 
 
@@ -93,9 +95,14 @@ def wire_memory() -> None:
 
     info = mx.device_info()
     before = maybe_set_recommended_wired_limit()
-    log.info("%s: MLX's wired limit is now the recommended working set, %.1f GB of %.1f GB (was %.1f GB); "
-             "`sudo sysctl iogpu.wired_limit_mb=N` raises it", info.get("device_name", "Metal"),
-             working_set(info) / GIB, int(info.get("memory_size") or 0) / GIB, (before or 0) / GIB)
+    log.info(
+        "%s: MLX's wired limit is now the recommended working set, %.1f GB of %.1f GB (was %.1f "
+        "GB); `sudo sysctl iogpu.wired_limit_mb=N` raises it",
+        info.get("device_name", "Metal"),
+        working_set(info) / GIB,
+        int(info.get("memory_size") or 0) / GIB,
+        (before or 0) / GIB,
+    )
 
 
 # --- Apple Silicon's command-buffer watchdog --------------------------------------------------
@@ -103,28 +110,37 @@ def wire_memory() -> None:
 # The forward steps whose payloads a rank receives apart, by RECEIVE_APART's value (auto: None,
 # every forward step on Metal and none elsewhere; `prefill` keeps decode payloads in the graph).
 APART_STEPS = frozenset({"PREFILL", "DECODE"})
-RECEIVE_APART = {"auto": None, "on": APART_STEPS, "1": APART_STEPS, "prefill": frozenset({"PREFILL"}),
-                 "off": frozenset(), "0": frozenset()}
+RECEIVE_APART = {
+    "auto": None,
+    "on": APART_STEPS,
+    "1": APART_STEPS,
+    "prefill": frozenset({"PREFILL"}),
+    "off": frozenset(),
+    "0": frozenset(),
+}
 
 
 def receive_apart_setting(value: str | None = None) -> frozenset[str] | None:
-    """RECEIVE_APART (`value`, else the environment): the step kinds (names) whose payloads are received
-    apart: on (prefill and decode), prefill, off, or auto (None: every forward step where Metal runs)."""
+    """RECEIVE_APART (`value`, else the environment): the step kinds (names) whose payloads are
+    received apart: on (prefill and decode), prefill, off, or auto (None: every forward step
+    where Metal runs)."""
     value = settings.text("RECEIVE_APART") if value is None else value
     if value.lower() not in RECEIVE_APART:
-        raise ValueError(f"RECEIVE_APART={value!r} must be auto (prefill and decode apart where Metal runs), "
-                         "on, prefill (decode payloads stay in the graph) or off")
+        raise ValueError(
+            f"RECEIVE_APART={value!r} must be auto (prefill and decode apart where Metal runs), "
+            "on, prefill (decode payloads stay in the graph) or off"
+        )
     return RECEIVE_APART[value.lower()]
 
 
 # Metal aborts a command buffer that runs, or waits, for longer than about 5 s
-# (kIOGPUCommandBufferCallbackErrorTimeout; ml-explore/mlx#1849, #3830). One stage's prefill chunk is
-# sized to take at most STAGE_BUDGET_S, a fifth of that: MLX commits a stage in several command
+# (kIOGPUCommandBufferCallbackErrorTimeout; ml-explore/mlx#1849, #3830). One stage's prefill chunk
+# is sized to take at most STAGE_BUDGET_S, a fifth of that: MLX commits a stage in several command
 # buffers, so each one takes less still, and the margin covers the probe's optimism (a square matmul
-# runs faster than quantized layers with attention over a long context, PREFILL_SHARE) and a GPU
-# the desktop uses too. (Waits on other ranks no longer count: on Metal they happen on the host.)
-# macOS 26 also stops sustained GPU work on a Mac whose display is in use, short command buffers
-# too (kIOGPUCommandBufferCallbackErrorImpactingInteractivity, ml-explore/mlx#3267): no chunk size is
+# runs faster than quantized layers with attention over a long context, PREFILL_SHARE) and a GPU the
+# desktop uses too. (Waits on other ranks no longer count: on Metal they happen on the host.) macOS
+# 26 also stops sustained GPU work on a Mac whose display is in use, short command buffers too
+# (kIOGPUCommandBufferCallbackErrorImpactingInteractivity, ml-explore/mlx#3267): no chunk size is
 # sure to avoid it there, so a rank that dies of it is named with that cause (`metal_failure`).
 WATCHDOG_S = 5.0
 STAGE_BUDGET_S = 1.0
@@ -152,49 +168,69 @@ def watchdog_chunk(stages: list[tuple[str, float, float]], cap: int) -> int:
 # due to uncaught exception ..."; ml-explore/mlx#479, #3224). Each name's cause, and what to do.
 METAL_ERRORS = {
     "ImpactingInteractivity": (
-        "macOS stopped GPU work that kept the GPU from the display too long (Impacting Interactivity: "
-        "macOS 26 stops sustained GPU work on a Mac whose display is in use, apart from the 5 s watchdog; "
-        "ml-explore/mlx#3267)",
-        "start the ring on a headless Mac (ssh to it, put it first in its hosts.json: rank 0 runs on the "
-        "first host) and leave Macs whose display is in use out of the ring, or let their displays sleep "
-        "while it works; lowering PREFILL_CHUNK (logged at startup) may help"),
+        "macOS stopped GPU work that kept the GPU from the display too long (Impacting "
+        "Interactivity: macOS 26 stops sustained GPU work on a Mac whose display is in use, apart "
+        "from the 5 s watchdog; ml-explore/mlx#3267)",
+        "start the ring on a headless Mac (ssh to it, put it first in its hosts.json: rank 0 runs "
+        "on the first host) and leave Macs whose display is in use out of the ring, or let their "
+        "displays sleep while it works; lowering PREFILL_CHUNK (logged at startup) may help",
+    ),
     "Timeout": (
         "a GPU command buffer ran, or waited, longer than the GPU watchdog allows (about 5 s)",
-        "lower PREFILL_CHUNK (the chunk size is logged at startup), and keep RECEIVE_APART at auto"),
+        "lower PREFILL_CHUNK (the chunk size is logged at startup), and keep RECEIVE_APART at auto",
+    ),
     "OutOfMemory": (
         "the GPU ran out of memory (Insufficient Memory)",
         "lower KV_TOKENS or MAX_ACTIVE, add a host, or raise the Mac's GPU limit with "
-        "`sudo sysctl iogpu.wired_limit_mb=N`; quit other apps that use the GPU"),
+        "`sudo sysctl iogpu.wired_limit_mb=N`; quit other apps that use the GPU",
+    ),
     "Hang": (
         "the GPU hung (GPU Hang Error)",
-        "the ring restarts; if it happens again, update macOS and report it with the rank logs"),
+        "the ring restarts; if it happens again, update macOS and report it with the rank logs",
+    ),
     "PageFault": (
         "a GPU kernel read memory outside its buffers (GPU Address Fault)",
-        "report it with the model and the rank logs: it is a fault of MLX or this project, not of the Mac"),
+        "report it with the model and the rank logs: it is a fault of MLX or this "
+        "project, not of the Mac",
+    ),
     "SubmissionsIgnored": (
         "macOS ignored this process's GPU work after earlier GPU errors",
-        "the first GPU error in the rank's log is the cause; the ring restarts"),
+        "the first GPU error in the rank's log is the cause; the ring restarts",
+    ),
     "InnocentVictim": (
-        "macOS discarded this process's GPU work while it recovered from another program's GPU error",
-        "the ring restarts; see which other program uses the GPU"),
+        "macOS discarded this process's GPU work while it recovered from "
+        "another program's GPU error",
+        "the ring restarts; see which other program uses the GPU",
+    ),
 }
 METAL_NAME = re.compile(r"kIOGPUCommandBufferCallbackError(\w+)")
-METAL_FAILED = re.compile(r"\[METAL\] Command buffer execution failed: ([^(]+)")  # the name cut off, or none
+# the name cut off, or none
+METAL_FAILED = re.compile(r"\[METAL\] Command buffer execution failed: ([^(]+)")
 FOLLOW_ON = ("SubmissionsIgnored", "InnocentVictim")  # they follow an error that is the cause
-# Metal's descriptions of them, for a message whose name was cut off ("... failed: Insufficient Memory").
-DESCRIBED = {"Impacting Interactivity": "ImpactingInteractivity", "Caused GPU Timeout Error": "Timeout",
-             "Insufficient Memory": "OutOfMemory", "Caused GPU Hang Error": "Hang",
-             "Caused GPU Address Fault Error": "PageFault"}
+# Metal's descriptions of them, for a message whose name was cut off ("... failed: Insufficient
+# Memory").
+DESCRIBED = {
+    "Impacting Interactivity": "ImpactingInteractivity",
+    "Caused GPU Timeout Error": "Timeout",
+    "Insufficient Memory": "OutOfMemory",
+    "Caused GPU Hang Error": "Hang",
+    "Caused GPU Address Fault Error": "PageFault",
+}
 
 
 def metal_failure(output: str) -> str | None:
     """Metal's command-buffer error in a rank's `output`, named with its cause and what to do; None
     where there is none. The first error that is not a consequence of another is the cause."""
-    names = [DESCRIBED.get(m.group(1).strip(), m.group(1).strip()) for line in output.splitlines()
-             if (m := METAL_NAME.search(line) or METAL_FAILED.search(line))]
+    names = [
+        DESCRIBED.get(m.group(1).strip(), m.group(1).strip())
+        for line in output.splitlines()
+        if (m := METAL_NAME.search(line) or METAL_FAILED.search(line))
+    ]
     if not names:
         return None
     name = next((n for n in names if n not in FOLLOW_ON), names[0])
-    cause, fix = METAL_ERRORS.get(name, (f"Metal reported {name!r}", "see the rank's log; the ring restarts"))
+    cause, fix = METAL_ERRORS.get(
+        name, (f"Metal reported {name!r}", "see the rank's log; the ring restarts")
+    )
     code = f"kIOGPUCommandBufferCallbackError{name}" if name in METAL_ERRORS else name
     return f"a GPU command buffer failed ({code}): {cause}; {fix}"

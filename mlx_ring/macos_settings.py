@@ -60,6 +60,7 @@ def parse_app_allowed(text: str) -> bool | None:
 @dataclass
 class Firewall:
     """A Mac's Application Firewall as `socketfilterfw` reports it; None where it did not say."""
+
     on: bool | None = None
     block_all: bool | None = None
     stealth: bool | None = None
@@ -77,7 +78,8 @@ def firewall_enabled() -> bool | None:
 
 
 def allow_line(python: str) -> str:
-    """The command that lets `python` accept incoming connections through the Application Firewall."""
+    """The command that lets `python` accept incoming connections through the Application
+    Firewall."""
     return f"sudo {SOCKETFILTERFW} --add {python} --unblockapp {python}"
 
 
@@ -87,9 +89,11 @@ def firewall_advice(enabled: bool | None, python: str) -> str | None:
     sees its prompt over ssh); None when the firewall is off or unknown (Linux)."""
     if not enabled:
         return None
-    return (f"the macOS Application Firewall is on and will silently drop the ring's connections to {python}; "
-            f"allow it there: {allow_line(python)} "
-            "(if it blocks all incoming connections, also turn that off in System Settings > Network > Firewall)")
+    return (
+        "the macOS Application Firewall is on and will silently drop the ring's connections to "
+        f"{python}; allow it there: {allow_line(python)} (if it blocks all incoming connections, "
+        "also turn that off in System Settings > Network > Firewall)"
+    )
 
 
 def firewall_blocks(fw: Firewall, python: str) -> str | None:
@@ -98,12 +102,17 @@ def firewall_blocks(fw: Firewall, python: str) -> str | None:
     if not fw.on:
         return None
     if fw.block_all:
-        return ("the macOS Application Firewall blocks all incoming connections, the ring's too; turn that off "
-                f"(System Settings > Network > Firewall > Options, or sudo {SOCKETFILTERFW} --setblockall off), "
-                f"then allow the environment's Python: {allow_line(python)}")
+        return (
+            "the macOS Application Firewall blocks all incoming connections, the ring's too; turn "
+            f"that off (System Settings > Network > Firewall > Options, or sudo {SOCKETFILTERFW} "
+            f"--setblockall off), then allow the environment's Python: {allow_line(python)}"
+        )
     if fw.app_allowed is False:
-        return (f"the macOS Application Firewall does not let {python} accept incoming connections, so it drops "
-                "the ring's (silently: nobody sees its prompt over ssh); allow it there: " + allow_line(python))
+        return (
+            f"the macOS Application Firewall does not let {python} accept "
+            "incoming connections, so it drops the ring's (silently: nobody "
+            "sees its prompt over ssh); allow it there: " + allow_line(python)
+        )
     return None
 
 
@@ -112,8 +121,11 @@ def stealth_note(fw: Firewall) -> str | None:
     comes before its neighbour listens gets no refusal, so it waits out TCP's retries."""
     if not (fw.on and fw.stealth):
         return None
-    return ("the macOS Application Firewall is in stealth mode: the ring still connects, but a rank that starts "
-            "before its neighbour listens gets no answer and waits out TCP's retries, so starting takes longer")
+    return (
+        "the macOS Application Firewall is in stealth mode: the ring still connects, but a rank "
+        "that starts before its neighbour listens gets no answer and waits out TCP's retries, so "
+        "starting takes longer"
+    )
 
 
 # --- power: a Mac asleep does not answer ssh -------------------------------------------------
@@ -131,14 +143,17 @@ def parse_pmset(text: str) -> dict[str, str]:
 
 
 def power_advice(settings: dict[str, str]) -> str | None:
-    """What in a Mac's `pmset -g` settings can take it away from the ring (idle sleep: a sleeping Mac
-    answers no ssh; staying off after a power failure; no wake for network access), with the command
-    and the System Settings switches that fix it; None when nothing does, or nothing was read (Linux)."""
+    """What in a Mac's `pmset -g` settings can take it away from the ring (idle sleep: a sleeping
+    Mac answers no ssh; staying off after a power failure; no wake for network access), with the
+    command and the System Settings switches that fix it; None when nothing does, or nothing was
+    read (Linux)."""
     said, fix = [], []
     sleep = settings.get("sleep")
     if sleep not in (None, "0") and settings.get("SleepDisabled") != "1":
-        said.append(f"it goes to sleep after {sleep} idle minute(s) (pmset sleep {sleep}), and a Mac asleep "
-                    "answers no ssh")
+        said.append(
+            f"it goes to sleep after {sleep} idle minute(s) (pmset sleep {sleep}), and a Mac "
+            "asleep answers no ssh"
+        )
         fix.append("sleep 0")
     if settings.get("womp") == "0":
         said.append("it does not wake for network access (womp 0)")
@@ -148,28 +163,37 @@ def power_advice(settings: dict[str, str]) -> str | None:
         fix.append("autorestart 1")
     if not said:
         return None
-    return (f"{'; '.join(said)}; run there: sudo pmset -a {' '.join(fix)} (or System Settings > Energy, Energy "
-            "Saver before macOS 15, Battery > Options on a laptop: 'Prevent automatic sleeping when the display is "
-            "off', 'Wake for network access', 'Start up automatically after a power failure')")
+    return (
+        f"{'; '.join(said)}; run there: sudo pmset -a {' '.join(fix)} (or System Settings > "
+        "Energy, Energy Saver before macOS 15, Battery > Options on a laptop: 'Prevent automatic "
+        "sleeping when the display is off', 'Wake for network access', 'Start up automatically "
+        "after a power failure')"
+    )
 
 
 # --- RDMA over Thunderbolt (JACCL) --------------------------------------------------------------
 
-RDMA_MACOS = (26, 2)  # the first macOS with RDMA over Thunderbolt (Apple's TN3205), on Thunderbolt 5 ports
-RDMA_ENABLE = ("turn RDMA over Thunderbolt on once in macOS Recovery (hold the power button while it starts, "
-               "Options, then Utilities > Terminal), run `rdma_ctl enable` there and restart; `ibv_devices` then "
-               "lists its rdma_en* devices")
+# the first macOS with RDMA over Thunderbolt (Apple's TN3205), on Thunderbolt 5 ports
+RDMA_MACOS = (26, 2)
+RDMA_ENABLE = (
+    "turn RDMA over Thunderbolt on once in macOS Recovery (hold the power button while it starts, "
+    "Options, then Utilities > Terminal), run `rdma_ctl enable` there and restart; `ibv_devices` "
+    "then lists its rdma_en* devices"
+)
 
 
 def parse_ibv_devices(text: str) -> list[str]:
     """The device names `ibv_devices` lists (the first column below its `------` rule)."""
     lines = text.splitlines()
-    start = next((i + 1 for i, line in enumerate(lines) if line.strip().startswith("------")), len(lines))
+    start = next(
+        (i + 1 for i, line in enumerate(lines) if line.strip().startswith("------")), len(lines)
+    )
     return [line.split()[0] for line in lines[start:] if line.split()]
 
 
 def parse_ibv_devinfo(text: str) -> dict[str, str]:
-    """Each device `ibv_devinfo` shows (its `hca_id`) and its port's state (PORT_ACTIVE, PORT_DOWN, ...)."""
+    """Each device `ibv_devinfo` shows (its `hca_id`) and its port's state (PORT_ACTIVE,
+    PORT_DOWN, ...)."""
     states, device = {}, None
     for line in text.splitlines():
         if m := re.match(r"\s*hca_id:\s*(\S+)", line):
@@ -187,9 +211,14 @@ def parse_macos_version(text: str) -> tuple[int, ...]:
 
 
 def rdma_devices(devices_out: str, devinfo_out: str) -> dict[str, str]:
-    """Device -> its port's state ("" where `ibv_devinfo` did not say), from both commands' outputs."""
+    """Device -> its port's state ("" where `ibv_devinfo` did not say), from both commands'
+    outputs."""
     states = parse_ibv_devinfo(devinfo_out)
-    return {d: states.get(d, "") for d in [*parse_ibv_devices(devices_out), *states] if d.startswith("rdma_")}
+    return {
+        d: states.get(d, "")
+        for d in [*parse_ibv_devices(devices_out), *states]
+        if d.startswith("rdma_")
+    }
 
 
 def rdma_advice(version: tuple[int, ...], devices: dict[str, str]) -> str | None:
@@ -197,12 +226,23 @@ def rdma_advice(version: tuple[int, ...], devices: dict[str, str]) -> str | None
     if devices:
         return None
     if version and version < RDMA_MACOS:
-        return (f"it has no RDMA devices: RDMA over Thunderbolt needs macOS {'.'.join(map(str, RDMA_MACOS))} or later "
-                f"(it runs {'.'.join(map(str, version))}) and Thunderbolt 5 ports; after updating, {RDMA_ENABLE}")
-    return f"it has no RDMA devices (`ibv_devices` lists none): on a Mac with Thunderbolt 5 ports, {RDMA_ENABLE}"
+        return (
+            "it has no RDMA devices: RDMA over Thunderbolt needs macOS "
+            f"{'.'.join(map(str, RDMA_MACOS))} or later (it runs {'.'.join(map(str, version))}) "
+            f"and Thunderbolt 5 ports; after updating, {RDMA_ENABLE}"
+        )
+    return (
+        "it has no RDMA devices (`ibv_devices` lists none): on a Mac with Thunderbolt 5 "
+        f"ports, {RDMA_ENABLE}"
+    )
 
 
 def format_rdma(devices: dict[str, str]) -> str:
     """A Mac's RDMA devices for the `check` table: names, each port that is not active marked."""
-    return ", ".join(d + ("" if s in ("PORT_ACTIVE", "") else f" ({s.removeprefix('PORT_').lower()})")
-                     for d, s in devices.items()) or "none"
+    return (
+        ", ".join(
+            d + ("" if s in ("PORT_ACTIVE", "") else f" ({s.removeprefix('PORT_').lower()})")
+            for d, s in devices.items()
+        )
+        or "none"
+    )

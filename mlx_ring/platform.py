@@ -41,7 +41,10 @@ def parse_vm_stat(text: str) -> tuple[int, dict[str, int]]:
     m = re.search(r"page size of (\d+) bytes", text)
     if not m:
         raise ValueError("no page size in vm_stat's header")
-    pages = {k.strip().lower(): int(v) for k, v in re.findall(r"^Pages ([^:]+):\s+(\d+)\.?\s*$", text, re.MULTILINE)}
+    pages = {
+        k.strip().lower(): int(v)
+        for k, v in re.findall(r"^Pages ([^:]+):\s+(\d+)\.?\s*$", text, re.MULTILINE)
+    }
     return int(m.group(1)), pages
 
 
@@ -59,8 +62,10 @@ def memory() -> tuple[int, int]:
         return parse_meminfo(Path("/proc/meminfo").read_text())
     if MACOS:
         return parse_macos_memory(_run(["sysctl", "-n", "hw.memsize"]), _run(["vm_stat"]))
-    raise ValueError("cannot read this machine's memory (neither /proc/meminfo nor macOS sysctl); "
-                     "declare memory_gb for it in hosts.json or MLX_RING_CAPS")
+    raise ValueError(
+        "cannot read this machine's memory (neither /proc/meminfo nor macOS sysctl); "
+        "declare memory_gb for it in hosts.json or MLX_RING_CAPS"
+    )
 
 
 # --- IPv4 addresses per interface -------------------------------------------------------------
@@ -81,8 +86,10 @@ class Interface:
     name: str
     up: bool = False  # UP among its flags (bridge0 after `ifconfig bridge0 down` is not)
     addresses: list[str] = field(default_factory=list)  # IPv4
-    members: list[str] = field(default_factory=list)  # a bridge's member ports (macOS bridge0: Thunderbolt)
-    networks: list[str] = field(default_factory=list)  # each address's subnet, "192.168.1.0/24" (/32 without a mask)
+    # a bridge's member ports (macOS bridge0: Thunderbolt)
+    members: list[str] = field(default_factory=list)
+    # each address's subnet, "192.168.1.0/24" (/32 without a mask)
+    networks: list[str] = field(default_factory=list)
 
 
 def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
@@ -90,9 +97,12 @@ def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
     addresses and their subnets, bridge members."""
     out, cur = {}, None
     for line in text.splitlines():
-        if line and not line[0].isspace():  # an interface's first line: "en0: flags=8863<UP,...>" or "eth0  Link encap"
+        # an interface's first line: "en0: flags=8863<UP,...>" or "eth0  Link encap"
+        if line and not line[0].isspace():
             name = line.split()[0].rstrip(":")
-            flags = line.partition("<")[2].partition(">")[0].split(",") if ": flags=" in line else []
+            flags = (
+                line.partition("<")[2].partition(">")[0].split(",") if ": flags=" in line else []
+            )
             cur = out[name] = Interface(name, "UP" in flags)
             continue
         f = line.split()
@@ -106,8 +116,8 @@ def parse_ifconfig_interfaces(text: str) -> dict[str, Interface]:
 
 
 def _netmask(fields: list[str]) -> str:
-    """An `inet` line's mask as ipaddress takes it: macOS prints `netmask 0xffffff00`, Linux's ifconfig
-    `netmask 255.255.255.0` or `Mask:255.255.255.0`; 32 where there is none."""
+    """An `inet` line's mask as ipaddress takes it: macOS prints `netmask 0xffffff00`, Linux's
+    ifconfig `netmask 255.255.255.0` or `Mask:255.255.255.0`; 32 where there is none."""
     for i, f in enumerate(fields):
         if f == "netmask" and i + 1 < len(fields):
             mask = fields[i + 1]
@@ -133,7 +143,8 @@ def interface_addresses() -> list[tuple[str, str]]:
 
 
 def link_local(address: str) -> bool:
-    """Whether `address` is self-assigned (169.254/16): what cabled Macs get without a DHCP server."""
+    """Whether `address` is self-assigned (169.254/16): what cabled Macs get without a DHCP
+    server."""
     return address.startswith("169.254.")
 
 
@@ -151,7 +162,8 @@ def parse_boot_id(text: str) -> str:
 
 
 def boot_id() -> str | None:
-    """This machine's boot id (shared by its containers and network namespaces), None where unknown."""
+    """This machine's boot id (shared by its containers and network namespaces), None where
+    unknown."""
     try:
         if LINUX:
             return parse_boot_id(Path("/proc/sys/kernel/random/boot_id").read_text())
@@ -163,8 +175,9 @@ def boot_id() -> str | None:
 
 
 def usable_cores() -> frozenset[int] | None:
-    """The cores this process may run on, where the system restricts it to some (Linux's affinity,
-    as `taskset` sets it); None where it may use every core (and always on macOS, which has none)."""
+    """The cores this process may run on, where the system restricts it to some (Linux's
+    affinity, as `taskset` sets it); None where it may use every core (and always on macOS, which
+    has none)."""
     get = getattr(os, "sched_getaffinity", None)
     if get is None:
         return None
@@ -191,16 +204,19 @@ def ephemeral_ports() -> tuple[int, int]:
         if LINUX:
             return parse_port_range(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text())
         if MACOS:
-            return parse_port_range(_run(["sysctl", "-n", "net.inet.ip.portrange.first", "net.inet.ip.portrange.last"]))
+            return parse_port_range(
+                _run(["sysctl", "-n", "net.inet.ip.portrange.first", "net.inet.ip.portrange.last"])
+            )
     except (OSError, ValueError, subprocess.CalledProcessError):
         pass
     return DEFAULT_EPHEMERAL
 
 
 def in_ephemeral(port: int, ephemeral: tuple[int, int]) -> bool:
-    """Whether the kernel may hand `port` to an outgoing connection (`ephemeral`: ephemeral_ports()).
-    Only such a ring port needs holding until MLX listens on it: macOS's range starts at 49152, far
-    above the ring's 32323+; Linux's at 32768 by default, and wherever a machine's sysctl puts it."""
+    """Whether the kernel may hand `port` to an outgoing connection (`ephemeral`:
+    ephemeral_ports()). Only such a ring port needs holding until MLX listens on it: macOS's
+    range starts at 49152, far above the ring's 32323+; Linux's at 32768 by default, and wherever
+    a machine's sysctl puts it."""
     return ephemeral[0] <= port <= ephemeral[1]
 
 
@@ -219,13 +235,21 @@ MACH_TASK_BASIC_INFO = 20  # <mach/task_info.h>
 
 class MachTaskBasicInfo(ctypes.Structure):
     """struct mach_task_basic_info of <mach/task_info.h> (declared under #pragma pack(4))."""
+
     _pack_ = 4
-    _fields_ = [("virtual_size", ctypes.c_uint64), ("resident_size", ctypes.c_uint64),
-                ("resident_size_max", ctypes.c_uint64), ("user_time", ctypes.c_int32 * 2),
-                ("system_time", ctypes.c_int32 * 2), ("policy", ctypes.c_int32), ("suspend_count", ctypes.c_int32)]
+    _fields_ = [
+        ("virtual_size", ctypes.c_uint64),
+        ("resident_size", ctypes.c_uint64),
+        ("resident_size_max", ctypes.c_uint64),
+        ("user_time", ctypes.c_int32 * 2),
+        ("system_time", ctypes.c_int32 * 2),
+        ("policy", ctypes.c_int32),
+        ("suspend_count", ctypes.c_int32),
+    ]
 
 
-MACH_TASK_BASIC_INFO_COUNT = ctypes.sizeof(MachTaskBasicInfo) // 4  # in natural_t units, as the header defines it
+# in natural_t units, as the header defines it
+MACH_TASK_BASIC_INFO_COUNT = ctypes.sizeof(MachTaskBasicInfo) // 4
 
 
 def parse_statm(text: str, page_size: int) -> int:
@@ -241,7 +265,8 @@ def maxrss_bytes(ru_maxrss: int, system: str) -> int:
 def _mach_resident() -> int:
     # What psutil does (task_info(mach_task_self(), MACH_TASK_BASIC_INFO, ...)), through ctypes.
     lib = ctypes.CDLL(ctypes.util.find_library("System") or "/usr/lib/libSystem.B.dylib")
-    task = ctypes.c_uint.in_dll(lib, "mach_task_self_").value  # mach_task_self() is a macro reading this
+    # mach_task_self() is a macro reading this
+    task = ctypes.c_uint.in_dll(lib, "mach_task_self_").value
     info, count = MachTaskBasicInfo(), ctypes.c_uint(MACH_TASK_BASIC_INFO_COUNT)
     kr = lib.task_info(task, MACH_TASK_BASIC_INFO, ctypes.byref(info), ctypes.byref(count))
     if kr != 0:
@@ -270,46 +295,63 @@ def keep_awake(pid: int) -> subprocess.Popen | None:
     if not MACOS:
         return None
     try:
-        return subprocess.Popen(["caffeinate", "-i", "-w", str(pid)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            ["caffeinate", "-i", "-w", str(pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except OSError:
         return None
 
 
 def local_network_hint(system: str | None = None, mac_version: str | None = None) -> str | None:
-    """What to check when this Mac gets "No route to host" from a machine on its network: macOS 15's
-    Local Network privacy can deny a terminal app's programs the local network. None elsewhere.
-    `system` and `mac_version` (platform.system(), platform.mac_ver()[0]) default to this machine's."""
+    """What to check when this Mac gets "No route to host" from a machine on its network: macOS
+    15's Local Network privacy can deny a terminal app's programs the local network. None
+    elsewhere. `system` and `mac_version` (platform.system(), platform.mac_ver()[0]) default to
+    this machine's."""
     system = system or platform.system()
     version = mac_version if mac_version is not None else platform.mac_ver()[0]
     if system != "Darwin" or not version or int(version.split(".")[0]) < 15:
         return None
-    return ("macOS's Local Network privacy may be denying the terminal app on this Mac: allow it in "
-            "System Settings > Privacy & Security > Local Network")
+    return (
+        "macOS's Local Network privacy may be denying the terminal app on this Mac: allow it in "
+        "System Settings > Privacy & Security > Local Network"
+    )
 
 
 def ranks_local_network_hint() -> str:
-    """What to check when a rank on a Mac finds no route to a machine on its network: macOS 15's Local
-    Network privacy. Programs started from Terminal or over ssh are exempt (Apple's TN3179); those of
-    another terminal app are not, and reports say the exemption can lapse for programs that outlive
-    Terminal (the ring runs on after its Terminal quits)."""
-    return ("macOS's Local Network privacy (macOS 15 and later) may be denying the rank: start the ring from "
-            "Terminal and keep Terminal running while it serves (`./launch.sh restart` there after Terminal quit), "
-            "or allow the terminal app you use in System Settings > Privacy & Security > Local Network")
+    """What to check when a rank on a Mac finds no route to a machine on its network: macOS 15's
+    Local Network privacy. Programs started from Terminal or over ssh are exempt (Apple's
+    TN3179); those of another terminal app are not, and reports say the exemption can lapse for
+    programs that outlive Terminal (the ring runs on after its Terminal quits)."""
+    return (
+        "macOS's Local Network privacy (macOS 15 and later) may be denying the rank: start the "
+        "ring from Terminal and keep Terminal running while it serves (`./launch.sh restart` there "
+        "after Terminal quit), or allow the terminal app you use in System Settings > Privacy & "
+        "Security > Local Network"
+    )
 
 
 # connect(2)'s errno values, which MLX's ring prints as numbers. The numbers differ between the two
 # systems, so each also tells on which system the rank that failed runs.
-CONNECT_ERRORS = {61: ("Darwin", "connection refused"), 111: ("Linux", "connection refused"),
-                  65: ("Darwin", "no route to host"), 113: ("Linux", "no route to host"),
-                  60: ("Darwin", "timed out"), 110: ("Linux", "timed out"),
-                  51: ("Darwin", "network is unreachable"), 101: ("Linux", "network is unreachable"),
-                  64: ("Darwin", "host is down"), 112: ("Linux", "host is down")}
+CONNECT_ERRORS = {
+    61: ("Darwin", "connection refused"),
+    111: ("Linux", "connection refused"),
+    65: ("Darwin", "no route to host"),
+    113: ("Linux", "no route to host"),
+    60: ("Darwin", "timed out"),
+    110: ("Linux", "timed out"),
+    51: ("Darwin", "network is unreachable"),
+    101: ("Linux", "network is unreachable"),
+    64: ("Darwin", "host is down"),
+    112: ("Linux", "host is down"),
+}
 
 
 def connect_error(number: int) -> tuple[str | None, str]:
-    """(system, meaning) of connect(2)'s errno `number` as macOS or Linux numbers it; (None, "errno N")
-    for one neither names here."""
+    """(system, meaning) of connect(2)'s errno `number` as macOS or Linux numbers it; (None,
+    "errno N") for one neither names here."""
     return CONNECT_ERRORS.get(number, (None, f"errno {number}"))
 
 

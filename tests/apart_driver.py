@@ -1,7 +1,7 @@
 """ring_driver.py with each rank's Ring built as the server builds it (RECEIVE_APART from the
-environment), noting how every payload arrived: `apart{rank}.json` in the first `--out` folder counts,
-per step kind, the payloads received and evaluated apart before the stage was built ("PREFILL
-apart") and those left unread in the stage's graph ("DECODE in graph")."""
+environment), noting how every payload arrived: `apart{rank}.json` in the first `--out` folder
+counts, per step kind, the payloads received and evaluated apart before the stage was built
+("PREFILL apart") and those left unread in the stage's graph ("DECODE in graph")."""
 
 import argparse
 import json

@@ -18,7 +18,15 @@ from mlx_ring.planning.cluster import Cluster, PlanFacts, RankFacts
 from mlx_ring.planning.sizes import parameter_count
 from mlx_ring.ring.protocol import StatusRow
 from mlx_ring.serving.grammar import Grammars
-from mlx_ring.serving.port import STEP_BUCKETS, Delta, Done, Failed, PromptCacheStats, Request, Stats
+from mlx_ring.serving.port import (
+    STEP_BUCKETS,
+    Delta,
+    Done,
+    Failed,
+    PromptCacheStats,
+    Request,
+    Stats,
+)
 from mlx_ring.serving.sampling import Token
 from mlx_ring.serving.textstream import TextStream
 
@@ -26,7 +34,8 @@ MODEL = "SmolLM2-135M-Instruct"
 ANSWER = "The capital of France is Paris."
 HOSTS = ["alpha", "beta"]
 WEATHER = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'  # the tools template's call
+# the tools template's call
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def templated(served, messages, **kw) -> list[int]:
@@ -36,8 +45,9 @@ def templated(served, messages, **kw) -> list[int]:
 
 class FakeEngine:
     """Answers every request with the token ids of `answer` and then the end token, as the real
-    engine ends text (mlx-lm's detokenizer, stop strings, max_tokens); `fail_after` tokens it fails
-    the request with `failure` instead. Each token's logprob is -0.5, its alternatives the next ids."""
+    engine ends text (mlx-lm's detokenizer, stop strings, max_tokens); `fail_after` tokens it
+    fails the request with `failure` instead. Each token's logprob is -0.5, its alternatives the
+    next ids."""
 
     def __init__(self, tokenizer, answer: str = ANSWER):
         self.tokenizer = tokenizer
@@ -50,11 +60,22 @@ class FakeEngine:
         self.cancelled: list[Request] = []
         self.emitted: list[list] = []  # every request's events, in order
         self.cached = 0  # prompt tokens each answer says the prompt cache held
-        self.pace = 0.0  # seconds before each event, sent from a thread of its own (0: at once, in submit)
-        self.snapshot = Stats(queued=0, active=0, broken=None, stopping=False,
-                              prompt_cache=PromptCacheStats(entries=2, tokens=300, budget_tokens=4000, hits=5, hit_tokens=120),
-                              draft_tokens=0, drafted=0, accepted=0,
-                              step_counts=(0, 0, 3, 4, 0, 0, 0, 0, 0, 0, 0, 1, 2), step_seconds=12.5)
+        # seconds before each event, sent from a thread of its own (0: at once, in submit)
+        self.pace = 0.0
+        self.snapshot = Stats(
+            queued=0,
+            active=0,
+            broken=None,
+            stopping=False,
+            prompt_cache=PromptCacheStats(
+                entries=2, tokens=300, budget_tokens=4000, hits=5, hit_tokens=120
+            ),
+            draft_tokens=0,
+            drafted=0,
+            accepted=0,
+            step_counts=(0, 0, 3, 4, 0, 0, 0, 0, 0, 0, 0, 1, 2),
+            step_seconds=12.5,
+        )
         assert len(self.snapshot.step_counts) == len(STEP_BUCKETS) + 1
 
     # -- the port --------------------------------------------------------------------------------
@@ -125,42 +146,70 @@ class FakeEngine:
 def rank_row(rank: int) -> dict:
     """A rank's live figures as a STATUS step brings them: every field set, each different."""
     names = list(StatusRow.__dataclass_fields__)
-    return {name: (rank if name == "rank" else 1000 * (rank + 1) + i) for i, name in enumerate(names)}
+    return {
+        name: (rank if name == "rank" else 1000 * (rank + 1) + i) for i, name in enumerate(names)
+    }
 
 
 def served_model(model, tokenizer) -> ServedModel:
     """The default model as server.py serves it on a ring of two."""
     config = load_config(model)
     vocab = config["vocab_size"]
-    ranks = tuple(RankFacts(rank=r, host=h, layers=(15 * r, 15 * (r + 1)), parameter_bytes_kib=100_000 - r)
-                  for r, h in enumerate(HOSTS))
-    return ServedModel(id=MODEL, tokenizer=tokenizer, context_length=config["max_position_embeddings"],
-                       default_max_tokens=512, vocab_size=min(vocab, len(tokenizer.get_vocab())),
-                       cluster=Cluster(ranks, PlanFacts("balanced", 30, ((0, 15), (15, 30)))),
-                       grammars=Grammars(tokenizer, vocab), config=config, parameters=parameter_count(config), weights="float32",
-                       shape=read_shape(config))
+    ranks = tuple(
+        RankFacts(rank=r, host=h, layers=(15 * r, 15 * (r + 1)), parameter_bytes_kib=100_000 - r)
+        for r, h in enumerate(HOSTS)
+    )
+    return ServedModel(
+        id=MODEL,
+        tokenizer=tokenizer,
+        context_length=config["max_position_embeddings"],
+        default_max_tokens=512,
+        vocab_size=min(vocab, len(tokenizer.get_vocab())),
+        cluster=Cluster(ranks, PlanFacts("balanced", 30, ((0, 15), (15, 30)))),
+        grammars=Grammars(tokenizer, vocab),
+        config=config,
+        parameters=parameter_count(config),
+        weights="float32",
+        shape=read_shape(config),
+    )
 
 
-def client(engine: FakeEngine, served: ServedModel, keys=(), app_args: dict | None = None, **changes) -> TestClient:
-    """A client of the app in process; `app_args`: make_app's keyword arguments; `changes`: ServedModel fields to change."""
-    return TestClient(make_app(engine, replace(served, **changes) if changes else served, list(keys), **(app_args or {})))
+def client(
+    engine: FakeEngine, served: ServedModel, keys=(), app_args: dict | None = None, **changes
+) -> TestClient:
+    """A client of the app in process; `app_args`: make_app's keyword arguments; `changes`:
+    ServedModel fields to change."""
+    return TestClient(
+        make_app(
+            engine,
+            replace(served, **changes) if changes else served,
+            list(keys),
+            **(app_args or {}),
+        )
+    )
 
 
 def samples(metrics_text: str) -> dict:
     """/metrics parsed by prometheus_client's own parser: {(name, sorted labels): value}."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(metrics_text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(metrics_text)
+        for s in fam.samples
+    }
 
 
 class Bridge(httpx.BaseTransport):
-    """An httpx transport (for clients that build their own httpx.Client, as ollama's does) that carries
-    each request through the in-process app's TestClient, which speaks starlette's httpx2, streaming."""
+    """An httpx transport (for clients that build their own httpx.Client, as ollama's does) that
+    carries each request through the in-process app's TestClient, which speaks starlette's
+    httpx2, streaming."""
 
     def __init__(self, test_client: TestClient):
         self.tc = test_client
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        sent = self.tc.build_request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        sent = self.tc.build_request(
+            request.method, str(request.url), headers=dict(request.headers), content=request.read()
+        )
         r = self.tc.send(sent, stream=True)
         return httpx.Response(r.status_code, headers=r.headers.multi_items(), stream=_Body(r))
 

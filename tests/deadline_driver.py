@@ -1,6 +1,7 @@
-"""Run under mlx.launch on 2 ranks by tests/ring/test_deadline_ring.py: rank 1 serves as a JACCL worker
-does, its waits timed (deadlines of 2 s), while rank 0 sends a step's header and then falls silent
-before its payload, as a Mac stopped mid-step would. Rank 1 must leave by itself, naming rank 0."""
+"""Run under mlx.launch on 2 ranks by tests/ring/test_deadline_ring.py: rank 1 serves as a JACCL
+worker does, its waits timed (deadlines of 2 s), while rank 0 sends a step's header and then
+falls silent before its payload, as a Mac stopped mid-step would. Rank 1 must leave by itself,
+naming rank 0."""
 
 import time
 

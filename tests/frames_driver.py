@@ -44,7 +44,9 @@ def main():
     ring_driver.Ring = FramedRing
     ring_driver.main()
     for ring in FramedRing.made:
-        (out / f"frames{ring.rank}.json").write_text(json.dumps({"frame": ring.frame, **{k: sorted(v) for k, v in SIZES.items()}}))
+        (out / f"frames{ring.rank}.json").write_text(
+            json.dumps({"frame": ring.frame, **{k: sorted(v) for k, v in SIZES.items()}})
+        )
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 each model, one after another in one launch, whether or not its type is admitted yet (the matrix is
 what admits it). Before each model every rank marks it started; a rank whose model raises writes the
 error beside its results and ends the launch, so the matrix can name the type and go on without it.
-Started alone (a world of one rank: no ring to leave waiting), `--keep-going` goes on to the next model,
-and first writes single-process mlx-lm's logits for each sequence (`want{i}.npy`, `want.json`) and, for
-each of `--cuts`, why the model's cuts chained in this process differ from the whole model (`cuts.json`):
-model code runs only in these processes, never in the test's, as a model may corrupt its process.
+Started alone (a world of one rank: no ring to leave waiting), `--keep-going` goes on to the next
+model, and first writes single-process mlx-lm's logits for each sequence (`want{i}.npy`,
+`want.json`) and, for each of `--cuts`, why the model's cuts chained in this process differ from the
+whole model (`cuts.json`): model code runs only in these processes, never in the test's, as a model
+may corrupt its process.
 """
 
 import faulthandler
@@ -38,14 +39,20 @@ def main():
         out = Path(out)
         (out / f"started{world.rank()}").write_text("")
         real = batching.sample_rows, batching.sample_lazy
-        # A rank stuck in a model (waiting on a peer that will never send) says where, and ends the launch.
-        faulthandler.dump_traceback_later(a.stall, exit=True, file=open(out / f"stack{world.rank()}.txt", "w"))
+        # A rank stuck in a model (waiting on a peer that will never send) says where, and ends the
+        # launch.
+        faulthandler.dump_traceback_later(
+            a.stall, exit=True, file=open(out / f"stack{world.rank()}.txt", "w")
+        )
         try:
             if a.keep_going:
                 references(Path(model), out, json.loads(a.spec), a.cuts)
             ring_driver.run(a, world, ring, Path(model), out, sizes)
-        except Exception as e:  # the ring cannot go on past a rank that failed mid-step: end the launch
-            (out / f"error{world.rank()}.txt").write_text(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        # the ring cannot go on past a rank that failed mid-step: end the launch
+        except Exception as e:
+            (out / f"error{world.rank()}.txt").write_text(
+                f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            )
             if a.keep_going and world.size() == 1:
                 continue
             sys.stderr.flush()
@@ -64,8 +71,14 @@ def references(model: Path, out: Path, spec: list, cuts: list[str]) -> None:
         tokens.append(want_tokens)
         wants.append(want)
     (out / "want.json").write_text(json.dumps(tokens))
-    (out / "cuts.json").write_text(json.dumps({c: chained_cuts(model, [int(x) for x in c.split(",")], spec[0]["prompt"],
-                                                            wants[0]) for c in cuts}))
+    (out / "cuts.json").write_text(
+        json.dumps(
+            {
+                c: chained_cuts(model, [int(x) for x in c.split(",")], spec[0]["prompt"], wants[0])
+                for c in cuts
+            }
+        )
+    )
 
 
 def chained_cuts(folder: Path, sizes: list[int], prompt: list[int], want: np.ndarray) -> str | None:
@@ -91,7 +104,9 @@ def chained_cuts(folder: Path, sizes: list[int], prompt: list[int], want: np.nda
             got.append(np.array(logits.astype(mx.float32)))
             logits = step([int(mx.argmax(logits).item())])
     except Exception as e:  # noqa: BLE001 -- the reason this type is refused
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:240] if str(e).strip() else ''}"
+        return (
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:240] if str(e).strip() else ''}"
+        )
     err = float(np.abs(np.stack(got) - want).max())
     return f"logits differ from the whole model's by {err}" if not err <= 1e-4 else None
 
@@ -107,8 +122,12 @@ def ring_driver_args():
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--stall", type=float, default=30, help="seconds a model may take on this rank")
-    p.add_argument("--cuts", nargs="*", default=[], help="with --keep-going: layer counts to chain, e.g. 3,1")
-    p.add_argument("--keep-going", action="store_true", help="alone (one rank): go on past a model that fails")
+    p.add_argument(
+        "--cuts", nargs="*", default=[], help="with --keep-going: layer counts to chain, e.g. 3,1"
+    )
+    p.add_argument(
+        "--keep-going", action="store_true", help="alone (one rank): go on past a model that fails"
+    )
     a = p.parse_args()
     a.prompt_cache, a.draft, a.draft_model, a.choose_groups, a.parallel = 0, 0, None, 0, "pipeline"
     json.loads(a.spec)

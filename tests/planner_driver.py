@@ -19,13 +19,16 @@ from server import make_plan  # noqa: E402
 
 def main():
     split = sys.argv.index("--")
-    mine, rest = sys.argv[1:split], sys.argv[split + 1:]
+    mine, rest = sys.argv[1:split], sys.argv[split + 1 :]
     model, out = Path(mine[mine.index("--model") + 1]), Path(mine[mine.index("--out") + 1])
     world = init_world()
-    cfg, _ = parse_config(["--model", str(model), "--cache-dir", str(out / "cache"), "--log-dir", str(out / "logs")])
+    cfg, _ = parse_config(
+        ["--model", str(model), "--cache-dir", str(out / "cache"), "--log-dir", str(out / "logs")]
+    )
     plan, _, predicted = make_plan(cfg, spec_from_folder(model), world, model)
-    (out / f"plan{world.rank()}.json").write_text(json.dumps({"ranges": plan.ranges, "strategy": plan.strategy,
-                                                               "predicted": predicted}))
+    (out / f"plan{world.rank()}.json").write_text(
+        json.dumps({"ranges": plan.ranges, "strategy": plan.strategy, "predicted": predicted})
+    )
     # ring_driver joins the world this process already holds, and runs the plan it is given.
     ring_driver.init_world = lambda: world
     sys.argv = [ring_driver.__file__, *rest, "--layers", ",".join(map(str, plan.sizes))]

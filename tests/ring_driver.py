@@ -4,13 +4,15 @@ real scheduler, sequences arriving and leaving mid-flight.
 `--spec` is JSON: a list of `{"prompt": [ids], "max_tokens": n, "at": k}`, where sequence i joins
 before scheduler step k (or, with `"after": j` instead of "at", once sequence j has its tokens; with
 `"follow": j` too, its prompt is j's prompt, j's tokens, then its own: the next turn of a chat).
-`--prompt-cache N` gives rank 0 a prompt cache of N tokens; `--draft K` turns on speculative decoding
-(prompt lookup, or `--draft-model DIR`, up to K tokens a step; logits are then recorded only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter bytes,
-resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status after
-all sequences left, the rows of each prefill and decode step) and `logits{i}.npy` (one row of logits per generated
-token of sequence i). Several `--model`s (with as many `--out` folders) run one after another in one launch;
-`--case` gives each its own settings (a JSON object of these flags' names: spec, groups, chunk, prompt_cache,
-draft, draft_model, choose_groups, parallel), so the cases of several tests share one launch's startup.
+`--prompt-cache N` gives rank 0 a prompt cache of N tokens; `--draft K` turns on speculative
+decoding (prompt lookup, or `--draft-model DIR`, up to K tokens a step; logits are then recorded
+only for steps that verify no drafts). Every rank writes `rank{r}.json` (its layer range, parameter
+bytes, resident memory); rank 0 also writes `result.json` (tokens per sequence, the ranks' status
+after all sequences left, the rows of each prefill and decode step) and `logits{i}.npy` (one row of
+logits per generated token of sequence i). Several `--model`s (with as many `--out` folders) run one
+after another in one launch; `--case` gives each its own settings (a JSON object of these flags'
+names: spec, groups, chunk, prompt_cache, draft, draft_model, choose_groups, parallel), so the cases
+of several tests share one launch's startup.
 """
 
 import argparse
@@ -38,19 +40,46 @@ from shard import load_shard, rss_kib, serve_worker  # noqa: E402
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True, nargs="+", help="one or more models, run one after another in this launch")
+    p.add_argument(
+        "--model",
+        required=True,
+        nargs="+",
+        help="one or more models, run one after another in this launch",
+    )
     p.add_argument("--spec", help="the sequences, for every model without its own in --case")
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512)
-    p.add_argument("--layers", nargs="+", default=None, help="layers per rank, e.g. 3,2,2 (one for each model; - for even)")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        default=None,
+        help="layers per rank, e.g. 3,2,2 (one for each model; - for even)",
+    )
     p.add_argument("--prompt-cache", type=int, default=0)
-    p.add_argument("--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step")
+    p.add_argument(
+        "--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step"
+    )
     p.add_argument("--draft-model", default=None, help="draft with this model (else prompt lookup)")
-    p.add_argument("--choose-groups", type=int, default=0, help="first time ROWS sequences in 1 group and in one per rank "
-                   "(serving/warmup.py), record it, then go on with --groups")
-    p.add_argument("--parallel", default="pipeline", choices=["pipeline", "tensor"], help="tensor: every rank a share of every layer")
+    p.add_argument(
+        "--choose-groups",
+        type=int,
+        default=0,
+        help="first time ROWS sequences in 1 group and in one per rank "
+        "(serving/warmup.py), record it, then go on with --groups",
+    )
+    p.add_argument(
+        "--parallel",
+        default="pipeline",
+        choices=["pipeline", "tensor"],
+        help="tensor: every rank a share of every layer",
+    )
     p.add_argument("--out", required=True, nargs="+", help="a folder for each model's results")
-    p.add_argument("--case", nargs="+", default=None, help="a JSON object for each model: its own settings over the flags")
+    p.add_argument(
+        "--case",
+        nargs="+",
+        default=None,
+        help="a JSON object for each model: its own settings over the flags",
+    )
     a = p.parse_args()
     world = init_world()
     ring = Ring(world)
@@ -69,7 +98,9 @@ def case_args(a: argparse.Namespace, case: dict) -> argparse.Namespace:
     """The flags with one model's own settings over them (its spec as the flag holds it: JSON)."""
     unknown = set(case) - set(vars(a))
     assert not unknown, f"--case names no flag: {sorted(unknown)}"
-    return argparse.Namespace(**{**vars(a), **case, **({"spec": json.dumps(case["spec"])} if "spec" in case else {})})
+    return argparse.Namespace(
+        **{**vars(a), **case, **({"spec": json.dumps(case["spec"])} if "spec" in case else {})}
+    )
 
 
 def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
@@ -78,9 +109,15 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     if a.parallel == "tensor":
         plan = tensor_plan(n_layers, size)
     else:
-        plan = uniform_plan(n_layers, size) if sizes == "-" else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
+        plan = (
+            uniform_plan(n_layers, size)
+            if sizes == "-"
+            else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
+        )
     shard = load_shard(model, plan, rank, world)
-    (out / f"rank{rank}.json").write_text(json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size})
+    )
     if rank != 0:
         return serve_worker(shard, ring)  # until rank 0's shutdown step for this model
 
@@ -98,6 +135,7 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
             if out is not None or not only_if_sampled:
                 record(samplers, logits)
             return out
+
         return wrapped
 
     batching.sample_rows = recording(batching.sample_rows)
@@ -105,24 +143,37 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
 
     spec = json.loads(a.spec)
     pipe = Lockstep(shard, ring, shard.world) if plan.tensor > 1 else Pipeline(shard, ring)
-    prefill_rows, decode_rows = [], []  # rows of each prefill and decode step: which sequences went together
+    # rows of each prefill and decode step: which sequences went together
+    prefill_rows, decode_rows = [], []
     submit = pipe.submit
 
     steps = []  # the kind of every step, in order ("DECODE+drop": rejected drafts dropped first)
 
     def recording_submit(header, payload, tag=None, chained=False):
-        steps.append(Kind(header.kind).name + ("+drop" if header.kind == Kind.DECODE and header.offset else ""))
+        steps.append(
+            Kind(header.kind).name
+            + ("+drop" if header.kind == Kind.DECODE and header.offset else "")
+        )
         if header.kind in (Kind.PREFILL, Kind.DECODE):
             (prefill_rows if header.kind == Kind.PREFILL else decode_rows).append(header.shape[0])
         submit(header, payload, tag, chained)
 
     pipe.submit = recording_submit
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft,
-                      draft_model=load_model(Path(a.draft_model))[0] if a.draft_model else None)
+    sched = Scheduler(
+        pipe,
+        shard,
+        groups=a.groups,
+        chunk=a.chunk,
+        prefix=prefix,
+        draft_tokens=a.draft,
+        draft_model=load_model(Path(a.draft_model))[0] if a.draft_model else None,
+    )
     chosen = None
     if a.choose_groups:
-        rate = choose_groups(sched, itertools.count(10_000), [5, 17, 42, 99], a.choose_groups, tokens=4)
+        rate = choose_groups(
+            sched, itertools.count(10_000), [5, 17, 42, 99], a.choose_groups, tokens=4
+        )
         chosen = {"rate": rate, "groups": len(sched.groups), "idle": sched.idle()}
         sched.set_groups(a.groups)
     waiting = list(range(len(spec)))
@@ -130,7 +181,11 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
 
     def due(i):
         s = spec[i]
-        return len(tokens[s["after"]]) >= spec[s["after"]]["max_tokens"] if "after" in s else s["at"] <= step
+        return (
+            len(tokens[s["after"]]) >= spec[s["after"]]["max_tokens"]
+            if "after" in s
+            else s["at"] <= step
+        )
 
     step = 0
     while waiting or not sched.idle():
@@ -143,7 +198,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
             owner[id(seq.sampler)] = i
             sched.add(seq)
         for seq, token in sched.step():
-            if len(tokens[seq.id]) < spec[seq.id]["max_tokens"]:  # a verify step may give more than asked
+            # a verify step may give more than asked
+            if len(tokens[seq.id]) < spec[seq.id]["max_tokens"]:
                 tokens[seq.id].append(token.id)
             if len(tokens[seq.id]) >= spec[seq.id]["max_tokens"]:
                 sched.remove(seq)
@@ -154,12 +210,27 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         sched.step()
     for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped
         np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
-    cache = {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)} if prefix else None
-    (out / "result.json").write_text(json.dumps({"tokens": [tokens[i] for i in range(len(spec))], "status": status,
-                                                 "prompts": [s["prompt"] for s in spec],
-                                                 "prefill_rows": prefill_rows, "decode_rows": decode_rows, "prompt_cache": cache,
-                                                 "drafted": sched.drafted, "accepted": sched.accepted, "steps": steps,
-                                                 "chosen": chosen}))
+    cache = (
+        {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)}
+        if prefix
+        else None
+    )
+    (out / "result.json").write_text(
+        json.dumps(
+            {
+                "tokens": [tokens[i] for i in range(len(spec))],
+                "status": status,
+                "prompts": [s["prompt"] for s in spec],
+                "prefill_rows": prefill_rows,
+                "decode_rows": decode_rows,
+                "prompt_cache": cache,
+                "drafted": sched.drafted,
+                "accepted": sched.accepted,
+                "steps": steps,
+                "chosen": chosen,
+            }
+        )
+    )
     pipe.shutdown()
 
 

@@ -1,15 +1,15 @@
-"""Run under mlx.launch by tests/ring/test_tensor_matrix.py: each model, whole in this process and then
-split for tensor mode across the launch's ranks (`mlx_ring.models.tensor.cut`), on one prompt and
-greedy decode steps.
+"""Run under mlx.launch by tests/ring/test_tensor_matrix.py: each model, whole in this process and
+then split for tensor mode across the launch's ranks (`mlx_ring.models.tensor.cut`), on one prompt
+and greedy decode steps.
 
 For each `--model` (with its `--out` folder) every rank writes `started{r}`, then `refused{r}.txt`
-(the ValueError that refuses the split, which every rank reaches alike), or `unrunnable{r}.txt` (where
-mlx-lm's whole model fails in one process), or `error{r}.txt` (where the
-forward fails; the launch goes on only where every rank failed alike), or `want.npy` (the whole
-model's logits: the prompt's last row, then each greedy step's), `want.json` (its greedy tokens) and
-`got{r}.npy` (the split model's, fed the whole model's tokens: its own greedy tokens are the rows'
-argmax as long as they agree), `how{r}.txt` (shard() or layouts) and `share{r}.json` (its parameter bytes,
-the whole model's, and its first layer's heads and MLP columns); then `done{r}`.
+(the ValueError that refuses the split, which every rank reaches alike), or `unrunnable{r}.txt`
+(where mlx-lm's whole model fails in one process), or `error{r}.txt` (where the forward fails; the
+launch goes on only where every rank failed alike), or `want.npy` (the whole model's logits: the
+prompt's last row, then each greedy step's), `want.json` (its greedy tokens) and `got{r}.npy` (the
+split model's, fed the whole model's tokens: its own greedy tokens are the rows' argmax as long as
+they agree), `how{r}.txt` (shard() or layouts) and `share{r}.json` (its parameter bytes, the whole
+model's, and its first layer's heads and MLP columns); then `done{r}`.
 """
 
 import argparse
@@ -31,8 +31,8 @@ from mlx_ring.ring.world import init_world
 
 
 def logits_of(model, prompt: list[int], feed: list[int] | None, steps: int):
-    """Rows of logits (the prompt's last, then one per step) and the greedy tokens; with `feed`, each
-    step is fed feed's token instead of its own (and only the rows come back)."""
+    """Rows of logits (the prompt's last, then one per step) and the greedy tokens; with `feed`,
+    each step is fed feed's token instead of its own (and only the rows come back)."""
     cache = make_prompt_cache(model)
     logits = model(mx.array([prompt]), cache=cache)[0, -1]
     rows, tokens = [], []
@@ -67,9 +67,13 @@ def run(folder: Path, out: Path, group, prompt: list[int], steps: int) -> None:
     np.save(out / f"got{r}.npy", got)
     (out / f"how{r}.txt").write_text(how)
     attn, mlp = (getattr(model.layers[0], x, None) for x in ("self_attn", "mlp"))
-    share = {"bytes": _bytes(model), "whole": whole_bytes, "heads": getattr(attn, "n_heads", None),
-             "kv_heads": getattr(attn, "n_kv_heads", None),
-             "columns": getattr(getattr(mlp, "down_proj", None), "weight", np.zeros((0, 0))).shape[-1]}
+    share = {
+        "bytes": _bytes(model),
+        "whole": whole_bytes,
+        "heads": getattr(attn, "n_heads", None),
+        "kv_heads": getattr(attn, "n_kv_heads", None),
+        "columns": getattr(getattr(mlp, "down_proj", None), "weight", np.zeros((0, 0))).shape[-1],
+    }
     (out / f"share{r}.json").write_text(json.dumps(share))
 
 
@@ -83,23 +87,35 @@ def main():
     p.add_argument("--out", required=True, nargs="+")
     p.add_argument("--prompt", required=True, nargs="+", help="a JSON list of token ids per model")
     p.add_argument("--steps", required=True, nargs="+", type=int, help="greedy steps per model")
-    p.add_argument("--stall", required=True, nargs="+", type=float, help="seconds each model may take on this rank")
+    p.add_argument(
+        "--stall",
+        required=True,
+        nargs="+",
+        type=float,
+        help="seconds each model may take on this rank",
+    )
     a = p.parse_args()
     group = init_world()
-    for folder, out, prompt, steps, stall in zip(a.model, a.out, a.prompt, a.steps, a.stall, strict=True):
+    for folder, out, prompt, steps, stall in zip(
+        a.model, a.out, a.prompt, a.steps, a.stall, strict=True
+    ):
         out = Path(out)
         (out / f"started{group.rank()}").write_text("")
-        faulthandler.dump_traceback_later(stall, exit=True, file=open(out / f"stack{group.rank()}.txt", "w"))
+        faulthandler.dump_traceback_later(
+            stall, exit=True, file=open(out / f"stack{group.rank()}.txt", "w")
+        )
         failed = 0
         try:
             run(Path(folder), out, group, json.loads(prompt), steps)
         except Exception as e:  # noqa: BLE001 -- the reason this type is refused
-            (out / f"error{group.rank()}.txt").write_text(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            (out / f"error{group.rank()}.txt").write_text(
+                f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            )
             failed = 1
-        # An error raised while the forward's graph is built (most are: shapes) is raised on every rank
-        # before any all_sum runs, and the launch can go on. Where only some ranks failed, the others
-        # wait in the model's all_sum: this one then pairs with it, the sum is not [N, 0] or [N, N], and
-        # the launch ends (or the watchdog ends it).
+        # An error raised while the forward's graph is built (most are: shapes) is raised on every
+        # rank before any all_sum runs, and the launch can go on. Where only some ranks failed, the
+        # others wait in the model's all_sum: this one then pairs with it, the sum is not [N, 0] or
+        # [N, N], and the launch ends (or the watchdog ends it).
         agree = mx.distributed.all_sum(mx.array([1, failed]), group=group).tolist()
         faulthandler.cancel_dump_traceback_later()
         if agree not in ([group.size(), 0], [group.size(), group.size()]):

@@ -1,7 +1,9 @@
 """Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how long, it
-takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the server:
+takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the
+server:
 
-    python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- python tools/bench_steps.py --model DIR --streams 1,16,64
+    python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- \\
+        python tools/bench_steps.py --model DIR --streams 1,16,64
     (tools/fed.py feeds mlx.launch's stdin, on which it would otherwise spin cores the ranks need)
     (add CUDA_PER_RANK=1 to the environment on a multi-GPU host; --profile prints rank 0's cProfile;
     --trace FILE prints where a decode step's time goes on each rank, ranks on one host only)
@@ -10,8 +12,8 @@ With --draft-tokens K (and --draft-model DIR, else prompt lookup), each line is 
 alternating pairs, plain then drafting, in the same processes: the cost or gain of drafting without
 the run-to-run drift of separate servers. With --peers (one rank), each line alternates the ring's
 scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
---split then times one stream's step by its parts (Python, MLX encoding, the wait for the token),
-as `split_ring` and `split_generate_step` below do (bench_tensor.py's --split too).
+--split then times one stream's step by its parts (Python, MLX encoding, the wait for the token), as
+`split_ring` and `split_generate_step` below do (bench_tensor.py's --split too).
 """
 
 import argparse
@@ -50,18 +52,21 @@ from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
-def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[int]]) -> tuple[float, str]:
-    """n sequences arriving together; returns the seconds until the last one had its last token (as
-    mlx_lm_loop times mlx-lm's loops) and one line of counts and times. What the scheduler does after
-    that (the step chained past the last token, the FILTER that frees the group) runs untimed, as the
-    step mlx-lm's loop starts past its last token does."""
+def run(
+    sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[int]]
+) -> tuple[float, str]:
+    """n sequences arriving together; returns the seconds until the last one had its last token
+    (as mlx_lm_loop times mlx-lm's loops) and one line of counts and times. What the scheduler
+    does after that (the step chained past the last token, the FILTER that frees the group) runs
+    untimed, as the step mlx-lm's loop starts past its last token does."""
     kinds: dict[int, int] = {}
     shapes: dict[tuple[int, int], int] = {}  # PREFILL steps by (rows, tokens a row)
     pipe = sched.pipe
     submit = pipe.submit
 
     def counted(header, payload, *a, **kw):
-        kinds[header.kind] = kinds.get(header.kind, 0) + 1  # names after the timing: Kind() costs a step
+        # names after the timing: Kind() costs a step
+        kinds[header.kind] = kinds.get(header.kind, 0) + 1
         if header.kind == Kind.PREFILL:
             shapes[payload.shape] = shapes.get(payload.shape, 0) + 1
         submit(header, payload, *a, **kw)
@@ -89,14 +94,20 @@ def run(sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[
     pipe.submit = submit
     kinds = {Kind(k).name: v for k, v in kinds.items()}
     dt = last - t0
-    digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())  # to compare ring sizes (where they batch alike)
-    decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0  # after every stream's first token
-    return dt, (f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s (mean {statistics.mean(firsts):.2f} s), "
-                f"decode {decode:.1f} tokens/s, steps {kinds}, prefill rows x tokens {shapes}, tokens {digest:08x}")
+    # to compare ring sizes (where they batch alike)
+    digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())
+    # after every stream's first token
+    decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0
+    return dt, (
+        f"{n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token "
+        f"{first - t0:.2f} s (mean {statistics.mean(firsts):.2f} s), decode {decode:.1f} tokens/s, "
+        f"steps {kinds}, prefill rows x tokens {shapes}, tokens {digest:08x}"
+    )
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
-    """Plain and drafting runs in turn; each line's tokens/s, then the drafting/plain ratio of the sums."""
+    """Plain and drafting runs in turn; each line's tokens/s, then the drafting/plain ratio of
+    the sums."""
     k, totals = sched.draft_tokens, {0: 0.0, 1: 0.0}
     for r in range(a.rounds):
         for drafting in (0, 1):
@@ -104,27 +115,45 @@ def draft_ab(sched: Scheduler, n: int, a) -> None:
             before = (sched.drafted, sched.accepted)
             seconds, line = run(sched, n, a.max_tokens, a.prompt_of)
             totals[drafting] += seconds
-            kept = f", drafts kept {sched.accepted - before[1]}/{sched.drafted - before[0]}" if drafting else ""
+            kept = (
+                f", drafts kept {sched.accepted - before[1]}/{sched.drafted - before[0]}"
+                if drafting
+                else ""
+            )
             print(f"round {r} {'drafting' if drafting else 'plain'}: {line}{kept}", flush=True)
     sched.draft_tokens = k
-    print(f"{n} streams, {a.rounds} rounds: drafting took {totals[1] / totals[0]:.3f}x the time of plain decoding", flush=True)
+    print(
+        (
+            f"{n} streams, {a.rounds} rounds: drafting took {totals[1] / totals[0]:.3f}x the "
+            "time of plain decoding"
+        ),
+        flush=True,
+    )
 
 
 def peer_ab(sched: Scheduler, model, n: int, a) -> None:
-    """The ring's scheduler and mlx-lm's own loop (`generate_step` for one stream, `BatchGenerator` for
-    several) in turn, --rounds times, in this process; then the min and median of ring/mlx-lm."""
+    """The ring's scheduler and mlx-lm's own loop (`generate_step` for one stream,
+    `BatchGenerator` for several) in turn, --rounds times, in this process; then the min and
+    median of ring/mlx-lm."""
     times: dict[str, list[float]] = {"ring": [], "mlx_lm": []}
     for r in range(a.rounds):
         seconds, line = run(sched, n, a.max_tokens, a.prompt_of)
         times["ring"].append(seconds)
         print(f"round {r} ring-{sched.pipe.ring.size}: {line}", flush=True)
-        seconds, line = mlx_lm_loop.one_stream(model, a.prompt_of(0), a.max_tokens) if n == 1 else \
-            mlx_lm_loop.many_streams(model, n, a.max_tokens, a.prompt_of)
+        seconds, line = (
+            mlx_lm_loop.one_stream(model, a.prompt_of(0), a.max_tokens)
+            if n == 1
+            else mlx_lm_loop.many_streams(model, n, a.max_tokens, a.prompt_of)
+        )
         times["mlx_lm"].append(seconds)
         print(f"round {r} {line}", flush=True)
-    ratios = sorted(p / q for p, q in zip(times["mlx_lm"], times["ring"]))  # speed: ring over mlx-lm
-    print(f"{n} streams, {a.rounds} rounds: ring/mlx-lm speed min {ratios[0]:.3f}, median {statistics.median(ratios):.3f}, "
-          f"max {ratios[-1]:.3f}", flush=True)
+    # speed: ring over mlx-lm
+    ratios = sorted(p / q for p, q in zip(times["mlx_lm"], times["ring"]))
+    print(
+        f"{n} streams, {a.rounds} rounds: ring/mlx-lm speed min {ratios[0]:.3f}, median "
+        f"{statistics.median(ratios):.3f}, max {ratios[-1]:.3f}",
+        flush=True,
+    )
 
 
 class Clock:
@@ -145,6 +174,7 @@ class Clock:
                 self.add(part, time.perf_counter() - t)
                 # this thread's CPU time too: on a shared machine, steadier than the wall clock
                 self.add(f"{part} cpu", time.thread_time() - cpu)
+
         return timed
 
     def add(self, part: str, seconds: float) -> None:
@@ -162,10 +192,12 @@ class Clock:
         ms["other"] = med(lambda r: r["step"] - sum(r.get(p, 0.0) for p in parts))
         steps = [r["step"] * 1e3 for r in rows]  # the median hides slow steps; tokens/s counts them
         cpu = ", ".join(f"{p} {med(lambda r: r.get(p + ' cpu', 0.0)):.2f}" for p in parts)
-        return (f"{name}: median ms a step over {len(rows)} steps: "
-                + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
-                + f"; step mean {statistics.mean(steps):.2f}, max {max(steps):.2f}"
-                + f"; this thread's CPU time: {cpu}")
+        return (
+            f"{name}: median ms a step over {len(rows)} steps: "
+            + ", ".join(f"{p} {v:.2f}" for p, v in ms.items())
+            + f"; step mean {statistics.mean(steps):.2f}, max {max(steps):.2f}"
+            + f"; this thread's CPU time: {cpu}"
+        )
 
 
 @contextmanager
@@ -196,8 +228,9 @@ def split_generate_step(model, prompt: list[int], max_tokens: int) -> str:
     `mx.async_eval`, wait = the rest of the step (the token read and the loop)."""
     clock = Clock()
     with patched(mx, "async_eval", clock.wrap(mx.async_eval, "encode")):
-        steps = generate_step(mx.array(prompt), Timed(model, clock), max_tokens=max_tokens,
-                              sampler=mlx_lm_loop.GREEDY)
+        steps = generate_step(
+            mx.array(prompt), Timed(model, clock), max_tokens=max_tokens, sampler=mlx_lm_loop.GREEDY
+        )
         for _ in steps:
             clock.tick()
     return clock.line("generate_step", ("python", "encode"))
@@ -229,9 +262,15 @@ def split_ring(sched: Scheduler, max_tokens: int, prompt: Callable[[int], list[i
             clock.tick()
         return out
 
-    timed = [(shard, "apply", "python"), (shard, "head", "python"), (pipe, "prefetch", "encode"),
-             (pipe, "settle", "wait"), (pipe.ring, "send", "send"),
-             (runner, "sample_lazy", "python"), (runner, "read_tokens", "wait")]
+    timed = [
+        (shard, "apply", "python"),
+        (shard, "head", "python"),
+        (pipe, "prefetch", "encode"),
+        (pipe, "settle", "wait"),
+        (pipe.ring, "send", "send"),
+        (runner, "sample_lazy", "python"),
+        (runner, "read_tokens", "wait"),
+    ]
     parts = [(owner, name, clock.wrap(getattr(owner, name), part)) for owner, name, part in timed]
     with ExitStack() as stack:
         for owner, name, f in [*parts, (pipe, "submit", timed_submit), (sched, "step", ticking)]:
@@ -242,13 +281,16 @@ def split_ring(sched: Scheduler, max_tokens: int, prompt: Callable[[int], list[i
 
 
 def prompts(a) -> Callable[[int], list[int]]:
-    """Stream i's prompt ids: `--prompt` in the chat template, its "{n}" a number new to each request
-    (as bench.py numbers its requests: they share the template's start, not a whole prompt), else
-    `--prompt-len` ids that mean nothing."""
+    """Stream i's prompt ids: `--prompt` in the chat template, its "{n}" a number new to each
+    request (as bench.py numbers its requests: they share the template's start, not a whole
+    prompt), else `--prompt-len` ids that mean nothing."""
     if not a.prompt:
         return lambda i: [(7 * i + j) % 30000 + 100 for j in range(a.prompt_len)]
     template, numbers = load_tokenizer(a.model).apply_chat_template, itertools.count()
-    return lambda i: template([{"role": "user", "content": a.prompt.replace("{n}", str(next(numbers)))}], add_generation_prompt=True)
+    return lambda i: template(
+        [{"role": "user", "content": a.prompt.replace("{n}", str(next(numbers)))}],
+        add_generation_prompt=True,
+    )
 
 
 def join_ring(model: Path, trace: Path | None, layers: str | None = None) -> Pipeline | None:
@@ -257,7 +299,11 @@ def join_ring(model: Path, trace: Path | None, layers: str | None = None) -> Pip
     events, if asked) and get None."""
     world = init_world()
     n = spec_from_folder(model).n_layers
-    plan = plan_from_sizes(n, [int(x) for x in layers.split(",")]) if layers else uniform_plan(n, world.size())
+    plan = (
+        plan_from_sizes(n, [int(x) for x in layers.split(",")])
+        if layers
+        else uniform_plan(n, world.size())
+    )
     shard = load_shard(model, plan, world.rank())
     ring = Ring(world)
     ring.trace = [] if trace else None
@@ -286,7 +332,8 @@ def traced(sched: Scheduler, n: int, a) -> list:
     ranks = [pipe.ring.trace]
     for r in range(1, pipe.ring.size):
         path, deadline = trace_file(a.trace, r), time.monotonic() + 30
-        while not path.exists() and time.monotonic() < deadline:  # written once that rank has shut down
+        # written once that rank has shut down
+        while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         ranks.append(json.loads(path.read_text()))
         path.unlink()
@@ -294,31 +341,76 @@ def traced(sched: Scheduler, n: int, a) -> list:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", type=Path, required=True, help="MLX model folder")
     p.add_argument("--streams", default="1,16,64")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--chunk", type=int, default=512)
-    p.add_argument("--groups", type=int, default=0, help="decode groups (micro-batches; 0: one per rank)")
-    p.add_argument("--layers", default=None, help="layers per rank, e.g. 11,19 (default: an even split)")
+    p.add_argument(
+        "--groups", type=int, default=0, help="decode groups (micro-batches; 0: one per rank)"
+    )
+    p.add_argument(
+        "--layers", default=None, help="layers per rank, e.g. 11,19 (default: an even split)"
+    )
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--trace", type=Path, default=None, help="time each rank's part of the decode steps of the last "
-                   "stream count (2 or more ranks on one host); the events go to this JSON file")
-    p.add_argument("--draft-tokens", type=int, default=0, help="A/B drafting (up to K tokens) against plain decoding")
-    p.add_argument("--draft-model", type=Path, default=None, help="draft with this model (else prompt lookup)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="time each rank's part of the decode steps of the last "
+        "stream count (2 or more ranks on one host); the events go to this JSON file",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=0,
+        help="A/B drafting (up to K tokens) against plain decoding",
+    )
+    p.add_argument(
+        "--draft-model", type=Path, default=None, help="draft with this model (else prompt lookup)"
+    )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompt", default=None, help="a user message for every stream (else token ids that mean nothing); "
-                   "{n} in it becomes a number new to each request")
-    p.add_argument("--peers", action="store_true", help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
-                   "times (generate_step for one stream, BatchGenerator for several; a second copy of the model)")
-    p.add_argument("--split", action="store_true", help="one stream's decode step split into Python, MLX encoding and "
-                   "the wait for the token, for the ring and, with --peers, generate_step")
-    p.add_argument("--prompt-cache", type=int, default=0, help="prompt cache of this many tokens, as the server keeps (0: off)")
-    p.add_argument("--prefill-budget", type=int, default=0, help="prompt tokens on the ring at once, as the server's plan "
-                   "grants (0: no bound)")
-    p.add_argument("--prefill-step", type=int, default=0, help="prompt tokens of one prefill step (rows x chunk; 0: one "
-                   "chunk), as the server's plan grants a CUDA device")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="a user message for every stream (else token ids that mean nothing); "
+        "{n} in it becomes a number new to each request",
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="one rank: mlx-lm's own loop in turn with the ring's, --rounds "
+        "times (generate_step for one stream, BatchGenerator for several; a "
+        "second copy of the model)",
+    )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="one stream's decode step split into Python, MLX encoding and "
+        "the wait for the token, for the ring and, with --peers, generate_step",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        type=int,
+        default=0,
+        help="prompt cache of this many tokens, as the server keeps (0: off)",
+    )
+    p.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=0,
+        help="prompt tokens on the ring at once, as the server's plan grants (0: no bound)",
+    )
+    p.add_argument(
+        "--prefill-step",
+        type=int,
+        default=0,
+        help="prompt tokens of one prefill step (rows x chunk; 0: one "
+        "chunk), as the server's plan grants a CUDA device",
+    )
     a = p.parse_args()
     a.prompt_of = prompts(a)
     pipe = join_ring(a.model, a.trace, a.layers)
@@ -327,8 +419,17 @@ def main():
     shard = pipe.stage
     drafter = load_model(a.draft_model)[0] if a.draft_model else None
     prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
-    sched = Scheduler(pipe, shard, groups=a.groups, chunk=a.chunk, prefix=prefix, draft_tokens=a.draft_tokens, draft_model=drafter,
-                      prefill_budget=a.prefill_budget, prefill_step=a.prefill_step)
+    sched = Scheduler(
+        pipe,
+        shard,
+        groups=a.groups,
+        chunk=a.chunk,
+        prefix=prefix,
+        draft_tokens=a.draft_tokens,
+        draft_model=drafter,
+        prefill_budget=a.prefill_budget,
+        prefill_step=a.prefill_step,
+    )
     streams = [int(x) for x in a.streams.split(",")]
     if a.peers and pipe.ring.size > 1:
         raise SystemExit("--peers runs mlx-lm's loop beside a ring of one rank")
@@ -336,14 +437,20 @@ def main():
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
         run(sched, n, 4, a.prompt_of)
         if peer is not None:
-            mlx_lm_loop.one_stream(peer, a.prompt_of(0), 4) if n == 1 else mlx_lm_loop.many_streams(peer, n, 4, a.prompt_of)
+            mlx_lm_loop.one_stream(peer, a.prompt_of(0), 4) if n == 1 else mlx_lm_loop.many_streams(
+                peer, n, 4, a.prompt_of
+            )
     for n in streams:
         if peer is not None:
             peer_ab(sched, peer, n, a)
         elif a.draft_tokens:
             draft_ab(sched, n, a)
         else:
-            print(f"{pipe.ring.size} rank(s):", run(sched, n, a.max_tokens, a.prompt_of)[1], flush=True)
+            print(
+                f"{pipe.ring.size} rank(s):",
+                run(sched, n, a.max_tokens, a.prompt_of)[1],
+                flush=True,
+            )
     for _ in range(a.rounds if a.split else 0):
         print(split_ring(sched, a.max_tokens, a.prompt_of), flush=True)
         if peer is not None:
@@ -355,7 +462,11 @@ def main():
     if a.trace and pipe.ring.size > 1:
         ranks = traced(sched, streams[-1], a)
         a.trace.write_text(json.dumps(ranks))
-        print(f"{pipe.ring.size} rank(s), {streams[-1]} streams:", summary(decode_times(ranks)), flush=True)
+        print(
+            f"{pipe.ring.size} rank(s), {streams[-1]} streams:",
+            summary(decode_times(ranks)),
+            flush=True,
+        )
     else:
         pipe.shutdown()
 

@@ -1,7 +1,7 @@
 """Tensor mode's step on the real scheduler without HTTP, in turn with mlx-lm's own loop on the same
 model cut by its own `shard()` (every rank runs `generate_step`, or `BatchGenerator` for several
-streams, joined by the same all_sums), in the same processes, --rounds times. Run it under mlx.launch,
-a GPU per rank (tensor mode's all_sums then go over NCCL, as in the server):
+streams, joined by the same all_sums), in the same processes, --rounds times. Run it under
+mlx.launch, a GPU per rank (tensor mode's all_sums then go over NCCL, as in the server):
 
     CUDA_PER_RANK=1 python tools/fed.py mlx.launch --backend ring --hostfile h2.json -- \\
         python tools/bench_tensor.py --model DIR --streams 1,16 --peers
@@ -38,17 +38,25 @@ from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
 from shard import load_shard, serve_worker  # noqa: E402
 
 
-def phases(streams: list[int], rounds: int, max_tokens: int, peers: bool) -> list[tuple[str, int, int]]:
+def phases(
+    streams: list[int], rounds: int, max_tokens: int, peers: bool
+) -> list[tuple[str, int, int]]:
     """What every rank runs, in order: ("ring" or "peer", streams, tokens); a short warm-up of each
     shape first (kernels compile for each new shape on CUDA)."""
     out = [(who, n, 4) for n in streams for who in ("ring", "peer")[: 1 + peers]]
     for n in streams:
-        out += [(who, n, max_tokens) for _ in range(rounds) for who in ("ring", "peer")[: 1 + peers]]
+        out += [
+            (who, n, max_tokens) for _ in range(rounds) for who in ("ring", "peer")[: 1 + peers]
+        ]
     return out
 
 
 def peer_loop(model, n: int, tokens: int, prompt) -> tuple[float, str]:
-    return mlx_lm_loop.one_stream(model, prompt(0), tokens) if n == 1 else mlx_lm_loop.many_streams(model, n, tokens, prompt)
+    return (
+        mlx_lm_loop.one_stream(model, prompt(0), tokens)
+        if n == 1
+        else mlx_lm_loop.many_streams(model, n, tokens, prompt)
+    )
 
 
 def release(pipe: Lockstep) -> None:
@@ -57,17 +65,31 @@ def release(pipe: Lockstep) -> None:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", type=Path, required=True, help="MLX model folder")
     p.add_argument("--streams", default="1,16")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=25)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--peers", action="store_true", help="mlx-lm's loop on its own shard() of a second copy, in turn")
-    p.add_argument("--split", action="store_true",
-                   help="rank 0's one-stream decode step split into Python, MLX encoding and "
-                   "the wait for the token (bench_steps.split_ring); with --peers, mlx-lm's too")
-    p.add_argument("--trace", type=Path, default=None, help="every rank's step events of a last one-stream run, to this JSON file")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="mlx-lm's loop on its own shard() of a second copy, in turn",
+    )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="rank 0's one-stream decode step split into Python, MLX encoding and "
+        "the wait for the token (bench_steps.split_ring); with --peers, mlx-lm's too",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="every rank's step events of a last one-stream run, to this JSON file",
+    )
     a = p.parse_args()
     a.prompt = None  # token ids that mean nothing (bench_steps' default)
     a.prompt_of = prompts(a)
@@ -85,7 +107,8 @@ def main():
         mx.eval(peer.parameters())
     todo = phases([int(x) for x in a.streams.split(",")], a.rounds, a.max_tokens, a.peers)
     pipe = Lockstep(shard, ring, sums) if world.rank() == 0 else None
-    sched = Scheduler(pipe, shard, groups=1) if pipe else None  # one decode group, as the server runs tensor mode
+    # one decode group, as the server runs tensor mode
+    sched = Scheduler(pipe, shard, groups=1) if pipe else None
     times: dict[tuple[str, int], list[float]] = {}
     for i, (who, n, tokens) in enumerate(todo):
         if who == "peer":
@@ -104,10 +127,23 @@ def main():
     if pipe is not None:
         for n in sorted({n for _, n in times}):
             ring_s = times[("ring", n)]
-            ratio = (f", ring/mlx-lm speed median {statistics.median(q / p for p, q in zip(ring_s, times[('peer', n)])):.3f}"
-                     if ("peer", n) in times else "")
-            print(f"tensor-{world.size()}, {n} streams: ring {n * a.max_tokens / statistics.median(ring_s):.1f} tok/s{ratio}", flush=True)
-    if pipe is None:  # a worker: through rank 0's split and traced runs (if any), then its events for rank 0
+            ratio = (
+                (
+                    ", ring/mlx-lm speed median "
+                    f"{statistics.median(q / p for p, q in zip(ring_s, times[('peer', n)])):.3f}"
+                )
+                if ("peer", n) in times
+                else ""
+            )
+            print(
+                (
+                    f"tensor-{world.size()}, {n} streams: ring "
+                    f"{n * a.max_tokens / statistics.median(ring_s):.1f} tok/s{ratio}"
+                ),
+                flush=True,
+            )
+    # a worker: through rank 0's split and traced runs (if any), then its events for rank 0
+    if pipe is None:
         if (a.trace or a.split) and todo[-1][0] == "peer":
             serve_worker(shard, ring)
         if a.trace:
@@ -159,20 +195,26 @@ def step_times(ranks: list[list]) -> list[str]:
     decode = [i for i in range(n) if steps[0][i]["kind"] == Kind.DECODE]
     med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
     s0 = steps[0]
-    lines = [f"rank 0: {len(decode)} DECODE steps of {n}; period {med([s0[i + 1]['out'] - s0[i]['out'] for i in decode if i + 1 < n]):.2f}, "
-             f"header to built {med([s0[i]['built'] - s0[i]['out'] for i in decode]):.2f}, "
-             f"header to done {med([s0[i]['done'] - s0[i]['out'] for i in decode if 'done' in s0[i]]):.2f}"]
+    lines = [
+        f"rank 0: {len(decode)} DECODE steps of {n}; period "
+        f"{med([s0[i + 1]['out'] - s0[i]['out'] for i in decode if i + 1 < n]):.2f}, header to "
+        f"built {med([s0[i]['built'] - s0[i]['out'] for i in decode]):.2f}, header to done "
+        f"{med([s0[i]['done'] - s0[i]['out'] for i in decode if 'done' in s0[i]]):.2f}"
+    ]
     for r, s in enumerate(steps[1:], 1):
-        lines.append(f"rank {r}: hop {med([s[i]['in'] - s0[i]['out'] for i in decode]):.2f}, "
-                     f"header to built {med([s[i]['built'] - s[i]['in'] for i in decode]):.2f} "
-                     f"(built before its header: {sum(s[i]['built'] < s[i]['in'] for i in decode)}), "
-                     f"in the step {med([s[i]['done'] - s[i]['built'] for i in decode]):.2f}, "
-                     f"waiting for the next header {med([s[i + 1]['in'] - s[i]['done'] for i in decode if i + 1 < n]):.2f}")
+        lines.append(
+            f"rank {r}: hop {med([s[i]['in'] - s0[i]['out'] for i in decode]):.2f}, header to "
+            f"built {med([s[i]['built'] - s[i]['in'] for i in decode]):.2f} (built before its "
+            f"header: {sum(s[i]['built'] < s[i]['in'] for i in decode)}), in the step "
+            f"{med([s[i]['done'] - s[i]['built'] for i in decode]):.2f}, waiting for the next "
+            f"header {med([s[i + 1]['in'] - s[i]['done'] for i in decode if i + 1 < n]):.2f}"
+        )
     return lines
 
 
 def _between_pings(events: list) -> list:
-    """The events between the two PING steps around the traced run (each PING a few events in a row)."""
+    """The events between the two PING steps around the traced run (each PING a few events in a
+    row)."""
     pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
     end = next(a for a, b in zip(pings, pings[1:]) if b > a + 1)  # the first PING's last event
     return events[end + 1 : pings[pings.index(end) + 1]]

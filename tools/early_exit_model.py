@@ -21,7 +21,9 @@ def early_exit(src: Path, out: Path, layers: int) -> None:
     config = json.loads((src / "config.json").read_text())
     total = config["num_hidden_layers"]
     if not 0 < layers < total:
-        raise ValueError(f"--layers {layers}: the model has {total} layers; keep between 1 and {total - 1}")
+        raise ValueError(
+            f"--layers {layers}: the model has {total} layers; keep between 1 and {total - 1}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     kept = {}
     for f in sorted(src.glob("*.safetensors")):
@@ -32,13 +34,21 @@ def early_exit(src: Path, out: Path, layers: int) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), kept, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}, indent=2))
     for f in src.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+        if (
+            f.is_file()
+            and f.suffix != ".safetensors"
+            and f.name not in ("config.json", "model.safetensors.index.json")
+        ):
             shutil.copy(f, out / f.name)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", type=Path, help="an MLX model folder (one whose layers are `...layers.N...`)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "model", type=Path, help="an MLX model folder (one whose layers are `...layers.N...`)"
+    )
     p.add_argument("out", type=Path)
     p.add_argument("--layers", type=int, required=True, help="how many of the first layers to keep")
     a = p.parse_args()

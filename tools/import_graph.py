@@ -1,5 +1,5 @@
-"""The import graph of mlx_ring, server.py and shard.py: module cycles, each part's arrows, and any arrow
-up or sideways between the floors docs/development.md names (Conventions). Exits 1 on either.
+"""The import graph of mlx_ring, server.py and shard.py: module cycles, each part's arrows, and any
+arrow up or sideways between the floors docs/development.md names (Conventions). Exits 1 on either.
 
     python tools/import_graph.py
 """
@@ -9,9 +9,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUND = {p.stem for p in (ROOT / "mlx_ring").glob("*.py")} - {"__init__"}  # mlx_ring/*.py: the ground floor
-FLOOR = {"ground": 0, "ring": 1, "models": 1, "planning": 2, "serving": 3, "hosts": 3, "api": 4, "launcher": 5,
-         "shard": 5, "server": 6}
+# mlx_ring/*.py: the ground floor
+GROUND = {p.stem for p in (ROOT / "mlx_ring").glob("*.py")} - {"__init__"}
+FLOOR = {
+    "ground": 0,
+    "ring": 1,
+    "models": 1,
+    "planning": 2,
+    "serving": 3,
+    "hosts": 3,
+    "api": 4,
+    "launcher": 5,
+    "shard": 5,
+    "server": 6,
+}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -30,9 +41,14 @@ def edges(mods: dict[str, Path]) -> dict[str, set[str]]:
     for m, p in mods.items():
         found = set()
         tree = ast.parse(p.read_text())
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-                       for stmt in block.body for n in ast.walk(stmt)}
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If)
+            and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -41,7 +57,9 @@ def edges(mods: dict[str, Path]) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     sub = f"{node.module}.{a.name}"
-                    found |= {sub} if sub in mods else {node.module} if node.module in mods else set()
+                    found |= (
+                        {sub} if sub in mods else {node.module} if node.module in mods else set()
+                    )
         out[m] = found - {m}
     return out
 
@@ -53,7 +71,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[u] = "open"
         for v in sorted(graph[u]):
             if state.get(v) == "open":
-                found.append([*path[path.index(v):], u, v] if v in path else [u, v])
+                found.append([*path[path.index(v) :], u, v] if v in path else [u, v])
             elif v not in state:
                 visit(v, [*path, u])
         state[u] = "done"

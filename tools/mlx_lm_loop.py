@@ -15,13 +15,17 @@ from mlx_lm.sample_utils import make_sampler
 GREEDY = make_sampler(0.0)
 
 
-def line(name: str, n: int, max_tokens: int, t0: float, first: float, last: float, tokens: dict) -> tuple[float, str]:
+def line(
+    name: str, n: int, max_tokens: int, t0: float, first: float, last: float, tokens: dict
+) -> tuple[float, str]:
     """The figures `bench_steps.run` prints for the ring, in the same shape."""
     dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())
     decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0
-    return dt, (f"{name}: {n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token {first - t0:.2f} s, "
-                f"decode {decode:.1f} tokens/s, tokens {digest:08x}")
+    return dt, (
+        f"{name}: {n} streams: {dt:.2f} s, {n * max_tokens / dt:.1f} tokens/s, first token "
+        f"{first - t0:.2f} s, decode {decode:.1f} tokens/s, tokens {digest:08x}"
+    )
 
 
 def one_stream(model, prompt: list[int], max_tokens: int) -> tuple[float, str]:
@@ -31,15 +35,24 @@ def one_stream(model, prompt: list[int], max_tokens: int) -> tuple[float, str]:
         first = first or time.perf_counter()
         out.append(int(token))
     last = time.perf_counter()
-    mx.synchronize(generation_stream)  # the step it started past the last token, untimed (as the ring's)
+    # the step it started past the last token, untimed (as the ring's)
+    mx.synchronize(generation_stream)
     return line("generate_step", 1, max_tokens, t0, first, last, {0: out})
 
 
-def many_streams(model, n: int, max_tokens: int, prompt: Callable[[int], list[int]]) -> tuple[float, str]:
-    """mlx-lm's `BatchGenerator`: n greedy streams arriving together, each `max_tokens` tokens, every
-    prompt in one prefill batch and every stream in one decode batch (as the ring's one group)."""
-    gen = BatchGenerator(model, max_tokens=max_tokens, sampler=GREEDY, completion_batch_size=max(n, 32),
-                         prefill_batch_size=n)
+def many_streams(
+    model, n: int, max_tokens: int, prompt: Callable[[int], list[int]]
+) -> tuple[float, str]:
+    """mlx-lm's `BatchGenerator`: n greedy streams arriving together, each `max_tokens` tokens,
+    every prompt in one prefill batch and every stream in one decode batch (as the ring's one
+    group)."""
+    gen = BatchGenerator(
+        model,
+        max_tokens=max_tokens,
+        sampler=GREEDY,
+        completion_batch_size=max(n, 32),
+        prefill_batch_size=n,
+    )
     t0, first = time.perf_counter(), None
     uids = gen.insert([prompt(i) for i in range(n)], [max_tokens] * n)
     row = {uid: i for i, uid in enumerate(uids)}
@@ -52,5 +65,6 @@ def many_streams(model, n: int, max_tokens: int, prompt: Callable[[int], list[in
             done += r.finish_reason is not None
     last = time.perf_counter()
     gen.close()
-    mx.synchronize(generation_stream)  # whatever it started past the last tokens, untimed (as the ring's)
+    # whatever it started past the last tokens, untimed (as the ring's)
+    mx.synchronize(generation_stream)
     return line("BatchGenerator", n, max_tokens, t0, first, last, tokens)

@@ -15,7 +15,12 @@ def cores_of(spec: str, rank: int) -> set[int]:
     """The cores `spec` ("0,1/2,3") gives `rank`."""
     shares = spec.split("/")
     if rank >= len(shares):
-        raise ValueError(f"core spec {spec!r} names {len(shares)} ranks, not rank {rank}; give one core list per rank")
+        raise ValueError(
+            (
+                f"core spec {spec!r} names {len(shares)} ranks, not rank {rank}; give "
+                "one core list per rank"
+            )
+        )
     return {int(c) for c in shares[rank].split(",")}
 
 

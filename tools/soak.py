@@ -1,7 +1,8 @@
 """Soak test (not CI): concurrent streams against a running server for a while; no errors allowed,
 memory per rank must stay flat.
 
-    ./launch.sh start && .venv/bin/python tools/soak.py --url http://127.0.0.1:8100 --streams 8 --minutes 10
+    ./launch.sh start
+    .venv/bin/python tools/soak.py --url http://127.0.0.1:8100 --streams 8 --minutes 10
 
 Every stream loops: a streamed chat completion of a varying prompt and length, now and then one it
 abandons mid-stream (a client that goes away). Every 15 s it samples /cluster/status. Writes
@@ -24,12 +25,19 @@ async def stream_loop(client: AsyncOpenAI, i: int, until: float, totals: dict) -
     while time.monotonic() < until:
         n = rng.randint(8, 64)
         abandon = rng.random() < 0.1
-        prompt = f"Stream {i}, request {totals['requests']}: tell me about the number {rng.randint(1, 10**6)}."
+        prompt = (
+            f"Stream {i}, request {totals['requests']}: tell me about the number "
+            f"{rng.randint(1, 10**6)}."
+        )
         totals["requests"] += 1
         try:
             stream = await client.chat.completions.create(
-                model="default", messages=[{"role": "user", "content": prompt}], max_tokens=n,
-                temperature=rng.choice([0.0, 0.7]), stream=True)
+                model="default",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=n,
+                temperature=rng.choice([0.0, 0.7]),
+                stream=True,
+            )
             got = 0
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -47,9 +55,20 @@ async def sample_memory(url: str, until: float, samples: list) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
         while time.monotonic() < until:
             ranks = (await http.get(url + "/cluster/status")).json()["ranks"]
-            samples.append({"t": round(time.monotonic(), 1), "ranks": [
-                {"rank": r["rank"], "rss_mib": r["rss_kib"] / 1024, "mlx_active_mib": r["mlx_active_memory_kib"] / 1024,
-                 "open_sequences": r["open_sequences"]} for r in ranks]})
+            samples.append(
+                {
+                    "t": round(time.monotonic(), 1),
+                    "ranks": [
+                        {
+                            "rank": r["rank"],
+                            "rss_mib": r["rss_kib"] / 1024,
+                            "mlx_active_mib": r["mlx_active_memory_kib"] / 1024,
+                            "open_sequences": r["open_sequences"],
+                        }
+                        for r in ranks
+                    ],
+                }
+            )
             await asyncio.sleep(15)
 
 
@@ -57,16 +76,22 @@ async def main_async(a) -> dict:
     until = time.monotonic() + a.minutes * 60
     totals = {"requests": 0, "tokens": 0, "abandoned": 0, "errors": []}
     samples: list = []
-    async with AsyncOpenAI(base_url=a.url + "/v1", api_key=a.api_key, timeout=600, max_retries=0) as client:
-        await asyncio.gather(sample_memory(a.url, until, samples),
-                             *(stream_loop(client, i, until, totals) for i in range(a.streams)))
+    async with AsyncOpenAI(
+        base_url=a.url + "/v1", api_key=a.api_key, timeout=600, max_retries=0
+    ) as client:
+        await asyncio.gather(
+            sample_memory(a.url, until, samples),
+            *(stream_loop(client, i, until, totals) for i in range(a.streams)),
+        )
     await asyncio.sleep(2)  # let the last abandoned sequences be freed
     await sample_memory(a.url, time.monotonic() + 1, samples)
     return {"totals": totals, "samples": samples}
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", default="http://127.0.0.1:8100")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--minutes", type=float, default=10)
@@ -80,14 +105,23 @@ def main():
     # Compare the second sample (warm: caches and pools allocated) with the last (all streams done).
     first, last = samples[min(1, len(samples) - 1)]["ranks"], samples[-1]["ranks"]
     growth = [lr["rss_mib"] - fr["rss_mib"] for fr, lr in zip(first, last)]
-    print(f"{a.streams} streams x {a.minutes} min: {t['requests']} requests, {t['tokens']} streamed tokens, "
-          f"{t['abandoned']} abandoned mid-stream, {len(t['errors'])} errors")
+    print(
+        f"{a.streams} streams x {a.minutes} min: {t['requests']} requests, {t['tokens']} streamed "
+        f"tokens, {t['abandoned']} abandoned mid-stream, {len(t['errors'])} errors"
+    )
     for fr, lr, g in zip(first, last, growth):
-        print(f"  rank {fr['rank']}: RSS {fr['rss_mib']:.0f} -> {lr['rss_mib']:.0f} MiB ({g:+.0f}), "
-              f"MLX active {fr['mlx_active_mib']:.0f} -> {lr['mlx_active_mib']:.0f} MiB, open sequences at the end {lr['open_sequences']}")
+        print(
+            f"  rank {fr['rank']}: RSS {fr['rss_mib']:.0f} -> {lr['rss_mib']:.0f} MiB ({g:+.0f}), "
+            f"MLX active {fr['mlx_active_mib']:.0f} -> {lr['mlx_active_mib']:.0f} MiB, open "
+            f"sequences at the end {lr['open_sequences']}"
+        )
     for e in t["errors"][:10]:
         print("  error:", e)
-    ok = not t["errors"] and all(g < 50 for g in growth) and all(r["open_sequences"] == 0 for r in last)
+    ok = (
+        not t["errors"]
+        and all(g < 50 for g in growth)
+        and all(r["open_sequences"] == 0 for r in last)
+    )
     raise SystemExit(0 if ok else 1)
 
 

@@ -22,16 +22,32 @@ ROOT = Path(__file__).resolve().parent.parent
 def why_not() -> str | None:
     """None if this machine can make the test hosts, else a sentence saying why it cannot."""
     if os.geteuid() != 0:
-        return "the multi-host tests make network namespaces and bind mounts, which needs root (CI runs as root)"
+        return (
+            "the multi-host tests make network namespaces and bind mounts, which needs "
+            "root (CI runs as root)"
+        )
     for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
         if not shutil.which(tool):
             return f"the multi-host tests need `{tool}` (iproute2, util-linux, openssh-client)"
     if not Path("/usr/sbin/sshd").exists():
-        apt = subprocess.run("apt-get install -y -qq openssh-server || (apt-get update -qq && apt-get install -y -qq openssh-server)",
-                             shell=True, capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        apt = subprocess.run(
+            (
+                "apt-get install -y -qq openssh-server || (apt-get update -qq && apt-get install "
+                "-y -qq openssh-server)"
+            ),
+            shell=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
         if apt.returncode or not Path("/usr/sbin/sshd").exists():
-            return f"sshd is missing and apt could not install openssh-server: {apt.stderr.strip()[-200:]}"
-    probe = subprocess.run(["ip", "netns", "add", f"mrprobe{os.getpid()}"], capture_output=True, text=True)
+            return (
+                "sshd is missing and apt could not install openssh-server: "
+                f"{apt.stderr.strip()[-200:]}"
+            )
+    probe = subprocess.run(
+        ["ip", "netns", "add", f"mrprobe{os.getpid()}"], capture_output=True, text=True
+    )
     if probe.returncode:
         return f"this machine cannot make network namespaces ({probe.stderr.strip()})"
     subprocess.run(["ip", "netns", "del", f"mrprobe{os.getpid()}"], capture_output=True)
@@ -84,21 +100,44 @@ class NetnsHosts:
             raise
 
     def _up(self, n: int, tag: str) -> None:
-        sh(f"ip link add {self.bridge} type bridge && ip addr add {self.gateway}/24 dev {self.bridge} && ip link set {self.bridge} up")
-        sh(f"ssh-keygen -q -t ed25519 -N '' -f {self.key} && ssh-keygen -q -t ed25519 -N '' -f {self.tmp}/host_key")
+        sh(
+            (
+                f"ip link add {self.bridge} type bridge && ip addr add {self.gateway}/24 dev "
+                f"{self.bridge} && ip link set {self.bridge} up"
+            )
+        )
+        sh(
+            (
+                f"ssh-keygen -q -t ed25519 -N '' -f {self.key} && ssh-keygen -q -t ed25519 -N '' "
+                f"-f {self.tmp}/host_key"
+            )
+        )
         Path("/run/sshd").mkdir(exist_ok=True)
         config = []
         for i in range(n):
-            h = NetnsHost(f"ringhost-{chr(97 + i)}", f"{self.net}.{11 + i}", f"mr{tag}h{i}", f"mrv{tag}h{i}", self.tmp / f"host{i}")
+            h = NetnsHost(
+                f"ringhost-{chr(97 + i)}",
+                f"{self.net}.{11 + i}",
+                f"mr{tag}h{i}",
+                f"mrv{tag}h{i}",
+                self.tmp / f"host{i}",
+            )
             self.hosts.append(h)
-            sh(f"ip netns add {h.netns} && ip link add {h.veth} type veth peer name eth0 netns {h.netns} && "
-               f"ip link set {h.veth} master {self.bridge} up && ip -n {h.netns} addr add {h.address}/24 dev eth0 && "
-               f"ip -n {h.netns} link set eth0 up && ip -n {h.netns} link set lo up")
-            config.append(f"Host {h.name}\n  HostName {h.address}\n  User root\n  IdentityFile {self.key}\n"
-                          "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+            sh(
+                f"ip netns add {h.netns} && ip link add {h.veth} type veth peer name eth0 netns "
+                f"{h.netns} && ip link set {h.veth} master {self.bridge} up && ip -n {h.netns} "
+                f"addr add {h.address}/24 dev eth0 && ip -n {h.netns} link set eth0 up && ip -n "
+                f"{h.netns} link set lo up"
+            )
+            config.append(
+                f"Host {h.name}\n  HostName {h.address}\n  User root\n  IdentityFile {self.key}\n"
+                "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+            )
             self.wipe(h)
         # A name for a machine that is off: its address answers nothing, not even a refusal.
-        config.append(f"Host ringhost-off\n  HostName {self.net}.99\n  User root\n  IdentityFile {self.key}\n")
+        config.append(
+            f"Host ringhost-off\n  HostName {self.net}.99\n  User root\n  IdentityFile {self.key}\n"
+        )
         self.ssh_config.write_text("\n".join(config))
         for h in self.hosts:
             self.start_sshd(h)
@@ -113,20 +152,42 @@ class NetnsHosts:
 
     def start_sshd(self, h: NetnsHost) -> None:
         cfg = h.folder / "sshd_config"
-        cfg.write_text(f"ListenAddress {h.address}\nHostKey {self.tmp}/host_key\nAuthorizedKeysFile {self.key}.pub\n"
-                       "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nUseDNS no\nMaxStartups 100\n"
-                       f"PidFile {h.folder}/sshd.pid\n")
+        cfg.write_text(
+            f"ListenAddress {h.address}\nHostKey {self.tmp}/host_key\nAuthorizedKeysFile "
+            f"{self.key}.pub\nPermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nUseDNS "
+            f"no\nMaxStartups 100\nPidFile {h.folder}/sshd.pid\n"
+        )
         home = Path.home()
-        mounts = (f"hostname {h.name} && mount --bind {self.uv_cache} {h.folder}/home/.cache/uv && "
-                  f"mount --rbind {h.folder}/home {home} && mkdir -p {ROOT} && mount --bind {h.folder}/project {ROOT}")
-        h.sshd = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--uts", "--propagation", "private",
-                                   "sh", "-c", f"{mounts} && exec /usr/sbin/sshd -D -e -f {cfg}"],
-                                  stdout=subprocess.DEVNULL, stderr=open(h.folder / "sshd.log", "a"))
+        mounts = (
+            f"hostname {h.name} && mount --bind {self.uv_cache} {h.folder}/home/.cache/uv && "
+            f"mount --rbind {h.folder}/home {home} && mkdir -p {ROOT} && mount --bind "
+            f"{h.folder}/project {ROOT}"
+        )
+        h.sshd = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                h.netns,
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"{mounts} && exec /usr/sbin/sshd -D -e -f {cfg}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(h.folder / "sshd.log", "a"),
+        )
         for _ in range(100):
             if self.ssh(h, "true", check=False).returncode == 0:
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"sshd on {h.name} did not come up: {(h.folder / 'sshd.log').read_text()[-500:]}")
+        raise RuntimeError(
+            f"sshd on {h.name} did not come up: {(h.folder / 'sshd.log').read_text()[-500:]}"
+        )
 
     def stop_sshd(self, h: NetnsHost) -> None:
         """Stop its sshd and everything running on the host (sshd down: 'connection refused')."""
@@ -147,11 +208,28 @@ class NetnsHosts:
         """Processes running in the host's network namespace (its sshd's own left out if asked)."""
         out = sh(f"ip netns pids {h.netns}", check=False).stdout.split()
         keep = {h.sshd.pid} if but_sshd and h.sshd else set()
-        return [int(p) for p in out if int(p) not in keep]  # ip netns exec, unshare and sh exec into sshd: one pid
+        # ip netns exec, unshare and sh exec into sshd: one pid
+        return [int(p) for p in out if int(p) not in keep]
 
     def ssh(self, h: NetnsHost, cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
-                            "-o", "LogLevel=ERROR", h.name, cmd], capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(self.ssh_config),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=3",
+                "-o",
+                "LogLevel=ERROR",
+                h.name,
+                cmd,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if check and p.returncode:
             raise RuntimeError(f"ssh {h.name} {cmd!r} failed: {p.stderr.strip()}")
         return p

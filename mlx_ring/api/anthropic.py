@@ -1,6 +1,6 @@
-"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a thin adapter: its
-typed request becomes the one internal chat request, the engine's events become Anthropic's message
-or its stream of named events, errors come back in Anthropic's shape."""
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a thin adapter:
+its typed request becomes the one internal chat request, the engine's events become Anthropic's
+message or its stream of named events, errors come back in Anthropic's shape."""
 
 import json
 import uuid
@@ -12,7 +12,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from mlx_ring.api.bodies import Bodies
-from mlx_ring.api.dialects import arguments, chat_request, check_tool_choice, collect, dialect_router, named_sse
+from mlx_ring.api.dialects import (
+    arguments,
+    chat_request,
+    check_tool_choice,
+    collect,
+    dialect_router,
+    named_sse,
+)
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
 from mlx_ring.api.openapi import body_of
@@ -20,21 +27,43 @@ from mlx_ring.api.schema import NAME, Refused, _Strict, bounds_of, hosted_tools_
 from mlx_ring.api.served import context_cuts
 
 # Anthropic's error types, by status code.
-KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-         413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
-ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
-    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
-        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
 
 
 def error_shape(status: int, openai: dict) -> dict:
-    return {"type": "error", "error": {"type": KINDS.get(status, "api_error"), "message": openai["error"]["message"]}}
+    return {
+        "type": "error",
+        "error": {"type": KINDS.get(status, "api_error"), "message": openai["error"]["message"]},
+    }
 
 
 class _Block(_Strict):
-    cache_control: dict | None = Field(None, description="Accepted and ignored: the prompt cache finds shared prefixes itself.")
+    cache_control: dict | None = Field(
+        None, description="Accepted and ignored: the prompt cache finds shared prefixes itself."
+    )
 
 
 class TextBlock(_Block):
@@ -51,28 +80,40 @@ class ToolUseBlock(_Block):
 
 
 class MediaBlock(Refused):
-    """Images and documents: recognised only to be refused, with a message that says where and why."""
+    """Images and documents: recognised only to be refused, with a message that says where and
+    why."""
+
     type: Literal["image", "document"]
 
 
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[TextBlock | MediaBlock, Field(discriminator="type")]] | None = None
+    content: str | list[Annotated[TextBlock | MediaBlock, Field(discriminator="type")]] | None = (
+        None
+    )
     is_error: bool | None = None
 
     def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or [])
+        text = (
+            self.content
+            if isinstance(self.content, str)
+            else "".join(b.text for b in self.content or [])
+        )
         return f"Error: {text}" if self.is_error else text
 
 
 class OtherBlock(BaseModel):
     """Blocks dropped: earlier thinking, which this server does not do."""
+
     model_config = ConfigDict(extra="allow")
     type: Literal["thinking", "redacted_thinking"]
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | MediaBlock | OtherBlock, Field(discriminator="type")]
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | MediaBlock | OtherBlock,
+    Field(discriminator="type"),
+]
 
 
 def media_block(messages: list["Message"]) -> str | None:
@@ -80,25 +121,65 @@ def media_block(messages: list["Message"]) -> str | None:
     for i, m in enumerate(messages):
         for j, b in enumerate(m.content if isinstance(m.content, list) else []):
             inner = b.content if b.type == "tool_result" and isinstance(b.content, list) else []
-            found = [(f"messages.{i}.content.{j}", b)] + [(f"messages.{i}.content.{j}.content.{k}", c) for k, c in enumerate(inner)]
+            found = [(f"messages.{i}.content.{j}", b)] + [
+                (f"messages.{i}.content.{j}.content.{k}", c) for k, c in enumerate(inner)
+            ]
             for where, block in found:
                 if isinstance(block, MediaBlock):
-                    return f"{where}: {block.type} blocks are not supported by this text model; send text blocks"
+                    return (
+                        f"{where}: {block.type} blocks are not supported by this text "
+                        "model; send text blocks"
+                    )
     return None
 
 
 def _blocks_but(*kinds: str) -> dict:
     """JSON Schema: text, or blocks none of whose type is one of `kinds`."""
-    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
-        "not": {"required": ["type"], "properties": {"type": {"enum": list(kinds)}}}}}]}}}
+    return {
+        "properties": {
+            "content": {
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "items": {
+                            "not": {
+                                "required": ["type"],
+                                "properties": {"type": {"enum": list(kinds)}},
+                            }
+                        },
+                    },
+                ]
+            }
+        }
+    }
 
 
 class Message(_Strict):
-    model_config = ConfigDict(json_schema_extra={"allOf": [
-        {"if": {"properties": {"role": {"const": role}}}, "then": _blocks_but(*kinds)}
-        for role, kinds in (("user", ["tool_use"]), ("assistant", ["tool_result"]),
-                            ("system", ["tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"]))]})
-    # "system": an instruction within the conversation, as Claude Code sends them (mid-conversation-system beta)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {"if": {"properties": {"role": {"const": role}}}, "then": _blocks_but(*kinds)}
+                for role, kinds in (
+                    ("user", ["tool_use"]),
+                    ("assistant", ["tool_result"]),
+                    (
+                        "system",
+                        [
+                            "tool_use",
+                            "tool_result",
+                            "thinking",
+                            "redacted_thinking",
+                            "image",
+                            "document",
+                        ],
+                    ),
+                )
+            ]
+        }
+    )
+    # "system": an instruction within the conversation, as Claude Code sends them
+    # (mid-conversation-system beta)
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
@@ -143,7 +224,9 @@ class NoneChoice(_Strict):
     type: Literal["none"]
 
 
-ToolChoice = Annotated[AutoChoice | AnyChoice | ToolChoiceNamed | NoneChoice, Field(discriminator="type")]
+ToolChoice = Annotated[
+    AutoChoice | AnyChoice | ToolChoiceNamed | NoneChoice, Field(discriminator="type")
+]
 
 
 class Metadata(_Strict):
@@ -170,16 +253,22 @@ class ThinkingAdaptive(_Strict):
     display: Literal["summarized", "omitted"] | None = None
 
 
-Thinking = Annotated[ThinkingDisabled | ThinkingEnabled | ThinkingAdaptive, Field(discriminator="type")]
+Thinking = Annotated[
+    ThinkingDisabled | ThinkingEnabled | ThinkingAdaptive, Field(discriminator="type")
+]
 
 
 class JsonOutputFormat(_Strict):
     type: Literal["json_schema"]
-    schema_: dict = Field(alias="schema", description="A JSON Schema; the answer is decoded to match it.")
+    schema_: dict = Field(
+        alias="schema", description="A JSON Schema; the answer is decoded to match it."
+    )
 
 
 class OutputConfig(_Strict):
-    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(None, description="Accepted and ignored.")
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        None, description="Accepted and ignored."
+    )
     format: JsonOutputFormat | None = None
 
 
@@ -192,13 +281,17 @@ class CountTokensRequest(_Strict):
     # Accepted: this model answers without a thinking phase, so enabled or adaptive thinking gives a
     # message with no thinking blocks (Claude Code asks for thinking by default).
     thinking: Thinking | None = None
-    cache_control: CacheControl | None = Field(None, description="Accepted and ignored: the prompt cache finds shared prefixes itself.")
+    cache_control: CacheControl | None = Field(
+        None, description="Accepted and ignored: the prompt cache finds shared prefixes itself."
+    )
     output_config: OutputConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _client_tools(cls, data):
-        return hosted_tools_refused(data, ("custom",), "client tools (name, description, input_schema)")
+        return hosted_tools_refused(
+            data, ("custom",), "client tools (name, description, input_schema)"
+        )
 
     @model_validator(mode="after")
     def _text_only(self):
@@ -210,38 +303,75 @@ class CountTokensRequest(_Strict):
     @model_validator(mode="after")
     def _tool_choice(self):
         c = self.tool_choice
-        check_tool_choice(c, [t.name for t in self.tools or []], getattr(c, "name", None), c is not None and c.type in ("any", "tool"),
-                          "output_config.format" if self.output_config and self.output_config.format else None)
+        check_tool_choice(
+            c,
+            [t.name for t in self.tools or []],
+            getattr(c, "name", None),
+            c is not None and c.type in ("any", "tool"),
+            "output_config.format" if self.output_config and self.output_config.format else None,
+        )
         return self
 
     def system_text(self) -> str:
-        return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+        return (
+            self.system
+            if isinstance(self.system, str)
+            else "".join(b.text for b in self.system or [])
+        )
 
     def chat(self, **more) -> dict:
         """The internal chat request's fields."""
-        fields = {"model": self.model, "messages": chat_messages(self.system_text(), self.messages)} | more
+        fields = {
+            "model": self.model,
+            "messages": chat_messages(self.system_text(), self.messages),
+        } | more
         if self.tools:
-            fields["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
-                               for t in self.tools]
+            fields["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                    },
+                }
+                for t in self.tools
+            ]
         c = self.tool_choice
         if c is not None:
-            fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(c.type) or {"type": "function", "function": {"name": c.name}}
+            fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+                c.type
+            ) or {"type": "function", "function": {"name": c.name}}
             if getattr(c, "disable_parallel_tool_use", None):
                 fields["parallel_tool_calls"] = False
         fmt = self.output_config and self.output_config.format
         if fmt:
-            fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output_config", "schema": fmt.schema_}}
+            fields["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output_config", "schema": fmt.schema_},
+            }
         return fields
 
 
 class MessagesRequest(CountTokensRequest):
     unsupported: ClassVar[dict[str, str]] = {
-        "container": "it runs no code execution", "mcp_servers": "it connects to no MCP servers; send their tools as tools",
-        "context_management": "it does not edit the conversation; send it as it should be read"}
-    # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by default).
-    harmless: ClassVar[dict[str, object]] = {"context_management": lambda v: isinstance(v, dict) and set(v) <= {"edits"} and (
-        v.get("edits") is None or isinstance(v["edits"], list)) and all(
-        isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits") or [])}
+        "container": "it runs no code execution",
+        "mcp_servers": "it connects to no MCP servers; send their tools as tools",
+        "context_management": "it does not edit the conversation; send it as it should be read",
+    }
+    # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by
+    # default).
+    harmless: ClassVar[dict[str, object]] = {
+        "context_management": lambda v: (
+            isinstance(v, dict)
+            and set(v) <= {"edits"}
+            and (v.get("edits") is None or isinstance(v["edits"], list))
+            and all(
+                isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_")
+                for e in v.get("edits") or []
+            )
+        )
+    }
     # checked where the internal request is built (dialects.chat_request), by its bounds
     max_tokens: int = Field(json_schema_extra=bounds_of("max_tokens"))
     stop_sequences: list[str] | None = Field(None, json_schema_extra=bounds_of("stop"))
@@ -251,15 +381,48 @@ class MessagesRequest(CountTokensRequest):
     top_k: int = Field(0, description="0: off.", json_schema_extra=bounds_of("top_k"))
     metadata: Metadata | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
-    context_management: Annotated[dict | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
-        "type": "object", "additionalProperties": False, "properties": {"edits": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
-            "type": "object", "required": ["type"], "properties": {"type": {"type": "string", "pattern": "^clear_thinking_"}}}}]}}}]})] = Field(
-        None, description="Accepted where it only clears thinking blocks, which this model never writes.")
+    context_management: Annotated[
+        dict | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "edits": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["type"],
+                                            "properties": {
+                                                "type": {
+                                                    "type": "string",
+                                                    "pattern": "^clear_thinking_",
+                                                }
+                                            },
+                                        },
+                                    },
+                                ]
+                            }
+                        },
+                    },
+                ]
+            }
+        ),
+    ] = Field(
+        None,
+        description="Accepted where it only clears thinking blocks, which this model never writes.",
+    )
 
 
 def chat_messages(system: str, messages: list[Message]) -> list[dict]:
-    """Anthropic's conversation as chat messages: tool results become tool messages (before the user's
-    text that came with them), an assistant's tool_use blocks its tool calls."""
+    """Anthropic's conversation as chat messages: tool results become tool messages (before the
+    user's text that came with them), an assistant's tool_use blocks its tool calls."""
     out = [{"role": "system", "content": system}] if system else []
     for m in messages:
         if isinstance(m.content, str):
@@ -270,11 +433,20 @@ def chat_messages(system: str, messages: list[Message]) -> list[dict]:
             if b.type == "text":
                 texts.append(b.text)
             elif b.type == "tool_use":
-                calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}})
+                calls.append(
+                    {
+                        "id": b.id,
+                        "type": "function",
+                        "function": {"name": b.name, "arguments": json.dumps(b.input)},
+                    }
+                )
             elif b.type == "tool_result":
                 out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()})
         if m.role == "assistant":
-            out.append({"role": "assistant", "content": "".join(texts)} | ({"tool_calls": calls} if calls else {}))
+            out.append(
+                {"role": "assistant", "content": "".join(texts)}
+                | ({"tool_calls": calls} if calls else {})
+            )
         elif texts or not any(b.type == "tool_result" for b in m.content):
             out.append({"role": m.role, "content": "".join(texts)})
     return out
@@ -287,21 +459,36 @@ def stop_reason(done, calls: list, window: bool) -> dict:
         reason = "model_context_window_exceeded" if window else "max_tokens"
     else:
         reason = "tool_use" if calls else "stop_sequence" if done.stop_sequence else "end_turn"
-    return {"stop_reason": reason, "stop_sequence": done.stop_sequence if reason == "stop_sequence" else None}
+    return {
+        "stop_reason": reason,
+        "stop_sequence": done.stop_sequence if reason == "stop_sequence" else None,
+    }
 
 
 def usage(done) -> dict:
     """Anthropic's usage: `input_tokens` the prompt's tokens after the last cache read, which
-    `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing is counted as written)."""
-    return prompt_usage(done.prompt_tokens, done.cached_tokens) | {"output_tokens": done.completion_tokens}
+    `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing is counted as
+    written)."""
+    return prompt_usage(done.prompt_tokens, done.cached_tokens) | {
+        "output_tokens": done.completion_tokens
+    }
 
 
 def prompt_usage(prompt: int, cached: int) -> dict:
-    return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    return {
+        "input_tokens": prompt - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
 
 
 def tool_use(call: dict) -> dict:
-    return {"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1), "name": call["function"]["name"], "input": arguments(call)}
+    return {
+        "type": "tool_use",
+        "id": call["id"].replace("call_", "toolu_", 1),
+        "name": call["function"]["name"],
+        "input": arguments(call),
+    }
 
 
 def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
@@ -310,18 +497,36 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     @router.post("/v1/messages", openapi_extra=body_of(MessagesRequest))
     async def messages(http: HttpRequest):
         body = await bodies.read(MessagesRequest, await http.body())
-        fields = body.chat(max_tokens=body.max_tokens, temperature=body.temperature,
-                           top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,
-                           stream=body.stream)
+        fields = body.chat(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            stop=body.stop_sequences or None,
+            stream=body.stream,
+        )
         chat = chat_request(fields, names={"stop": "stop_sequences"})
         used, events = await front.events(chat, http, stream_calls=body.stream, start=body.stream)
         window = context_cuts(front.served, used, body.max_tokens)
-        head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": front.served.id}
+        head = {
+            "id": f"msg_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": front.served.id,
+        }
         if body.stream:
-            return StreamingResponse(stream(head, used, events, window), media_type="text/event-stream")
+            return StreamingResponse(
+                stream(head, used, events, window), media_type="text/event-stream"
+            )
         text, calls, done = await collect(events)
-        content = ([{"type": "text", "text": text.strip() if calls else text}] if text.strip() or not calls else []) + [tool_use(c) for c in calls]
-        return head | {"content": content} | stop_reason(done, calls, window) | {"usage": usage(done)}
+        content = (
+            [{"type": "text", "text": text.strip() if calls else text}]
+            if text.strip() or not calls
+            else []
+        ) + [tool_use(c) for c in calls]
+        return (
+            head | {"content": content} | stop_reason(done, calls, window) | {"usage": usage(done)}
+        )
 
     @router.post("/v1/messages/count_tokens", openapi_extra=body_of(CountTokensRequest))
     async def count_tokens(http: HttpRequest):
@@ -333,15 +538,20 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
 
 
 async def stream(head: dict, used: int, events, window: bool):
-    """Anthropic's event sequence: message_start, ping, each content block's start, deltas and stop,
-    message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error` event. As in
-    Anthropic's API, message_start comes once the prompt is read, and its usage splits the prompt into
-    `input_tokens` and `cache_read_input_tokens` as the final usage does."""
+    """Anthropic's event sequence: message_start, ping, each content block's start, deltas and
+    stop, message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error`
+    event. As in Anthropic's API, message_start comes once the prompt is read, and its usage
+    splits the prompt into `input_tokens` and `cache_read_input_tokens` as the final usage does."""
 
     def start(cached: int) -> str:
         usage = prompt_usage(used, cached) | {"output_tokens": 0}
-        return named_sse({"type": "message_start", "message": head | {"content": [], "stop_reason": None, "stop_sequence": None,
-                                                                       "usage": usage}}) + named_sse({"type": "ping"})
+        return named_sse(
+            {
+                "type": "message_start",
+                "message": head
+                | {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage},
+            }
+        ) + named_sse({"type": "ping"})
 
     index, text_open, blank, calls, started = 0, False, "", [], False
     async for kind, value in events:
@@ -357,17 +567,41 @@ async def stream(head: dict, used: int, events, window: bool):
                 blank += value  # whitespace before a tool call opens no block
                 continue
             if not text_open:
-                yield named_sse({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+                yield named_sse(
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    }
+                )
                 text_open, value, blank = True, blank + value, ""
-            yield named_sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": value}})
+            yield named_sse(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": value},
+                }
+            )
             continue
         if text_open:
             yield named_sse({"type": "content_block_stop", "index": index})
             index, text_open = index + 1, False
         if kind == "begin":  # a call's input as it is generated
-            yield named_sse({"type": "content_block_start", "index": index, "content_block": tool_use(value) | {"input": {}}})
+            yield named_sse(
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": tool_use(value) | {"input": {}},
+                }
+            )
         elif kind == "args":
-            yield named_sse({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": value}})
+            yield named_sse(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": value},
+                }
+            )
         elif kind == "end":
             calls.append(value)
             yield named_sse({"type": "content_block_stop", "index": index})
@@ -375,14 +609,34 @@ async def stream(head: dict, used: int, events, window: bool):
         elif kind == "call":  # a call parsed whole
             calls.append(value)
             block = tool_use(value)
-            yield named_sse({"type": "content_block_start", "index": index, "content_block": block | {"input": {}}})
-            yield named_sse({"type": "content_block_delta", "index": index,
-                             "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
+            yield named_sse(
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": block | {"input": {}},
+                }
+            )
+            yield named_sse(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps(block["input"]),
+                    },
+                }
+            )
             yield named_sse({"type": "content_block_stop", "index": index})
             index += 1
         elif kind == "failed":
             yield named_sse(error_shape(value.status, error_body(value.message, value.type)))
             return
         else:
-            yield named_sse({"type": "message_delta", "delta": stop_reason(value, calls, window), "usage": usage(value)})
+            yield named_sse(
+                {
+                    "type": "message_delta",
+                    "delta": stop_reason(value, calls, window),
+                    "usage": usage(value),
+                }
+            )
             yield named_sse({"type": "message_stop"})

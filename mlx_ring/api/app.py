@@ -18,22 +18,38 @@ from mlx_ring.api.openai_chat import openai_routes
 from mlx_ring.api.openai_responses import responses_routes
 from mlx_ring.api.openapi import document
 from mlx_ring.api.responses_kept import Kept
-from mlx_ring.api.served import ServedModel
 from mlx_ring.api.ring_routes import status_routes
+from mlx_ring.api.served import ServedModel
 from mlx_ring.serving.port import EnginePort
 
 
-def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), restarts: int = 0,
-             max_body_bytes: int = MAX_BODY_BYTES, away: dict | None = None) -> FastAPI:
-    """The OpenAI API, the other dialects and the ring's status routes; `keys`: the API keys /v1/* and
-    /api/* need (none: open); `away`: the hosts a failed-over ring serves without (RING_AWAY), else None."""
+def make_app(
+    engine: EnginePort,
+    served: ServedModel,
+    keys: list[Key] = (),
+    restarts: int = 0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    away: dict | None = None,
+) -> FastAPI:
+    """The OpenAI API, the other dialects and the ring's status routes; `keys`: the API keys
+    /v1/* and /api/* need (none: open); `away`: the hosts a failed-over ring serves without
+    (RING_AWAY), else None."""
     bodies = Bodies()
-    app = FastAPI(title="mlx-ring", description="One model split across a ring of MLX ranks, served as OpenAI.",
-                  on_shutdown=[bodies.close])
+    app = FastAPI(
+        title="mlx-ring",
+        description="One model split across a ring of MLX ranks, served as OpenAI.",
+        on_shutdown=[bodies.close],
+    )
     metrics = RingMetrics(served.cluster.hosts(), restarts, away)
-    front = Front(engine, served, metrics)  # every dialect's one way into serving; each adapter below reads its steps
-    routers = [openai_routes(front, bodies), anthropic_routes(front, bodies), responses_routes(front, bodies, Kept()), ollama_routes(front, bodies),
-               status_routes(engine, served, metrics, away)]
+    # every dialect's one way into serving; each adapter below reads its steps
+    front = Front(engine, served, metrics)
+    routers = [
+        openai_routes(front, bodies),
+        anthropic_routes(front, bodies),
+        responses_routes(front, bodies, Kept()),
+        ollama_routes(front, bodies),
+        status_routes(engine, served, metrics, away),
+    ]
     for router in routers:
         app.include_router(router)
     answer_errors_as_openai(app)
@@ -42,7 +58,8 @@ def make_app(engine: EnginePort, served: ServedModel, keys: list[Key] = (), rest
     if keys:
         app.add_middleware(KeyAuth, keys=list(keys))
     routes = [*app.routes, *(route for router in routers for route in router.routes)]
-    app.add_middleware(CountRequests, metrics=metrics, routes=routes)  # added last, so outermost: it sees 401s too
+    # added last, so outermost: it sees 401s too
+    app.add_middleware(CountRequests, metrics=metrics, routes=routes)
     app.openapi = lambda: document(app, served)
     return app
 
@@ -53,11 +70,30 @@ def warm_http(app: FastAPI) -> tuple[int, dict]:
     request otherwise waits for what Python builds on first use (34-37 ms on a 2-core CPU). Give it
     a twin of the served app, built without keys, so the served one counts nothing. Returns the
     status and the body."""
-    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2**62}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 2**62,
+        }
+    ).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+    }
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict] = []
 
@@ -69,4 +105,6 @@ def warm_http(app: FastAPI) -> tuple[int, dict]:
 
     asyncio.run(app(scope, receive, send))
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    return status, json.loads(
+        b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    )

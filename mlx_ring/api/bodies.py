@@ -14,9 +14,11 @@ from pydantic import BaseModel, ValidationError
 
 from mlx_ring.api.errors import ApiError, validation_message
 
-IN_PLACE_BYTES = 256 * 1024  # bodies up to this are parsed on the event loop: short enough not to stall it
+# bodies up to this are parsed on the event loop: short enough not to stall it
+IN_PLACE_BYTES = 256 * 1024
 WORKERS = 2
-LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: json.loads may make a lone surrogate of it
+# a \uD800-\uDFFF escape: json.loads may make a lone surrogate of it
+LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def read_body(model: type[BaseModel], raw: bytes) -> BaseModel | dict:
@@ -28,16 +30,22 @@ def read_body(model: type[BaseModel], raw: bytes) -> BaseModel | dict:
     if not isinstance(data, dict):
         return {"message": "the request body must be a JSON object", "param": None}
     try:
-        if LONE_SURROGATE.search(raw):  # only a \uD800-\uDFFF escape can make one: most bodies skip the re-encoding
+        # only a \uD800-\uDFFF escape can make one: most bodies skip the re-encoding
+        if LONE_SURROGATE.search(raw):
             json.dumps(data, ensure_ascii=False).encode()
     except UnicodeEncodeError as e:  # a lone \udXXX escape: no tokenizer can take it
-        return {"message": f"the request body has a lone UTF-16 surrogate ({e.object[e.start]!a}) in a string, "
-                           "which is not Unicode text; send each surrogate in its pair, or the character itself",
-                "param": None}
+        return {
+            "message": "the request body has a lone UTF-16 surrogate "
+            f"({e.object[e.start]!a}) in a string, which is not Unicode text; send each surrogate "
+            "in its pair, or the character itself",
+            "param": None,
+        }
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        return validation_message(e.errors(include_url=False, include_context=False, include_input=False)[:1])
+        return validation_message(
+            e.errors(include_url=False, include_context=False, include_input=False)[:1]
+        )
     except RecursionError:
         return {"message": "the request body is nested too deeply", "param": None}
 
@@ -54,13 +62,22 @@ class Bodies:
             out = read_body(model, raw)
         else:
             if self.pool is None:
-                self.pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
+                self.pool = ProcessPoolExecutor(
+                    WORKERS, mp_context=multiprocessing.get_context("spawn")
+                )
             try:
-                out = await asyncio.get_running_loop().run_in_executor(self.pool, read_body, model, raw)
-            except BrokenProcessPool:  # a worker was killed (out of memory, say): a new pool for the next body
+                out = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, read_body, model, raw
+                )
+            # a worker was killed (out of memory, say): a new pool for the next body
+            except BrokenProcessPool:
                 self.pool = None
-                raise ApiError(503, "the server could not read this body (its reader process died); retry", "server_error",
-                               headers={"Retry-After": "1"}) from None
+                raise ApiError(
+                    503,
+                    "the server could not read this body (its reader process died); retry",
+                    "server_error",
+                    headers={"Retry-After": "1"},
+                ) from None
         if isinstance(out, dict):
             raise ApiError(400, out["message"], param=out["param"])
         return out

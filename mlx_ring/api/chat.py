@@ -10,13 +10,15 @@ from mlx_ring.api.served import ServedModel
 from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 
 # mlx-lm's tool parsers, by the families whose templates they read (mlx_lm/tool_parsers).
-TOOL_FAMILIES = ("json_tools: Qwen2.5, Qwen3, Hermes-style <tool_call> JSON; qwen3_coder; mistral; glm47; kimi_k2; "
-                 "minimax_m2; gemma4; function_gemma; pythonic (LFM2); longcat; minicpm5")
+TOOL_FAMILIES = (
+    "json_tools: Qwen2.5, Qwen3, Hermes-style <tool_call> JSON; qwen3_coder; mistral; glm47; "
+    "kimi_k2; minimax_m2; gemma4; function_gemma; pythonic (LFM2); longcat; minicpm5"
+)
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as chat templates take them: text content, a call's arguments as an object (templates
-    write them with `tojson`), the id a tool result answers."""
+    """Messages as chat templates take them: text content, a call's arguments as an object
+    (templates write them with `tojson`), the id a tool result answers."""
     out = []
     for m in messages:
         msg = {"role": m.role, "content": m.text()}
@@ -31,7 +33,13 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
                     args = json.loads(c.function.arguments)
                 except json.JSONDecodeError:
                     args = c.function.arguments  # not JSON: the template gets the text as it came
-                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+                calls.append(
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    }
+                )
             msg["tool_calls"] = calls
         out.append(msg)
     return out
@@ -45,11 +53,20 @@ def tool_calls(served: ServedModel, body: ChatCompletionRequest) -> dict | None:
         return None
     tok = served.tokenizer
     if not tok.has_tool_calling:
-        raise ApiError(400, "tools: this model's chat template has no tool support (mlx-lm finds no tool-call format "
-                       f"in it); send the request without tools, or serve a model whose template has one ({TOOL_FAMILIES})",
-                       param="tools")
-    return {"start": tok.tool_call_start, "end": tok.tool_call_end, "parse": tok.tool_parser,
-            "tools": [t.model_dump(exclude_none=True) for t in tools], "single": body.parallel_tool_calls is False}
+        raise ApiError(
+            400,
+            "tools: this model's chat template has no tool support (mlx-lm finds no tool-call "
+            "format in it); send the request without tools, or serve a model whose template has "
+            f"one ({TOOL_FAMILIES})",
+            param="tools",
+        )
+    return {
+        "start": tok.tool_call_start,
+        "end": tok.tool_call_end,
+        "parse": tok.tool_parser,
+        "tools": [t.model_dump(exclude_none=True) for t in tools],
+        "single": body.parallel_tool_calls is False,
+    }
 
 
 def output_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | None:
@@ -61,21 +78,41 @@ def output_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | No
         if forced:
             where, tok = "tool_choice", served.tokenizer
             if tok.tool_parser.__module__ != "mlx_lm.tool_parsers.json_tools":
-                raise ApiError(400, "tool_choice: required or a named function is enforced only for models whose tool calls "
-                               "are JSON in <tool_call> markers (Qwen2.5, Qwen3, Hermes-style); use auto with this model",
-                               param="tool_choice")
-            grammar = tool_call_grammar([t.model_dump(exclude_none=True) for t in forced], tok.tool_call_start, tok.tool_call_end)
+                raise ApiError(
+                    400,
+                    "tool_choice: required or a named function is enforced only for models whose "
+                    "tool calls are JSON in <tool_call> markers (Qwen2.5, Qwen3, Hermes-style); "
+                    "use auto with this model",
+                    param="tool_choice",
+                )
+            grammar = tool_call_grammar(
+                [t.model_dump(exclude_none=True) for t in forced],
+                tok.tool_call_start,
+                tok.tool_call_end,
+            )
         elif fmt is not None and fmt.type != "text":
             where = "response_format"
             grammar = json_grammar(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)
-        elif body._call_grammar is not None and getattr(served.tokenizer.tool_parser, "__module__", None) == "mlx_lm.tool_parsers.json_tools":
+        elif (
+            body._call_grammar is not None
+            and getattr(served.tokenizer.tool_parser, "__module__", None)
+            == "mlx_lm.tool_parsers.json_tools"
+        ):
             where, tok = "tools", served.tokenizer
             grammar = body._call_grammar(tok.tool_call_start, tok.tool_call_end)
         else:
             return None
     except ValueError as e:  # llguidance's compiler: a schema it cannot read
-        raise ApiError(400, f"{where}: the schema cannot be compiled for constrained decoding: {e}", param=where) from None
+        raise ApiError(
+            400,
+            f"{where}: the schema cannot be compiled for constrained decoding: {e}",
+            param=where,
+        ) from None
     problem = served.grammars.check(grammar)
     if problem:
-        raise ApiError(400, f"{where}: the schema uses what constrained decoding cannot enforce: {problem}", param=where)
+        raise ApiError(
+            400,
+            f"{where}: the schema uses what constrained decoding cannot enforce: {problem}",
+            param=where,
+        )
     return grammar

@@ -1,7 +1,8 @@
-"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their request turned
-into the one internal chat request, which the front (front.py) checks, templates and queues exactly as
-chat completions (same sampling, template, grammar, tool-call parsing and prompt cache), their answer
-collected from its events, and errors reshaped into the dialect's own error body."""
+"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their request
+turned into the one internal chat request, which the front (front.py) checks, templates and
+queues exactly as chat completions (same sampling, template, grammar, tool-call parsing and
+prompt cache), their answer collected from its events, and errors reshaped into the dialect's own
+error body."""
 
 import json
 from typing import AsyncIterator, Callable
@@ -46,14 +47,38 @@ def chat_request(fields: dict, kind: type = ChatCompletionRequest, names: dict |
         raise _named(e, names or {}) from None
     out |= {k: getattr(sampled, k) for k in sampled.model_fields_set}
     if "messages" in out:
-        out["messages"] = [ChatMessage.model_construct(**m | ({"tool_calls": [ToolCall.model_construct(
-            id=c["id"], type="function", function=FunctionCall.model_construct(**c["function"])) for c in m["tool_calls"]]}
-            if m.get("tool_calls") else {})) for m in out["messages"]]
+        out["messages"] = [
+            ChatMessage.model_construct(
+                **m
+                | (
+                    {
+                        "tool_calls": [
+                            ToolCall.model_construct(
+                                id=c["id"],
+                                type="function",
+                                function=FunctionCall.model_construct(**c["function"]),
+                            )
+                            for c in m["tool_calls"]
+                        ]
+                    }
+                    if m.get("tool_calls")
+                    else {}
+                )
+            )
+            for m in out["messages"]
+        ]
     if "tools" in out:
-        out["tools"] = [Tool.model_construct(type="function", function=FunctionDef.model_construct(**t["function"])) for t in out["tools"]]
+        out["tools"] = [
+            Tool.model_construct(
+                type="function", function=FunctionDef.model_construct(**t["function"])
+            )
+            for t in out["tools"]
+        ]
     if isinstance(out.get("tool_choice"), dict):
-        out["tool_choice"] = NamedTool.model_construct(type="function", function=FunctionName.model_construct(
-            name=out["tool_choice"]["function"]["name"]))
+        out["tool_choice"] = NamedTool.model_construct(
+            type="function",
+            function=FunctionName.model_construct(name=out["tool_choice"]["function"]["name"]),
+        )
     if "response_format" in out:
         out["response_format"] = _response_format(out["response_format"])
     return kind.model_construct(**out)
@@ -67,22 +92,30 @@ def _named(e: ValidationError, names: dict[str, str]) -> ApiError:
     ours, message = first["param"], first["message"]
     theirs = names.get(ours, ours)
     if ours and message.startswith(ours):
-        message = theirs + message[len(ours):]
+        message = theirs + message[len(ours) :]
     return ApiError(400, message, param=theirs.split(".")[0] if theirs else None)
 
 
 def _response_format(fmt: dict):
     if fmt["type"] != "json_schema":
-        return {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(type=fmt["type"])
+        return {"text": TextFormat, "json_object": JsonObjectFormat}[fmt["type"]].model_construct(
+            type=fmt["type"]
+        )
     spec = fmt["json_schema"]
-    return JsonSchemaFormat.model_construct(type="json_schema", json_schema=JsonSchemaSpec.model_construct(
-        name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")))
+    return JsonSchemaFormat.model_construct(
+        type="json_schema",
+        json_schema=JsonSchemaSpec.model_construct(
+            name=spec["name"], schema_=spec.get("schema"), strict=spec.get("strict")
+        ),
+    )
 
 
-def check_tool_choice(choice, names: list[str], named: str | None, forced: bool, json_field: str | None) -> None:
-    """The internal request's rules for a tool choice, for a dialect's model to raise in its own words:
-    a choice needs tools (`names`), a `named` one must be one of them, and a `forced` call excludes a
-    JSON answer (`json_field`: the dialect's field that asks for one, else None)."""
+def check_tool_choice(
+    choice, names: list[str], named: str | None, forced: bool, json_field: str | None
+) -> None:
+    """The internal request's rules for a tool choice, for a dialect's model to raise in its own
+    words: a choice needs tools (`names`), a `named` one must be one of them, and a `forced` call
+    excludes a JSON answer (`json_field`: the dialect's field that asks for one, else None)."""
     if choice is None:
         return
     if not names:
@@ -90,7 +123,9 @@ def check_tool_choice(choice, names: list[str], named: str | None, forced: bool,
     if named is not None and named not in names:
         raise ValueError(f"tool_choice: names {named!r}, which is not one of the tools")
     if forced and json_field:
-        raise ValueError(f"{json_field}: a JSON answer and a required tool call exclude each other; drop one")
+        raise ValueError(
+            f"{json_field}: a JSON answer and a required tool call exclude each other; drop one"
+        )
 
 
 async def collect(events: AsyncIterator[tuple]) -> tuple[str, list[dict], Done]:
@@ -123,7 +158,9 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
 
     def answer(status: int, body: dict, headers=None) -> Response:
         # ASCII JSON: a message that quotes a lone surrogate from the request still encodes
-        return Response(json.dumps(shape(status, body)), status, headers, media_type="application/json")
+        return Response(
+            json.dumps(shape(status, body)), status, headers, media_type="application/json"
+        )
 
     class Reshaped(APIRoute):
         def get_route_handler(self):
@@ -135,7 +172,9 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
                 except RequestValidationError as e:
                     return answer(400, json.loads(validation_error(e).body))
                 except ApiError as e:
-                    return answer(e.status, error_body(e.message, e.type, e.param, e.code), e.headers)
+                    return answer(
+                        e.status, error_body(e.message, e.type, e.param, e.code), e.headers
+                    )
 
             return reshaped
 
@@ -143,15 +182,21 @@ def error_routes(shape: Callable[[int, dict], dict]) -> type[APIRoute]:
 
 
 def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRouter:
-    """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are documented
-    as `schema` in /openapi.json, which schemathesis holds each route to
+    """A router for a dialect's routes: errors answer in its shape (`error_routes`) and are
+    documented as `schema` in /openapi.json, which schemathesis holds each route to
     (tests/unit/api/test_schema.py)."""
     doc = {"content": {"application/json": {"schema": schema}}}
-    return APIRouter(route_class=error_routes(shape), responses={
-        400: {"description": "Bad request"} | doc, 404: {"description": "Unknown model"} | doc,
-        503: {"description": "Busy, draining or the ring is down"} | doc})
+    return APIRouter(
+        route_class=error_routes(shape),
+        responses={
+            400: {"description": "Bad request"} | doc,
+            404: {"description": "Unknown model"} | doc,
+            503: {"description": "Busy, draining or the ring is down"} | doc,
+        },
+    )
 
 
 def named_sse(event: dict) -> str:
-    """A server-sent event named for its `type`, as Anthropic's and the Responses API's streams send them."""
+    """A server-sent event named for its `type`, as Anthropic's and the Responses API's streams
+    send them."""
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

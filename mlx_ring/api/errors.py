@@ -8,9 +8,23 @@ from starlette.exceptions import HTTPException
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param=None, code=None, headers=None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param=None,
+        code=None,
+        headers=None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
         self.headers = headers
 
 
@@ -37,16 +51,26 @@ def validation_message(errors: list[dict]) -> dict:
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:
     out = validation_message(exc.errors()[:1])
-    return JSONResponse(error_body(out["message"], "invalid_request_error", out["param"]), status_code=400)
+    return JSONResponse(
+        error_body(out["message"], "invalid_request_error", out["param"]), status_code=400
+    )
 
 
 def api_error(_, exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status, headers=exc.headers)
+    return JSONResponse(
+        error_body(exc.message, exc.type, exc.param, exc.code),
+        status_code=exc.status,
+        headers=exc.headers,
+    )
 
 
 def http_error(_, exc: HTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    return JSONResponse(
+        error_body(str(exc.detail), kind),
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
 
 
 def answer_errors_as_openai(app: FastAPI) -> None:
@@ -59,7 +83,16 @@ def answer_errors_as_openai(app: FastAPI) -> None:
 ERROR_SCHEMA = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }

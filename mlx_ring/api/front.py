@@ -54,7 +54,11 @@ class ChoiceState:
         return parts
 
     def finish_reason(self) -> str:
-        return "tool_calls" if self.calls and self.done.finish_reason == "stop" else self.done.finish_reason
+        return (
+            "tool_calls"
+            if self.calls and self.done.finish_reason == "stop"
+            else self.done.finish_reason
+        )
 
 
 @dataclass
@@ -67,7 +71,8 @@ class ChoiceEvent:
     tokens: list
     parts: list[tuple]
     end: Done | Failed | None = None
-    cached: int = 0  # of the prompt's tokens, those the prompt cache held (known from the first Delta or Done)
+    # of the prompt's tokens, those the prompt cache held (known from the first Delta or Done)
+    cached: int = 0
 
 
 @dataclass
@@ -79,10 +84,11 @@ class Reply:
     prompt_tokens: int
 
     async def events(self, start: bool = False) -> AsyncIterator[tuple]:
-        """The first choice's answer as plain events, for the dialects of one choice: ("text", str),
-        ("call", OpenAI tool call dict), ("begin", a call with arguments ""), ("args", a fragment),
-        ("end", the whole call), then ("done", Done), or ("failed", Failed). `start`: first ("start",
-        the prompt's tokens the prompt cache held), once known (when the first text or the end comes)."""
+        """The first choice's answer as plain events, for the dialects of one choice: ("text",
+        str), ("call", OpenAI tool call dict), ("begin", a call with arguments ""), ("args", a
+        fragment), ("end", the whole call), then ("done", Done), or ("failed", Failed). `start`:
+        first ("start", the prompt's tokens the prompt cache held), once known (when the first
+        text or the end comes)."""
         try:
             async for step in self.steps:
                 if start and not isinstance(step.end, Failed):
@@ -96,11 +102,13 @@ class Reply:
                 if isinstance(step.end, Done):
                     yield "done", step.end
         finally:
-            await self.steps.aclose()  # now, not when collected: it cancels the request on every rank
+            # now, not when collected: it cancels the request on every rank
+            await self.steps.aclose()
 
 
 class Front:
-    """Check, tokenize, reserve, submit: the only way a request of any dialect reaches the engine."""
+    """Check, tokenize, reserve, submit: the only way a request of any dialect reaches the
+    engine."""
 
     def __init__(self, engine: EnginePort, served: ServedModel, metrics: RingMetrics):
         self.engine, self.served, self.metrics = engine, served, metrics
@@ -130,60 +138,110 @@ class Front:
         ApiError before anything is queued. `stream_calls`: a call whose format allows it comes as
         begin, args..., end instead of one call part."""
         limit = max_tokens_for(self.served, prompt.ids, body)
-        reservation = self._reserve(http, body, prompt.ids, limit)  # before any byte is sent: a 429 is a plain answer
+        # before any byte is sent: a 429 is a plain answer
+        reservation = self._reserve(http, body, prompt.ids, limit)
         try:
-            reqs, queue = self._submit(body, prompt, limit)  # before any byte is sent: a full queue is a plain 503
+            # before any byte is sent: a full queue is a plain 503
+            reqs, queue = self._submit(body, prompt, limit)
         except ApiError:
             if reservation:
                 settle(reservation, 0)  # refused: it used nothing
             raise
-        choices = [ChoiceState(i, ToolCallText(**prompt.tools, stream=stream_calls) if prompt.tools else None) for i in range(body.n)]
-        return Reply(choices, _steps(choices, self._run(reqs, queue, http, reservation)), len(prompt.ids))
+        choices = [
+            ChoiceState(
+                i, ToolCallText(**prompt.tools, stream=stream_calls) if prompt.tools else None
+            )
+            for i in range(body.n)
+        ]
+        return Reply(
+            choices, _steps(choices, self._run(reqs, queue, http, reservation)), len(prompt.ids)
+        )
 
-    async def events(self, body: ChatCompletionRequest, http: HttpRequest, stream_calls: bool = False,
-                     start: bool = False) -> tuple[int, AsyncIterator[tuple]]:
-        """(prompt tokens, the answer's events: `Reply.events`, `start` passed on) of a chat request from
-        an agent's dialect: max_tokens over the room the prompt leaves is cut to it, as agents expect (docs/api.md)."""
+    async def events(
+        self,
+        body: ChatCompletionRequest,
+        http: HttpRequest,
+        stream_calls: bool = False,
+        start: bool = False,
+    ) -> tuple[int, AsyncIterator[tuple]]:
+        """(prompt tokens, the answer's events: `Reply.events`, `start` passed on) of a chat
+        request from an agent's dialect: max_tokens over the room the prompt leaves is cut to it,
+        as agents expect (docs/api.md)."""
         body.clamp_tokens()
         answer = self.open(body, await self.chat(body), http, stream_calls)
         return answer.prompt_tokens, answer.events(start)
 
-    async def raw_events(self, body: CompletionRequest, http: HttpRequest) -> tuple[int, AsyncIterator[tuple]]:
+    async def raw_events(
+        self, body: CompletionRequest, http: HttpRequest
+    ) -> tuple[int, AsyncIterator[tuple]]:
         """As `events`, for a prompt sent as it is: tokenized, no chat template."""
         body.clamp_tokens()
         answer = self.open(body, await self.completion(body), http)
         return answer.prompt_tokens, answer.events()
 
     def _submit(self, body, prompt: Prompt, limit: int) -> tuple[list[Request], asyncio.Queue]:
-        """The request's choices, queued together; their events arrive on one asyncio queue as (index, event)."""
+        """The request's choices, queued together; their events arrive on one asyncio queue as
+        (index, event)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         top, reqs = body.logprob_count() or 0, []
         for i in range(body.n):
-            reqs.append(Request(prompt.ids, limit, body.sampling(top, i, prompt.grammar), stop=body.stops(),
-                                emit=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
-                                after=reqs[0] if reqs else None))  # the others start from the first's cached prompt
+            reqs.append(
+                Request(
+                    prompt.ids,
+                    limit,
+                    body.sampling(top, i, prompt.grammar),
+                    stop=body.stops(),
+                    emit=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
+                    # the others start from the first's cached prompt
+                    after=reqs[0] if reqs else None,
+                )
+            )
         try:
             self.engine.submit(*reqs)
         except QueueFull as e:
-            raise ApiError(503, f"the server is busy ({e}); retry shortly", "server_overloaded", headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                503,
+                f"the server is busy ({e}); retry shortly",
+                "server_overloaded",
+                headers={"Retry-After": "1"},
+            ) from None
         except Unavailable as e:
-            raise ApiError(503, f"the server is not taking requests: {e}", "service_unavailable", headers={"Retry-After": "5"}) from None
+            raise ApiError(
+                503,
+                f"the server is not taking requests: {e}",
+                "service_unavailable",
+                headers={"Retry-After": "5"},
+            ) from None
         return reqs, events
 
     def _reserve(self, http: HttpRequest, body, prompt: list[int], limit: int) -> list | None:
-        """The request's tokens (prompt + n x its completion limit) against its key's tokens per minute."""
+        """The request's tokens (prompt + n x its completion limit) against its key's tokens per
+        minute."""
         key = getattr(http.state, "key", None)
         if key is None:
             return None
         try:
             return reserve_tokens(key, len(prompt) + body.n * limit)
         except RateLimited as e:
-            raise ApiError(429, str(e), e.kind, code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}) from None
+            raise ApiError(
+                429,
+                str(e),
+                e.kind,
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(e.retry_after)},
+            ) from None
 
-    async def _run(self, reqs: list[Request], events: asyncio.Queue, http: HttpRequest, reservation: list | None):
+    async def _run(
+        self,
+        reqs: list[Request],
+        events: asyncio.Queue,
+        http: HttpRequest,
+        reservation: list | None,
+    ):
         """Yield (index, event) for every choice until all are done or one fails; on exit every
         choice is marked cancelled (a no-op once finished), which frees it on every rank."""
+
         async def watch_disconnect():
             # The body is already read, so the next ASGI message is the client hanging up.
             while (await http.receive())["type"] != "http.disconnect":
@@ -191,7 +249,12 @@ class Front:
             self.engine.cancel(*reqs)
 
         watcher = asyncio.create_task(watch_disconnect())
-        clocks, running, used, failed = [Clock(self.metrics) for _ in reqs], set(range(len(reqs))), len(reqs[0].prompt), True
+        clocks, running, used, failed = (
+            [Clock(self.metrics) for _ in reqs],
+            set(range(len(reqs))),
+            len(reqs[0].prompt),
+            True,
+        )
         try:
             while running:
                 i, ev = await events.get()
@@ -207,7 +270,8 @@ class Front:
             failed = False
             self.metrics.prompt_tokens.inc(len(reqs[0].prompt))
         finally:
-            if reservation:  # failed or cancelled: what the choices used is unknown, the prompt is counted
+            # failed or cancelled: what the choices used is unknown, the prompt is counted
+            if reservation:
                 settle(reservation, len(reqs[0].prompt) if failed else used)
             watcher.cancel()
             self.engine.cancel(*reqs)
@@ -226,6 +290,8 @@ async def _steps(choices: list[ChoiceState], flow) -> AsyncIterator[ChoiceEvent]
             tokens = ev.tokens if isinstance(ev, Delta) else []
             c.tokens += tokens
             parts = c.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
-            yield ChoiceEvent(c, tokens, parts, ev if isinstance(ev, Done) else None, ev.cached_tokens)
+            yield ChoiceEvent(
+                c, tokens, parts, ev if isinstance(ev, Done) else None, ev.cached_tokens
+            )
     finally:
         await flow.aclose()  # now, not when collected: it cancels the request on every rank

@@ -15,7 +15,10 @@ from pathlib import Path
 from mlx_ring.config import json_objects
 
 WINDOW = 60.0
-EXAMPLE = '[{"name": "alice", "key": "sk-alice-...", "rpm": 60, "tpm": 100000}, {"name": "ci", "key": "sk-ci-..."}]'
+EXAMPLE = (
+    '[{"name": "alice", "key": "sk-alice-...", "rpm": 60, "tpm": 100000}, {"name": "ci", '
+    '"key": "sk-ci-..."}]'
+)
 
 
 @dataclass(eq=False)
@@ -24,8 +27,10 @@ class Key:
     secret: bytes  # "Bearer <key>", as the header carries it
     rpm: int | None = None
     tpm: int | None = None
-    requests: deque = field(default_factory=deque)  # [time, 1] for each of the last minute's requests
-    tokens: deque = field(default_factory=deque)  # [time, tokens] for each of the last minute's requests
+    # [time, 1] for each of the last minute's requests
+    requests: deque = field(default_factory=deque)
+    # [time, tokens] for each of the last minute's requests
+    tokens: deque = field(default_factory=deque)
 
 
 def load_keys(api_key: str | None, keys_file: Path | None) -> list[Key]:
@@ -37,11 +42,25 @@ def load_keys(api_key: str | None, keys_file: Path | None) -> list[Key]:
     for i, r in enumerate(rows):
         where = f"API_KEYS_FILE entry {i}"
         if not isinstance(r.get("key"), str) or len(r["key"]) < 8:
-            raise ValueError(f"{where} needs \"key\", a string of at least 8 characters")
+            raise ValueError(f'{where} needs "key", a string of at least 8 characters')
         for limit in ("rpm", "tpm"):
-            if limit in r and (not isinstance(r[limit], int) or isinstance(r[limit], bool) or r[limit] < 1):
-                raise ValueError(f"{where}: {limit} must be a positive whole number (per minute), got {r[limit]!r}")
-        keys.append(Key(str(r.get("name") or f"key-{i}"), f"Bearer {r['key']}".encode(), r.get("rpm"), r.get("tpm")))
+            if limit in r and (
+                not isinstance(r[limit], int) or isinstance(r[limit], bool) or r[limit] < 1
+            ):
+                raise ValueError(
+                    (
+                        f"{where}: {limit} must be a positive whole number (per "
+                        f"minute), got {r[limit]!r}"
+                    )
+                )
+        keys.append(
+            Key(
+                str(r.get("name") or f"key-{i}"),
+                f"Bearer {r['key']}".encode(),
+                r.get("rpm"),
+                r.get("tpm"),
+            )
+        )
     if len({k.secret for k in keys}) != len(keys) or len({k.name for k in keys}) != len(keys):
         raise ValueError(f"API_KEYS_FILE {keys_file}: every key and every name must be different")
     return keys
@@ -72,8 +91,11 @@ def count_request(key: Key, now: float | None = None) -> None:
     now = time.monotonic() if now is None else now
     _trim(key.requests, now)
     if key.rpm is not None and len(key.requests) >= key.rpm:
-        raise RateLimited(f"rate limit reached for key {key.name!r}: {key.rpm} requests per minute; retry later",
-                          "requests", key.requests[0][0] + WINDOW - now)
+        raise RateLimited(
+            f"rate limit reached for key {key.name!r}: {key.rpm} requests per minute; retry later",
+            "requests",
+            key.requests[0][0] + WINDOW - now,
+        )
     key.requests.append([now, 1])
 
 
@@ -84,16 +106,24 @@ def reserve_tokens(key: Key, tokens: int, now: float | None = None) -> list:
     _trim(key.tokens, now)
     if key.tpm is not None:
         if tokens > key.tpm:
-            raise RateLimited(f"this request may use {tokens} tokens (prompt + max_tokens), over the {key.tpm} tokens "
-                              f"per minute of key {key.name!r}; lower max_tokens", "tokens", WINDOW)
+            raise RateLimited(
+                f"this request may use {tokens} tokens (prompt + max_tokens), over the {key.tpm} "
+                f"tokens per minute of key {key.name!r}; lower max_tokens",
+                "tokens",
+                WINDOW,
+            )
         used, wait = sum(t for _, t in key.tokens), 0.0
         for at, t in key.tokens:  # wait until enough of the oldest reservations leave the window
             if used + tokens <= key.tpm:
                 break
             used, wait = used - t, at + WINDOW - now
         if used + tokens > key.tpm or wait > 0:
-            raise RateLimited(f"rate limit reached for key {key.name!r}: {key.tpm} tokens per minute; retry later",
-                              "tokens", wait)
+            raise RateLimited(
+                f"rate limit reached for key {key.name!r}: {key.tpm} tokens "
+                "per minute; retry later",
+                "tokens",
+                wait,
+            )
     entry = [now, tokens]
     key.tokens.append(entry)
     return entry

@@ -1,25 +1,43 @@
-"""A Lark grammar without recursion (as custom tools' grammars usually are: Codex's apply_patch) as one
-regular expression, so that a tool call's JSON can carry text in that grammar: llguidance escapes a
-JSON string's pattern as it decodes it, and has no such escaping for a Lark grammar inside a string."""
+"""A Lark grammar without recursion (as custom tools' grammars usually are: Codex's apply_patch)
+as one regular expression, so that a tool call's JSON can carry text in that grammar: llguidance
+escapes a JSON string's pattern as it decodes it, and has no such escaping for a Lark grammar
+inside a string."""
 
 import json
 import re
 
 # The terminals of Lark's `common` library that llguidance knows, as regular expressions.
-COMMON = {"LF": r"\n", "CR": r"\r", "NEWLINE": r"(?:\r?\n)+", "WS": r"[ \t\f\r\n]+", "WS_INLINE": r"[ \t]+",
-          "DIGIT": "[0-9]", "HEXDIGIT": "[a-fA-F0-9]", "INT": "[0-9]+", "SIGNED_INT": r"[+-]?[0-9]+",
-          "DECIMAL": r"(?:[0-9]+\.[0-9]*|\.[0-9]+)", "LCASE_LETTER": "[a-z]", "UCASE_LETTER": "[A-Z]",
-          "LETTER": "[A-Za-z]", "WORD": "[A-Za-z]+", "CNAME": "[_A-Za-z][_A-Za-z0-9]*",
-          "ESCAPED_STRING": r'"(?:[^"\\]|\\.)*"'}
+COMMON = {
+    "LF": r"\n",
+    "CR": r"\r",
+    "NEWLINE": r"(?:\r?\n)+",
+    "WS": r"[ \t\f\r\n]+",
+    "WS_INLINE": r"[ \t]+",
+    "DIGIT": "[0-9]",
+    "HEXDIGIT": "[a-fA-F0-9]",
+    "INT": "[0-9]+",
+    "SIGNED_INT": r"[+-]?[0-9]+",
+    "DECIMAL": r"(?:[0-9]+\.[0-9]*|\.[0-9]+)",
+    "LCASE_LETTER": "[a-z]",
+    "UCASE_LETTER": "[A-Z]",
+    "LETTER": "[A-Za-z]",
+    "WORD": "[A-Za-z]+",
+    "CNAME": "[_A-Za-z][_A-Za-z0-9]*",
+    "ESCAPED_STRING": r'"(?:[^"\\]|\\.)*"',
+}
 META = frozenset("\\.+*?()|[]{}^$#&-~")
-TOKEN = re.compile(r"""(?P<str>"(?:[^"\\\n]|\\.)*"i?)|(?P<re>/(?:[^/\\\n]|\\.)+/[imsx]*)|(?P<dir>%[a-z]+)
+TOKEN = re.compile(
+    r"""(?P<str>"(?:[^"\\\n]|\\.)*"i?)|(?P<re>/(?:[^/\\\n]|\\.)+/[imsx]*)|(?P<dir>%[a-z]+)
     |(?P<name>[?!]?[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)|(?P<rep>\{[0-9]*(?:,[0-9]*)?\})
-    |(?P<num>-?[0-9]+)|(?P<op>->|\.\.|[:|()\[\]?*+~.,])|(?P<nl>\n)|(?P<skip>[ \t\r]+|(?://|\#)[^\n]*)|(?P<bad>.)""", re.X)
+    |(?P<num>-?[0-9]+)|(?P<op>->|\.\.|[:|()\[\]?*+~.,])|(?P<nl>\n)|(?P<skip>[ \t\r]+|(?://|\#)[^\n]*)|(?P<bad>.)""",
+    re.X,
+)
 
 
 def lark_to_regex(grammar: str) -> str:
-    """The language of `grammar`'s `start` rule as one anchored regular expression (Rust regex syntax,
-    as llguidance reads it); a ValueError naming what cannot be turned into one (recursion, %ignore, ...)."""
+    """The language of `grammar`'s `start` rule as one anchored regular expression (Rust regex
+    syntax, as llguidance reads it); a ValueError naming what cannot be turned into one
+    (recursion, %ignore, ...)."""
     rules = _rules(grammar)
     if "start" not in rules:
         raise ValueError("the grammar has no start rule")
@@ -37,7 +55,10 @@ def _rules(grammar: str) -> dict[str, list[tuple]]:
         if kind != "nl":
             line.append((kind, text))
             continue
-        starts = line and (line[0][0] == "dir" or (line[0][0] == "name" and len(line) > 1 and line[1][1] in (":", ".")))
+        starts = line and (
+            line[0][0] == "dir"
+            or (line[0][0] == "name" and len(line) > 1 and line[1][1] in (":", "."))
+        )
         if starts or not statements:
             statements.append(line)
         else:  # an expansion continued on the next line
@@ -52,16 +73,23 @@ def _rules(grammar: str) -> dict[str, list[tuple]]:
             elif text == "%import" and len(st) >= 3 and st[1][1] == "common":
                 names = [t for k, t in st[2:] if k == "name"]
             else:
-                raise ValueError(f"{text} is not supported in a tool's grammar here (imports from common are)")
+                raise ValueError(
+                    f"{text} is not supported in a tool's grammar here (imports from common are)"
+                )
             for name in names:
                 if name not in COMMON:
-                    raise ValueError(f"common.{name} is not one of the common terminals known here: {', '.join(COMMON)}")
+                    raise ValueError(
+                        (
+                            f"common.{name} is not one of the common terminals known "
+                            f"here: {', '.join(COMMON)}"
+                        )
+                    )
                 rules[name] = [("re", f"/{COMMON[name]}/")]
             continue
         at = next((j for j, (_, t) in enumerate(st) if t == ":"), -1)
         if at < 0:
             raise ValueError(f"the grammar's line {' '.join(t for _, t in st)!r} is no rule")
-        rules[text.lstrip("?!")] = st[at + 1:]
+        rules[text.lstrip("?!")] = st[at + 1 :]
     return rules
 
 
@@ -73,8 +101,10 @@ class _Inline:
 
     def rule(self, name: str) -> str:
         if name in self.open:
-            raise ValueError(f"the rule {name} refers to itself (through {' -> '.join(self.open + [name])}): "
-                             "a recursive grammar cannot be enforced inside a tool call's JSON here")
+            raise ValueError(
+                f"the rule {name} refers to itself (through {' -> '.join(self.open + [name])}): a "
+                "recursive grammar cannot be enforced inside a tool call's JSON here"
+            )
         if name not in self.done:
             if name not in self.rules:
                 raise ValueError(f"the grammar uses {name}, which it does not define")
@@ -134,11 +164,14 @@ class _Inline:
             return (f"(?{flags}:{body})" if flags else f"(?:{body})"), i + 1
         if kind == "name":
             return f"(?:{self.rule(text)})", i + 1
-        raise ValueError(f"the grammar has {text!r} where a string, a regular expression or a rule goes")
+        raise ValueError(
+            f"the grammar has {text!r} where a string, a regular expression or a rule goes"
+        )
 
 
 def _escape(text: str) -> str:
-    """`text` matched literally: Rust's regex syntax refuses escapes of characters that are not its own."""
+    """`text` matched literally: Rust's regex syntax refuses escapes of characters that are not
+    its own."""
     return "".join("\\" + c if c in META else c for c in text)
 
 

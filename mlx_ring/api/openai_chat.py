@@ -1,7 +1,7 @@
 """OpenAI's chat completions, completions and models (`/v1/chat/completions`, `/v1/completions`,
-`/v1/models`) as an adapter over the front: the body read (off the event loop when large, bodies.py),
-checked, tokenized and queued by `Front`, its steps turned into OpenAI's response, whole or streamed.
-No MLX here."""
+`/v1/models`) as an adapter over the front: the body read (off the event loop when large,
+bodies.py), checked, tokenized and queued by `Front`, its steps turned into OpenAI's response,
+whole or streamed. No MLX here."""
 
 import time
 import uuid
@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError, error_body
-from mlx_ring.api.front import Reply, Front
+from mlx_ring.api.front import Front, Reply
 from mlx_ring.api.openai_parts import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
@@ -43,7 +43,12 @@ def openai_routes(front: Front, bodies: Bodies) -> APIRouter:
     async def models():
         return {"object": "list", "data": [model_card(name) for name in served.names()]}
 
-    unknown = {404: {"description": "Unknown model", "content": {"application/json": {"schema": ERROR_SCHEMA}}}}
+    unknown = {
+        404: {
+            "description": "Unknown model",
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+        }
+    }
 
     @router.get("/v1/models/{model_id:path}", responses=unknown)
     async def model(model_id: str):
@@ -54,18 +59,28 @@ def openai_routes(front: Front, bodies: Bodies) -> APIRouter:
 
 
 async def respond(front: Front, body, answer: Reply, chat: bool):
-    """OpenAI's answer to a queued request: a chat completion or a text completion, whole or streamed."""
+    """OpenAI's answer to a queued request: a chat completion or a text completion, whole or
+    streamed."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     head = {"id": rid, "created": int(time.time()), "model": front.served.id}
+
     def token_text(tid: int) -> str:
         return front.served.tokenizer.decode([tid])
 
     if body.stream:
-        return StreamingResponse(stream(answer, head, chat, body, token_text), media_type="text/event-stream")
+        return StreamingResponse(
+            stream(answer, head, chat, body, token_text), media_type="text/event-stream"
+        )
     async for step in answer.steps:
         end = step.end
-        if isinstance(end, Failed):  # a 503 (draining, the ring down) says when to retry, as one before queueing does
-            raise ApiError(end.status, end.message, end.type, headers={"Retry-After": "5"} if end.status == 503 else None)
+        # a 503 (draining, the ring down) says when to retry, as one before queueing does
+        if isinstance(end, Failed):
+            raise ApiError(
+                end.status,
+                end.message,
+                end.type,
+                headers={"Retry-After": "5"} if end.status == 503 else None,
+            )
     top = body.logprob_count()
     out = []
     for c in answer.choices:
@@ -74,13 +89,28 @@ async def respond(front: Front, body, answer: Reply, chat: bool):
             message = {"role": "assistant", "content": (text.strip() or None) if c.calls else text}
             if c.calls:
                 message["tool_calls"] = c.calls
-            out.append({"index": c.index, "message": message, "logprobs": chat_logprobs(c.tokens, top, token_text),
-                        "finish_reason": c.finish_reason()})
+            out.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": chat_logprobs(c.tokens, top, token_text),
+                    "finish_reason": c.finish_reason(),
+                }
+            )
         else:
-            out.append({"index": c.index, "text": text, "logprobs": completion_logprobs(c.tokens, top, token_text),
-                        "finish_reason": c.finish_reason()})
-    return head | {"object": "chat.completion" if chat else "text_completion", "choices": out,
-                   "usage": usage([c.done for c in answer.choices])}
+            out.append(
+                {
+                    "index": c.index,
+                    "text": text,
+                    "logprobs": completion_logprobs(c.tokens, top, token_text),
+                    "finish_reason": c.finish_reason(),
+                }
+            )
+    return head | {
+        "object": "chat.completion" if chat else "text_completion",
+        "choices": out,
+        "usage": usage([c.done for c in answer.choices]),
+    }
 
 
 async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
@@ -103,10 +133,15 @@ async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
             yield sse(error_body(step.end.message, step.end.type))
             break
         content = "".join(value for kind, _, value in step.parts if kind == "text")
-        lp = (chat_logprobs if chat else completion_logprobs)(step.tokens, top, token_text) if step.tokens else None
+        lp = (
+            (chat_logprobs if chat else completion_logprobs)(step.tokens, top, token_text)
+            if step.tokens
+            else None
+        )
         if content or lp:
             yield chunk(i, {"content": content} if chat else content, logprobs=lp)
-        for kind, n, value in step.parts:  # a call's id and name, then its arguments as they come; or the call whole
+        # a call's id and name, then its arguments as they come; or the call whole
+        for kind, n, value in step.parts:
             if kind in ("begin", "call"):
                 yield chunk(i, {"tool_calls": [{"index": n} | value]})
             elif kind == "args":
@@ -115,5 +150,8 @@ async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
             yield chunk(i, {} if chat else "", finish=step.choice.finish_reason())
     else:
         if body.stream_options and body.stream_options.include_usage:
-            yield sse(head | {"object": obj, "choices": [], "usage": usage([c.done for c in answer.choices])})
+            yield sse(
+                head
+                | {"object": obj, "choices": [], "usage": usage([c.done for c in answer.choices])}
+            )
     yield "data: [DONE]\n\n"

@@ -1,4 +1,5 @@
-"""Pieces of OpenAI's chat and text completions built from the engine's events: logprobs, usage, server-sent events."""
+"""Pieces of OpenAI's chat and text completions built from the engine's events: logprobs, usage,
+server-sent events."""
 
 import json
 import math
@@ -8,7 +9,8 @@ from mlx_ring.serving.port import Done
 
 
 def finite(lp: float) -> float:
-    return lp if math.isfinite(lp) else -9999.0  # as OpenAI reports impossible tokens; JSON has no -inf
+    # as OpenAI reports impossible tokens; JSON has no -inf
+    return lp if math.isfinite(lp) else -9999.0
 
 
 def chat_logprobs(tokens, top: int | None, token_text: Callable[[int], str]):
@@ -18,10 +20,21 @@ def chat_logprobs(tokens, top: int | None, token_text: Callable[[int], str]):
     content = []
     for t in tokens:
         s = token_text(t.id)
-        content.append({
-            "token": s, "logprob": finite(t.logprob), "bytes": list(s.encode()),
-            "top_logprobs": [{"token": token_text(i), "logprob": finite(lp), "bytes": list(token_text(i).encode())} for i, lp in t.top[:top]],
-        })
+        content.append(
+            {
+                "token": s,
+                "logprob": finite(t.logprob),
+                "bytes": list(s.encode()),
+                "top_logprobs": [
+                    {
+                        "token": token_text(i),
+                        "logprob": finite(lp),
+                        "bytes": list(token_text(i).encode()),
+                    }
+                    for i, lp in t.top[:top]
+                ],
+            }
+        )
     return {"content": content}
 
 
@@ -32,16 +45,23 @@ def completion_logprobs(tokens, top: int | None, token_text: Callable[[int], str
     return {
         "tokens": [token_text(t.id) for t in tokens],
         "token_logprobs": [finite(t.logprob) for t in tokens],
-        "top_logprobs": [{token_text(i): finite(lp) for i, lp in t.top[:top]} for t in tokens] if top else None,
+        "top_logprobs": [{token_text(i): finite(lp) for i, lp in t.top[:top]} for t in tokens]
+        if top
+        else None,
     }
 
 
 def usage(done: list[Done]) -> dict:
-    """The prompt once (the choices of a request share its prefill), the completions of every choice;
-    of the prompt, the tokens the prompt cache held (`cached_tokens`, as OpenAI reports them)."""
+    """The prompt once (the choices of a request share its prefill), the completions of every
+    choice; of the prompt, the tokens the prompt cache held (`cached_tokens`, as OpenAI reports
+    them)."""
     p, c = done[0].prompt_tokens, sum(d.completion_tokens for d in done)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens},
+    }
 
 
 def sse(obj: dict) -> str:

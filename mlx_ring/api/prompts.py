@@ -27,13 +27,18 @@ class Prompts:
         check_text_length(self.served, "messages", sum(len(m.text()) for m in body.messages))
         grammar = await self._off_loop(output_grammar, self.served, body)
         prompt = await self._off_loop(self._template, body)
-        check_ids(self.served, "messages", prompt)  # a tokenizer may know ids (added tokens) the model has no row for
+        # a tokenizer may know ids (added tokens) the model has no row for
+        check_ids(self.served, "messages", prompt)
         return prompt, grammar
 
     async def completion(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
             check_text_length(self.served, "prompt", len(body.prompt))
-        prompt = body.prompt if isinstance(body.prompt, list) else await self._off_loop(self._encode, body.prompt)
+        prompt = (
+            body.prompt
+            if isinstance(body.prompt, list)
+            else await self._off_loop(self._encode, body.prompt)
+        )
         if not prompt:
             raise ApiError(400, "prompt: must be non-empty text or token ids", param="prompt")
         check_ids(self.served, "prompt", prompt)
@@ -42,10 +47,16 @@ class Prompts:
     def _template(self, body: ChatCompletionRequest) -> list[int]:
         tools = [t.model_dump(exclude_none=True) for t in body.offered_tools()]
         try:
-            return self.served.tokenizer.apply_chat_template(template_messages(body.messages), add_generation_prompt=True,
-                                                             tokenize=True, **({"tools": tools} if tools else {}))
+            return self.served.tokenizer.apply_chat_template(
+                template_messages(body.messages),
+                add_generation_prompt=True,
+                tokenize=True,
+                **({"tools": tools} if tools else {}),
+            )
         except Exception as e:
-            raise ApiError(400, f"messages: cannot apply the chat template: {e}", param="messages") from None
+            raise ApiError(
+                400, f"messages: cannot apply the chat template: {e}", param="messages"
+            ) from None
 
     def _encode(self, text: str) -> list[int]:
         try:

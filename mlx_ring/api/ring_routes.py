@@ -1,5 +1,5 @@
-"""The ring's own routes: health, status, Prometheus metrics and the page that shows them. Each reads
-the engine through its port: `ping()` for the ranks' live figures, `stats()` for rank 0's."""
+"""The ring's own routes: health, status, Prometheus metrics and the page that shows them. Each
+reads the engine through its port: `ping()` for the ranks' live figures, `stats()` for rank 0's."""
 
 import asyncio
 import time
@@ -18,8 +18,11 @@ PAGE = Path(__file__).parent / "page.html"
 ANSWER_WITHIN = 10.0  # seconds a ping may take before the ring counts as not answering
 
 
-def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics, away: dict | None = None) -> APIRouter:
-    """`away`: the hosts a failed-over ring serves without (RING_AWAY); /health and /cluster/status show it."""
+def status_routes(
+    engine: EnginePort, served: ServedModel, metrics: RingMetrics, away: dict | None = None
+) -> APIRouter:
+    """`away`: the hosts a failed-over ring serves without (RING_AWAY); /health and
+    /cluster/status show it."""
     router = APIRouter()
     failed_over = {"failed_over": away} if away else {}
 
@@ -30,12 +33,22 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics,
     async def health():
         t0, stats = time.perf_counter(), engine.stats()
         if not stats.serving:
-            return JSONResponse({"status": "unavailable", "error": stats.broken or "shutting down"} | failed_over, status_code=503)
+            return JSONResponse(
+                {"status": "unavailable", "error": stats.broken or "shutting down"} | failed_over,
+                status_code=503,
+            )
         try:
             ranks = await ping()  # a real trip through every rank
         except Exception as e:
-            return JSONResponse({"status": "unhealthy", "error": str(e) or type(e).__name__} | failed_over, status_code=503)
-        return {"status": "ok", "ranks": len(ranks), "ring_round_trip_ms": round((time.perf_counter() - t0) * 1e3, 2)} | failed_over
+            return JSONResponse(
+                {"status": "unhealthy", "error": str(e) or type(e).__name__} | failed_over,
+                status_code=503,
+            )
+        return {
+            "status": "ok",
+            "ranks": len(ranks),
+            "ring_round_trip_ms": round((time.perf_counter() - t0) * 1e3, 2),
+        } | failed_over
 
     @router.get("/cluster/status")
     async def cluster_status():
@@ -45,7 +58,11 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics,
             raise ApiError(503, f"the ring did not answer: {e}", "server_error") from None
         cluster = served.cluster.to_json()
         ranks = [static | dyn for static, dyn in zip(cluster["ranks"], live)]
-        return {"model": served.id, "plan": cluster["plan"], "ranks": ranks} | engine_status(engine.stats()) | failed_over
+        return (
+            {"model": served.id, "plan": cluster["plan"], "ranks": ranks}
+            | engine_status(engine.stats())
+            | failed_over
+        )
 
     page = PAGE.read_text()
 
@@ -54,11 +71,16 @@ def status_routes(engine: EnginePort, served: ServedModel, metrics: RingMetrics,
         """The chat and the live ring, one self-contained page (nothing fetched from elsewhere)."""
         return HTMLResponse(page)
 
-    @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (text format 0.0.4)")
+    @router.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        summary="Prometheus metrics (text format 0.0.4)",
+    )
     async def prometheus():
         try:
             ranks = await ping()
-        except Exception:  # the ring is down: rank 0's own figures still answer (and mlx_ring_up says 0)
+        # the ring is down: rank 0's own figures still answer (and mlx_ring_up says 0)
+        except Exception:
             ranks = []
         return Response(metrics.render(engine.stats(), ranks), media_type=CONTENT_TYPE_LATEST)
 
@@ -70,7 +92,20 @@ def engine_status(s: Stats) -> dict:
     cache = {"enabled": s.prompt_cache is not None}
     if s.prompt_cache is not None:
         c = s.prompt_cache
-        cache |= {"entries": c.entries, "tokens": c.tokens, "budget_tokens": c.budget_tokens, "hits": c.hits,
-                  "hit_tokens": c.hit_tokens}
-    return {"queued_requests": s.queued, "waiting_prompts": s.waiting, "prompt_cache": cache,
-            "speculative": {"draft_tokens": s.draft_tokens, "drafted": s.drafted, "accepted": s.accepted}}
+        cache |= {
+            "entries": c.entries,
+            "tokens": c.tokens,
+            "budget_tokens": c.budget_tokens,
+            "hits": c.hits,
+            "hit_tokens": c.hit_tokens,
+        }
+    return {
+        "queued_requests": s.queued,
+        "waiting_prompts": s.waiting,
+        "prompt_cache": cache,
+        "speculative": {
+            "draft_tokens": s.draft_tokens,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+        },
+    }

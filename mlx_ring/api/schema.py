@@ -16,9 +16,10 @@ class _Strict(BaseModel):
     # An unknown field is an error, not silently dropped: the client learns what we do not support.
     # Strict types: `false` is not 0 and "1" is not 1.
     model_config = ConfigDict(extra="forbid", strict=True)
-    # Fields of the real API that would change the answer and that this server cannot honour: refused
-    # by name and why ("Extra inputs are not permitted" is left for typos). `harmless`: values that ask
-    # for nothing this server does not do (modalities ["text"]), or a test of the value.
+    # Fields of the real API that would change the answer and that this server cannot honour:
+    # refused by name and why ("Extra inputs are not permitted" is left for typos). `harmless`:
+    # values that ask for nothing this server does not do (modalities ["text"]), or a test of the
+    # value.
     unsupported: ClassVar[dict[str, str]] = {}
     harmless: ClassVar[dict[str, object]] = {}
 
@@ -46,7 +47,11 @@ class _Strict(BaseModel):
         out = dict(data)
         for name, value in data.items():
             field = cls.model_fields.get(name)
-            if field is None or "int" not in str(field.annotation) or "float" in str(field.annotation):
+            if (
+                field is None
+                or "int" not in str(field.annotation)
+                or "float" in str(field.annotation)
+            ):
                 continue
             out[name] = [whole(x) for x in value] if isinstance(value, list) else whole(value)
         return out
@@ -55,6 +60,7 @@ class _Strict(BaseModel):
 class Refused(BaseModel):
     """A part recognised only to be refused with a message that says where and why; documented as
     matching nothing, so that /openapi.json shows what is taken."""
+
     model_config = ConfigDict(extra="allow")
 
     @classmethod
@@ -63,8 +69,12 @@ class Refused(BaseModel):
 
 
 def only_with(field: str, needs: str, when: dict, then: dict) -> dict:
-    """JSON Schema for "`field` (matching `when`) only with `needs` matching `then`", so clients can see the rule."""
-    return {"if": {"required": [field], "properties": {field: when}}, "then": {"required": [needs], "properties": {needs: then}}}
+    """JSON Schema for "`field` (matching `when`) only with `needs` matching `then`", so clients
+    can see the rule."""
+    return {
+        "if": {"required": [field], "properties": {field: when}},
+        "then": {"required": [needs], "properties": {needs: then}},
+    }
 
 
 def hosted_tools_refused(data, runs: tuple[str, ...], send: str):
@@ -74,7 +84,12 @@ def hosted_tools_refused(data, runs: tuple[str, ...], send: str):
     for i, t in enumerate(tools if isinstance(tools, list) else []):
         kind = t.get("type") if isinstance(t, dict) else None
         if isinstance(kind, str) and kind not in runs:
-            raise ValueError(f"tools.{i}: {kind} tools are not supported by this server: it runs no tools itself; send {send}")
+            raise ValueError(
+                (
+                    f"tools.{i}: {kind} tools are not supported by this server: it runs no "
+                    f"tools itself; send {send}"
+                )
+            )
     return data
 
 
@@ -85,13 +100,16 @@ class TextPart(_Strict):
 
 class MediaPart(BaseModel):
     """An image, audio or file part: recognised, so that the error can say what is not supported."""
+
     model_config = ConfigDict(extra="allow")
     type: Literal["image_url", "input_audio", "file"]
 
 
 class FunctionCall(_Strict):
     name: str
-    arguments: str = Field(description="The arguments as a JSON object, in a string (as OpenAI sends them).")
+    arguments: str = Field(
+        description="The arguments as a JSON object, in a string (as OpenAI sends them)."
+    )
 
 
 class ToolCall(_Strict):
@@ -101,28 +119,60 @@ class ToolCall(_Strict):
 
 
 # Documented as text only: other parts are recognised only to be refused with a clear message.
-_TEXT_PART = {"type": "object", "additionalProperties": False, "required": ["type", "text"],
-              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-_TEXT_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
+_TEXT_PART = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+_TEXT_CONTENT = {
+    "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]
+}
 
 
 class ChatMessage(_Strict):
-    model_config = ConfigDict(json_schema_extra={"allOf": [
-        {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
-         "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}}},
-        {"if": {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
-         "then": {"properties": {"role": {"const": "assistant"}}}}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+                    "then": {
+                        "required": ["tool_call_id"],
+                        "properties": {"tool_call_id": {"type": "string"}},
+                    },
+                },
+                {
+                    "if": {
+                        "required": ["tool_calls"],
+                        "properties": {"tool_calls": {"type": "array"}},
+                    },
+                    "then": {"properties": {"role": {"const": "assistant"}}},
+                },
+            ]
+        }
+    )
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str | Annotated[list[TextPart | MediaPart], Field(fail_fast=True)] | None, WithJsonSchema(_TEXT_CONTENT)] = None
+    content: Annotated[
+        str | Annotated[list[TextPart | MediaPart], Field(fail_fast=True)] | None,
+        WithJsonSchema(_TEXT_CONTENT),
+    ] = None
     name: str | None = None
-    tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = Field(None, description="assistant: the calls it made")
+    tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = Field(
+        None, description="assistant: the calls it made"
+    )
     tool_call_id: str | None = Field(None, description="tool: the call this message answers")
 
     @model_validator(mode="after")
     def _check(self):
-        media = [p.type for p in self.content if isinstance(p, MediaPart)] if isinstance(self.content, list) else []
+        media = (
+            [p.type for p in self.content if isinstance(p, MediaPart)]
+            if isinstance(self.content, list)
+            else []
+        )
         if media:
-            raise ValueError(f"{media[0]} parts are not supported: this model reads text only; send text parts")
+            raise ValueError(
+                f"{media[0]} parts are not supported: this model reads text only; send text parts"
+            )
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only an assistant message carries tool_calls")
         if self.role == "tool" and self.tool_call_id is None:
@@ -167,7 +217,9 @@ class JsonObjectFormat(_Strict):
 class JsonSchemaSpec(_Strict):
     name: str = Field(pattern=NAME)
     description: str | None = None
-    schema_: dict | None = Field(None, alias="schema", description="A JSON Schema; the answer is decoded to match it.")
+    schema_: dict | None = Field(
+        None, alias="schema", description="A JSON Schema; the answer is decoded to match it."
+    )
     strict: bool | None = None
 
 
@@ -176,7 +228,9 @@ class JsonSchemaFormat(_Strict):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
 
 
 class StreamOptions(_Strict):
@@ -186,8 +240,13 @@ class StreamOptions(_Strict):
 # Token id (as a string key) -> bias in [-100, 100].
 LogitBias = Annotated[
     dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]],
-    WithJsonSchema({"type": "object", "additionalProperties": False,
-                    "patternProperties": {"^[0-9]+$": {"type": "number", "minimum": -100, "maximum": 100}}}),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "patternProperties": {"^[0-9]+$": {"type": "number", "minimum": -100, "maximum": 100}},
+        }
+    ),
 ]
 
 
@@ -206,29 +265,48 @@ def ids_below(n: int) -> str:
     return f"^0*(?:{'|'.join(['0', *shorter, *same_length])})$"
 
 
-_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}, {"type": "null"}]}
-_PROMPT = {"anyOf": [{"type": "string", "minLength": 1},
-                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
+_STOP = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP},
+        {"type": "null"},
+    ]
+}
+_PROMPT = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+    ]
+}
 
 _STREAM_OPTIONS_RULE = only_with("stream_options", "stream", {"type": "object"}, {"const": True})
 
 
 class _Sampling(_Strict):
     model_config = ConfigDict(json_schema_extra=_STREAM_OPTIONS_RULE)
-    default_tokens: ClassVar[int | None] = None  # completion limit when the request names none (None: the server's)
+    # completion limit when the request names none (None: the server's)
+    default_tokens: ClassVar[int | None] = None
     model: str | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="Extension: keep the k most likely tokens (0: off).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Extension: min-p sampling (0: off).")
     max_tokens: int | None = Field(None, ge=1)
-    stop: Annotated[str | Annotated[list[str], Field(fail_fast=True)] | None, WithJsonSchema(_STOP)] = None
-    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1, description="A 64-bit signed integer.")
+    stop: Annotated[
+        str | Annotated[list[str], Field(fail_fast=True)] | None, WithJsonSchema(_STOP)
+    ] = None
+    seed: int | None = Field(
+        None, ge=-(1 << 63), le=(1 << 63) - 1, description="A 64-bit signed integer."
+    )
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, ge=0.1, le=10.0, description="Extension: mlx-lm's repetition penalty.")
+    repetition_penalty: float | None = Field(
+        None, ge=0.1, le=10.0, description="Extension: mlx-lm's repetition penalty."
+    )
     logit_bias: LogitBias | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate; they share one prefill.")
+    n: int = Field(
+        1, ge=1, le=MAX_CHOICES, description="Choices to generate; they share one prefill."
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Accepted and ignored: they do not change the answer (README, "Request fields").
@@ -236,7 +314,9 @@ class _Sampling(_Strict):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = Field(None, description="Ignored: the prompt cache finds shared prefixes itself.")
+    prompt_cache_key: str | None = Field(
+        None, description="Ignored: the prompt cache finds shared prefixes itself."
+    )
     safety_identifier: str | None = None
     _clamp: bool = PrivateAttr(False)
 
@@ -245,13 +325,16 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
-            raise ValueError(f"stop: List should have at most {MAX_STOP} stop strings; "
-                             f"this request has {len(self.stop)}")
+            raise ValueError(
+                f"stop: List should have at most {MAX_STOP} stop strings; "
+                f"this request has {len(self.stop)}"
+            )
         return self
 
     def clamp_tokens(self):
-        """This request's max_tokens over the room its prompt leaves in the context is cut to that
-        room, not refused (the agent dialects' choice, as Ollama's and LM Studio's); returns self."""
+        """This request's max_tokens over the room its prompt leaves in the context is cut to
+        that room, not refused (the agent dialects' choice, as Ollama's and LM Studio's); returns
+        self."""
         self._clamp = True
         return self
 
@@ -263,8 +346,11 @@ class _Sampling(_Strict):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
 
-    def sampling(self, top_logprobs: int, choice: int = 0, grammar: str | None = None) -> SamplingParams:
-        """The engine's parameters for choice `choice` (each choice its own seed, so they differ)."""
+    def sampling(
+        self, top_logprobs: int, choice: int = 0, grammar: str | None = None
+    ) -> SamplingParams:
+        """The engine's parameters for choice `choice` (each choice its own seed, so they
+        differ)."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -282,8 +368,11 @@ class _Sampling(_Strict):
 
 
 # JSON Schema keywords of a bound, by the JSON type they bound.
-BOUNDS = {"number": ("minimum", "maximum"), "integer": ("minimum", "maximum"),
-          "array": ("minItems", "maxItems")}
+BOUNDS = {
+    "number": ("minimum", "maximum"),
+    "integer": ("minimum", "maximum"),
+    "array": ("minItems", "maxItems"),
+}
 
 
 def bounds_of(name: str):
@@ -304,12 +393,24 @@ def bounds_of(name: str):
 
 
 class ChatCompletionRequest(_Sampling):
-    model_config = ConfigDict(json_schema_extra={"allOf": [
-        _STREAM_OPTIONS_RULE, only_with("top_logprobs", "logprobs", {"type": "integer", "minimum": 1}, {"const": True})]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _STREAM_OPTIONS_RULE,
+                only_with(
+                    "top_logprobs", "logprobs", {"type": "integer", "minimum": 1}, {"const": True}
+                ),
+            ]
+        }
+    )
     unsupported: ClassVar[dict[str, str]] = {
-        "audio": "it answers in text only", "modalities": "it answers in text only; send [\"text\"] or leave it out",
-        "functions": "send them as tools", "function_call": "send tool_choice", "prediction": "predicted outputs are not used",
-        "web_search_options": "it has no web search"}
+        "audio": "it answers in text only",
+        "modalities": 'it answers in text only; send ["text"] or leave it out',
+        "functions": "send them as tools",
+        "function_call": "send tool_choice",
+        "prediction": "predicted outputs are not used",
+        "web_search_options": "it has no web search",
+    }
     harmless: ClassVar[dict[str, object]] = {"modalities": ["text"]}
     messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -317,17 +418,27 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Annotated[list[Tool], Field(fail_fast=True)] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
-    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one tool call per answer."
+    )
     response_format: ResponseFormat | None = None
-    modalities: Annotated[list[Literal["text"]] | None, WithJsonSchema({"anyOf": [{"const": ["text"]}, {"type": "null"}]})] = Field(
-        None, description="[\"text\"] or left out: answers are text.")
+    modalities: Annotated[
+        list[Literal["text"]] | None,
+        WithJsonSchema({"anyOf": [{"const": ["text"]}, {"type": "null"}]}),
+    ] = Field(None, description='["text"] or left out: answers are text.')
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
-        None, description="Accepted and ignored: this server's models answer without a separate reasoning phase.")
-    # set by a dialect whose tool calls are constrained in free answers too: (the template's call markers) -> grammar
+        None,
+        description=(
+            "Accepted and ignored: this server's models answer without a separate reasoning phase."
+        ),
+    )
+    # set by a dialect whose tool calls are constrained in free answers too: (the template's call
+    # markers) -> grammar
     _call_grammar: object = PrivateAttr(None)
 
     def constrain_calls(self, grammar) -> None:
-        """Decode this answer under `grammar(start, end)` (text, and tool calls between those markers)."""
+        """Decode this answer under `grammar(start, end)` (text, and tool calls between those
+        markers)."""
         self._call_grammar = grammar
 
     @model_validator(mode="after")
@@ -336,10 +447,26 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("top_logprobs: requires logprobs to be true")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice: only allowed when tools are given")
-        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.function.name not in [t.function.name for t in self.tools]:
-            raise ValueError(f"tool_choice: names {self.tool_choice.function.name!r}, which is not one of the tools")
-        if self.forced_tools() and self.response_format is not None and self.response_format.type != "text":
-            raise ValueError("response_format: a JSON answer and a required tool call exclude each other; drop one")
+        if isinstance(self.tool_choice, NamedTool) and self.tool_choice.function.name not in [
+            t.function.name for t in self.tools
+        ]:
+            raise ValueError(
+                (
+                    f"tool_choice: names {self.tool_choice.function.name!r}, which is "
+                    "not one of the tools"
+                )
+            )
+        if (
+            self.forced_tools()
+            and self.response_format is not None
+            and self.response_format.type != "text"
+        ):
+            raise ValueError(
+                (
+                    "response_format: a JSON answer and a required tool call exclude "
+                    "each other; drop one"
+                )
+            )
         return self
 
     def forced_tools(self) -> list[Tool]:
@@ -355,7 +482,8 @@ class ChatCompletionRequest(_Sampling):
         return [] if self.tool_choice == "none" else list(self.tools or [])
 
     def max_tokens_asked(self) -> int | None:
-        """The completion limit the client asked for (max_completion_tokens, else max_tokens), if any."""
+        """The completion limit the client asked for (max_completion_tokens, else max_tokens), if
+        any."""
         return self.max_completion_tokens or self.max_tokens
 
     def logprob_count(self) -> int | None:
@@ -365,10 +493,16 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     default_tokens: ClassVar[int | None] = 16
-    prompt: Annotated[Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1, fail_fast=True)], WithJsonSchema(_PROMPT)]
+    prompt: Annotated[
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1, fail_fast=True)],
+        WithJsonSchema(_PROMPT),
+    ]
     logprobs: int | None = Field(None, ge=0, le=5)
     max_tokens: int | None = Field(None, ge=1, description="Default 16, as OpenAI's.")
-    echo: bool = Field(False, json_schema_extra={"const": False}, description="Not supported: must be false.")
+    echo: bool = Field(
+        False, json_schema_extra={"const": False}, description="Not supported: must be false."
+    )
     suffix: None = None
 
     @model_validator(mode="after")
@@ -376,7 +510,9 @@ class CompletionRequest(_Sampling):
         if self.echo:
             raise ValueError("echo: not supported; leave it false")
         if isinstance(self.prompt, list) and min(self.prompt) < 0:
-            raise ValueError(f"prompt: token id {min(self.prompt)} is negative; token ids are 0 or more")
+            raise ValueError(
+                f"prompt: token id {min(self.prompt)} is negative; token ids are 0 or more"
+            )
         return self
 
     def max_tokens_asked(self) -> int | None:

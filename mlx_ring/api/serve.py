@@ -36,7 +36,9 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
         default_max_tokens=cfg.default_max_tokens,
         vocab_size=min(rank0.vocab, len(tokenizer.get_vocab())),
         max_tokens_limit=cfg.max_tokens_limit,
-        request_kv_room=one_request(kv_room, GROUP_SPARE_TOKENS, cfg.draft_tokens) if kv_room is not None else 0,
+        request_kv_room=one_request(kv_room, GROUP_SPARE_TOKENS, cfg.draft_tokens)
+        if kv_room is not None
+        else 0,
         cluster=rank0.cluster,
         grammars=rank0.grammars,
         aliases=cfg.model_aliases,
@@ -48,8 +50,8 @@ def served_model(cfg: Config, rank0: "Rank0") -> ServedModel:
 
 
 def weights_held(config: dict, dtype) -> str:
-    """How the model's weights are held, as Ollama names it: MLX's quantization ("int4", or its mode,
-    e.g. "mxfp4"), else the float type the head computes in ("float32", "bfloat16")."""
+    """How the model's weights are held, as Ollama names it: MLX's quantization ("int4", or its
+    mode, e.g. "mxfp4"), else the float type the head computes in ("float32", "bfloat16")."""
     q = config.get("quantization") or {}
     if q.get("bits"):
         return f"int{q['bits']}" if q.get("mode", "affine") == "affine" else q["mode"]
@@ -61,28 +63,49 @@ def tls_files(cfg: Config) -> dict:
     rank 0's host needs the files."""
     for f in cfg.tls or ():
         if not f.is_file():
-            raise ValueError(f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; give PEM files there")
+            raise ValueError(
+                (
+                    f"{f} (TLS_CERT / TLS_KEY) is not a file on {socket.gethostname()}; "
+                    "give PEM files there"
+                )
+            )
     return {"ssl_certfile": str(cfg.tls[0]), "ssl_keyfile": str(cfg.tls[1])} if cfg.tls else {}
 
 
 def serve(cfg: Config, engine, served: ServedModel, ranks: int, plan: str) -> None:
-    """Serve the API from a uvicorn thread while `engine` runs on this thread (the one that owns MLX)
-    until it stops; `ranks`: the ring's size, `plan`: the layer plan as the log shows it."""
+    """Serve the API from a uvicorn thread while `engine` runs on this thread (the one that owns
+    MLX) until it stops; `ranks`: the ring's size, `plan`: the layer plan as the log shows it."""
     import uvicorn
 
-    app = make_app(engine, served, load_keys(cfg.api_key, cfg.api_keys_file), cfg.restarts, cfg.max_body_bytes, cfg.away)
+    app = make_app(
+        engine,
+        served,
+        load_keys(cfg.api_key, cfg.api_keys_file),
+        cfg.restarts,
+        cfg.max_body_bytes,
+        cfg.away,
+    )
     warm_http(make_app(engine, served, (), cfg.restarts, cfg.max_body_bytes, cfg.away))
     tls = tls_files(cfg)
-    http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5, **tls))
+    http = uvicorn.Server(
+        uvicorn.Config(
+            app, host=cfg.host, port=cfg.port, log_config=None, timeout_graceful_shutdown=5, **tls
+        )
+    )
     web = threading.Thread(target=http.run, name="http", daemon=True)
 
     def on_signal(signum, _frame):
-        log.info("signal %d: draining (up to %.0f s), then shutting down every rank", signum, cfg.drain_timeout)
+        log.info(
+            "signal %d: draining (up to %.0f s), then shutting down every rank",
+            signum,
+            cfg.drain_timeout,
+        )
         engine.stop()  # HTTP stays up meanwhile, answering 503 to new requests
 
     def on_peer_lost(_signum, _frame):
-        # The launcher saw a rank's host go (its ssh session ended): fail the requests now, naming it,
-        # rather than after STEP_TIMEOUT. Off this thread: the engine may hold its lock right now.
+        # The launcher saw a rank's host go (its ssh session ended): fail the requests now, naming
+        # it, rather than after STEP_TIMEOUT. Off this thread: the engine may hold its lock right
+        # now.
         try:
             why = RunDir(cfg.log_dir).broken.read_text().strip()
         except OSError:
@@ -103,7 +126,14 @@ def serve(cfg: Config, engine, served: ServedModel, ranks: int, plan: str) -> No
             f"the HTTP server could not start on {cfg.host}:{cfg.port} (port in use?); set PORT"
         )
     log.info("layer plan:\n%s", plan)
-    log.info("ready: %s://%s:%d/v1 serving %s on %d rank(s)", "https" if cfg.tls else "http", cfg.host, cfg.port, served.id, ranks)
+    log.info(
+        "ready: %s://%s:%d/v1 serving %s on %d rank(s)",
+        "https" if cfg.tls else "http",
+        cfg.host,
+        cfg.port,
+        served.id,
+        ranks,
+    )
     engine.run()
     http.should_exit = True
     web.join(5)

@@ -1,7 +1,8 @@
 """Tool calls out of one choice's generated text, as it streams: the text between the markers of
-the model's chat template goes to mlx-lm's own parser for that family (`TokenizerWrapper.tool_parser`),
-and comes out in OpenAI's shape. Calls in mlx-lm's JSON format can also be read as they are
-generated, their arguments handed out in fragments (`JsonCall`). No MLX here."""
+the model's chat template goes to mlx-lm's own parser for that family
+(`TokenizerWrapper.tool_parser`), and comes out in OpenAI's shape. Calls in mlx-lm's JSON format
+can also be read as they are generated, their arguments handed out in fragments (`JsonCall`). No
+MLX here."""
 
 import json
 import logging
@@ -12,8 +13,10 @@ from mlx_ring.serving.textstream import partial_tail
 
 log = logging.getLogger(__name__)
 
-JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>
-BARE = frozenset(string.ascii_letters + string.digits + "+-.")  # numbers, true/false/null, NaN/Infinity
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"
+# numbers, true/false/null, NaN/Infinity
+BARE = frozenset(string.ascii_letters + string.digits + "+-.")
 
 
 def new_id() -> str:
@@ -21,13 +24,22 @@ def new_id() -> str:
 
 
 class ToolCallText:
-    """Feed a choice's text; get back its parts as soon as each is known, as (kind, call index, value):
-    ("text", None, plain content), ("call", n, a whole tool call) and, with `stream` where the model's
-    format allows, ("begin", n, the call with its id and name and arguments ""), ("args", n, the next
-    fragment of its arguments) and ("end", n, the whole call, its arguments those fragments joined).
-    `single`: parallel_tool_calls false, so calls after the first are not returned."""
+    """Feed a choice's text; get back its parts as soon as each is known, as (kind, call index,
+    value): ("text", None, plain content), ("call", n, a whole tool call) and, with `stream`
+    where the model's format allows, ("begin", n, the call with its id and name and arguments
+    ""), ("args", n, the next fragment of its arguments) and ("end", n, the whole call, its
+    arguments those fragments joined). `single`: parallel_tool_calls false, so calls after the
+    first are not returned."""
 
-    def __init__(self, start: str, end: str, parse, tools: list[dict], single: bool = False, stream: bool = False):
+    def __init__(
+        self,
+        start: str,
+        end: str,
+        parse,
+        tools: list[dict],
+        single: bool = False,
+        stream: bool = False,
+    ):
         self.start, self.end, self.parse, self.tools, self.single = start, end, parse, tools, single
         self.stream = stream and getattr(parse, "__module__", None) == JSON_TOOLS
         self.buf, self.inside, self.calls = "", False, 0
@@ -73,7 +85,11 @@ class ToolCallText:
         parts = []
         for kind, value in self.reading.feed(text):
             if kind == "begin":
-                self.head = {"id": self.reading.id or new_id(), "type": "function", "function": {"name": self.reading.name, "arguments": ""}}
+                self.head = {
+                    "id": self.reading.id or new_id(),
+                    "type": "function",
+                    "function": {"name": self.reading.name, "arguments": ""},
+                }
                 parts.append(("begin", self.calls, self.head))
             else:
                 parts.append(("args", self.calls, value))
@@ -88,21 +104,35 @@ class ToolCallText:
         self.reading = None
         if not reading.begun:  # nothing was sent: the call is parsed whole, as without streaming
             return self._parse(reading.raw)
-        call = self.head | {"function": self.head["function"] | {"arguments": "".join(reading.sent)}}
+        call = self.head | {
+            "function": self.head["function"] | {"arguments": "".join(reading.sent)}
+        }
         self._compare(reading, call)
         self.calls += 1
         return parts + [("end", self.calls - 1, call)]
 
     def _compare(self, reading: "JsonCall", call: dict) -> None:
-        """A warning where the streamed call is not what the whole text parses to: what was sent stays."""
+        """A warning where the streamed call is not what the whole text parses to: what was sent
+        stays."""
         try:
             parsed = self._parse_one(reading.raw)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             parsed = e
         if not reading.closed:
-            log.warning("a streamed tool call ended before its JSON did; its arguments are as far as they came")
+            log.warning(
+                (
+                    "a streamed tool call ended before its JSON did; its arguments "
+                    "are as far as they came"
+                )
+            )
         elif not isinstance(parsed, dict) or parsed["function"] != call["function"]:
-            log.warning("a streamed tool call differs from its whole text's parse (%s); the streamed call stays", parsed)
+            log.warning(
+                (
+                    "a streamed tool call differs from its whole text's parse (%s); "
+                    "the streamed call stays"
+                ),
+                parsed,
+            )
 
     def _parse_one(self, body: str) -> dict:
         parsed = self.parse(body, self.tools)
@@ -112,7 +142,8 @@ class ToolCallText:
     def _parse(self, body: str) -> list[tuple]:
         try:
             parsed = self.parse(body, self.tools)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
+        # json.JSONDecodeError is a ValueError
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             log.warning("a tool call did not parse (%s); it stays in the answer's text", e)
             return _text(self.start + body + self.end)
         parts = []
@@ -131,18 +162,24 @@ def _text(text: str) -> list[tuple]:
 def _openai(call: dict) -> dict:
     """A call as mlx-lm's parser gives it, in OpenAI's shape: its arguments as JSON text."""
     args = call.get("arguments", {})
-    return {"id": call.get("id") or new_id(), "type": "function",
-            "function": {"name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": call.get("id") or new_id(),
+        "type": "function",
+        "function": {
+            "name": call["name"],
+            "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+        },
+    }
 
 
 class JsonCall:
-    """One call in mlx-lm's JSON format (`{"name": ..., "arguments": {...}}`) read as it is generated.
-    `feed` returns what became known: ("begin", None) once the name is complete and the arguments have
-    started, then ("args", text): fragments of exactly the text `json.dumps(arguments, ensure_ascii=False)`
-    gives, as a whole parse makes it, each token written as json.dumps writes it and strings as they
-    come. Arguments that are no object, or text that is no such call before anything was sent, leave
-    `begun` False: the call is then parsed whole. Text that breaks the JSON after that ends the reading;
-    what was sent stays."""
+    """One call in mlx-lm's JSON format (`{"name": ..., "arguments": {...}}`) read as it is
+    generated. `feed` returns what became known: ("begin", None) once the name is complete and
+    the arguments have started, then ("args", text): fragments of exactly the text
+    `json.dumps(arguments, ensure_ascii=False)` gives, as a whole parse makes it, each token
+    written as json.dumps writes it and strings as they come. Arguments that are no object, or
+    text that is no such call before anything was sent, leave `begun` False: the call is then
+    parsed whole. Text that breaks the JSON after that ends the reading; what was sent stays."""
 
     def __init__(self):
         self.raw, self.at = "", 0  # the call's text so far; how far it is read
@@ -150,7 +187,8 @@ class JsonCall:
         self.closed = self.stopped = self.begun = False
         self.name = self.id = None
         self.args: str | None = None  # None: not started, "open", "done"
-        self.string: int | None = None  # inside a string of the arguments: where its unsent text starts
+        # inside a string of the arguments: where its unsent text starts
+        self.string: int | None = None
         self.pending: list[str] = []  # argument text read
         self.sent: list[str] = []  # argument text handed out
 
@@ -179,7 +217,8 @@ class JsonCall:
             self.pending.append(text)
 
     def _step(self) -> bool:
-        """Read one token if it is complete; False when more text is needed or the reading stopped."""
+        """Read one token if it is complete; False when more text is needed or the reading
+        stopped."""
         if self.string is not None:
             return self._string()
         raw, i = self.raw, self.at
@@ -191,7 +230,8 @@ class JsonCall:
             return self._stop()
         if c == '"':
             top = self.stack[-1]
-            if self.args == "open" and top[1] in ("value", "value_or_end"):  # a string of the arguments: sent as it comes
+            # a string of the arguments: sent as it comes
+            if self.args == "open" and top[1] in ("value", "value_or_end"):
                 self.at = self.string = i + 1
                 return self._token('"')
             _, end = _scan_string(raw, i + 1)
@@ -237,7 +277,8 @@ class JsonCall:
         return True
 
     def _token(self, kind: str, value=None) -> bool:
-        """One token against JSON's grammar: what the call's fields are, what the arguments' text is."""
+        """One token against JSON's grammar: what the call's fields are, what the arguments' text
+        is."""
         if not self.stack:
             self.stack.append(["{", "key_or_end", None])
             return True
@@ -269,7 +310,9 @@ class JsonCall:
                 self.stack.append([kind, "key_or_end" if kind == "{" else "value_or_end", None])
             return True
         if kind in ("}", "]"):
-            if want not in ("key_or_end", "value_or_end", "comma_or_end") or bracket != ("{" if kind == "}" else "["):
+            if want not in ("key_or_end", "value_or_end", "comma_or_end") or bracket != (
+                "{" if kind == "}" else "["
+            ):
                 return self._stop()
             self._emit(kind)
             self.stack.pop()
@@ -306,7 +349,8 @@ def _scan_string(s: str, i: int) -> tuple[int, int]:
             continue
         if i + 6 > n:
             return i, -1
-        if s[i + 2 : i + 4].lower() in ("d8", "d9", "da", "db"):  # a high surrogate: its low half may follow
+        # a high surrogate: its low half may follow
+        if s[i + 2 : i + 4].lower() in ("d8", "d9", "da", "db"):
             if i + 7 > n or (s[i + 6] == "\\" and (i + 8 > n or (s[i + 7] == "u" and i + 12 > n))):
                 return i, -1
         i += 6

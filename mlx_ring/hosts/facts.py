@@ -1,7 +1,8 @@
 """What the launcher needs to know about a host before it starts a rank there, read by one small
-POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses, memory,
-the macOS firewall and power settings, its RDMA devices, whether the checkout and its environment exist, their versions, and which weight
-pieces it holds. The script prints the system's own commands' output raw; mlx_ring.platform parses it."""
+POSIX sh script (run over ssh, or here for this machine's own ranks): name, OS, addresses,
+memory, the macOS firewall and power settings, its RDMA devices, whether the checkout and its
+environment exist, their versions, and which weight pieces it holds. The script prints the
+system's own commands' output raw; mlx_ring.platform parses it."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,8 +10,9 @@ from pathlib import Path
 from mlx_ring import macos_settings, platform
 from mlx_ring.hosts import ssh
 
-# $1 project path, $2 cache folder (empty: the default under that host's home); stdin: the project's tracked files, one per line (hashed there).
-SCRIPT = r'''
+# $1 project path, $2 cache folder (empty: the default under that host's home); stdin: the project's
+# tracked files, one per line (hashed there).
+SCRIPT = r"""
 root=$1; cache=${2:-$HOME/.cache/mlx-ring}
 PATH=$PATH:/usr/sbin:/sbin  # ip, ifconfig and sysctl live there; a non-interactive ssh PATH may lack them
 echo "hostname=$(hostname)"
@@ -60,7 +62,7 @@ echo "blobs=$(ls "$cache/blobs" 2>/dev/null | tr '\n' ' ')"
 for m in "$cache"/hosted/*/ring-manifest.json; do
   [ -f "$m" ] && echo "hosted=$(basename "$(dirname "$m")") $( (sha256sum "$m" 2>/dev/null || shasum -a 256 "$m") | cut -d' ' -f1)"
 done
-'''
+"""
 
 
 @dataclass
@@ -71,12 +73,16 @@ class Facts:
     memory_gb: float = 0.0
     free_gb: float = 0.0
     addresses: tuple[str, ...] = ()  # every IPv4 address it holds, sorted
-    interfaces: dict = field(default_factory=dict)  # interface name -> platform.Interface (IPv4 addresses, UP, members)
-    firewall: bool | None = None  # macOS Application Firewall on; None: no such firewall, or unknown
-    fw: macos_settings.Firewall = field(default_factory=macos_settings.Firewall)  # its settings, as far as it said
+    # interface name -> platform.Interface (IPv4 addresses, UP, members)
+    interfaces: dict = field(default_factory=dict)
+    # macOS Application Firewall on; None: no such firewall, or unknown
+    firewall: bool | None = None
+    # its settings, as far as it said
+    fw: macos_settings.Firewall = field(default_factory=macos_settings.Firewall)
     power: dict = field(default_factory=dict)  # macOS `pmset -g` settings by name; empty elsewhere
     macos: tuple = ()  # macOS's version, (26, 2); () elsewhere
-    rdma: dict = field(default_factory=dict)  # macOS: RDMA device -> its port's state (ibv_devices, ibv_devinfo)
+    # macOS: RDMA device -> its port's state (ibv_devices, ibv_devinfo)
+    rdma: dict = field(default_factory=dict)
     uv: str = ""
     openblas: bool = False
     checkout: bool = False
@@ -84,7 +90,8 @@ class Facts:
     python: str = ""  # the environment's Python binary, symlinks resolved
     sums: dict = field(default_factory=dict)  # tracked file -> sha256 there
     blobs: set = field(default_factory=set)  # weight pieces it holds, by file name
-    hosted: dict = field(default_factory=dict)  # model id -> sha256 of the manifest of the slice it holds
+    # model id -> sha256 of the manifest of the slice it holds
+    hosted: dict = field(default_factory=dict)
 
 
 def sections(out: str) -> tuple[list[str], dict[str, str]]:
@@ -126,9 +133,16 @@ def parse(host: str, out: str) -> Facts:
         f.interfaces = platform.parse_ifconfig_interfaces(raw.get("ifconfig", ""))
     f.addresses = tuple(sorted({a for i in f.interfaces.values() for a in i.addresses}))
     f.firewall = macos_settings.parse_firewall(raw["firewall"]) if "firewall" in raw else None
-    switch = {k: macos_settings.parse_switch(raw[k]) if k in raw else None for k in ("blockall", "stealth")}
-    f.fw = macos_settings.Firewall(f.firewall, switch["blockall"], switch["stealth"],
-                             macos_settings.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None)
+    switch = {
+        k: macos_settings.parse_switch(raw[k]) if k in raw else None
+        for k in ("blockall", "stealth")
+    }
+    f.fw = macos_settings.Firewall(
+        f.firewall,
+        switch["blockall"],
+        switch["stealth"],
+        macos_settings.parse_app_allowed(raw["appblocked"]) if "appblocked" in raw else None,
+    )
     f.power = macos_settings.parse_pmset(raw.get("pmset", ""))
     f.macos = macos_settings.parse_macos_version(raw.get("sw_vers", ""))
     f.rdma = macos_settings.rdma_devices(raw.get("ibv_devices", ""), raw.get("ibv_devinfo", ""))
@@ -145,7 +159,11 @@ def parse(host: str, out: str) -> Facts:
     return f
 
 
-def read_facts(conf: Path, host: str, local: bool, root: Path, cache_dir: str, files: list[str]) -> Facts:
+def read_facts(
+    conf: Path, host: str, local: bool, root: Path, cache_dir: str, files: list[str]
+) -> Facts:
     """The facts of `host` (this machine when `local`); ssh.SshError if it cannot be reached."""
-    p = ssh.run_on(conf, host, local, SCRIPT, (root, cache_dir), input="\n".join(files) + "\n", timeout=60)
+    p = ssh.run_on(
+        conf, host, local, SCRIPT, (root, cache_dir), input="\n".join(files) + "\n", timeout=60
+    )
     return parse(host, p.stdout)

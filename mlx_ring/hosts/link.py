@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # PYTHON -c LINK serve ADDR PORT | PYTHON -c LINK measure ADDR PORT MB, with PYTHON the project's
 # environment on that host (never the system's python3: on a Mac without Xcode's tools it is a stub
 # that opens an install dialog). Stdlib only.
-LINK = r'''
+LINK = r"""
 import errno, json, socket, sys, time
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "serve":
@@ -72,24 +72,33 @@ else:
         got += more
     dt, got = time.perf_counter() - t, int.from_bytes(got, "big")
     print(json.dumps({"rtt_ms": sorted(rtts)[len(rtts) // 2] * 1e3, "gbit_s": got * 8 / dt / 1e9, "mb": got / 2**20}))
-'''
+"""
 
 
-# $1 the environment's Python, then its arguments; a host without it answers in the probe's own JSON.
-RUN = ('py=$1; shift; [ -x "$py" ] || { printf \'{"error": "no project environment at %s (./launch.sh setup there)"}\\n\' "$py"; '
-       'exit 0; }; exec "$py" -c "$@"')
+# $1 the environment's Python, then its arguments; a host without it answers in the probe's own
+# JSON.
+RUN = (
+    'py=$1; shift; [ -x "$py" ] || { printf \'{"error": "no project environment at %s (./launch.sh '
+    'setup there)"}\\n\' "$py"; '
+    'exit 0; }; exec "$py" -c "$@"'
+)
 
 
-def measure_pair(conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT, seconds: float = SECONDS) -> dict:
-    """{rtt_ms, gbit_s, mb} from `sender`'s host to `receiver`'s ring address, or {error}; the probes
-    run under the project's environment at `root` on each host, for about `seconds` at most."""
+def measure_pair(
+    conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT, seconds: float = SECONDS
+) -> dict:
+    """{rtt_ms, gbit_s, mb} from `sender`'s host to `receiver`'s ring address, or {error}; the
+    probes run under the project's environment at `root` on each host, for about `seconds` at
+    most."""
     result, python = {}, ssh.env_python(root)
 
     def run(node, *args, timeout):
         try:
             p = ssh.run_on(conf, node.ssh, node.local, RUN, (python, LINK, *args), timeout=timeout)
         except subprocess.TimeoutExpired:
-            return [{"error": f"{node.ssh} did not finish the link measurement within {timeout} s"}], ""
+            return [
+                {"error": f"{node.ssh} did not finish the link measurement within {timeout} s"}
+            ], ""
         except ValueError as e:  # ssh.SshError: the host itself did not answer
             return [{"error": str(e)}], ""
         return [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")], p.stderr
@@ -120,13 +129,26 @@ def measure_links(ring) -> tuple[str, list[tuple[float, float]]]:
             break  # a ring of two has one link
         r = measure_pair(ring.conf, a, b)
         if "error" in r:
-            ring.problems.append(f"rank {a.rank} ({a.ssh}) cannot reach rank {b.rank} ({b.ssh}) at its ring address: "
-                                 f"{r['error']}; check the address in hosts.json and that no firewall blocks the port")
-            lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): FAILED, {r['error']}")
+            ring.problems.append(
+                f"rank {a.rank} ({a.ssh}) cannot reach rank {b.rank} ({b.ssh}) at its ring "
+                f"address: {r['error']}; check the address in hosts.json and that no "
+                "firewall blocks the port"
+            )
+            lines.append(
+                f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): FAILED, {r['error']}"
+            )
         else:
-            slow = (f" (slow: below {SLOW_GBIT * 1000:.0f} Mbit/s, prompts take long to cross it; a wired or "
-                    "Thunderbolt link is faster)") if r["gbit_s"] < SLOW_GBIT else ""
-            lines.append(f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): round trip "
-                         f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s{slow}")
+            slow = (
+                (
+                    f" (slow: below {SLOW_GBIT * 1000:.0f} Mbit/s, prompts take long to cross it; "
+                    "a wired or Thunderbolt link is faster)"
+                )
+                if r["gbit_s"] < SLOW_GBIT
+                else ""
+            )
+            lines.append(
+                f"link {a.rank} -> {b.rank} ({a.ssh} -> {b.address}:{b.port}): round trip "
+                f"{r['rtt_ms']:.3f} ms, {r['gbit_s']:.2f} Gbit/s{slow}"
+            )
             hops += [(r["rtt_ms"], r["gbit_s"])] * (2 if len(hosts) == 2 else 1)
     return "\n".join(lines), hops

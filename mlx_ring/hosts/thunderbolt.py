@@ -1,15 +1,16 @@
-"""Thunderbolt addressing for Macs cabled in a ring: read each Mac's Thunderbolt ports and their peers
-(system_profiler, networksetup), give every cable its own /30 subnet as MLX's `mlx.distributed_config
---over thunderbolt --backend ring` does, in a range none of the Macs' networks overlaps, and write
-hosts.json in ring order.
+"""Thunderbolt addressing for Macs cabled in a ring: read each Mac's Thunderbolt ports and their
+peers (system_profiler, networksetup), give every cable its own /30 subnet as MLX's
+`mlx.distributed_config --over thunderbolt --backend ring` does, in a range none of the Macs'
+networks overlaps, and write hosts.json in ring order.
 
-The setup lasts across restarts, as exo's helper makes it: the "Thunderbolt Bridge" service is turned
-off (its bridge joins every port, a layer-2 loop on three Macs) and each cabled port gets a network
-service of its own with its static address.
+The setup lasts across restarts, as exo's helper makes it: the "Thunderbolt Bridge" service is
+turned off (its bridge joins every port, a layer-2 loop on three Macs) and each cabled port gets a
+network service of its own with its static address.
 
 `python -m mlx_ring.hosts.thunderbolt` prints the commands for each Mac and the hosts.json;
 `--apply` runs the commands (sudo, asking in this terminal), `--write` saves hosts.json.
-`hostfile_warnings` says when a hostfile's addresses are the ones that misroute or loop on cabled Macs.
+`hostfile_warnings` says when a hostfile's addresses are the ones that misroute or loop on cabled
+Macs.
 """
 
 import argparse
@@ -23,7 +24,14 @@ from pathlib import Path
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import LOCAL, Host, format_hostfile, hostfile_backend, read_hostfile, this_machine
+from mlx_ring.hostfile import (
+    LOCAL,
+    Host,
+    format_hostfile,
+    hostfile_backend,
+    read_hostfile,
+    this_machine,
+)
 from mlx_ring.hosts import netsetup, ssh
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 from mlx_ring.rundir import RunDir
@@ -33,12 +41,16 @@ try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather 
 except ImportError:
     mlx_config = None
 
-FIX = ("give each cable its own subnet as MLX does: `./launch.sh hosts --over thunderbolt` prints the "
-       "commands and the hosts.json (then `--apply` and `--write`)")
-MLX_BASE = ipaddress.IPv4Address("192.168.0.0")  # where MLX's IPConfigurator numbers the cables from
+FIX = (
+    "give each cable its own subnet as MLX does: `./launch.sh hosts --over thunderbolt` prints the "
+    "commands and the hosts.json (then `--apply` and `--write`)"
+)
+# where MLX's IPConfigurator numbers the cables from
+MLX_BASE = ipaddress.IPv4Address("192.168.0.0")
 
-# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check after --apply.
-SCRIPT = r'''
+# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check
+# after --apply.
+SCRIPT = r"""
 PATH=$PATH:/usr/sbin:/sbin
 echo "system=$(uname -s)"
 if command -v system_profiler >/dev/null 2>&1; then
@@ -47,7 +59,7 @@ if command -v system_profiler >/dev/null 2>&1; then
   echo "--- services"; networksetup -listnetworkserviceorder
 fi
 echo "--- ifconfig"; ifconfig 2>/dev/null
-'''
+"""
 
 
 @dataclass
@@ -57,16 +69,20 @@ class MacFacts:
     thunderbolt: dict | None  # system_profiler SPThunderboltDataType -json, parsed
     ports: str  # networksetup -listallhardwareports
     interfaces: dict[str, Interface]
-    services: list[netsetup.Service] = field(default_factory=list)  # networksetup -listnetworkserviceorder
+    # networksetup -listnetworkserviceorder
+    services: list[netsetup.Service] = field(default_factory=list)
 
 
 @dataclass
 class Proposal:
     ring: list[int]  # hosts.json entry indices in ring order, starting with rank 0's
     entries: list[dict]  # the hosts.json to write
-    commands: dict[str, list[str]]  # ssh name -> commands to run there as root (netsetup.setup_commands)
-    cables: list[tuple[str, str, str, str]]  # (host, iface, peer host, peer iface) per ring neighbour pair
-    addresses: dict[str, list[tuple[str, str]]]  # ssh name -> (iface, address) of each of its cabled ports
+    # ssh name -> commands to run there as root (netsetup.setup_commands)
+    commands: dict[str, list[str]]
+    # (host, iface, peer host, peer iface) per ring neighbour pair
+    cables: list[tuple[str, str, str, str]]
+    # ssh name -> (iface, address) of each of its cabled ports
+    addresses: dict[str, list[tuple[str, str]]]
 
 
 def parse_facts(host: str, out: str) -> MacFacts:
@@ -83,33 +99,47 @@ def parse_facts(host: str, out: str) -> MacFacts:
     try:
         profile = json.loads(tb) if tb else None
     except json.JSONDecodeError:
-        raise ValueError(f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
-                         "by hand to see why") from None
-    return MacFacts(host, head.get("system", "").strip(), profile, "\n".join(sections.get("ports", [])),
-                    parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))),
-                    netsetup.parse_service_order("\n".join(sections.get("services", []))))
+        raise ValueError(
+            f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
+            "by hand to see why"
+        ) from None
+    return MacFacts(
+        host,
+        head.get("system", "").strip(),
+        profile,
+        "\n".join(sections.get("ports", [])),
+        parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))),
+        netsetup.parse_service_order("\n".join(sections.get("services", []))),
+    )
 
 
 def _mlx():
     if mlx_config is None:
         import mlx.core as mx
 
-        raise ValueError(f"this MLX ({mx.__version__}) lacks mlx._distributed_utils.config, the code behind "
-                         "`mlx.distributed_config --over thunderbolt` that this command reuses; run "
-                         "`./launch.sh setup` for the locked MLX, or set the addresses by hand as docs/mac.md shows")
+        raise ValueError(
+            f"this MLX ({mx.__version__}) lacks mlx._distributed_utils.config, the code behind "
+            "`mlx.distributed_config --over thunderbolt` that this command reuses; run "
+            "`./launch.sh setup` for the locked MLX, or set the addresses by hand "
+            "as docs/mac.md shows"
+        )
     return mlx_config
 
 
 def thunderbolt_host(mac: MacFacts):
-    """MLX's ThunderboltHost for one Mac: its Thunderbolt ports (network interface, domain UUID, and the
-    UUID of the Mac at the other end of the cable, if any)."""
+    """MLX's ThunderboltHost for one Mac: its Thunderbolt ports (network interface, domain UUID,
+    and the UUID of the Mac at the other end of the cable, if any)."""
     cfg = _mlx()
     if mac.system != "Darwin":
-        raise ValueError(f"{mac.host} is not a Mac ({mac.system or 'no uname'}): Thunderbolt addressing is for Macs "
-                         "cabled together; put its Ethernet address in hosts.json instead")
+        raise ValueError(
+            f"{mac.host} is not a Mac ({mac.system or 'no uname'}): Thunderbolt addressing is for "
+            "Macs cabled together; put its Ethernet address in hosts.json instead"
+        )
     if mac.thunderbolt is None:
-        raise ValueError(f"{mac.host}: system_profiler printed nothing; run `system_profiler SPThunderboltDataType "
-                         "-json` there to see why")
+        raise ValueError(
+            f"{mac.host}: system_profiler printed nothing; run `system_profiler "
+            "SPThunderboltDataType -json` there to see why"
+        )
     iface = cfg.parse_hardware_ports(mac.ports.encode())
     # extract_connectivity's parse, which MLX does not offer apart from its own ssh calls.
     name, ports = "", []
@@ -120,9 +150,13 @@ def thunderbolt_host(mac: MacFacts):
         name, tag = t["device_name_key"], t["receptacle_1_tag"]["receptacle_id_key"]
         peers = [i["domain_uuid_key"] for i in t.get("_items", []) if "domain_uuid_key" in i]
         if f"Thunderbolt {tag}" not in iface:
-            raise ValueError(f"{mac.host}: networksetup lists no \"Thunderbolt {tag}\" port for Thunderbolt receptacle "
-                             f"{tag}; check `networksetup -listallhardwareports` there")
-        ports.append(cfg.ThunderboltPort(iface[f"Thunderbolt {tag}"], uuid, peers[0] if peers else None))
+            raise ValueError(
+                f'{mac.host}: networksetup lists no "Thunderbolt {tag}" port for '
+                f"Thunderbolt receptacle {tag}; check `networksetup -listallhardwareports` there"
+            )
+        ports.append(
+            cfg.ThunderboltPort(iface[f"Thunderbolt {tag}"], uuid, peers[0] if peers else None)
+        )
     return cfg.ThunderboltHost(name, sorted(ports, key=lambda p: p.iface))
 
 
@@ -133,9 +167,17 @@ def _ring_order(connectivity: list[list[int]], names: list[str]) -> list[int]:
         return as_listed  # hosts.json's order is already cabled as a ring: keep it (and its rank 0)
     rings = [r for r, _ in _mlx().extract_rings(connectivity) if len(r) == n]
     if not rings:
-        cables = [f"{names[i]}-{names[j]}" for i in range(n) for j in range(i + 1, n) if connectivity[i][j]]
-        raise ValueError(f"no Thunderbolt ring runs through all {n} Macs (cables found: "
-                         f"{', '.join(cables) or 'none'}); cable each Mac to the next and the last back to the first")
+        cables = [
+            f"{names[i]}-{names[j]}"
+            for i in range(n)
+            for j in range(i + 1, n)
+            if connectivity[i][j]
+        ]
+        raise ValueError(
+            f"no Thunderbolt ring runs through all {n} Macs (cables found: "
+            f"{', '.join(cables) or 'none'}); cable each Mac to the next and the "
+            "last back to the first"
+        )
     ring = rings[0]
     start = ring.index(0)
     return ring[start:] + ring[:start]  # rank 0 stays hosts.json's first entry (it serves the API)
@@ -149,8 +191,8 @@ def thunderbolt_devices(mac: MacFacts) -> set[str]:
 
 
 def taken_networks(macs: list[MacFacts]) -> list[ipaddress.IPv4Network]:
-    """Every subnet a Mac is on now, less those of its Thunderbolt ports (the ring's own, from an earlier
-    setup), loopback and self-assigned 169.254/16."""
+    """Every subnet a Mac is on now, less those of its Thunderbolt ports (the ring's own, from an
+    earlier setup), loopback and self-assigned 169.254/16."""
     taken = []
     for mac in macs:
         ours = thunderbolt_devices(mac)
@@ -162,48 +204,69 @@ def taken_networks(macs: list[MacFacts]) -> list[ipaddress.IPv4Network]:
 
 
 def subnet_base(cables: int, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Address:
-    """Where to number the cables' /30s from (4 addresses each, as MLX lays them out from 192.168.0.0):
-    MLX's own start when no Mac is on a network there, else the first /24 step that overlaps none (a
-    home network on 192.168.0.0/24 would otherwise lose its router's address to a cable)."""
+    """Where to number the cables' /30s from (4 addresses each, as MLX lays them out from
+    192.168.0.0): MLX's own start when no Mac is on a network there, else the first /24 step that
+    overlaps none (a home network on 192.168.0.0/24 would otherwise lose its router's address to
+    a cable)."""
     starts = [ipaddress.IPv4Address(f"192.168.{k}.0") for k in range(256)]
     starts += [ipaddress.IPv4Address(f"172.{16 + k // 256}.{k % 256}.0") for k in range(16 * 256)]
     for base in starts:
         nets = [ipaddress.IPv4Network(f"{base + 4 * c}/30") for c in range(cables)]
-        if nets[-1].broadcast_address.is_private and not any(n.overlaps(t) for n in nets for t in taken):
+        if nets[-1].broadcast_address.is_private and not any(
+            n.overlaps(t) for n in nets for t in taken
+        ):
             return base
-    raise ValueError("every private range this tries (192.168.0.0/16, 172.16.0.0/12) overlaps a network one of the "
-                     "Macs is on; set the cables' addresses by hand as docs/mac.md shows")
+    raise ValueError(
+        "every private range this tries (192.168.0.0/16, 172.16.0.0/12) overlaps a network one of "
+        "the Macs is on; set the cables' addresses by hand as docs/mac.md shows"
+    )
 
 
 def propose(entries: list[dict], macs: list[MacFacts]) -> Proposal:
-    """Per-cable addresses, commands and hosts.json for the Macs of `entries` (hosts.json's, in order),
-    as MLX's IPConfigurator and configure_ring compute them."""
+    """Per-cable addresses, commands and hosts.json for the Macs of `entries` (hosts.json's, in
+    order), as MLX's IPConfigurator and configure_ring compute them."""
     cfg = _mlx()
     names = [e["ssh"] for e in entries]
     if len(set(names)) != len(names):
-        raise ValueError("hosts.json names one machine twice; Thunderbolt addressing needs one entry per Mac")
+        raise ValueError(
+            "hosts.json names one machine twice; Thunderbolt addressing needs one entry per Mac"
+        )
     if len(entries) < 2:
         raise ValueError("hosts.json has one host: there is no Thunderbolt cable to address")
     tb = [thunderbolt_host(m) for m in macs]
     index = {p.uuid: (i, j) for i, h in enumerate(tb) for j, p in enumerate(h.ports)}
-    ips = cfg.IPConfigurator(None, tb, index).ips  # (node, peer) -> [(iface, address)], one per cable
+    # (node, peer) -> [(iface, address)], one per cable
+    ips = cfg.IPConfigurator(None, tb, index).ips
     # MLX numbers the cables from 192.168.0.0; the same layout moves to a range no Mac is on.
     base = subnet_base(sum(len(v) for v in ips.values()) // 2, taken_networks(macs))
-    ips = {k: [(i, str(base + (int(ipaddress.IPv4Address(a)) - int(MLX_BASE)))) for i, a in v] for k, v in ips.items()}
+    ips = {
+        k: [(i, str(base + (int(ipaddress.IPv4Address(a)) - int(MLX_BASE)))) for i, a in v]
+        for k, v in ips.items()
+    }
     ring = _ring_order(cfg.make_connectivity_matrix(tb, index), names)
-    # MLX's ring backend (ring.cpp, RingGroup): rank r listens on its own entry's addresses and connects to
-    # rank r+1's. So an entry's address is where its predecessor reaches it: rank r's end of the cable
-    # from rank r-1, which configure_ring picks (ips[node, ring[i - 1]]). A /30 on that cable is reachable
-    # from r-1 alone, which is all the ring needs: it only talks to neighbours. A second cable between the
-    # same two Macs is addressed too, but the ring uses one address per rank (hostfile.mlx_hostfile).
+    # MLX's ring backend (ring.cpp, RingGroup): rank r listens on its own entry's addresses and
+    # connects to rank r+1's. So an entry's address is where its predecessor reaches it: rank r's
+    # end of the cable from rank r-1, which configure_ring picks (ips[node, ring[i - 1]]). A /30 on
+    # that cable is reachable from r-1 alone, which is all the ring needs: it only talks to
+    # neighbours. A second cable between the same two Macs is addressed too, but the ring uses one
+    # address per rank (hostfile.mlx_hostfile).
     out = [dict(entries[node], ips=[ips[node, ring[i - 1]][0][1]]) for i, node in enumerate(ring)]
     commands, addresses = {}, {}
-    for i, (name, mac) in enumerate(zip(names, macs)):  # IPConfigurator.setup's addresses, set to last
+    # IPConfigurator.setup's addresses, set to last
+    for i, (name, mac) in enumerate(zip(names, macs)):
         addresses[name] = [a for j in range(len(names)) for a in ips.get((i, j), [])]
-        commands[name] = netsetup.setup_commands(cfg.parse_hardware_ports(mac.ports.encode()), mac.services,
-                                                 "bridge0" in mac.interfaces, addresses[name])
-    cables = [(names[a], ips[a, b][0][0], names[b], ips[b, a][0][0])
-              for a, b in ((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else 1))]
+        commands[name] = netsetup.setup_commands(
+            cfg.parse_hardware_ports(mac.ports.encode()),
+            mac.services,
+            "bridge0" in mac.interfaces,
+            addresses[name],
+        )
+    cables = [
+        (names[a], ips[a, b][0][0], names[b], ips[b, a][0][0])
+        for a, b in (
+            (ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else 1)
+        )
+    ]
     return Proposal(ring, out, commands, cables, addresses)
 
 
@@ -214,78 +277,114 @@ def format_proposal(p: Proposal) -> str:
     lines += [f"  cable {a} {ia} <-> {b} {ib}" for a, ia, b, ib in p.cables]
     for host, cmds in p.commands.items():
         where = "this Mac" if host in LOCAL else host
-        lines += ["", f"# on {where} (an administrator's sudo; lasts across restarts):", *(f"sudo {c}" for c in cmds)]
-    lines += ["", "hosts.json (ring order; each rank's ips: its end of the cable from the rank before it):",
-              format_hostfile(p.entries).rstrip()]
+        lines += [
+            "",
+            f"# on {where} (an administrator's sudo; lasts across restarts):",
+            *(f"sudo {c}" for c in cmds),
+        ]
+    lines += [
+        "",
+        "hosts.json (ring order; each rank's ips: its end of the cable from the rank before it):",
+        format_hostfile(p.entries).rstrip(),
+    ]
     return "\n".join(lines)
 
 
-def hostfile_warnings(hosts: list[Host], interfaces: dict[str, dict[str, Interface]] | None = None) -> list[str]:
-    """Sentences about ring addresses that misbehave on cabled Macs, each with the fix. `interfaces`: per
-    ssh name, `parse_ifconfig` of that host (optional; without it the bridge0 check is skipped)."""
+def hostfile_warnings(
+    hosts: list[Host], interfaces: dict[str, dict[str, Interface]] | None = None
+) -> list[str]:
+    """Sentences about ring addresses that misbehave on cabled Macs, each with the fix.
+    `interfaces`: per ssh name, `parse_ifconfig` of that host (optional; without it the bridge0
+    check is skipped)."""
     warnings, interfaces = [], interfaces or {}
-    link_local = [h for h in hosts if ipaddress.ip_address(h.address) in ipaddress.ip_network("169.254.0.0/16")]
+    link_local = [
+        h
+        for h in hosts
+        if ipaddress.ip_address(h.address) in ipaddress.ip_network("169.254.0.0/16")
+    ]
     if link_local:
         which = ", ".join(f"rank {h.rank} ({h.ssh}) {h.address}" for h in link_local)
-        # Self-assigned addresses all share 169.254/16, and macOS routes that subnet out of one interface
-        # (usually Wi-Fi), so ring traffic can leave by the wrong port and be lost.
-        warnings.append(f"link-local ring address(es) {which}: macOS keeps one route for 169.254/16, usually on Wi-Fi, "
-                        f"so ring traffic can leave by the wrong port; {FIX}")
+        # Self-assigned addresses all share 169.254/16, and macOS routes that subnet out of one
+        # interface (usually Wi-Fi), so ring traffic can leave by the wrong port and be lost.
+        warnings.append(
+            f"link-local ring address(es) {which}: macOS keeps one route for 169.254/16, usually "
+            f"on Wi-Fi, so ring traffic can leave by the wrong port; {FIX}"
+        )
     if len(hosts) >= 3 and interfaces:
-        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop protection: three or
-        # more Macs cabled in a ring with bridge0 up forward broadcasts round forever (a broadcast storm).
+        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop protection:
+        # three or more Macs cabled in a ring with bridge0 up forward broadcasts round forever (a
+        # broadcast storm).
         bridge = {h.ssh: interfaces.get(h.ssh, {}).get("bridge0") for h in hosts}
         on_bridge = [h for h in hosts if bridge[h.ssh] and h.address in bridge[h.ssh].addresses]
         looped = all(b and b.up and len(b.members) > 1 for b in bridge.values())
         if on_bridge or looped:
             ranks = ", ".join(f"{h.rank} ({h.ssh})" for h in on_bridge)
-            why = (f"rank(s) {ranks} use Thunderbolt Bridge (bridge0) addresses" if on_bridge
-                   else "Thunderbolt Bridge (bridge0) is up with its Thunderbolt ports on every host")
-            warnings.append(f"{why} in a ring of {len(hosts)} Macs: bridge0 joins every Thunderbolt port, so a cabled "
-                            f"ring of three or more is a layer-2 loop (a broadcast storm); {FIX}")
+            why = (
+                f"rank(s) {ranks} use Thunderbolt Bridge (bridge0) addresses"
+                if on_bridge
+                else "Thunderbolt Bridge (bridge0) is up with its Thunderbolt ports on every host"
+            )
+            warnings.append(
+                f"{why} in a ring of {len(hosts)} Macs: bridge0 joins every Thunderbolt port, so a "
+                f"cabled ring of three or more is a layer-2 loop (a broadcast storm); {FIX}"
+            )
     return warnings
 
 
 def addresses_reset(system: str, interfaces: dict[str, Interface], address: str) -> bool:
-    """Whether a Mac that does not hold its ring `address` lost it as Thunderbolt addresses are lost (set
-    by `ifconfig`, which a restart undoes, or on a port whose cable moved): a private address on none of
-    the subnets it is on now. An address on one of them is rather a changed one (DHCP), or a typo."""
+    """Whether a Mac that does not hold its ring `address` lost it as Thunderbolt addresses are
+    lost (set by `ifconfig`, which a restart undoes, or on a port whose cable moved): a private
+    address on none of the subnets it is on now. An address on one of them is rather a changed
+    one (DHCP), or a typo."""
     ip = ipaddress.IPv4Address(address)
     nets = [ipaddress.IPv4Network(n) for i in interfaces.values() for n in i.networks]
-    return (system.startswith("Darwin") and ip.is_private and not ip.is_loopback and not ip.is_link_local
-            and not any(ip in n for n in nets if not (n.is_loopback or n.is_link_local)))
+    return (
+        system.startswith("Darwin")
+        and ip.is_private
+        and not ip.is_loopback
+        and not ip.is_link_local
+        and not any(ip in n for n in nets if not (n.is_loopback or n.is_link_local))
+    )
 
 
 def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
     """`parse_ifconfig` of `host` (this machine when `local`); empty where there is no ifconfig."""
-    return parse_ifconfig_interfaces(ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout)
+    return parse_ifconfig_interfaces(
+        ssh.run_on(conf, host, local, "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=30).stdout
+    )
 
 
 def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:
-    """Every hosts.json entry's facts at once; ValueError naming each host that could not be read."""
+    """Every hosts.json entry's facts at once; ValueError naming each host that could not be
+    read."""
+
     def one(e: dict) -> MacFacts:
         local = this_machine(e["ssh"], e["ips"][0])  # this Mac: read here, not over ssh
         return parse_facts(e["ssh"], ssh.run_on(conf, e["ssh"], local, SCRIPT, timeout=90).stdout)
 
     with ThreadPoolExecutor(len(entries)) as pool:
         futures = [pool.submit(one, e) for e in entries]
-    errors = [str(f.exception()) for f in futures if isinstance(f.exception(), ValueError)]  # ssh.SshError too
+    # ssh.SshError too
+    errors = [str(f.exception()) for f in futures if isinstance(f.exception(), ValueError)]
     if errors:
         raise ValueError("; ".join(errors))
     return [f.result() for f in futures]
 
 
 def apply(conf: Path, p: Proposal) -> list[str]:
-    """Run each Mac's commands as root, detached (netsetup.start: sudo asks in this terminal, over `ssh -t`
-    for the other Macs), wait for each to finish, then read ifconfig back; problems as sentences."""
+    """Run each Mac's commands as root, detached (netsetup.start: sudo asks in this terminal,
+    over `ssh -t` for the other Macs), wait for each to finish, then read ifconfig back; problems
+    as sentences."""
     problems = []
-    # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0 going
-    # down would cut off.
+    # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0
+    # going down would cut off.
     here = {e["ssh"] for e in p.entries if this_machine(e["ssh"], e["ips"][0])}
     for host, cmds in sorted(p.commands.items(), key=lambda hc: hc[0] in here):
         local = host in here
         try:
-            problem = netsetup.start(conf, host, local, cmds) or netsetup.finished(conf, host, local)
+            problem = netsetup.start(conf, host, local, cmds) or netsetup.finished(
+                conf, host, local
+            )
         except ValueError as e:  # ssh could not reach it
             problem = str(e)
         if problem:
@@ -295,9 +394,11 @@ def apply(conf: Path, p: Proposal) -> list[str]:
     for mac, entry in zip(gather(conf, p.entries), p.entries):
         held = {a for i in mac.interfaces.values() for a in i.addresses}
         if entry["ips"][0] not in held:
-            problems.append(f"{mac.host} does not hold {entry['ips'][0]} after --apply (it holds "
-                            f"{', '.join(sorted(held))}); is the cable in? else run the commands printed for "
-                            f"{mac.host} there by hand")
+            problems.append(
+                f"{mac.host} does not hold {entry['ips'][0]} after --apply (it holds "
+                f"{', '.join(sorted(held))}); is the cable in? else run the commands printed for "
+                f"{mac.host} there by hand"
+            )
     return problems
 
 
@@ -305,18 +406,28 @@ def main(argv: list[str] | None = None) -> int:
     a = argparse.ArgumentParser(prog="./launch.sh hosts", description=__doc__.split("\n\n")[0])
     a.add_argument("--over", choices=["thunderbolt"], default="thunderbolt")
     a.add_argument("--hostfile", type=Path, default=ROOT / settings.text("HOSTFILE"))
-    a.add_argument("--apply", action="store_true", help="run the commands on each Mac (sudo there, asking here)")
+    a.add_argument(
+        "--apply",
+        action="store_true",
+        help="run the commands on each Mac (sudo there, asking here)",
+    )
     a.add_argument("--write", action="store_true", help="save the hosts.json (the old one as .bak)")
     args = a.parse_args(argv)
     try:
         entries, envs = read_hostfile(args.hostfile)
         if args.write and hostfile_backend(args.hostfile) != "ring":
-            # Its ips are the Macs' LAN addresses (rank 0's is where every rank meets) and its rdma lists follow
-            # hosts.json's order: a TCP ring's Thunderbolt addresses in ring order would break both.
-            raise ValueError(f"{args.hostfile} runs the ring over RDMA (JACCL), which --write would turn into a TCP "
-                             "ring; --apply alone saves each cable's addresses across restarts, and `mlx.distributed_config "
-                             "--over thunderbolt --backend jaccl` writes JACCL hostfiles")
-        conf = ssh.write_config(RunDir(ROOT / settings.text("LOG_DIR")).ssh_config, settings.text("RING_SSH_CONFIG"))
+            # Its ips are the Macs' LAN addresses (rank 0's is where every rank meets) and its rdma
+            # lists follow hosts.json's order: a TCP ring's Thunderbolt addresses in ring order
+            # would break both.
+            raise ValueError(
+                f"{args.hostfile} runs the ring over RDMA (JACCL), which --write would turn into a "
+                "TCP ring; --apply alone saves each cable's addresses across restarts, and "
+                "`mlx.distributed_config --over thunderbolt --backend jaccl` "
+                "writes JACCL hostfiles"
+            )
+        conf = ssh.write_config(
+            RunDir(ROOT / settings.text("LOG_DIR")).ssh_config, settings.text("RING_SSH_CONFIG")
+        )
         proposal = propose(entries, gather(conf, entries))
         print(format_proposal(proposal))
         if args.apply:
@@ -331,7 +442,12 @@ def main(argv: list[str] | None = None) -> int:
             args.hostfile.write_text(format_hostfile(proposal.entries, envs))
             print(f"\nwrote {args.hostfile} (the old one is {args.hostfile.name}.bak)")
         elif not args.apply:
-            print("\nnothing changed: --apply sets these addresses on the Macs, --write saves this hosts.json")
+            print(
+                (
+                    "\nnothing changed: --apply sets these addresses on the Macs, --write "
+                    "saves this hosts.json"
+                )
+            )
     except ValueError as e:
         print(f"cannot propose Thunderbolt addresses: {e}", file=sys.stderr)
         return 2

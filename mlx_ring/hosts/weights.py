@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mlx_ring.planning.sizes import LAYER_KEY
 
-MANIFEST = "ring-manifest.json"  # in a hosted folder: the whole model's manifest and what is present
+# in a hosted folder: the whole model's manifest and what is present
+MANIFEST = "ring-manifest.json"
 CHUNK = 8 << 20
 
 
@@ -36,7 +37,8 @@ def _header(path: Path) -> tuple[int, dict]:
 
 
 def _piece_header(tensors: list[list]) -> bytes:
-    """The safetensors header of a piece: its tensors back to back, padded to 8 bytes as the format asks."""
+    """The safetensors header of a piece: its tensors back to back, padded to 8 bytes as the
+    format asks."""
     head, at = {}, 0
     for _, name, dtype, shape, begin, end in tensors:
         head[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + end - begin]}
@@ -67,8 +69,14 @@ def weight_files(folder: Path) -> list[Path]:
 
 def small_files(folder: Path) -> list[Path]:
     """Config, tokenizer, chat template: every plain file that is not a weight file or ours."""
-    return sorted(p for p in Path(folder).iterdir() if p.is_file() and not p.name.endswith(".safetensors")
-                  and not p.name.endswith(".safetensors.index.json") and p.name != MANIFEST)
+    return sorted(
+        p
+        for p in Path(folder).iterdir()
+        if p.is_file()
+        and not p.name.endswith(".safetensors")
+        and not p.name.endswith(".safetensors.index.json")
+        and p.name != MANIFEST
+    )
 
 
 def build_manifest(folder: Path) -> dict:
@@ -76,12 +84,16 @@ def build_manifest(folder: Path) -> dict:
     tensors, grouped = {}, {}
     for f in weight_files(folder):
         _, head = _header(f)
-        for name, v in sorted(head.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1):
+        for name, v in sorted(
+            head.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1
+        ):
             if name == "__metadata__":
                 continue
             begin, end = v["data_offsets"]
             tensors[name] = [v["dtype"], end - begin]
-            grouped.setdefault(piece_of(name), []).append([f.name, name, v["dtype"], v["shape"], begin, end])
+            grouped.setdefault(piece_of(name), []).append(
+                [f.name, name, v["dtype"], v["shape"], begin, end]
+            )
     pieces = {}
     for group, items in sorted(grouped.items()):
         piece = {"tensors": items}
@@ -91,7 +103,9 @@ def build_manifest(folder: Path) -> dict:
             size += len(chunk)
         pieces[group] = {"sha": h.hexdigest(), "size": size, "tensors": items}
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in small_files(folder)}
-    ident = hashlib.sha256(json.dumps([files, {g: p["sha"] for g, p in pieces.items()}], sort_keys=True).encode())
+    ident = hashlib.sha256(
+        json.dumps([files, {g: p["sha"] for g, p in pieces.items()}], sort_keys=True).encode()
+    )
     return {"id": ident.hexdigest()[:24], "files": files, "tensors": tensors, "pieces": pieces}
 
 
@@ -102,7 +116,10 @@ def manifest(folder: Path, cache_dir: Path) -> dict:
     own = folder / MANIFEST
     if own.is_file():
         return json.loads(own.read_text())
-    stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weight_files(folder) + small_files(folder)]
+    stamp = [
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in weight_files(folder) + small_files(folder)
+    ]
     key = hashlib.sha256(json.dumps([str(folder), stamp]).encode()).hexdigest()[:24]
     cached = Path(cache_dir) / "manifests" / f"{key}.json"
     if cached.is_file():
@@ -116,7 +133,8 @@ def manifest(folder: Path, cache_dir: Path) -> dict:
 
 
 def missing_pieces(folder: Path, needed: list[str]) -> list[str]:
-    """Pieces of `needed` a hosted folder lacks (none for an ordinary model folder: it holds all)."""
+    """Pieces of `needed` a hosted folder lacks (none for an ordinary model folder: it holds
+    all)."""
     own = Path(folder) / MANIFEST
     if not own.is_file():
         return []
@@ -125,8 +143,8 @@ def missing_pieces(folder: Path, needed: list[str]) -> list[str]:
 
 
 def slice_folder(model_id: str, needed: list[str]) -> str:
-    """The hosted folder's name for a slice: one per set of pieces, so a host that held another rank's
-    slice, or hosts that share a home folder, keep each slice apart."""
+    """The hosted folder's name for a slice: one per set of pieces, so a host that held another
+    rank's slice, or hosts that share a home folder, keep each slice apart."""
     return f"{model_id}-{hashlib.sha256(' '.join(sorted(needed)).encode()).hexdigest()[:12]}"
 
 

@@ -20,12 +20,13 @@ USAGE = """usage: ./launch.sh [command] [args]
             (code, environment, its slice of the weights), start a rank on each (the default)
   stop      stop every rank                restart   stop, then start
   status    is it up, and the per-rank layer plan and memory
-  check     a preflight table per host (ssh, path, versions, memory against its slice, links, the ring's all_sum)
-            and each mode's predicted tokens/s; exit 0 when all is well
-  plan      print the layer plan for the hostfile and model and each mode's predicted tokens/s, loading no weights
-            (--json, --model, --parallel, --strategy)
-  hosts     propose ring addresses for Macs cabled with Thunderbolt, as MLX's distributed_config does
-            (--over thunderbolt; --apply sets them on each Mac, --write saves hosts.json)
+  check     a preflight table per host (ssh, path, versions, memory against its slice, links,
+            the ring's all_sum) and each mode's predicted tokens/s; exit 0 when all is well
+  plan      print the layer plan for the hostfile and model and each mode's predicted
+            tokens/s, loading no weights (--json, --model, --parallel, --strategy)
+  hosts     propose ring addresses for Macs cabled with Thunderbolt, as MLX's
+            distributed_config does (--over thunderbolt; --apply sets them on each Mac,
+            --write saves hosts.json)
   logs      follow logs/*.log              prepare   install and convert the model only
   test      run the test suite (extra args go to pytest)
             test quick: the in-process tests (tests/unit) alone, the quick check while editing
@@ -46,7 +47,8 @@ def pytest_argv(args: list[str]) -> list[str]:
 
 
 def run_python(argv: list[str]) -> None:
-    """Replace this process with the environment's Python running `argv` (OpenBLAS preloaded for MLX)."""
+    """Replace this process with the environment's Python running `argv` (OpenBLAS preloaded for
+    MLX)."""
     os.chdir(ROOT)
     os.execve(sys.executable, [sys.executable, *argv], environment.rank_env())
 
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cmd, args = (argv[0], argv[1:]) if argv else ("start", [])
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    # Started on every host by mlx.launch (rank) or the launcher (probe): this host's BLAS, then Python.
+    # Started on every host by mlx.launch (rank) or the launcher (probe): this host's BLAS, then
+    # Python.
     if cmd == "rank":
         run_python(["server.py", *args])
     if cmd == "probe":
@@ -119,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "logs":
             return logs(s, args)
         if cmd not in ("prepare", "setup", "check", "plan", "hosts", "test", "bench"):
-            log.info("unknown command '%s'; use start, stop, restart, status, check, plan, hosts, logs, test, prepare, "
-                     "setup or bench (./launch.sh help)", cmd)
+            log.info(
+                "unknown command '%s'; use start, stop, restart, status, check, plan, hosts, "
+                "logs, test, prepare, setup or bench (./launch.sh help)",
+                cmd,
+            )
             return exits.REFUSED
         environment.ensure(dev=cmd in ("test", "bench"), cuda=s.cuda)
     except ValueError as e:
@@ -128,15 +134,23 @@ def main(argv: list[str] | None = None) -> int:
         return exits.REFUSED
     if cmd == "check":  # the model prepared first: the check plans its slices
         s.log_dir.mkdir(parents=True, exist_ok=True)
-        if subprocess.run([sys.executable, "server.py", "--prepare"], cwd=ROOT, env=environment.rank_env(),
-                          stdout=subprocess.DEVNULL).returncode:
+        if subprocess.run(
+            [sys.executable, "server.py", "--prepare"],
+            cwd=ROOT,
+            env=environment.rank_env(),
+            stdout=subprocess.DEVNULL,
+        ).returncode:
             return exits.REFUSED
     if cmd == "test":
         run_python(pytest_argv(args))
-    then = {"prepare": ["server.py", "--prepare"], "bench": ["tools/bench.py"],
-            "check": ["-m", "mlx_ring.launcher.up", "check", "--ring-port", str(s.ring_port)],
-            "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],  # later flags win
-            "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile]}
+    then = {
+        "prepare": ["server.py", "--prepare"],
+        "bench": ["tools/bench.py"],
+        "check": ["-m", "mlx_ring.launcher.up", "check", "--ring-port", str(s.ring_port)],
+        # later flags win
+        "plan": ["-m", "mlx_ring.planning.planner", "--hostfile", s.hostfile],
+        "hosts": ["-m", "mlx_ring.hosts.thunderbolt", "--hostfile", s.hostfile],
+    }
     if cmd in then:
         run_python([*then[cmd], *args])
     return 0  # setup

@@ -9,10 +9,17 @@ from mlx_ring.platform import connect_error, ranks_local_network_hint
 
 # MLX 0.32's wording, and the newer one that tries every resolved address; world.init_world
 # prefixes it with the rank and the address it was connecting to.
-CONNECT = r"\[ring\] Couldn't connect(?: to any resolved address)? \((?:last )?error: (?P<errno>\d+)\)"
+CONNECT = (
+    r"\[ring\] Couldn't connect(?: to any resolved address)? \((?:last )?error: (?P<errno>\d+)\)"
+)
 RING_CONNECT = re.compile(CONNECT)
-JOINING = re.compile(r"rank (?P<rank>\d+) could not join the ring \(its next rank, (?P<next>\d+), at (?P<at>[^)]*)\): "
-                     + CONNECT)
+JOINING = re.compile(
+    (
+        r"rank (?P<rank>\d+) could not join the ring \(its next rank, (?P<next>\d+), "
+        r"at (?P<at>[^)]*)\): "
+    )
+    + CONNECT
+)
 
 
 def ring_connect_failure(output: str) -> str | None:
@@ -22,22 +29,32 @@ def ring_connect_failure(output: str) -> str | None:
     if not m:
         return None
     system, meaning = connect_error(int(m.group("errno")))
-    who = (f"rank {m.group('rank')} could not connect to rank {m.group('next')} at {m.group('at')}"
-           if "rank" in m.groupdict() else "a rank could not connect to the next rank")
+    who = (
+        f"rank {m.group('rank')} could not connect to rank {m.group('next')} at {m.group('at')}"
+        if "rank" in m.groupdict()
+        else "a rank could not connect to the next rank"
+    )
     said = f"{who} ({meaning}; MLX: {RING_CONNECT.search(m.group(0)).group(0)})"
     if meaning == "connection refused":
         todo = "the next rank was not listening: its log says why it did not start"
     elif meaning == "timed out":
-        todo = ("a firewall may drop the ring's connections (`./launch.sh check` tells), or the address is not "
-                "reachable from the rank before it")
+        todo = (
+            "a firewall may drop the ring's connections (`./launch.sh check` tells), or the "
+            "address is not reachable from the rank before it"
+        )
     else:
-        todo = "check that both hosts' ring addresses in hosts.json are on a link they share (`./launch.sh check`)"
+        todo = (
+            "check that both hosts' ring addresses in hosts.json are on a link they share "
+            "(`./launch.sh check`)"
+        )
         if system == "Darwin":
             todo += f"; or {ranks_local_network_hint()}"
     return f"{said}: {todo}"
 
 
-JACCL_JOIN = re.compile(r"rank (?P<rank>\d+) could not join the JACCL ring \((?P<how>[^)]*)\): (?P<why>[^\n]*)")
+JACCL_JOIN = re.compile(
+    r"rank (?P<rank>\d+) could not join the JACCL ring \((?P<how>[^)]*)\): (?P<why>[^\n]*)"
+)
 
 
 def jaccl_join_failure(output: str) -> str | None:
@@ -45,12 +62,16 @@ def jaccl_join_failure(output: str) -> str | None:
     m = JACCL_JOIN.search(output)
     if not m:
         return None
-    return (f"rank {m.group('rank')} could not join the JACCL ring ({m.group('how')}; MLX: {m.group('why').strip()}): "
-            "`./launch.sh check` lists each Mac's RDMA devices; RDMA must be on at both ends of each cable "
-            "(`rdma_ctl enable` in macOS Recovery), and every Mac must reach the coordinator's address")
+    return (
+        f"rank {m.group('rank')} could not join the JACCL ring ({m.group('how')}; MLX: "
+        f"{m.group('why').strip()}): `./launch.sh check` lists each Mac's RDMA devices; RDMA must "
+        "be on at both ends of each cable (`rdma_ctl enable` in macOS Recovery), and every Mac "
+        "must reach the coordinator's address"
+    )
 
 
-# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which rank it waited on.
+# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which rank it waited
+# on.
 DEADLINE = re.compile(r"ring deadline: (?P<why>[^\n]*?); leaving")
 
 
@@ -62,5 +83,13 @@ def deadline_failure(output: str) -> str | None:
 
 def explain(output: str) -> list[str]:
     """Every cause the ranks' `output` names, each a sentence with its fix."""
-    return [s for s in (metal_failure(output), ring_connect_failure(output), jaccl_join_failure(output),
-                        deadline_failure(output)) if s]
+    return [
+        s
+        for s in (
+            metal_failure(output),
+            ring_connect_failure(output),
+            jaccl_join_failure(output),
+            deadline_failure(output),
+        )
+        if s
+    ]

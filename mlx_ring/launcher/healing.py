@@ -1,6 +1,7 @@
 """Bringing the hosts back before a restart: a host that went away (or a Mac whose Thunderbolt
-addresses were reset) is waited for as long as the supervisor runs; with FAILOVER_AFTER set, the ring
-serves without it meanwhile (when the others can hold the model), and takes it back once it is back."""
+addresses were reset) is waited for as long as the supervisor runs; with FAILOVER_AFTER set, the
+ring serves without it meanwhile (when the others can hold the model), and takes it back once it
+is back."""
 
 import contextlib
 import logging
@@ -13,10 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_ring.config import ROOT
-from mlx_ring.hostfile import format_hostfile, named_backend, read_hostfile, ring_backend, without_ranks
+from mlx_ring.hostfile import (
+    format_hostfile,
+    named_backend,
+    read_hostfile,
+    ring_backend,
+    without_ranks,
+)
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.launch_settings import LaunchSettings
-from mlx_ring.launcher.waiting import POLL_S, DownServer, reachable, read_state, wait_for, write_state
+from mlx_ring.launcher.waiting import (
+    POLL_S,
+    DownServer,
+    reachable,
+    read_state,
+    wait_for,
+    write_state,
+)
 from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")
@@ -25,27 +39,50 @@ log = logging.getLogger("launcher")
 @dataclass
 class Away:
     """Hosts the ring serves without (failed over), and whether they are back."""
+
     hosts: list[str] = field(default_factory=list)
     back: threading.Event = field(default_factory=threading.Event)
-    addresses: dict = field(default_factory=dict)  # host -> the ring address it must hold again to be back
+    # host -> the ring address it must hold again to be back
+    addresses: dict = field(default_factory=dict)
 
 
 def is_back(conf: Path, host: str, address: str | None = None) -> bool:
-    """Whether `host` answers over ssh again, or, given the ring `address` it lost, holds it again."""
+    """Whether `host` answers over ssh again, or, given the ring `address` it lost, holds it
+    again."""
     if address is None:
         return reachable(conf, host)
     try:
-        out = ssh.run_on(conf, host, host == "127.0.0.1", "PATH=$PATH:/sbin; ifconfig 2>/dev/null", timeout=POLL_S + 10)
+        out = ssh.run_on(
+            conf,
+            host,
+            host == "127.0.0.1",
+            "PATH=$PATH:/sbin; ifconfig 2>/dev/null",
+            timeout=POLL_S + 10,
+        )
     except (ValueError, subprocess.TimeoutExpired):  # ssh.SshError included
         return False
     return any(a == address for _, a in parse_ifconfig(out.stdout))
 
 
 def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
-    """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write mlx.launch's inputs."""
+    """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write
+    mlx.launch's inputs."""
     env = {**os.environ, **({"HOSTFILE": str(hostfile)} if hostfile else {})}
-    return subprocess.run([sys.executable, "-m", "mlx_ring.launcher.up", "up", "--ring-port", str(s.ring_port),
-                           "--out", str(s.planned), *args], cwd=ROOT, env=env).returncode
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlx_ring.launcher.up",
+            "up",
+            "--ring-port",
+            str(s.ring_port),
+            "--out",
+            str(s.planned),
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+    ).returncode
 
 
 def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
@@ -58,9 +95,11 @@ def without(s: LaunchSettings, hosts: list[str]) -> Path | None:
     try:
         ring_backend(entries, backend)
     except ValueError as e:
-        # The Macs left may not be cabled to each other (a JACCL ring less one): their `ips` still reach
-        # each other, so the ring heals over TCP until the host is back.
-        log.info("without %s, RDMA cannot join the rest (%s): failing over to TCP", ", ".join(hosts), e)
+        # The Macs left may not be cabled to each other (a JACCL ring less one): their `ips` still
+        # reach each other, so the ring heals over TCP until the host is back.
+        log.info(
+            "without %s, RDMA cannot join the rest (%s): failing over to TCP", ", ".join(hosts), e
+        )
         entries, backend = [{k: v for k, v in x.items() if k != "rdma"} for x in entries], ""
     path = s.run.launch.failover_hostfile
     path.write_text(format_hostfile(entries, envs, backend))
@@ -71,17 +110,23 @@ def fail_over(s: LaunchSettings, args: list[str], hosts: list[str], why: str) ->
     """Plan and provision the ring without `hosts`; True when the others can hold the model."""
     reduced = without(s, hosts)
     if reduced is None or hosts_up(s, args, reduced):
-        log.info("no failover: the ring cannot serve without %s (above); still waiting for it", ", ".join(hosts))
+        log.info(
+            "no failover: the ring cannot serve without %s (above); still waiting for it",
+            ", ".join(hosts),
+        )
         return False
     log.info("failing over: serving without %s until it answers again (%s)", ", ".join(hosts), why)
     write_state(s.state_file, "failed_over", hosts=hosts, why=why)
     return True
 
 
-def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event, away: Away) -> bool:
-    """The hosts again before a restart. A host that does not answer is waited for, for as long as the
-    supervisor runs (the API's port says so meanwhile), or failed over after FAILOVER_AFTER seconds;
-    any other problem ends the supervision: it would fail the same way again. False: do not restart."""
+def restart_hosts(
+    s: LaunchSettings, args: list[str], stopping: threading.Event, away: Away
+) -> bool:
+    """The hosts again before a restart. A host that does not answer is waited for, for as long
+    as the supervisor runs (the API's port says so meanwhile), or failed over after
+    FAILOVER_AFTER seconds; any other problem ends the supervision: it would fail the same way
+    again. False: do not restart."""
     rank0 = s.run.launch.rank0
     local_rank0 = rank0.is_file() and rank0.read_text().strip() == "127.0.0.1"
     conf = s.run.ssh_config
@@ -91,20 +136,39 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
         if hosts_up(s, args) == 0:
             return True
         found = read_state(s.run.launch.problems) or {"problems": [], "unreachable": []}
-        lost = found.get("unaddressed", {})  # Macs whose Thunderbolt addresses were reset: back once set again
+        # Macs whose Thunderbolt addresses were reset: back once set again
+        lost = found.get("unaddressed", {})
         if not found["unreachable"] and not lost:
             log.info("not restarting: a host is not ready (above)")
             return False
         hosts = found["unreachable"] + [h for h in lost if h not in found["unreachable"]]
-        back = lambda h: is_back(conf, h, lost.get(h))
-        why = next((p for p in found["problems"] if any(h in p for h in hosts)), found["problems"][0])
+
+        def back(h):
+            return is_back(conf, h, lost.get(h))
+
+        why = next(
+            (p for p in found["problems"] if any(h in p for h in hosts)), found["problems"][0]
+        )
         log.info("waiting for %s to be back (tried every %d s): %s", ", ".join(hosts), POLL_S, why)
         t0 = time.monotonic()
         write_state(s.state_file, "waiting", hosts=hosts, why=why)
-        with DownServer(s.host, s.port, s.state_file, s.tls) if local_rank0 else contextlib.nullcontext():
-            wait_for(conf, hosts, why, stopping,
-                     lambda: s.failover_after and not tried_failover and time.monotonic() - t0 >= s.failover_after,
-                     back=back)
+        with (
+            DownServer(s.host, s.port, s.state_file, s.tls)
+            if local_rank0
+            else contextlib.nullcontext()
+        ):
+            wait_for(
+                conf,
+                hosts,
+                why,
+                stopping,
+                lambda: (
+                    s.failover_after
+                    and not tried_failover
+                    and time.monotonic() - t0 >= s.failover_after
+                ),
+                back=back,
+            )
         if stopping.is_set():
             return False
         if s.failover_after and not tried_failover and not all(back(h) for h in hosts):
@@ -114,17 +178,22 @@ def restart_hosts(s: LaunchSettings, args: list[str], stopping: threading.Event,
                 away.back.clear()
                 return True
             continue
-        log.info("%s is back after %.0f s; restarting the ring", ", ".join(hosts), time.monotonic() - t0)
+        log.info(
+            "%s is back after %.0f s; restarting the ring", ", ".join(hosts), time.monotonic() - t0
+        )
     return False
 
 
 def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_back) -> None:
-    """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the ring,
-    which then restarts with every host)."""
+    """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the
+    ring, which then restarts with every host)."""
     conf = s.run.ssh_config
     while not stopping.is_set() and not away.back.is_set():
         if away.hosts and all(is_back(conf, h, away.addresses.get(h)) for h in away.hosts):
-            log.info("%s answers again; taking it back (the ring restarts with every host)", ", ".join(away.hosts))
+            log.info(
+                "%s answers again; taking it back (the ring restarts with every host)",
+                ", ".join(away.hosts),
+            )
             away.back.set()
             take_back()
             return

@@ -1,6 +1,7 @@
 """The launcher's own settings, read once from the environment and `.env` (the environment wins).
-The ranks' settings (config.setting_names) are read by server.py; these are the ones the launcher needs
-before any rank exists. Both draw their names, defaults and parsers from mlx_ring/settings.py."""
+The ranks' settings (config.setting_names) are read by server.py; these are the ones the launcher
+needs before any rank exists. Both draw their names, defaults and parsers from
+mlx_ring/settings.py."""
 
 import os
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ class LaunchSettings:
     max_restarts: int
     log_dir: Path  # relative to the checkout unless absolute, as on every host
     cuda: bool  # CUDA=1: the environment gets mlx[cuda13]
-    failover_after: float = 0  # FAILOVER_AFTER: seconds a host may stay away before the ring serves without it (0: never)
-    tls: tuple[str, str] | None = None  # TLS_CERT, TLS_KEY: rank 0's HTTPS, which the stand-in serves too
+    # FAILOVER_AFTER: seconds a host may stay away before the ring serves without it (0: never)
+    failover_after: float = 0
+    # TLS_CERT, TLS_KEY: rank 0's HTTPS, which the stand-in serves too
+    tls: tuple[str, str] | None = None
 
     @property
     def run(self) -> RunDir:
@@ -34,7 +37,8 @@ class LaunchSettings:
 
     @property
     def planned(self) -> Path:
-        """What `launcher.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank 0, the URL."""
+        """What `launcher.up up` writes for mlx.launch: its hostfile, the ranks' settings, rank
+        0, the URL."""
         return self.run.launch.root
 
     @property
@@ -52,8 +56,8 @@ class LaunchSettings:
 
 
 def read_settings(env: dict | None = None, root: Path = ROOT) -> LaunchSettings:
-    """The settings from `env` (default: this process's environment) over `root/.env`, as the settings
-    table (mlx_ring/settings.py) defaults and parses them."""
+    """The settings from `env` (default: this process's environment) over `root/.env`, as the
+    settings table (mlx_ring/settings.py) defaults and parses them."""
     env = dict(os.environ) if env is None else env
     dot = dotenv_values(root / ".env") if (root / ".env").is_file() else {}
 
@@ -61,7 +65,15 @@ def read_settings(env: dict | None = None, root: Path = ROOT) -> LaunchSettings:
         return read(name, env, dot)
 
     return LaunchSettings(
-        hostfile=get("HOSTFILE"), host=get("HOST"), port=get("PORT"), ring_port=get("RING_PORT"),
-        startup_timeout=get("STARTUP_TIMEOUT"), drain_timeout=get("DRAIN_TIMEOUT"), max_restarts=get("MAX_RESTARTS"),
-        log_dir=root / get("LOG_DIR"), cuda=get("CUDA") == "1", failover_after=get("FAILOVER_AFTER"),
-        tls=(get("TLS_CERT"), get("TLS_KEY")) if get("TLS_CERT") and get("TLS_KEY") else None)
+        hostfile=get("HOSTFILE"),
+        host=get("HOST"),
+        port=get("PORT"),
+        ring_port=get("RING_PORT"),
+        startup_timeout=get("STARTUP_TIMEOUT"),
+        drain_timeout=get("DRAIN_TIMEOUT"),
+        max_restarts=get("MAX_RESTARTS"),
+        log_dir=root / get("LOG_DIR"),
+        cuda=get("CUDA") == "1",
+        failover_after=get("FAILOVER_AFTER"),
+        tls=(get("TLS_CERT"), get("TLS_KEY")) if get("TLS_CERT") and get("TLS_KEY") else None,
+    )

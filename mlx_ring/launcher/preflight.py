@@ -1,6 +1,6 @@
 """What the launcher learns of every host before the ring starts, for `./launch.sh check` and
-`./launch.sh start` (up.py): each host's facts, read over ssh at once, and every problem found: a host
-that does not answer or no longer owns its ring address, a Mac's firewall that drops the ring's
+`./launch.sh start` (up.py): each host's facts, read over ssh at once, and every problem found: a
+host that does not answer or no longer owns its ring address, a Mac's firewall that drops the ring's
 connections, code or an environment that differs from this machine's.
 """
 
@@ -25,6 +25,7 @@ from mlx_ring.rundir import RunDir
 @dataclass(frozen=True)
 class Launch:
     """The launcher's own settings, read once in `main()`."""
+
     ring_port: int
     remote_cache: str  # CACHE_DIR as every host reads it ("": each host's default, under its home)
     ssh_config: str | None  # RING_SSH_CONFIG: the ssh config the ring's own one includes
@@ -36,24 +37,31 @@ class Launch:
 @dataclass
 class Preflight:
     """What the launcher learnt: hosts, their facts, the plan, and every problem found."""
+
     cfg: Config
     opts: Launch
     hosts: list[Host]
     conf: Path
     facts: dict  # ssh name -> Facts
     problems: list[str]
-    unreachable: list[str] = field(default_factory=list)  # ssh names that did not answer: they may come back
-    unaddressed: dict = field(default_factory=dict)  # ssh name -> ring address it lost (Thunderbolt): it may come back
-    pending: list[str] = field(default_factory=list)  # check: what `start` sets up first (hosts not set up yet)
+    # ssh names that did not answer: they may come back
+    unreachable: list[str] = field(default_factory=list)
+    # ssh name -> ring address it lost (Thunderbolt): it may come back
+    unaddressed: dict = field(default_factory=dict)
+    # check: what `start` sets up first (hosts not set up yet)
+    pending: list[str] = field(default_factory=list)
     plan: LayerPlan | None = None
     caps: list[Capabilities] | None = None
     model: Path | None = None
     spec: ModelSpec | None = None  # the model's sizes, from its weight headers
     manifest: dict | None = None
-    measured: list[Capabilities] | None = None  # each host's capabilities as probed, before hosts.json's keys
-    split: list[float] | str = ""  # each rank's share in tensor mode, or why the model does not split
+    # each host's capabilities as probed, before hosts.json's keys
+    measured: list[Capabilities] | None = None
+    # each rank's share in tensor mode, or why the model does not split
+    split: list[float] | str = ""
     allsum: AllSum | None = None  # the ring's all_sum: measured by check, else cached or a default
-    links: list[tuple[float, float]] | None = None  # each hop (rtt ms, Gbit/s), as check measured them
+    # each hop (rtt ms, Gbit/s), as check measured them
+    links: list[tuple[float, float]] | None = None
     choice: ModeChoice | None = None  # the mode and why (PARALLEL)
 
 
@@ -73,7 +81,9 @@ def each_host(ring: Preflight, fn) -> dict:
 
 
 def read_all(ring: Preflight, files: list[str]) -> dict:
-    return each_host(ring, lambda n: read_facts(ring.conf, n, False, ROOT, ring.opts.remote_cache, files))
+    return each_host(
+        ring, lambda n: read_facts(ring.conf, n, False, ROOT, ring.opts.remote_cache, files)
+    )
 
 
 def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
@@ -91,19 +101,29 @@ def gather(cfg: Config, opts: Launch, files: list[str]) -> Preflight:
                 # Waited for, as a host away is: the addresses come back once set again.
                 ring.unaddressed[h.ssh] = h.address
                 ring.problems.append(
-                    f"{'this Mac' if h.local else h.ssh} (rank {h.rank}) answers but no longer holds its ring address "
-                    f"{h.address}{named}, which is on none of its networks now: its Thunderbolt addresses were reset "
-                    "(a restart undoes addresses set with ifconfig; so does moving a cable); `./launch.sh hosts --over "
-                    "thunderbolt --apply --write` sets them again, to last across restarts (not a Thunderbolt address? "
-                    f"put one of its own, {', '.join(f.addresses)}, in its hosts.json entry)")
+                    f"{'this Mac' if h.local else h.ssh} (rank {h.rank}) answers but no longer "
+                    f"holds its ring address {h.address}{named}, which is on none of its networks "
+                    "now: its Thunderbolt addresses were reset (a restart undoes addresses set "
+                    "with ifconfig; so does moving a cable); `./launch.sh hosts --over "
+                    "thunderbolt --apply --write` sets them again, to last across restarts (not a "
+                    f"Thunderbolt address? put one of its own, {', '.join(f.addresses)}, in "
+                    "its hosts.json entry)"
+                )
                 continue
-            ring.problems.append(f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its addresses are "
-                                 f"{', '.join(f.addresses)}; put one of them in its hosts.json entry (Macs cabled with "
-                                 "Thunderbolt: `./launch.sh hosts --over thunderbolt` proposes the addresses)")
-    macs = sorted(n for n, f in ring.facts.items() if n != "127.0.0.1" and f.system.startswith("Darwin"))
+            ring.problems.append(
+                f"{h.ssh} (rank {h.rank}) does not own ring address {h.address}{named}: its "
+                f"addresses are {', '.join(f.addresses)}; put one of them in its hosts.json entry "
+                "(Macs cabled with Thunderbolt: `./launch.sh hosts --over thunderbolt` "
+                "proposes the addresses)"
+            )
+    macs = sorted(
+        n for n, f in ring.facts.items() if n != "127.0.0.1" and f.system.startswith("Darwin")
+    )
     if macs and provision.closed_to_ssh_on_macos(ROOT):
-        ring.problems.append(f"{macs[0]} is a Mac, where {ROOT} is closed to ssh by macOS privacy controls; "
-                             f"{provision.location_advice(ROOT)}")
+        ring.problems.append(
+            f"{macs[0]} is a Mac, where {ROOT} is closed to ssh by macOS privacy controls; "
+            f"{provision.location_advice(ROOT)}"
+        )
     return ring
 
 
@@ -117,8 +137,8 @@ def spans_machines(ring: Preflight) -> bool:
 
 
 def firewall_problems(ring: Preflight) -> None:
-    """A Mac's firewall that certainly drops the ring's connections is a problem: the ring would wait
-    out MLX's connect timeouts and restarts, then fail without saying why."""
+    """A Mac's firewall that certainly drops the ring's connections is a problem: the ring would
+    wait out MLX's connect timeouts and restarts, then fail without saying why."""
     if not spans_machines(ring):
         return
     for name, f in sorted(ring.facts.items()):
@@ -146,31 +166,53 @@ def warnings(ring: Preflight) -> list[str]:
 
 def compare(ring: Preflight, sums: dict[str, str], found: list[str], setup: bool = False) -> None:
     """Into `found`, where a remote host's code or environment differs from this machine's: as a
-    problem, or (`setup`: a check before a start that provisions) as what `./launch.sh start` does there."""
+    problem, or (`setup`: a check before a start that provisions) as what `./launch.sh start`
+    does there."""
     mine = " ".join(versions().values())
     for name, f in sorted(ring.facts.items()):
         if name == "127.0.0.1":
             continue
         uv = "" if f.uv else "install uv, "
         if not f.checkout:
-            problem = (f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
-                       "(unless PROVISION=0), or clone it there at the same path")
-            todo = f"copy the project to {ROOT}, {uv}install its environment (uv's Python and the locked packages)"
+            problem = (
+                f"{name} has no copy of the project at {ROOT}; `./launch.sh start` copies it there "
+                "(unless PROVISION=0), or clone it there at the same path"
+            )
+            todo = (
+                f"copy the project to {ROOT}, {uv}install its environment (uv's Python and "
+                "the locked packages)"
+            )
         elif not f.versions:
-            problem = (f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
-                       "makes it (unless PROVISION=0), or run `./launch.sh setup` there")
-            todo = f"{uv}install its environment in {ROOT}/.venv (uv's Python and the locked packages)"
+            problem = (
+                f"{name} has the project but no environment in {ROOT}/.venv; `./launch.sh start` "
+                "makes it (unless PROVISION=0), or run `./launch.sh setup` there"
+            )
+            todo = (
+                f"{uv}install its environment in {ROOT}/.venv (uv's Python and the locked packages)"
+            )
         elif f.versions != mine:
-            problem = (f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh start` "
-                       "syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there")
+            problem = (
+                f"{name} runs mlx, mlx-lm {f.versions} but this machine runs {mine}; `./launch.sh "
+                "start` syncs it to uv.lock (unless PROVISION=0), or run `./launch.sh setup` there"
+            )
             todo = f"sync its environment to uv.lock (mlx, mlx-lm {f.versions} there, {mine} here)"
         else:
             differ = sorted(k for k, v in sums.items() if f.sums.get(k) != v)
             if not differ:
                 continue
-            problem = (f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
-                       f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless PROVISION=0), "
-                       "or update it there")
-            todo = f"update {len(differ)} file(s) of its copy of the project ({', '.join(differ[:3])})"
-        found.append(f"{name}: `./launch.sh start` will {todo}, then send it the weights of its slice that it lacks"
-                     if setup else problem)
+            problem = (
+                f"{name}'s copy of the project differs from this one in {len(differ)} file(s) "
+                f"({', '.join(differ[:3])}); `./launch.sh start` updates it (unless "
+                "PROVISION=0), or update it there"
+            )
+            todo = (
+                f"update {len(differ)} file(s) of its copy of the project ({', '.join(differ[:3])})"
+            )
+        found.append(
+            (
+                f"{name}: `./launch.sh start` will {todo}, then send it the weights of "
+                "its slice that it lacks"
+            )
+            if setup
+            else problem
+        )

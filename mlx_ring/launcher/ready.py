@@ -15,7 +15,8 @@ READY, EXITED, TIMED_OUT = 0, 1, 2
 
 def healthy(url: str) -> bool:
     ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a liveness check, self-signed TLS_CERT too
+    # a liveness check, self-signed TLS_CERT too
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2, context=ctx) as r:
             return r.status == 200
@@ -24,10 +25,13 @@ def healthy(url: str) -> bool:
 
 
 def wait_ready(url: str, log: Path, hostfile: Path, alive, timeout: float) -> int:
-    """READY once /health answers, EXITED as soon as `alive()` (the supervisor) is false, else TIMED_OUT."""
+    """READY once /health answers, EXITED as soon as `alive()` (the supervisor) is false, else
+    TIMED_OUT."""
     n = len(json.loads(hostfile.read_text()))
     deadline = time.monotonic() + timeout
-    with tqdm(total=n, desc="ranks loaded", unit="rank", disable=None, file=sys.stderr, leave=False) as bar:
+    with tqdm(
+        total=n, desc="ranks loaded", unit="rank", disable=None, file=sys.stderr, leave=False
+    ) as bar:
         while time.monotonic() < deadline:
             if not alive():
                 return EXITED

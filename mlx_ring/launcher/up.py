@@ -54,7 +54,9 @@ def plan(ring: Preflight) -> None:
     measured = {}
 
     def measure(h: Host) -> dict:
-        return provision.probe(ring.conf, h.ssh, h.local, ROOT, dtype_of(spec), h.rank, ring.opts.caps_env)
+        return provision.probe(
+            ring.conf, h.ssh, h.local, ROOT, dtype_of(spec), h.rank, ring.opts.caps_env
+        )
 
     with ThreadPoolExecutor(len(ring.hosts)) as pool:
         for h, fut in [(h, pool.submit(measure, h)) for h in ring.hosts]:
@@ -70,14 +72,23 @@ def plan(ring: Preflight) -> None:
 
 def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
     """Provision code and environment on every remote host, then the weights of each one's slice."""
+
     def code_and_env(name: str) -> str:
         f = ring.facts[name]
         (sent, replaced), t = provision.timed(provision.send_code, ring.conf, f, ROOT, sums)
         provision.ensure_uv(ring.conf, f, here)
         _, t_env = provision.timed(provision.sync_env, ring.conf, f, ROOT)
-        # A file edited on the host is overwritten: say which, so nobody's change goes without a word.
-        edited = f" (replaced there: {', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})" if replaced else ""
-        return f"{name}: code {sent / 1e6:.1f} MB in {t:.1f} s{edited}, environment ready in {t_env:.1f} s"
+        # A file edited on the host is overwritten: say which, so nobody's change goes without a
+        # word.
+        edited = (
+            f" (replaced there: {', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})"
+            if replaced
+            else ""
+        )
+        return (
+            f"{name}: code {sent / 1e6:.1f} MB in {t:.1f} s{edited}, environment "
+            f"ready in {t_env:.1f} s"
+        )
 
     for line in each_host(ring, code_and_env).values():
         log.info("%s", line)
@@ -112,22 +123,54 @@ def send_weights(ring: Preflight) -> dict:
         via = ssh.bulk_route(ring.conf, name, address[name], resolve)
 
         def send(route):
-            with tqdm(total=held, desc=f"{name} weights", unit="B", unit_scale=True, position=names.index(name),
-                      leave=False, disable=None, file=sys.stderr) as bar:
-                return provision.timed(provision.send_pieces, ring.conf, ring.facts[name], ring.model, ring.manifest,
-                                       want, cache, bar.update, route)
+            with tqdm(
+                total=held,
+                desc=f"{name} weights",
+                unit="B",
+                unit_scale=True,
+                position=names.index(name),
+                leave=False,
+                disable=None,
+                file=sys.stderr,
+            ) as bar:
+                return provision.timed(
+                    provision.send_pieces,
+                    ring.conf,
+                    ring.facts[name],
+                    ring.model,
+                    ring.manifest,
+                    want,
+                    cache,
+                    bar.update,
+                    route,
+                )
 
         try:
             n, t = send(via)
         except ssh.SshError as e:
             if via is None:
                 raise
-            log.info("%s: its ring address %s does not take ssh (%s); sending its weights the way ssh reaches it",
-                     name, via, e)
+            log.info(
+                (
+                    "%s: its ring address %s does not take ssh (%s); sending its weights "
+                    "the way ssh reaches it"
+                ),
+                name,
+                via,
+                e,
+            )
             n, t, via = *send(None), None
-        sent[name] = {"bytes_sent": n, "slice_bytes": held, "seconds": round(t, 2), "via": via or name}
-        return (f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s{f' over {via}' if via else ''} "
-                f"(its slice: {len(want)} pieces, {held / 1e6:.1f} MB{'; the rest was there' if n < held else ''})")
+        sent[name] = {
+            "bytes_sent": n,
+            "slice_bytes": held,
+            "seconds": round(t, 2),
+            "via": via or name,
+        }
+        return (
+            f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s{f' over {via}' if via else ''} "
+            f"(its slice: {len(want)} pieces, {held / 1e6:.1f} "
+            f"MB{'; the rest was there' if n < held else ''})"
+        )
 
     for line in each_host(ring, ship).values():
         log.info("%s", line)
@@ -143,8 +186,14 @@ def launch_args(ring: Preflight, out: Path) -> None:
     d.hostfile.write_text(json.dumps(mlx_hostfile(ring.hosts, backend)))
     # The hostfile's own "envs" (MLX's form) for every rank, as mlx.launch gives them; settings win.
     envs = dict(e.split("=", 1) for e in read_hostfile(ring.cfg.hostfile)[1])
-    env = envs | ring.opts.settings | {"RING_MODEL_ID": ring.manifest["id"],
-                                   "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}"}
+    env = (
+        envs
+        | ring.opts.settings
+        | {
+            "RING_MODEL_ID": ring.manifest["id"],
+            "RING_PLAN": f"{ring.plan.strategy}:{','.join(map(str, ring.plan.sizes))}",
+        }
+    )
     d.env.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
     rank0 = ring.hosts[0]
     d.rank0.write_text(rank0.ssh + "\n")
@@ -154,19 +203,45 @@ def launch_args(ring: Preflight, out: Path) -> None:
 
 
 def check_table(ring: Preflight) -> str:
-    rows = [("rank", "host", "ring address", "system", "project", "mlx, mlx-lm", "memory free", "slice needs", "rdma")]
-    needs = summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
+    rows = [
+        (
+            "rank",
+            "host",
+            "ring address",
+            "system",
+            "project",
+            "mlx, mlx-lm",
+            "memory free",
+            "slice needs",
+            "rdma",
+        )
+    ]
+    needs = (
+        summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens)["ranks"] if ring.plan else None
+    )
     for h in ring.hosts:
         f: Facts | None = ring.facts.get(h.ssh)
         need = "-"
         if needs:
             s, e = ring.plan.ranges[ring.plan.stage_of(h.rank)]
-            need = f"{needs[h.rank]['needs_gb']:.2f} GB ({e - s} layers{' + ends' if h.rank == 0 else ''})"
+            need = (
+                f"{needs[h.rank]['needs_gb']:.2f} GB ({e - s} "
+                f"layers{' + ends' if h.rank == 0 else ''})"
+            )
         addr = h.address if h.named == h.address else f"{h.named} -> {h.address}"
-        rows.append((str(h.rank), h.ssh, f"{addr}:{h.port}", f.system if f else "unreachable",
-                     ("yes" if f.checkout else "missing") if f else "-", (f.versions or "no environment") if f else "-",
-                     f"{f.free_gb:.1f} of {f.memory_gb:.1f} GB" if f else "-", need,
-                     format_rdma(f.rdma) if f and f.system.startswith("Darwin") else "-"))
+        rows.append(
+            (
+                str(h.rank),
+                h.ssh,
+                f"{addr}:{h.port}",
+                f.system if f else "unreachable",
+                ("yes" if f.checkout else "missing") if f else "-",
+                (f.versions or "no environment") if f else "-",
+                f"{f.free_gb:.1f} of {f.memory_gb:.1f} GB" if f else "-",
+                need,
+                format_rdma(f.rdma) if f and f.system.startswith("Darwin") else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -177,27 +252,54 @@ def check(ring: Preflight, as_json: bool) -> None:
 
     table = check_table(ring)
     text, hops, predicted = "", [], None
-    if ring.pending:  # links and the plan are measured by each host's environment, which is not there yet
-        text = "\n".join(["not set up yet (`./launch.sh start` does this first, then measures the links and plans):",
-                          *(f"  {p}" for p in ring.pending)])
+    # links and the plan are measured by each host's environment, which is not there yet
+    if ring.pending:
+        text = "\n".join(
+            [
+                "not set up yet (`./launch.sh start` does this first, then measures "
+                "the links and plans):",
+                *(f"  {p}" for p in ring.pending),
+            ]
+        )
     elif not ring.problems:
         text, hops = measure_links(ring)
         if ring.plan and not ring.problems:
-            said, ring.allsum = measure_ring(ring.hosts, ring.conf, ring.opts.ring_port, hidden_size(ring.spec),
-                                             dtype_of(ring.spec), ring.cfg.cache_dir)
+            said, ring.allsum = measure_ring(
+                ring.hosts,
+                ring.conf,
+                ring.opts.ring_port,
+                hidden_size(ring.spec),
+                dtype_of(ring.spec),
+                ring.cfg.cache_dir,
+            )
             text, ring.links = "\n".join(x for x in (text, said) if x), hops
             choose(ring)  # again, with the links and the all_sum as measured
         if ring.plan:
             shares = ring.split if isinstance(ring.split, list) else None
-            predicted = with_choice(summary(ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops, shares,
-                                            ring.allsum), ring.choice)
+            predicted = with_choice(
+                summary(
+                    ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops, shares, ring.allsum
+                ),
+                ring.choice,
+            )
     notes = "\n".join(rdma_notes(ring.hosts, ring.facts, hostfile_backend(ring.cfg.hostfile)))
     if as_json:
         rdma = {n: f.rdma for n, f in ring.facts.items() if f.system.startswith("Darwin")}
-        print(json.dumps({"problems": ring.problems, "pending": ring.pending, "links": hops, "plan": predicted,
-                          "rdma": rdma}))
+        print(
+            json.dumps(
+                {
+                    "problems": ring.problems,
+                    "pending": ring.pending,
+                    "links": hops,
+                    "plan": predicted,
+                    "rdma": rdma,
+                }
+            )
+        )
     else:
-        print("\n".join(x for x in (table, notes, text, predicted and format_summary(predicted)) if x))
+        print(
+            "\n".join(x for x in (table, notes, text, predicted and format_summary(predicted)) if x)
+        )
 
 
 def run(a, cfg: Config, opts: Launch) -> Preflight:
@@ -213,19 +315,29 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
     for warning in [*warned, *warnings(ring)]:
         log.warning("warning: %s", warning)
     if not ring.problems:
-        # Before the first start, hosts without the project are what `start` sets up: not a problem to `check`.
+        # Before the first start, hosts without the project are what `start` sets up: not a problem
+        # to `check`.
         setup = a.command == "check" and opts.provision
         compare(ring, sums, ring.pending if setup else ring.problems, setup)
     if not ring.problems and not ring.pending:
         from mlx_ring.models.source import resolve_model
 
         ring.model = resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
-        ring.spec = serving(spec_from_folder(ring.model), ring.cfg.prefill_chunk, ring.cfg.max_active)
+        ring.spec = serving(
+            spec_from_folder(ring.model), ring.cfg.prefill_chunk, ring.cfg.max_active
+        )
         ring.manifest = manifest(ring.model, cfg.cache_dir)
         plan(ring)
-        if a.command == "up" and unmeasured(ring):  # a first start: auto needs the all_sum before it ships a plan
-            said, ring.allsum = measure_ring(ring.hosts, ring.conf, opts.ring_port, hidden_size(ring.spec),
-                                             dtype_of(ring.spec), cfg.cache_dir)
+        # a first start: auto needs the all_sum before it ships a plan
+        if a.command == "up" and unmeasured(ring):
+            said, ring.allsum = measure_ring(
+                ring.hosts,
+                ring.conf,
+                opts.ring_port,
+                hidden_size(ring.spec),
+                dtype_of(ring.spec),
+                cfg.cache_dir,
+            )
             log.info("%s", said)
             choose(ring)
         if ring.choice and a.command == "up":
@@ -249,22 +361,43 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         cfg, _ = parse_config(rest)  # which also reads .env into the environment
-        opts = Launch(a.ring_port, settings.given("CACHE_DIR") or "", settings.text("RING_SSH_CONFIG"),
-                      settings.text("PROVISION") != "0", settings.text("MLX_RING_CAPS") or "", settings_to_forward())
+        opts = Launch(
+            a.ring_port,
+            settings.given("CACHE_DIR") or "",
+            settings.text("RING_SSH_CONFIG"),
+            settings.text("PROVISION") != "0",
+            settings.text("MLX_RING_CAPS") or "",
+            settings_to_forward(),
+        )
         ring = run(a, cfg, opts)
     except ValueError as e:
         print(exits.refusal(str(e)), file=sys.stderr)
         return exits.REFUSED
-    if a.out:  # for the supervisor: a host that did not answer, or lost its address, is waited for; others are not
+    # for the supervisor: a host that did not answer, or lost its address, is waited for; others are
+    # not
+    if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        LaunchDir(a.out).problems.write_text(json.dumps({"problems": ring.problems, "unreachable": ring.unreachable,
-                                                         "unaddressed": ring.unaddressed}))
+        LaunchDir(a.out).problems.write_text(
+            json.dumps(
+                {
+                    "problems": ring.problems,
+                    "unreachable": ring.unreachable,
+                    "unaddressed": ring.unaddressed,
+                }
+            )
+        )
     for problem in ring.problems:
         print(exits.refusal(problem), file=sys.stderr)
     if a.command == "check":
-        print(f"{len(ring.problems)} problem(s)" if ring.problems else
-              f"no problem found; {len(ring.pending)} host(s) not set up yet, which `./launch.sh start` sets up"
-              if ring.pending else "all hosts ready", file=sys.stderr)
+        print(
+            f"{len(ring.problems)} problem(s)"
+            if ring.problems
+            else f"no problem found; {len(ring.pending)} host(s) not set up yet, which "
+            "`./launch.sh start` sets up"
+            if ring.pending
+            else "all hosts ready",
+            file=sys.stderr,
+        )
     return exits.REFUSED if ring.problems else 0
 
 

@@ -1,6 +1,7 @@
-"""State a model's layers take beside the hidden states, made before the first layer or by an earlier
-layer (Talkie's normalized token embeddings, RWKV-7's first layer's values): a rank after the first
-cannot make it, so it crosses ranks with the hidden states, packed after them on the last axis.
+"""State a model's layers take beside the hidden states, made before the first layer or by an
+earlier layer (Talkie's normalized token embeddings, RWKV-7's first layer's values): a rank after
+the first cannot make it, so it crosses ranks with the hidden states, packed after them on the last
+axis.
 
 Which arguments those are, a dry run of the model's whole forward says (lazy: graphs are built,
 nothing is computed): the arguments of its second layer, other than the hidden states, that are
@@ -33,7 +34,9 @@ class Carry:
 
     def pack(self, h: mx.array, values: dict) -> mx.array:
         b, n = h.shape[:2]
-        return mx.concatenate([h, *(values[k].reshape(b, n, -1).astype(h.dtype) for k in self.names)], axis=-1)
+        return mx.concatenate(
+            [h, *(values[k].reshape(b, n, -1).astype(h.dtype) for k in self.names)], axis=-1
+        )
 
     def unpack(self, packed: mx.array) -> tuple[mx.array, dict]:
         b, n = packed.shape[:2]
@@ -51,8 +54,11 @@ def find_carry(model: nn.Module, owner: nn.Module, key: str) -> Carry | None:
     if len(layers) < 2:
         return None
     sig = inspect.signature(layers[1])
-    required = [p for p in sig.parameters.values()
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [
+        p
+        for p in sig.parameters.values()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     if len(required) < 2:  # the hidden states and nothing else a layer must be given
         return None
     seen: list = []
@@ -67,14 +73,26 @@ def find_carry(model: nn.Module, owner: nn.Module, key: str) -> Carry | None:
     (args, _), (_, out) = seen[1], seen[0]
     prev = out[0] if isinstance(out, tuple) else out
     hidden = next((k for k, v in args.items() if v is prev), None)
-    names = [k for k, v in args.items() if k != hidden and isinstance(v, mx.array) and v.shape[:2] == (B, L)]
+    names = [
+        k
+        for k, v in args.items()
+        if k != hidden and isinstance(v, mx.array) and v.shape[:2] == (B, L)
+    ]
     if hidden is None or not names or prev.shape[:2] != (B, L) or prev.ndim != 3:
         return None
-    return Carry(sig, hidden, names, [args[k].shape[2:] for k in names], prev.shape[-1], passed[1] if passed else [])
+    return Carry(
+        sig,
+        hidden,
+        names,
+        [args[k].shape[2:] for k in names],
+        prev.shape[-1],
+        passed[1] if passed else [],
+    )
 
 
 class _Watch(StandIn):
-    """A layer in the dry run: runs it (lazily), noting the arguments it got and what it returned."""
+    """A layer in the dry run: runs it (lazily), noting the arguments it got and what it
+    returned."""
 
     def __init__(self, layer: nn.Module, seen: list):
         super().__init__(layer)
@@ -94,7 +112,9 @@ class Carrying(StandIn):
     in place of the ones the forward made from its stand-in input; the last (`exit`) hands out its
     output, with the carried values packed after it where another rank follows (`pack`)."""
 
-    def __init__(self, layer: nn.Module, relay: Relay, carry: Carry, entry: bool, exit: bool, pack: bool):
+    def __init__(
+        self, layer: nn.Module, relay: Relay, carry: Carry, entry: bool, exit: bool, pack: bool
+    ):
         super().__init__(layer)
         self.layer, self._relay, self._carry = layer, relay, carry
         self._entry, self._exit, self._pack = entry, exit, pack
@@ -106,7 +126,8 @@ class Carrying(StandIn):
         a = bound.arguments
         if self._entry:
             a[c.hidden] = relay.h
-            relay.stale = {k: a[k] for k in c.names}  # what the forward made, the same for each layer
+            # what the forward made, the same for each layer
+            relay.stale = {k: a[k] for k in c.names}
         if relay.fresh is not None:
             for k in c.names:
                 if a[k] is relay.stale[k]:

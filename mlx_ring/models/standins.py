@@ -27,10 +27,10 @@ class StandIn(nn.Module):
         self._passed = _passed_on(layer)
         for k, v in _plain(layer).items():
             setattr(self, k, v)
-        for k, child in (layer.items() if layer is not None else []):  # `layer.self_attn.is_local`, say
+        # `layer.self_attn.is_local`, say
+        for k, child in layer.items() if layer is not None else []:
             if isinstance(child, nn.Module) and not hasattr(self, k):
                 setattr(self, k, Attributes(_plain(child)))
-
 
     def _out(self, h, args, kwargs):
         """`h` as the layer would return it: alone, or with what it passes on to the next layer (the
@@ -51,7 +51,8 @@ def _passed_on(layer) -> tuple | None:
     return None if layer is None else _returned_arguments(type(layer))
 
 
-@functools.cache  # a Slice makes stand-ins of every layer several times: read each class's source once
+# a Slice makes stand-ins of every layer several times: read each class's source once
+@functools.cache
 def _returned_arguments(cls: type) -> tuple | None:
     try:
         fn = cls.__call__
@@ -66,13 +67,16 @@ def _returned_arguments(cls: type) -> tuple | None:
     params = list(sig.parameters)[1:]  # less self
     names = [e.id if isinstance(e, ast.Name) else None for e in tuples[0].elts[1:]]
     if None in names or not set(names) <= set(params):
-        raise ValueError(f"layers of {cls.__module__} return state beside the hidden states "
-                         f"({ast.unparse(tuples[0])}) that the next layer takes: it cannot cross ranks")
+        raise ValueError(
+            f"layers of {cls.__module__} return state beside the hidden states "
+            f"({ast.unparse(tuples[0])}) that the next layer takes: it cannot cross ranks"
+        )
     return inspect.Signature([p.replace() for p in list(sig.parameters.values())[1:]]), names
 
 
 class Attributes:
-    """A layer's part, as far as a forward reads it before calling the layer: its plain attributes."""
+    """A layer's part, as far as a forward reads it before calling the layer: its plain
+    attributes."""
 
     def __init__(self, values: dict):
         vars(self).update(values)
@@ -82,8 +86,12 @@ def _plain(m) -> dict:
     """A module's attributes of plain values, its properties among them."""
     if m is None:
         return {}
-    out = {k: v for k, v in vars(m).items()
-           if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str, Attributes)))}
+    out = {
+        k: v
+        for k, v in vars(m).items()
+        if not k.startswith("_")
+        and (v is None or isinstance(v, (bool, int, float, str, Attributes)))
+    }
     for k in _properties(type(m)):
         try:
             v = getattr(m, k)
@@ -96,12 +104,18 @@ def _plain(m) -> dict:
 
 @functools.cache
 def _properties(cls: type) -> list[str]:
-    return [k for k in dir(cls) if isinstance(getattr(cls, k, None), property) and not k.startswith("_")
-            and not hasattr(nn.Module, k)]
+    return [
+        k
+        for k in dir(cls)
+        if isinstance(getattr(cls, k, None), property)
+        and not k.startswith("_")
+        and not hasattr(nn.Module, k)
+    ]
 
 
 def _split(args: tuple, kwargs: dict) -> tuple:
-    """(hidden states, the other arguments), whether the forward passes them by position or by name."""
+    """(hidden states, the other arguments), whether the forward passes them by position or by
+    name."""
     if args:
         return args[0], args[1:], kwargs
     name = next(iter(kwargs))
@@ -112,15 +126,16 @@ class Absent(StandIn):
     """A layer another rank holds: passes the hidden states through."""
 
     def __call__(self, *args, **kwargs):
-        if args and self._passed is None:  # the common case, one call a layer: rank 0's head pass runs every layer's
+        # the common case, one call a layer: rank 0's head pass runs every layer's
+        if args and self._passed is None:
             return args[0]
         h, args, kwargs = _split(args, kwargs)
         return self._out(h, args, kwargs)
 
 
 class Entry(StandIn):
-    """The first local layer: runs on the hidden states that arrived, not on what the forward made of
-    its dummy input before it."""
+    """The first local layer: runs on the hidden states that arrived, not on what the forward
+    made of its dummy input before it."""
 
     def __init__(self, layer: nn.Module, relay: "Relay"):
         super().__init__(layer)
@@ -171,5 +186,6 @@ class Relay:
 
     def embed_tokens(self, tokens: mx.array) -> mx.array:
         # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros shaped
-        # as the ids' embeddings in the arriving hidden states' dtype (masks read them), result unused.
+        # as the ids' embeddings in the arriving hidden states' dtype (masks read them), result
+        # unused.
         return mx.zeros((*tokens.shape, self.h.shape[-1]), self.h.dtype)

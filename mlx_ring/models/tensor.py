@@ -2,15 +2,15 @@
 groups of KV heads, MLP columns, experts' columns) and the layers' all_sums join the shares, so the
 model's own forward gives the whole model's output on every rank.
 
-The model's own mlx-lm `shard()` cuts it where it has one and its even split fits the group. Otherwise
-the standard layouts are cut here with MLX's distributed layers (`tensor_layers.py`), unevenly where
-the KV heads do not divide, and with a KV head kept by each rank that reads it where there are fewer
-KV heads than ranks: attention with q/k/v (or one fused qkv) and an output projection, MLPs of
-gate/up/down (or fused gate_up, or two layers), and mixture-of-experts blocks of switch layers. What
-is of another layout is refused. Which types the cut is right for is measured, as for the pipeline:
-tests/ring/test_tensor_matrix.py runs every type's tiny model split 2 and 3 ways against the whole
-model and records the result in supported.json (`tensor`); `tensor_shares.py` tells the planner, from
-a config alone, whether and how a model splits N ways.
+The model's own mlx-lm `shard()` cuts it where it has one and its even split fits the group.
+Otherwise the standard layouts are cut here with MLX's distributed layers (`tensor_layers.py`),
+unevenly where the KV heads do not divide, and with a KV head kept by each rank that reads it where
+there are fewer KV heads than ranks: attention with q/k/v (or one fused qkv) and an output
+projection, MLPs of gate/up/down (or fused gate_up, or two layers), and mixture-of-experts blocks of
+switch layers. What is of another layout is refused. Which types the cut is right for is measured,
+as for the pipeline: tests/ring/test_tensor_matrix.py runs every type's tiny model split 2 and 3
+ways against the whole model and records the result in supported.json (`tensor`); `tensor_shares.py`
+tells the planner, from a config alone, whether and how a model splits N ways.
 """
 
 import mlx.core as mx
@@ -31,17 +31,31 @@ from mlx_ring.models.tensor_layers import (
 from mlx_ring.models.tensor_shares import check_admitted, even, head_split, refuse, spans
 
 # Attention modules name their query and KV head counts one of these ways.
-HEAD_ATTRS = (("n_heads", "n_kv_heads"), ("num_attention_heads", "num_key_value_heads"), ("num_heads", "num_kv_heads"),
-              ("num_heads", "num_key_value_heads"))
-GROUP_ATTRS = ("num_key_value_groups", "n_kv_groups", "n_rep", "repeats")  # query heads per KV head, where kept
+HEAD_ATTRS = (
+    ("n_heads", "n_kv_heads"),
+    ("num_attention_heads", "num_key_value_heads"),
+    ("num_heads", "num_kv_heads"),
+    ("num_heads", "num_key_value_heads"),
+)
+# query heads per KV head, where kept
+GROUP_ATTRS = ("num_key_value_groups", "n_kv_groups", "n_rep", "repeats")
 OUT_NAMES = ("o_proj", "out_proj", "dense")
-# MLPs: the layers that make the columns (gate and up, or one of them), then the one that takes them.
-MLP_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("c_fc_0", "c_fc_1", "c_proj"),
-             ("up_proj", None, "down_proj"), ("fc1", None, "fc2"), ("c_fc", None, "c_proj"))
+# MLPs: the layers that make the columns (gate and up, or one of them), then the one that takes
+# them.
+MLP_NAMES = (
+    ("gate_proj", "up_proj", "down_proj"),
+    ("w1", "w3", "w2"),
+    ("c_fc_0", "c_fc_1", "c_proj"),
+    ("up_proj", None, "down_proj"),
+    ("fc1", None, "fc2"),
+    ("c_fc", None, "c_proj"),
+)
 EXPERT_NAMES = ("switch_mlp", "experts")
 SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")
 PER_HEAD = ("sinks",)  # attention parameters with one entry per query head
-ENOUGH = 0.75  # a layer whose split parts hold less of its matrices than this is refused: it would be mostly replicated
+# a layer whose split parts hold less of its matrices than this is refused: it would be mostly
+# replicated
+ENOUGH = 0.75
 
 
 def model_type(model: nn.Module) -> str:
@@ -52,9 +66,9 @@ def model_type(model: nn.Module) -> str:
 
 
 def split_model(model: nn.Module, group: mx.distributed.Group) -> None:
-    """Cut every layer of `model` (built lazily) to this rank's share of the `group`, in place, so
-    the model's unchanged forward gives the whole model's output on every rank; ValueError naming the
-    type where it cannot be split this many ways."""
+    """Cut every layer of `model` (built lazily) to this rank's share of the `group`, in place,
+    so the model's unchanged forward gives the whole model's output on every rank; ValueError
+    naming the type where it cannot be split this many ways."""
     kind = model_type(model)
     if group.size() > 1:  # one rank holds the whole model, whatever its type
         check_admitted(kind)
@@ -62,8 +76,8 @@ def split_model(model: nn.Module, group: mx.distributed.Group) -> None:
 
 
 def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
-    """`split_model` without the admission check (the matrix test uses it to find the admitted types);
-    returns how it was cut: "shard()" (mlx-lm's) or "layouts" (here)."""
+    """`split_model` without the admission check (the matrix test uses it to find the admitted
+    types); returns how it was cut: "shard()" (mlx-lm's) or "layouts" (here)."""
     n = group.size()
     if n == 1:
         return "whole"
@@ -76,7 +90,11 @@ def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
         return "shard()"
     work, why = _plan(model, n, group.rank())
     if why:
-        even_only = f", and mlx-lm's shard() splits evenly, which {uneven}" if hasattr(model, "shard") else ""
+        even_only = (
+            f", and mlx-lm's shard() splits evenly, which {uneven}"
+            if hasattr(model, "shard")
+            else ""
+        )
         raise refuse(kind, why + even_only)
     for apply in work:
         apply(group)
@@ -95,7 +113,9 @@ def _uneven(model: nn.Module, n: int) -> str | None:
             if down is not None and hasattr(down, "weight"):
                 width, unit = in_width(down)
                 if width % n or (width // n) % unit:
-                    return f"an MLP of {width} columns does not split into {n} whole groups of {unit}"
+                    return (
+                        f"an MLP of {width} columns does not split into {n} whole groups of {unit}"
+                    )
     return None
 
 
@@ -126,24 +146,33 @@ def _plan(model: nn.Module, n: int, rank: int) -> tuple[list, str | None]:
                 split[name] = _bytes(m)
         total = _bytes(layer)
         if total and sum(split.values()) < ENOUGH * total:
-            whole = {name: _bytes(c) - sum(v for s, v in split.items() if s == name or s.startswith(f"{name}."))
-                     for name, c in layer.children().items() if isinstance(c, nn.Module)}
+            whole = {
+                name: _bytes(c)
+                - sum(v for s, v in split.items() if s == name or s.startswith(f"{name}."))
+                for name, c in layer.children().items()
+                if isinstance(c, nn.Module)
+            }
             name = max(whole, key=whole.get)
             whole_share = 100 * (total - sum(split.values())) // total
-            return [], (f"layer {i}'s {name} ({type(getattr(layer, name)).__name__}) is of no layout this split knows, "
-                        f"and {whole_share}% of the layer would stay whole on every rank")
+            return [], (
+                f"layer {i}'s {name} ({type(getattr(layer, name)).__name__}) is of no layout this "
+                f"split knows, and {whole_share}% of the layer would stay whole on every rank"
+            )
     return work, None
 
 
 def _is_attention(m: nn.Module) -> bool:
-    qkv = (all(is_linear(getattr(m, x, None)) for x in ("q_proj", "k_proj", "v_proj"))
-           or is_linear(getattr(m, "qkv_proj", None)))
+    qkv = all(is_linear(getattr(m, x, None)) for x in ("q_proj", "k_proj", "v_proj")) or is_linear(
+        getattr(m, "qkv_proj", None)
+    )
     return qkv and any(is_linear(getattr(m, x, None)) for x in OUT_NAMES)
 
 
 def _attention(m: nn.Module, n: int, rank: int):
     """(the cut, None) for an attention split by its heads (`head_split`), or (None, why)."""
-    names = next((p for p in HEAD_ATTRS if all(isinstance(getattr(m, a, None), int) for a in p)), None)
+    names = next(
+        (p for p in HEAD_ATTRS if all(isinstance(getattr(m, a, None), int) for a in p)), None
+    )
     if names is None:
         return None, "an attention without head counts this split knows"
     heads, kv = getattr(m, names[0]), getattr(m, names[1])
@@ -156,53 +185,80 @@ def _attention(m: nn.Module, n: int, rank: int):
     o = getattr(m, out_name)
     o_in, unit = in_width(o)
     per_o = o_in // heads
-    # Each projection's parts: (first row, rows per head, whether its heads are queries), in the order
-    # the forward splits them.
+    # Each projection's parts: (first row, rows per head, whether its heads are queries), in the
+    # order the forward splits them.
     if is_linear(getattr(m, "qkv_proj", None)):
         if out_width(m.qkv_proj) != (heads + 2 * kv) * per_o:
             return None, "its fused qkv_proj is not queries, keys and values of one head size"
-        parts = {"qkv_proj": [(0, per_o, True), (heads * per_o, per_o, False), ((heads + kv) * per_o, per_o, False)]}
+        parts = {
+            "qkv_proj": [
+                (0, per_o, True),
+                (heads * per_o, per_o, False),
+                ((heads + kv) * per_o, per_o, False),
+            ]
+        }
     else:
-        parts = {"q_proj": [(0, out_width(m.q_proj) // heads, True)], "k_proj": [(0, out_width(m.k_proj) // kv, False)],
-                 "v_proj": [(0, out_width(m.v_proj) // kv, False)]}
-    q_width, k_width = heads * parts.get("q_proj", [(0, per_o)])[0][1], kv * parts.get("k_proj", [(0, per_o)])[0][1]
+        parts = {
+            "q_proj": [(0, out_width(m.q_proj) // heads, True)],
+            "k_proj": [(0, out_width(m.k_proj) // kv, False)],
+            "v_proj": [(0, out_width(m.v_proj) // kv, False)],
+        }
+    q_width, k_width = (
+        heads * parts.get("q_proj", [(0, per_o)])[0][1],
+        kv * parts.get("k_proj", [(0, per_o)])[0][1],
+    )
     if any((h.start * per_o) % unit for h in split):
         return None, f"its heads of {per_o} columns do not fill whole quantization groups of {unit}"
     extra, norms = {}, {}
     for name, c in m.children().items():
-        if name in ("q_proj", "k_proj", "v_proj", "qkv_proj", out_name) or not isinstance(c, nn.Module):
+        if name in ("q_proj", "k_proj", "v_proj", "qkv_proj", out_name) or not isinstance(
+            c, nn.Module
+        ):
             continue
-        if is_linear(c) and out_width(c) in (heads * per_o, heads):  # a gate on each head's output (or its scalar)
+        # a gate on each head's output (or its scalar)
+        if is_linear(c) and out_width(c) in (heads * per_o, heads):
             extra[name] = (c, out_width(c) // heads)
         elif isinstance(c, nn.RMSNorm) and c.weight.shape[-1] in (q_width, k_width) and heads > 1:
-            # A norm over all heads' queries or keys: each rank's part of it, its squares summed over the ranks.
+            # A norm over all heads' queries or keys: each rank's part of it, its squares summed
+            # over the ranks.
             if c.weight.shape[-1] == k_width and kv < n:
-                return None, f"its {name} is a norm over every KV head's keys, which ranks sharing KV heads would count twice"
+                return None, (
+                    f"its {name} is a norm over every KV head's keys, which ranks sharing KV "
+                    "heads would count twice"
+                )
             norms[name] = (c, q_width // heads if c.weight.shape[-1] == q_width else k_width // kv)
         elif is_linear(c) or any(v.ndim >= 2 for _, v in tree_flatten(c.parameters())):
             return None, f"its {name} ({type(c).__name__}) is of no layout this split knows"
 
     def heads_rows(start: int, per: int, query: bool) -> list[tuple[int, int]]:
-        return [(start + mine.start * per, start + mine.end * per)] if query else \
-            _joined([(start + j * per, start + (j + 1) * per) for j in mine.kv])
+        return (
+            [(start + mine.start * per, start + mine.end * per)]
+            if query
+            else _joined([(start + j * per, start + (j + 1) * per) for j in mine.kv])
+        )
 
     def step(group):
         for name, segments in parts.items():
-            setattr(m, name, rows(getattr(m, name), [r for s in segments for r in heads_rows(*s)], group))
+            setattr(
+                m,
+                name,
+                rows(getattr(m, name), [r for s in segments for r in heads_rows(*s)], group),
+            )
         for name, (c, per) in extra.items():
             setattr(m, name, rows(c, heads_rows(0, per, True), group))
         for name, (c, per) in norms.items():
-            (a, b), = heads_rows(0, per, c.weight.shape[-1] == q_width)
+            ((a, b),) = heads_rows(0, per, c.weight.shape[-1] == q_width)
             setattr(m, name, SplitRMSNorm(c.weight[a:b], c.eps, c.weight.shape[-1], group))
         setattr(m, out_name, columns(o, mine.start * per_o, mine.end * per_o, group))
         for name in PER_HEAD:
             if isinstance(getattr(m, name, None), mx.array):
-                setattr(m, name, getattr(m, name)[mine.start:mine.end])
+                setattr(m, name, getattr(m, name)[mine.start : mine.end])
         setattr(m, names[0], mine.end - mine.start)
         setattr(m, names[1], len(mine.kv))
         for name in GROUP_ATTRS:
             if isinstance(getattr(m, name, None), int):
                 setattr(m, name, mine.group)
+
     return step, None
 
 
@@ -227,6 +283,7 @@ def _mlp(m: nn.Module, n: int, rank: int):
         def step(group):  # gate's rows, then up's: the forward splits the output in halves
             m.gate_up_proj = rows(fused, [(a, b), (width + a, width + b)], group)
             m.down_proj = columns(down, a, b, group)
+
         return step
     for names in MLP_NAMES:
         parts = [getattr(m, x, None) if x else None for x in names]
@@ -240,12 +297,15 @@ def _mlp(m: nn.Module, n: int, rank: int):
                 if p is not None:
                     setattr(m, name, rows(p, [(a, b)], group))
             setattr(m, names[2], columns(parts[2], a, b, group))
+
         return step
     return None
 
 
 def _switch(b) -> bool:
-    return b is not None and all("Switch" in type(getattr(b, x, None)).__name__ for x in ("up_proj", "down_proj"))
+    return b is not None and all(
+        "Switch" in type(getattr(b, x, None)).__name__ for x in ("up_proj", "down_proj")
+    )
 
 
 def _expert_block(m: nn.Module) -> bool:
@@ -260,7 +320,9 @@ def _experts(m: nn.Module, n: int, rank: int):
     plans = []
     for blk in blocks:
         down = getattr(blk, "down_proj", None)
-        if down is None or not all(is_linear(getattr(blk, x, None)) or _switch(blk) for x in ("up_proj", "down_proj")):
+        if down is None or not all(
+            is_linear(getattr(blk, x, None)) or _switch(blk) for x in ("up_proj", "down_proj")
+        ):
             return None, f"its {type(blk).__name__} is of no layout this split knows"
         width, unit = in_width(down)
         plans.append((blk, spans(even(width, n, unit))[rank]))
@@ -275,4 +337,5 @@ def _experts(m: nn.Module, n: int, rank: int):
             m.sharding_group = group
         else:
             sum_output(m, group)
+
     return step, None

@@ -17,12 +17,15 @@ from mlx_ring.models.shape import read_shape
 @dataclass(frozen=True)
 class Share:
     """One rank's share of a model split for tensor mode."""
+
     heads: int  # query heads of each layer
     kv_heads: int
     columns: int  # MLP columns of each layer (each expert's, for a mixture of experts)
-    fraction: float  # of the whole model's weights this rank holds (embedding, norms and head are on every rank)
+    # of the whole model's weights this rank holds (embedding, norms and head are on every rank)
+    fraction: float
     layer: float = 1.0  # of each layer's weights this rank holds (what its step reads and computes)
-    cache: float = 1.0  # of each layer's KV cache this rank keeps (a KV head kept by several ranks counts on each)
+    # of each layer's KV cache this rank keeps (a KV head kept by several ranks counts on each)
+    cache: float = 1.0
 
 
 def refuse(kind: str, why: str) -> ValueError:
@@ -31,9 +34,9 @@ def refuse(kind: str, why: str) -> ValueError:
 
 
 def record() -> dict:
-    """What the tensor-mode matrix found: {"admitted": {type: {"uneven": bool, "shared": bool}}, "refused":
-    {type: reason}}: "uneven" where its layouts split unevenly, "shared" where KV heads kept by several
-    ranks were tested."""
+    """What the tensor-mode matrix found: {"admitted": {type: {"uneven": bool, "shared": bool}},
+    "refused": {type: reason}}: "uneven" where its layouts split unevenly, "shared" where KV
+    heads kept by several ranks were tested."""
     return support.load().get("tensor", {"admitted": {}, "refused": {}})
 
 
@@ -42,8 +45,11 @@ def check_admitted(kind: str) -> None:
     found = record()
     if kind in found["admitted"]:
         return
-    why = (f"its test split 2 and 3 ways fails: {found['refused'][kind]}" if kind in found["refused"] else
-           "no test has split it across ranks (docs/models.md lists the types tensor mode takes)")
+    why = (
+        f"its test split 2 and 3 ways fails: {found['refused'][kind]}"
+        if kind in found["refused"]
+        else "no test has split it across ranks (docs/models.md lists the types tensor mode takes)"
+    )
     raise refuse(kind, why)
 
 
@@ -66,9 +72,10 @@ def even(total: int, n: int, unit: int = 1) -> list[int]:
 
 @dataclass(frozen=True)
 class Heads:
-    """One rank's attention heads in every layer: query heads [start, end), and the model's KV head
-    behind each KV head the rank keeps, in order. A KV head may repeat, so that the rank's query heads
-    make equal groups over its KV heads, as attention's grouped queries need."""
+    """One rank's attention heads in every layer: query heads [start, end), and the model's KV
+    head behind each KV head the rank keeps, in order. A KV head may repeat, so that the rank's
+    query heads make equal groups over its KV heads, as attention's grouped queries need."""
+
     start: int
     end: int
     kv: tuple[int, ...]
@@ -80,12 +87,12 @@ class Heads:
 
 
 def head_split(heads: int, kv: int, n: int) -> list[Heads]:
-    """Each of n ranks' attention heads. With at least n KV heads, whole groups of them (the larger
-    first), so no KV head is kept twice. With fewer, the query heads as evenly as they go, each rank
-    keeping the KV heads its queries read (a KV head several ranks read is kept by each, as vLLM does);
-    of the even splits, the one whose busiest rank keeps the fewest KV heads, then the fewest in all
-    (found rank by rank, as many ranks' splits are too many to try). ValueError (a sentence) where the
-    heads cannot be shared n ways."""
+    """Each of n ranks' attention heads. With at least n KV heads, whole groups of them (the
+    larger first), so no KV head is kept twice. With fewer, the query heads as evenly as they go,
+    each rank keeping the KV heads its queries read (a KV head several ranks read is kept by
+    each, as vLLM does); of the even splits, the one whose busiest rank keeps the fewest KV
+    heads, then the fewest in all (found rank by rank, as many ranks' splits are too many to
+    try). ValueError (a sentence) where the heads cannot be shared n ways."""
     if heads % kv:
         raise ValueError(f"{heads} query heads are not whole groups of {kv} KV heads")
     g = heads // kv
@@ -96,21 +103,38 @@ def head_split(heads: int, kv: int, n: int) -> list[Heads]:
     size, extra = divmod(heads, n)  # `extra` ranks take one query head more
 
     @cache
-    def reads(r: int, u: int, big: int) -> Heads:  # rank r's heads, after u ranks that took one more
+    # rank r's heads, after u ranks that took one more
+    def reads(r: int, u: int, big: int) -> Heads:
         return _reading(r * size + u, r * size + u + size + big, g)
 
-    def steps(r: int, u: int, most: float):  # rank r's choices (the larger first) keeping at most `most` KV heads
-        return [(b, len(reads(r, u, b).kv)) for b in (1, 0) if u + b <= extra and len(reads(r, u, b).kv) <= most]
+    # rank r's choices (the larger first) keeping at most `most` KV heads
+    def steps(r: int, u: int, most: float):
+        return [
+            (b, len(reads(r, u, b).kv))
+            for b in (1, 0)
+            if u + b <= extra and len(reads(r, u, b).kv) <= most
+        ]
 
     @cache
     def busiest(r: int, u: int) -> float:  # the fewest KV heads the busiest of ranks r.. can keep
-        return (0 if u == extra else math.inf) if r == n else \
-            min((max(k, busiest(r + 1, u + b)) for b, k in steps(r, u, math.inf)), default=math.inf)
+        return (
+            (0 if u == extra else math.inf)
+            if r == n
+            else min(
+                (max(k, busiest(r + 1, u + b)) for b, k in steps(r, u, math.inf)), default=math.inf
+            )
+        )
 
     @cache
-    def total(r: int, u: int) -> float:  # the fewest KV heads ranks r.. keep, none more than the busiest
-        return (0 if u == extra else math.inf) if r == n else \
-            min((k + total(r + 1, u + b) for b, k in steps(r, u, busiest(0, 0))), default=math.inf)
+    # the fewest KV heads ranks r.. keep, none more than the busiest
+    def total(r: int, u: int) -> float:
+        return (
+            (0 if u == extra else math.inf)
+            if r == n
+            else min(
+                (k + total(r + 1, u + b) for b, k in steps(r, u, busiest(0, 0))), default=math.inf
+            )
+        )
 
     out, u = [], 0
     for r in range(n):
@@ -121,16 +145,17 @@ def head_split(heads: int, kv: int, n: int) -> list[Heads]:
 
 
 def _reading(a: int, b: int, g: int) -> Heads:
-    """Query heads [a, b) with the KV heads they read (`g` query heads to a KV head): runs of unequal
-    length repeat their KV head, in runs of their greatest common divisor, so the groups are equal."""
+    """Query heads [a, b) with the KV heads they read (`g` query heads to a KV head): runs of
+    unequal length repeat their KV head, in runs of their greatest common divisor, so the groups
+    are equal."""
     runs = [(j, min(b, (j + 1) * g) - max(a, j * g)) for j in range(a // g, (b - 1) // g + 1)]
     unit = math.gcd(*(length for _, length in runs))
     return Heads(a, b, tuple(j for j, length in runs for _ in range(length // unit)))
 
 
 def tensor_shares(config: dict, n: int) -> list[Share]:
-    """Each of n ranks' share of the model `config` (a config.json) describes, split for tensor mode;
-    ValueError, in `split_model`'s words, where it cannot be split n ways."""
+    """Each of n ranks' share of the model `config` (a config.json) describes, split for tensor
+    mode; ValueError, in `split_model`'s words, where it cannot be split n ways."""
     kind = config.get("model_type", "?")
     check_admitted(kind)
     shape = read_shape(config)
@@ -150,16 +175,25 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
         raise refuse(kind, str(e)) from None
     head_dim = shape.head_dim
     if quant and any((h.start * head_dim) % unit for h in split):
-        raise refuse(kind, f"its heads of {head_dim} columns do not fill whole quantization groups of {unit}")
+        raise refuse(
+            kind, f"its heads of {head_dim} columns do not fill whole quantization groups of {unit}"
+        )
     cols, expert_cols = even(width, n, unit), even(expert_width, n, unit)
     uneven = kv % n or heads % n or any(len(set(c)) > 1 for c in (cols, expert_cols) if sum(c))
     if uneven and n > 1 and not record()["admitted"][kind].get("uneven"):
-        raise refuse(kind, f"its {heads} heads, {kv} KV heads and MLP of {width} columns do not split evenly {n} ways, "
-                           "and only mlx-lm's shard(), which splits evenly, is tested for it")
+        raise refuse(
+            kind,
+            f"its {heads} heads, {kv} KV heads and MLP of {width} columns do not split evenly {n} "
+            "ways, and only mlx-lm's shard(), which splits evenly, is tested for it",
+        )
     if kv < n and not record()["admitted"][kind].get("shared"):
-        raise refuse(kind, f"its {kv} KV heads are fewer than {n} ranks, and no test has kept a KV head on several "
-                           "ranks for it")
-    # Parameter counts of the standard layout, to weigh heads against columns against what every rank holds.
+        raise refuse(
+            kind,
+            f"its {kv} KV heads are fewer than {n} ranks, and no test has kept a KV head on "
+            "several ranks for it",
+        )
+    # Parameter counts of the standard layout, to weigh heads against columns against what every
+    # rank holds.
     attn_q = 2 * hidden * head_dim  # a query head's rows in q and columns in o
     attn_kv = 2 * hidden * head_dim  # a KV head's rows in k and v
     mlp_col = 3 * hidden  # a column's row in gate and up, column in down
@@ -173,7 +207,14 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
     latent = bool(shape.kv_lora_rank)
     for h, c, e in zip(split, cols, expert_cols if expert_width else [0] * n):
         mine = (h.end - h.start) * attn_q + len(h.kv) * attn_kv + c * mlp_col + e * expert_col
-        shares.append(Share(heads=h.end - h.start, kv_heads=len(h.kv), columns=c,
-                            fraction=(replicated + layers * mine) / total, layer=mine / whole_layer,
-                            cache=1.0 if latent else len(h.kv) / kv))
+        shares.append(
+            Share(
+                heads=h.end - h.start,
+                kv_heads=len(h.kv),
+                columns=c,
+                fraction=(replicated + layers * mine) / total,
+                layer=mine / whole_layer,
+                cache=1.0 if latent else len(h.kv) / kv,
+            )
+        )
     return shares

@@ -1,11 +1,13 @@
-"""What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)` and a
-larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
-lower quartile of each size's rounds gives a latency and a bandwidth (a line through the two), cached
-per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto reads it; `./launch.sh
-check` measures it under mlx.launch on every host (`./launch.sh probe allsum`), and a ring that starts
-without one (or with one `implausible` says to measure again) measures it once at startup.
+"""What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)`
+and a larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
+lower quartile of each size's rounds gives a latency and a bandwidth (a line through the two),
+cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto reads it;
+`./launch.sh check` measures it under mlx.launch on every host (`./launch.sh probe allsum`), and a
+ring that starts without one (or with one `implausible` says to measure again) measures it once at
+startup.
 
-Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh probe allsum HIDDEN DTYPE`.
+Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh probe allsum HIDDEN
+DTYPE`.
 """
 
 import json
@@ -22,36 +24,54 @@ log = logging.getLogger(__name__)
 ROWS = (1, 64)  # one stream's hidden state, and a batch's
 ROUNDS = 12  # timed rounds of each size, the two sizes taking turns
 WARMUP = 2  # untimed rounds first: the rounds right after connecting run far slower
-CHAIN = (16, 4)  # all_sums in one graph, one after the other, of each size: latency needs the longer chain
-BUDGET_S = 1.5  # past this (warm-up included), the timing stops after the round in hand: `check` on a slow link stays quick
-PROBE = 2  # this way of timing; a figure cached by an older way (a median of 5 rounds, no warm-up) is measured again
-TRANSPORTS = {"ring": "ring (TCP)", "jaccl": "JACCL (Thunderbolt)", "jaccl-ring": "JACCL (Thunderbolt)", "nccl": "NCCL"}
+# all_sums in one graph, one after the other, of each size: latency needs the longer chain
+CHAIN = (16, 4)
+# past this (warm-up included), the timing stops after the round in hand: `check` on a slow link
+# stays quick
+BUDGET_S = 1.5
+# this way of timing; a figure cached by an older way (a median of 5 rounds, no warm-up) is measured
+# again
+PROBE = 2
+TRANSPORTS = {
+    "ring": "ring (TCP)",
+    "jaccl": "JACCL (Thunderbolt)",
+    "jaccl-ring": "JACCL (Thunderbolt)",
+    "nccl": "NCCL",
+}
 
 
 def kept(ms: list[float]) -> float:
-    """The figure a size's rounds give: their lower quartile. A stall (another process on a rank's
-    core, a rank still starting) slows a round and never speeds one, and a step on a quiet ring pays
-    what the quiet rounds paid: on 2 pinned CPU ranks over loopback, rounds of 0.1 ms next to 9 ms."""
+    """The figure a size's rounds give: their lower quartile. A stall (another process on a
+    rank's core, a rank still starting) slows a round and never speeds one, and a step on a quiet
+    ring pays what the quiet rounds paid: on 2 pinned CPU ranks over loopback, rounds of 0.1 ms
+    next to 9 ms."""
     return sorted(ms)[len(ms) // 4]
 
 
 def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -> dict:
-    """Collective (every rank calls it): milliseconds one all_sum of `(rows, hidden)` takes for each of
-    ROWS, as this rank saw them (`kept` of its rounds, and their median). The all_sums are chained in
-    one graph, each on the last one's result, as a model's layers issue them: an all_sum evaluated
-    alone also pays a trip to the host and back (on 2 x H100 over NCCL 0.10 ms alone, 0.047 ms
-    chained). The sizes take turns, so a burst of other work slows both alike. A slow link is timed
-    on fewer rounds: the ranks agree after each whether one of them is past BUDGET_S, so all run the
-    same collectives."""
+    """Collective (every rank calls it): milliseconds one all_sum of `(rows, hidden)` takes for
+    each of ROWS, as this rank saw them (`kept` of its rounds, and their median). The all_sums
+    are chained in one graph, each on the last one's result, as a model's layers issue them: an
+    all_sum evaluated alone also pays a trip to the host and back (on 2 x H100 over NCCL 0.10 ms
+    alone, 0.047 ms chained). The sizes take turns, so a burst of other work slows both alike. A
+    slow link is timed on fewer rounds: the ranks agree after each whether one of them is past
+    BUDGET_S, so all run the same collectives."""
     import mlx.core as mx
 
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
-    out = {"hidden": hidden, "dtype": dtype, "ranks": world.size(), "bytes_per_element": dt.size, "probe": PROBE}
+    out = {
+        "hidden": hidden,
+        "dtype": dtype,
+        "ranks": world.size(),
+        "bytes_per_element": dt.size,
+        "probe": PROBE,
+    }
     xs = {rows: mx.ones((rows, hidden), dtype=dt) for rows in ROWS}
 
     def chained(x, chain):
         for _ in range(chain):
-            x = mx.distributed.all_sum(x, group=world) * (1 / world.size())  # stays ones: no overflow
+            # stays ones: no overflow
+            x = mx.distributed.all_sum(x, group=world) * (1 / world.size())
         return x
 
     ts: dict[int, list[float]] = {rows: [] for rows in ROWS}
@@ -81,8 +101,10 @@ def implausible(result: dict) -> str:
         return "measured by an older probe that kept a median of 5 rounds without a warm-up"
     one, many = result[f"rows_{ROWS[0]}_ms"], result[f"rows_{ROWS[1]}_ms"]
     if one > 2 * many:
-        return (f"{one:.3g} ms for (1, {result['hidden']}) against {many:.3g} ms for ({ROWS[1]}, {result['hidden']}): "
-                "stalls were timed, not the link")
+        return (
+            f"{one:.3g} ms for (1, {result['hidden']}) against {many:.3g} ms for ({ROWS[1]}, "
+            f"{result['hidden']}): stalls were timed, not the link"
+        )
     return ""
 
 
@@ -94,9 +116,15 @@ def fit(result: dict, transport: str = "ring (TCP)", when: str = "") -> AllSum:
     # A bigger array that took no longer says the link's bandwidth is beyond what was measured.
     gbs = (big - small) / (t64 - t1) / 1e9 if t64 > t1 else (big - small) / max(t64, 1e-6) / 1e9
     latency = max(t1 - small / (gbs * 1e9), 0.0)
-    return AllSum(round(latency * 1e3, 4), round(gbs, 3), int(result["ranks"]), transport,
-                  f"measured on this ring{' ' + when if when else ''}: {result[f'rows_{ROWS[0]}_ms']:.3g} ms for "
-                  f"(1, {result['hidden']}), {result[f'rows_{ROWS[1]}_ms']:.3g} ms for ({ROWS[1]}, {result['hidden']})")
+    return AllSum(
+        round(latency * 1e3, 4),
+        round(gbs, 3),
+        int(result["ranks"]),
+        transport,
+        f"measured on this ring{' ' + when if when else ''}: {result[f'rows_{ROWS[0]}_ms']:.3g} "
+        f"ms for (1, {result['hidden']}), {result[f'rows_{ROWS[1]}_ms']:.3g} ms for "
+        f"({ROWS[1]}, {result['hidden']})",
+    )
 
 
 def parse(output: str) -> dict | None:
@@ -129,7 +157,11 @@ def cached(cache_dir: Path, key: str) -> AllSum | None:
         if row and (why := implausible(row)):
             log.info("the all_sum cached for %s is measured again: %s", key, why)
             return None
-        return fit(row, TRANSPORTS.get(key.split("|", 1)[0], "ring (TCP)"), row.get("measured", "")) if row else None
+        return (
+            fit(row, TRANSPORTS.get(key.split("|", 1)[0], "ring (TCP)"), row.get("measured", ""))
+            if row
+            else None
+        )
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return None
 
@@ -152,16 +184,17 @@ def remember(cache_dir: Path, key: str, result: dict) -> None:
 
 
 def backend_of(entries: list[dict]) -> str:
-    """The backend a ring of these hosts.json entries runs its collectives on, as `hostfile.ring_backend`
-    chooses it: "jaccl" (a full mesh or a ring of RDMA devices alike), else "ring" (MLX's, over TCP)."""
+    """The backend a ring of these hosts.json entries runs its collectives on, as
+    `hostfile.ring_backend` chooses it: "jaccl" (a full mesh or a ring of RDMA devices alike),
+    else "ring" (MLX's, over TCP)."""
     return "jaccl" if ring_backend(entries).startswith("jaccl") else "ring"
 
 
 def ring_allsum(cache_dir: Path, entries: list[dict], backend: str = "") -> AllSum:
-    """The all_sum measured on the ring of these hosts.json entries, else the default for its backend.
-    `backend`: the one tensor mode's all_sums go over, where the caller knows it (a rank: "nccl" on CUDA
-    GPUs, `sums.nccl_sums`); else one measured over NCCL on these hosts wins (only CUDA hosts measure
-    one), then the hostfile's."""
+    """The all_sum measured on the ring of these hosts.json entries, else the default for its
+    backend. `backend`: the one tensor mode's all_sums go over, where the caller knows it (a
+    rank: "nccl" on CUDA GPUs, `sums.nccl_sums`); else one measured over NCCL on these hosts wins
+    (only CUDA hosts measure one), then the hostfile's."""
     hosts = [str(e.get("ssh", "")) for e in entries]
     backends = [backend] if backend else ["nccl", backend_of(entries)]
     for b in backends:
@@ -178,11 +211,13 @@ def main(argv: list[str]) -> None:
     from mlx_ring.ring.world import init_world, ring_description
 
     hidden, dtype = int(argv[0]), argv[1]
-    # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a core
-    # watching it, and on 2 cores the all_sums then timed the ranks' waits for a core, not the link.
+    # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a
+    # core watching it, and on 2 cores the all_sums then timed the ranks' waits for a core, not the
+    # link.
     world = init_world()
     description = ring_description()  # NCCL's group forms from it on CUDA GPUs, as a server's does
-    drop_hostfile()  # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs
+    # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs
+    drop_hostfile()
     group = sum_group(world, description)  # what tensor mode's all_sums would run over
     result = measure(group, hidden, dtype) | {"backend": "ring" if group is world else "nccl"}
     if world.rank() == 0:

@@ -1,6 +1,7 @@
-"""PARALLEL: the mode a ring runs in (pipeline or tensor), chosen (`auto`) from each mode's predictions
-and whether it fits, with the sentence that says why; and the plan of that mode. Pure, no MLX: the
-dry run, the launcher and the ranks at startup each decide the same from the same inputs."""
+"""PARALLEL: the mode a ring runs in (pipeline or tensor), chosen (`auto`) from each mode's
+predictions and whether it fits, with the sentence that says why; and the plan of that mode.
+Pure, no MLX: the dry run, the launcher and the ranks at startup each decide the same from the
+same inputs."""
 
 from dataclasses import dataclass
 
@@ -23,7 +24,8 @@ from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
 from mlx_ring.planning.split import ShareSize, even_sizes, tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
-MARGIN = 1.1  # tensor mode must beat the pipeline's one stream by this much: host costs are not modelled
+# tensor mode must beat the pipeline's one stream by this much: host costs are not modelled
+MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -35,36 +37,61 @@ class ModeChoice:
     modes: dict  # "pipeline" / "tensor" -> prediction (see `predict`)
 
 
-def predict(model: ModelSpec, caps: list[Capabilities], pipeline: LayerPlan | str, split: list[float] | str,
-            allsum: AllSum, kv_tokens: int, links: list[tuple[float, float]] | None = None) -> dict:
+def predict(
+    model: ModelSpec,
+    caps: list[Capabilities],
+    pipeline: LayerPlan | str,
+    split: list[float] | str,
+    allsum: AllSum,
+    kv_tokens: int,
+    links: list[tuple[float, float]] | None = None,
+) -> dict:
     """Each mode's prediction as plain data: `error` (why it cannot run, "" if it can), decoded
     `tokens_per_s` per number of streams (one: per stream; more: aggregate), `first_token_s` of a
-    long prompt, `kv_capacity_tokens`; tensor also what its all_sums cost. `pipeline` is the pipeline's
-    plan or why none fits; `split` each rank's share in tensor mode, or why the model does not split."""
+    long prompt, `kv_capacity_tokens`; tensor also what its all_sums cost. `pipeline` is the
+    pipeline's plan or why none fits; `split` each rank's share in tensor mode, or why the model
+    does not split."""
     n = len(caps)
     out = {}
     if isinstance(pipeline, LayerPlan):
-        out["pipeline"] = {"error": "", "sizes": pipeline.sizes,
-                           "tokens_per_s": {str(s): round(pipeline_tokens_per_s(model, caps, pipeline, s, links), 2)
-                                            for s in STREAMS},
-                           "first_token_s": round(pipeline_first_token(model, caps, pipeline, PROMPT, links), 3),
-                           "kv_capacity_tokens": kv_room(model, caps, pipeline, kv_tokens)}
+        out["pipeline"] = {
+            "error": "",
+            "sizes": pipeline.sizes,
+            "tokens_per_s": {
+                str(s): round(pipeline_tokens_per_s(model, caps, pipeline, s, links), 2)
+                for s in STREAMS
+            },
+            "first_token_s": round(pipeline_first_token(model, caps, pipeline, PROMPT, links), 3),
+            "kv_capacity_tokens": kv_room(model, caps, pipeline, kv_tokens),
+        }
     else:
         out["pipeline"] = {"error": pipeline}
     one = allsum.seconds(model.hidden_bytes, n)
-    comm = {"allsum_ms": round(one * 1e3, 4), "allsum_ms_per_token": round(2 * model.n_layers * one * 1e3, 3),
-            "allsum_64_ms": round(allsum.seconds(64 * model.hidden_bytes, n) * 1e3, 4),
-            "transport": allsum.transport, "allsum_from": allsum.source}
-    error = "tensor mode needs at least two ranks" if n < 2 else split if isinstance(split, str) else ""
+    comm = {
+        "allsum_ms": round(one * 1e3, 4),
+        "allsum_ms_per_token": round(2 * model.n_layers * one * 1e3, 3),
+        "allsum_64_ms": round(allsum.seconds(64 * model.hidden_bytes, n) * 1e3, 4),
+        "transport": allsum.transport,
+        "allsum_from": allsum.source,
+    }
+    error = (
+        "tensor mode needs at least two ranks" if n < 2 else split if isinstance(split, str) else ""
+    )
     error = error or tensor_misfit(model, caps, split, kv_tokens)
     if error:
         out["tensor"] = {"error": error, **comm}
     else:
-        out["tensor"] = {"error": "", "shares": [round(s.layer, 4) for s in split],
-                         "tokens_per_s": {str(s): round(tensor_tokens_per_s(model, caps, split, s, allsum), 2)
-                                          for s in STREAMS},
-                         "first_token_s": round(tensor_first_token(model, caps, split, allsum, PROMPT), 3),
-                         "kv_capacity_tokens": tensor_kv_room(model, caps, split, kv_tokens), **comm}
+        out["tensor"] = {
+            "error": "",
+            "shares": [round(s.layer, 4) for s in split],
+            "tokens_per_s": {
+                str(s): round(tensor_tokens_per_s(model, caps, split, s, allsum), 2)
+                for s in STREAMS
+            },
+            "first_token_s": round(tensor_first_token(model, caps, split, allsum, PROMPT), 3),
+            "kv_capacity_tokens": tensor_kv_room(model, caps, split, kv_tokens),
+            **comm,
+        }
     return out
 
 
@@ -96,41 +123,67 @@ def decide(parallel: str, n: int, modes: dict, fixed: str = "") -> tuple[str, st
         return "tensor", f"tensor: the pipeline does not fit ({p['error']})"
     ratio = t["tokens_per_s"]["1"] / p["tokens_per_s"]["1"]
     if ratio >= MARGIN:
-        return "tensor", f"tensor: {n} ranks, {link}; predicted {ratio:.2f}x the pipeline's one stream"
+        return (
+            "tensor",
+            f"tensor: {n} ranks, {link}; predicted {ratio:.2f}x the pipeline's one stream",
+        )
     if ratio < 1:
-        return "pipeline", (f"pipeline: {link} would cost {t['allsum_ms_per_token']:.3g} ms a token; tensor mode "
-                            f"predicted {ratio:.2f}x the pipeline's one stream")
-    return "pipeline", (f"pipeline: tensor mode predicted only {ratio:.3f}x the pipeline's one stream ({link}), "
-                        f"under the {MARGIN:.1f}x it must gain to be chosen")
+        return "pipeline", (
+            f"pipeline: {link} would cost {t['allsum_ms_per_token']:.3g} ms a token; tensor mode "
+            f"predicted {ratio:.2f}x the pipeline's one stream"
+        )
+    return "pipeline", (
+        f"pipeline: tensor mode predicted only {ratio:.3f}x the pipeline's one stream ({link}), "
+        f"under the {MARGIN:.1f}x it must gain to be chosen"
+    )
 
 
-def plan_mode(spec: ModelSpec, measured: list[Capabilities], host_keys: list[dict] | None, parallel: str,
-              strategy: str, kv_tokens: int, layers=None, prompt_cache_gb: float = 0.0, provisioned=None,
-              split: list[float] | str = "", allsum: AllSum | None = None,
-              links: list[tuple[float, float]] | None = None) -> tuple[LayerPlan, list[Capabilities], list[float], ModeChoice]:
-    """(plan, each rank's capabilities as planned with, GB kept for the prompt cache, the choice): the
-    pipeline's plan as `plan_for` makes it or every rank's share of every layer, as PARALLEL says.
-    A `provisioned` plan of one stage on several ranks is a tensor plan the launcher chose."""
+def plan_mode(
+    spec: ModelSpec,
+    measured: list[Capabilities],
+    host_keys: list[dict] | None,
+    parallel: str,
+    strategy: str,
+    kv_tokens: int,
+    layers=None,
+    prompt_cache_gb: float = 0.0,
+    provisioned=None,
+    split: list[float] | str = "",
+    allsum: AllSum | None = None,
+    links: list[tuple[float, float]] | None = None,
+) -> tuple[LayerPlan, list[Capabilities], list[float], ModeChoice]:
+    """(plan, each rank's capabilities as planned with, GB kept for the prompt cache, the
+    choice): the pipeline's plan as `plan_for` makes it or every rank's share of every layer, as
+    PARALLEL says. A `provisioned` plan of one stage on several ranks is a tensor plan the
+    launcher chose."""
     allsum = allsum or DEFAULT_ALLSUM["ring"]
     caps, kept = ring_caps(measured, host_keys, prompt_cache_gb)
     n = len(caps)
-    shipped = ""  # the mode of the plan the launcher provisioned: one stage on several ranks is tensor mode
+    # the mode of the plan the launcher provisioned: one stage on several ranks is tensor mode
+    shipped = ""
     if provisioned:
         shipped = "tensor" if len(provisioned[1]) == 1 and n > 1 else "pipeline"
         provisioned = provisioned if shipped == "pipeline" else None
     try:
-        pipe: LayerPlan | str = plan_for(spec, measured, host_keys, strategy, kv_tokens, layers, prompt_cache_gb,
-                                         provisioned)[0]
+        pipe: LayerPlan | str = plan_for(
+            spec, measured, host_keys, strategy, kv_tokens, layers, prompt_cache_gb, provisioned
+        )[0]
     except ValueError as e:
         pipe = str(e)
-    modes = predict(spec, caps, pipe, split if split != "" else even_sizes(n), allsum, kv_tokens, links)
+    modes = predict(
+        spec, caps, pipe, split if split != "" else even_sizes(n), allsum, kv_tokens, links
+    )
     if shipped:
         mode, reason = decide(shipped, n, modes)  # raises where the shipped mode cannot run here
         try:  # the launcher's reason, where these inputs give its choice; else only that it chose
             again, why = decide(parallel, n, modes)
         except ValueError:
             again = ""
-        reason = why if again == shipped else f"{shipped}: as the launcher planned it (PARALLEL={parallel})"
+        reason = (
+            why
+            if again == shipped
+            else f"{shipped}: as the launcher planned it (PARALLEL={parallel})"
+        )
     else:
         fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
         mode, reason = decide(parallel, n, modes, fixed)
@@ -145,19 +198,34 @@ def with_choice(summary: dict, choice: ModeChoice) -> dict:
 
 def format_modes(modes: dict, reason: str) -> str:
     """Each mode's predictions, a line each, then the choice and why."""
-    lines = [f"{'mode':<10}{'1 stream':>10}{'16 streams':>12}{'64 streams':>12}{f'first token ({PROMPT})':>24}"
-             f"{'KV room':>10}  all_sum"]
+    lines = [
+        f"{'mode':<10}{'1 stream':>10}{'16 streams':>12}{'64 streams':>12}"
+        f"{f'first token ({PROMPT})':>24}{'KV room':>10}  all_sum"
+    ]
     for name in ("pipeline", "tensor"):
         m = modes[name]
-        comm = (f"{m['allsum_ms']:.3g} ms ({m['allsum_ms_per_token']:.3g} ms a token) over {m['transport']}"
-                if name == "tensor" else "-")
+        comm = (
+            (
+                f"{m['allsum_ms']:.3g} ms ({m['allsum_ms_per_token']:.3g} ms a token) "
+                f"over {m['transport']}"
+            )
+            if name == "tensor"
+            else "-"
+        )
         if m["error"]:
             lines.append(f"{name:<10}{'cannot run: ' + m['error']}")
             continue
         tps = m["tokens_per_s"]
-        lines.append(f"{name:<10}{tps['1']:>10.2f}{tps['16']:>12.1f}{tps['64']:>12.1f}{m['first_token_s']:>22.2f} s"
-                     f"{m['kv_capacity_tokens']:>10}  {comm}")
-    lines.append(f"tokens/s decoded: per stream at 1, in aggregate at 16 and 64; all_sum {modes['tensor']['allsum_from']}")
+        lines.append(
+            f"{name:<10}{tps['1']:>10.2f}{tps['16']:>12.1f}{tps['64']:>12.1f}"
+            f"{m['first_token_s']:>22.2f} s{m['kv_capacity_tokens']:>10}  {comm}"
+        )
+    lines.append(
+        (
+            "tokens/s decoded: per stream at 1, in aggregate at 16 and 64; all_sum "
+            f"{modes['tensor']['allsum_from']}"
+        )
+    )
     lines.append(f"mode {reason}")
     return "\n".join(lines)
 
@@ -165,7 +233,10 @@ def format_modes(modes: dict, reason: str) -> str:
 def shares_or_refusal(config: dict | None, n: int) -> list[ShareSize] | str:
     """Each rank's part of every layer, or the sentence why the model does not split `n` ways."""
     if config is None:
-        return "the model's config.json was not read, so its heads are not known; tensor mode needs them"
+        return (
+            "the model's config.json was not read, so its heads are not known; "
+            "tensor mode needs them"
+        )
     try:
         return tensor_shares(config, n)
     except ValueError as e:

@@ -14,13 +14,16 @@ class Capabilities:
     memory_gb: float  # total memory (GiB)
     usable_gb: float  # what this rank may fill: weights, KV cache and runtime (GiB)
     tflops: float  # matmul speed in the model's dtype (10**12 FLOP/s)
-    bandwidth_gbs: float  # memory bandwidth (10**9 bytes/s); one decoded token reads every weight once
+    # memory bandwidth (10**9 bytes/s); one decoded token reads every weight once
+    bandwidth_gbs: float
     device: str = ""
     layers: int | None = None  # custom: exactly this many layers
     weight: float | None = None  # custom: this rank's share of the layers not fixed by `layers`
     source: str = "probed"
-    working_set_gb: float = 0.0  # Metal's recommended working set (GiB): the most the GPU may wire; 0: none
-    unit: str = ""  # the GPU or the cores this rank has to itself on its host ("": it shares the host's)
+    # Metal's recommended working set (GiB): the most the GPU may wire; 0: none
+    working_set_gb: float = 0.0
+    # the GPU or the cores this rank has to itself on its host ("": it shares the host's)
+    unit: str = ""
 
 
 def default_usable_gb(memory_gb: float) -> float:
@@ -43,22 +46,36 @@ def with_host_keys(cap: Capabilities, entry: dict) -> Capabilities:
     """hosts.json keys win over what was measured; `max_memory_gb` caps what the plan may fill."""
     where = f"hosts.json entry of {cap.host}"
     for k in NUMBER_KEYS:
-        if k in entry and (not isinstance(entry[k], (int, float)) or isinstance(entry[k], bool) or entry[k] <= 0):
+        if k in entry and (
+            not isinstance(entry[k], (int, float)) or isinstance(entry[k], bool) or entry[k] <= 0
+        ):
             raise ValueError(f"{where}: {k} must be a positive number, got {entry[k]!r}")
     if "layers" in entry and (not isinstance(entry["layers"], int) or entry["layers"] < 1):
-        raise ValueError(f"{where}: layers must be a whole number of at least 1, got {entry['layers']!r}")
+        raise ValueError(
+            f"{where}: layers must be a whole number of at least 1, got {entry['layers']!r}"
+        )
     if not any(k in entry for k in HOST_KEYS):
         return cap
     memory = float(entry.get("memory_gb", cap.memory_gb))
-    usable = float(entry.get("usable_gb", default_usable_gb(memory) if "memory_gb" in entry else cap.usable_gb))
+    usable = float(
+        entry.get("usable_gb", default_usable_gb(memory) if "memory_gb" in entry else cap.usable_gb)
+    )
     usable = min(usable, float(entry.get("max_memory_gb", usable)))
-    if cap.working_set_gb:  # a probed Mac: its GPU wires no more than Metal allows, whatever is declared
+    # a probed Mac: its GPU wires no more than Metal allows, whatever is declared
+    if cap.working_set_gb:
         usable = min(usable, cap.working_set_gb)
     measured = any(k in entry for k in ("memory_gb", "usable_gb", "tflops", "bandwidth_gbs"))
-    return replace(cap, memory_gb=memory, usable_gb=usable, tflops=float(entry.get("tflops", cap.tflops)),
-                   bandwidth_gbs=float(entry.get("bandwidth_gbs", cap.bandwidth_gbs)), device=entry.get("device", cap.device),
-                   layers=entry.get("layers", cap.layers), weight=entry.get("weight", cap.weight),
-                   source="hosts.json" if measured else cap.source)
+    return replace(
+        cap,
+        memory_gb=memory,
+        usable_gb=usable,
+        tflops=float(entry.get("tflops", cap.tflops)),
+        bandwidth_gbs=float(entry.get("bandwidth_gbs", cap.bandwidth_gbs)),
+        device=entry.get("device", cap.device),
+        layers=entry.get("layers", cap.layers),
+        weight=entry.get("weight", cap.weight),
+        source="hosts.json" if measured else cap.source,
+    )
 
 
 def memory_pool(c: Capabilities) -> tuple[str, str]:
@@ -67,9 +84,9 @@ def memory_pool(c: Capabilities) -> tuple[str, str]:
 
 
 def colocate(caps: list[Capabilities]) -> list[Capabilities]:
-    """Ranks on one host share its memory and its speed: each gets its share of the memory it fills
-    (the host's, or a GPU's of its own: `memory_pool`) and the first such rank's speed, so the plan does
-    not chase measurement noise between them."""
+    """Ranks on one host share its memory and its speed: each gets its share of the memory it
+    fills (the host's, or a GPU's of its own: `memory_pool`) and the first such rank's speed, so
+    the plan does not chase measurement noise between them."""
     first: dict[str, Capabilities] = {}
     count: dict[str, int] = {}
     pools: dict[tuple[str, str], list[Capabilities]] = {}
@@ -81,8 +98,17 @@ def colocate(caps: list[Capabilities]) -> list[Capabilities]:
     for c in caps:
         f, k = first[c.host], count[c.host]
         pool = pools[memory_pool(c)]
-        out.append(c if k == 1 else replace(c, tflops=f.tflops, bandwidth_gbs=f.bandwidth_gbs, device=f.device,
-                                            usable_gb=min(c.usable_gb, pool[0].usable_gb / len(pool))))
+        out.append(
+            c
+            if k == 1
+            else replace(
+                c,
+                tflops=f.tflops,
+                bandwidth_gbs=f.bandwidth_gbs,
+                device=f.device,
+                usable_gb=min(c.usable_gb, pool[0].usable_gb / len(pool)),
+            )
+        )
     return out
 
 
@@ -94,6 +120,7 @@ def compute_units(caps: list[Capabilities]) -> int:
 
 def set_aside(caps: list[Capabilities], gb: float) -> tuple[list[Capabilities], list[float]]:
     """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at most a
-    quarter of what the rank may fill, so a small host still takes layers): (caps, GB kept per rank)."""
+    quarter of what the rank may fill, so a small host still takes layers): (caps, GB kept per
+    rank)."""
     kept = [min(gb, c.usable_gb / 4) for c in caps]
     return [replace(c, usable_gb=c.usable_gb - k) for c, k in zip(caps, kept)], kept

@@ -22,11 +22,15 @@ class Planned:
     runtime_gb: float = 0.0
     predicted_stage_ms: float = 0.0
     share: float | None = None  # tensor mode: its share of every layer (None: a pipeline's stage)
-    cache_share: float | None = None  # tensor mode: its part of every layer's KV cache (its KV heads)
-    prompt_cache_gb: float | None = None  # set aside for the prompt cache on this rank (None: not planned)
-    kv_room_gb: float | None = None  # its caches for the KV room every rank grants (None: not planned)
+    # tensor mode: its part of every layer's KV cache (its KV heads)
+    cache_share: float | None = None
+    # set aside for the prompt cache on this rank (None: not planned)
+    prompt_cache_gb: float | None = None
+    # its caches for the KV room every rank grants (None: not planned)
+    kv_room_gb: float | None = None
     most_gb: float | None = None  # the most it holds: weights, runtime, KV room and prompt cache
-    measured_runtime_gb: float | None = None  # the warm-up's measure of its activations (None: before it)
+    # the warm-up's measure of its activations (None: before it)
+    measured_runtime_gb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,25 @@ class RankFacts:
         """From a rank's `Shard.info()` and its row of the planner's summary (its keys that the
         rank's own facts hold are not taken from the summary)."""
         view = {k: v for k, v in (planned or {}).items() if k not in ("rank", "host", "layers")}
-        return cls(rank=info["rank"], host=info["host"], layers=tuple(info["layers"]),
-                   parameter_bytes_kib=info["parameter_bytes"] >> 10, holds_embedding=info["holds_embedding"],
-                   holds_head=info["holds_head"], planned=Planned(**view) if planned is not None else None)
+        return cls(
+            rank=info["rank"],
+            host=info["host"],
+            layers=tuple(info["layers"]),
+            parameter_bytes_kib=info["parameter_bytes"] >> 10,
+            holds_embedding=info["holds_embedding"],
+            holds_head=info["holds_head"],
+            planned=Planned(**view) if planned is not None else None,
+        )
 
     def to_json(self) -> dict:
-        out = {"rank": self.rank, "host": self.host, "layers": list(self.layers), "holds_embedding": self.holds_embedding,
-               "holds_head": self.holds_head, "parameter_bytes_kib": self.parameter_bytes_kib}
+        out = {
+            "rank": self.rank,
+            "host": self.host,
+            "layers": list(self.layers),
+            "holds_embedding": self.holds_embedding,
+            "holds_head": self.holds_head,
+            "parameter_bytes_kib": self.parameter_bytes_kib,
+        }
         if self.planned is not None:
             out |= {k: v for k, v in asdict(self.planned).items() if v is not None}
         return out
@@ -63,7 +79,8 @@ class Prediction:
     """What the planner predicts of the whole ring."""
 
     kv_tokens: int  # KV_TOKENS: the context the plan keeps room for on every rank
-    kv_room: int  # tokens of KV cache every rank holds at once, beside its slice (JSON: kv_capacity_tokens)
+    # tokens of KV cache every rank holds at once, beside its slice (JSON: kv_capacity_tokens)
+    kv_room: int
     predicted_tokens_per_s: float | None
     slowest_stage_ms: float
     allsum_ms_per_token: float | None = None  # tensor mode: the all_sums' share of a token
@@ -73,9 +90,15 @@ class Prediction:
     @classmethod
     def of(cls, summary: dict) -> "Prediction":
         """From the planner's summary (`planning/report.summary`)."""
-        return cls(summary["kv_tokens"], summary["kv_capacity_tokens"], summary["predicted_tokens_per_s"],
-                   summary["slowest_stage_ms"], summary.get("allsum_ms_per_token"), summary.get("mode_reason"),
-                   summary.get("modes"))
+        return cls(
+            summary["kv_tokens"],
+            summary["kv_capacity_tokens"],
+            summary["predicted_tokens_per_s"],
+            summary["slowest_stage_ms"],
+            summary.get("allsum_ms_per_token"),
+            summary.get("mode_reason"),
+            summary.get("modes"),
+        )
 
 
 @dataclass(frozen=True)
@@ -90,14 +113,30 @@ class PlanFacts:
     tensor: int = 1  # ranks sharing each stage (LayerPlan.tensor)
 
     def to_json(self) -> dict:
-        out = {"strategy": self.strategy, "mode": self.mode, "tensor": self.tensor, "n_layers": self.n_layers,
-               "ranges": [list(r) for r in self.ranges]}
+        out = {
+            "strategy": self.strategy,
+            "mode": self.mode,
+            "tensor": self.tensor,
+            "n_layers": self.n_layers,
+            "ranges": [list(r) for r in self.ranges],
+        }
         p = self.prediction
         if p is not None:
-            out |= {"kv_tokens": p.kv_tokens, "kv_capacity_tokens": p.kv_room,
-                    "predicted_tokens_per_s": p.predicted_tokens_per_s, "slowest_stage_ms": p.slowest_stage_ms}
-            out |= {k: v for k, v in (("allsum_ms_per_token", p.allsum_ms_per_token), ("mode_reason", p.mode_reason),
-                                      ("modes", p.modes)) if v is not None}
+            out |= {
+                "kv_tokens": p.kv_tokens,
+                "kv_capacity_tokens": p.kv_room,
+                "predicted_tokens_per_s": p.predicted_tokens_per_s,
+                "slowest_stage_ms": p.slowest_stage_ms,
+            }
+            out |= {
+                k: v
+                for k, v in (
+                    ("allsum_ms_per_token", p.allsum_ms_per_token),
+                    ("mode_reason", p.mode_reason),
+                    ("modes", p.modes),
+                )
+                if v is not None
+            }
         return out
 
 
@@ -114,7 +153,9 @@ class Cluster:
         return self.plan.prediction.kv_room if self.plan.prediction else None
 
     def with_kv_room(self, kv_room: int) -> "Cluster":
-        return replace(self, plan=replace(self.plan, prediction=replace(self.plan.prediction, kv_room=kv_room)))
+        return replace(
+            self, plan=replace(self.plan, prediction=replace(self.plan.prediction, kv_room=kv_room))
+        )
 
     def hosts(self) -> dict[int, str]:
         return {r.rank: r.host for r in self.ranks}

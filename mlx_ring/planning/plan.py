@@ -2,8 +2,9 @@
 
 Pure data and pure functions, no MLX: every rank computes the same plan from the same inputs (the
 model's sizes, every rank's capabilities, the strategy), so the plan itself never crosses the ring.
-What a slice costs is `cost.py`; each strategy's layer counts, checked against memory, `strategies.py`.
-Memory is counted in GiB (2**30 bytes, as Apple counts RAM), bandwidth in 10**9 bytes/s.
+What a slice costs is `cost.py`; each strategy's layer counts, checked against memory,
+`strategies.py`. Memory is counted in GiB (2**30 bytes, as Apple counts RAM), bandwidth in 10**9
+bytes/s.
 """
 
 import math
@@ -14,10 +15,10 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """`ranges[s] = (start, end)`: stage s runs layers [start, end); together they cover [0, n_layers).
-    `tensor` ranks hold each stage, each a 1/`tensor` share of every one of its layers (heads, MLP
-    columns, experts), joined by all_sums: rank r is in stage `r // tensor`. A pipeline has
-    `tensor == 1` (a stage a rank); tensor mode one stage of every rank."""
+    """`ranges[s] = (start, end)`: stage s runs layers [start, end); together they cover [0,
+    n_layers). `tensor` ranks hold each stage, each a 1/`tensor` share of every one of its layers
+    (heads, MLP columns, experts), joined by all_sums: rank r is in stage `r // tensor`. A
+    pipeline has `tensor == 1` (a stage a rank); tensor mode one stage of every rank."""
 
     n_layers: int
     ranges: tuple[tuple[int, int], ...]
@@ -69,23 +70,27 @@ class ModelSpec:
     n_layers: int
     layer_bytes: float  # parameter bytes of one decoder layer (mean over the layers)
     ends_bytes: float  # embedding + final norm + head (once if tied): rank 0 holds them
-    head_read_bytes: float  # bytes the head reads per decoded token (the head, or the tied embedding)
+    # bytes the head reads per decoded token (the head, or the tied embedding)
+    head_read_bytes: float
     kv_bytes_per_token: float  # KV cache bytes of one attention layer for one token
-    layer_read_bytes: float  # bytes one layer reads per decoded token (MoE: only the active experts)
+    # bytes one layer reads per decoded token (MoE: only the active experts)
+    layer_read_bytes: float
     layer_flops: float  # FLOPs of one layer per token (2 per active parameter)
     head_flops: float = 0.0
     dtype: str = "float16"
     name: str = ""
     hidden_bytes: float = 0.0  # one token's hidden state as it crosses a hop between ranks
-    # The kinds of cache the layers keep (from the caches mlx-lm makes for them): the share that keeps
-    # at most a sliding window of `kv_window` tokens, the share that keeps a fixed state of
-    # `state_bytes` (a convolution's or an SSM's, one sequence's) instead; the rest keep every token.
+    # The kinds of cache the layers keep (from the caches mlx-lm makes for them): the share that
+    # keeps at most a sliding window of `kv_window` tokens, the share that keeps a fixed state of
+    # `state_bytes` (a convolution's or an SSM's, one sequence's) instead; the rest keep every
+    # token.
     kv_window_share: float = 0.0
     kv_window: int = 0
     state_share: float = 0.0
     state_bytes: float = 0.0
-    # The arrays one layer's forward pass makes per token (activations.py counts them), the query heads,
-    # the vocabulary, the longest prompt (0: any); and the serving settings they are held for (0: PREFILL_CHUNK auto).
+    # The arrays one layer's forward pass makes per token (activations.py counts them), the query
+    # heads, the vocabulary, the longest prompt (0: any); and the serving settings they are held for
+    # (0: PREFILL_CHUNK auto).
     act_bytes_per_token: float = 0.0
     heads: int = 0
     vocab: int = 0
@@ -108,7 +113,9 @@ def uniform_plan(n_layers: int, n_ranks: int) -> LayerPlan:
             "every rank needs at least one layer: remove hosts or pick a deeper model"
         )
     base, extra = divmod(n_layers, n_ranks)
-    return plan_from_sizes(n_layers, [base + (1 if r < extra else 0) for r in range(n_ranks)], "uniform")
+    return plan_from_sizes(
+        n_layers, [base + (1 if r < extra else 0) for r in range(n_ranks)], "uniform"
+    )
 
 
 def tensor_plan(n_layers: int, n_ranks: int, strategy: str = "uniform") -> LayerPlan:
@@ -121,7 +128,12 @@ def tensor_plan(n_layers: int, n_ranks: int, strategy: str = "uniform") -> Layer
 def plan_from_sizes(n_layers: int, sizes: list[int], strategy: str = "custom") -> LayerPlan:
     """A plan from explicit per-rank layer counts (e.g. `LAYERS=3,2,2`), checked."""
     if sum(sizes) != n_layers or any(s < 1 for s in sizes):
-        raise ValueError(f"layer counts {list(sizes)} must be positive and add up to the model's {n_layers} layers")
+        raise ValueError(
+            (
+                f"layer counts {list(sizes)} must be positive and add up to the "
+                f"model's {n_layers} layers"
+            )
+        )
     ranges, start = [], 0
     for s in sizes:
         ranges.append((start, start + s))
@@ -130,7 +142,8 @@ def plan_from_sizes(n_layers: int, sizes: list[int], strategy: str = "custom") -
 
 
 def proportional_sizes(n_layers: int, weights: list[float]) -> list[int]:
-    """Layer counts proportional to `weights`, each at least 1 (largest remainder; ties to low ranks)."""
+    """Layer counts proportional to `weights`, each at least 1 (largest remainder; ties to low
+    ranks)."""
     n = len(weights)
     if n_layers < n:
         uniform_plan(n_layers, n)  # raises the usual message
@@ -139,7 +152,8 @@ def proportional_sizes(n_layers: int, weights: list[float]) -> list[int]:
         weights, total = [1.0] * n, float(n)
     quota = [n_layers * w / total for w in weights]
     sizes = [max(1, math.floor(q)) for q in quota]
-    while sum(sizes) > n_layers:  # the minimum of one layer each overshot: take from the most over quota
+    # the minimum of one layer each overshot: take from the most over quota
+    while sum(sizes) > n_layers:
         r = max((r for r in range(n) if sizes[r] > 1), key=lambda r: (sizes[r] - quota[r], -r))
         sizes[r] -= 1
     while sum(sizes) < n_layers:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from mlx_ring.gpu import one_gpu_per_rank
 
-one_gpu_per_rank()  # run as `./launch.sh probe` on a GPU host: before MLX starts (a server has called it already)
+# run as `./launch.sh probe` on a GPU host: before MLX starts (a server has called it already)
+one_gpu_per_rank()
 
 import mlx.core as mx  # noqa: E402
 
@@ -32,15 +33,29 @@ from mlx_ring.platform import usable_cores
 
 log = logging.getLogger(__name__)
 
-CAP_KEYS = ("host", "device", "memory_gb", "usable_gb", "tflops", "bandwidth_gbs", "working_set_gb", "unit")
+CAP_KEYS = (
+    "host",
+    "device",
+    "memory_gb",
+    "usable_gb",
+    "tflops",
+    "bandwidth_gbs",
+    "working_set_gb",
+    "unit",
+)
 PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
 ROUNDS = 5  # each measurement's rounds; the fastest is kept
-SPEED_PROBE = 2  # this way of timing; a speed cached by an older way (one mean over the whole time) is measured again
+# this way of timing; a speed cached by an older way (one mean over the whole time) is measured
+# again
+SPEED_PROBE = 2
 
 
 def device_info() -> dict:
     """MLX's device info where it has one (`mx.device_info()`, older `mx.metal.device_info()`)."""
-    for get in (getattr(mx, "device_info", None), getattr(getattr(mx, "metal", None), "device_info", None)):
+    for get in (
+        getattr(mx, "device_info", None),
+        getattr(getattr(mx, "metal", None), "device_info", None),
+    ):
         try:
             if get is not None:
                 return dict(get())
@@ -50,15 +65,16 @@ def device_info() -> dict:
 
 
 def os_memory() -> tuple[float, float]:
-    """(total, available) bytes from the OS (mlx_ring.platform: /proc/meminfo, or sysctl and vm_stat)."""
+    """(total, available) bytes from the OS (mlx_ring.platform: /proc/meminfo, or sysctl and
+    vm_stat)."""
     return host_memory()
 
 
 def _timed(fn, seconds: float) -> float:
-    """Seconds one fn() takes at best: after a warm-up call, ROUNDS rounds of calls for `seconds` in
-    all, the fastest round's mean kept. Other work on the machine slows a round and never speeds one:
-    one mean over the whole time, taken while other work ran here, had cached half the speed one
-    pinned core of the same host measured later."""
+    """Seconds one fn() takes at best: after a warm-up call, ROUNDS rounds of calls for `seconds`
+    in all, the fastest round's mean kept. Other work on the machine slows a round and never
+    speeds one: one mean over the whole time, taken while other work ran here, had cached half
+    the speed one pinned core of the same host measured later."""
     mx.eval(fn())
     best = float("inf")
     for _ in range(ROUNDS):
@@ -74,19 +90,22 @@ def _timed(fn, seconds: float) -> float:
 
 
 def measure_speed(dtype: str) -> tuple[float, float]:
-    """(TFLOP/s of a square matmul in `dtype`, GB/s of reading a large array) on the default device."""
+    """(TFLOP/s of a square matmul in `dtype`, GB/s of reading a large array) on the default
+    device."""
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
     gpu = mx.default_device() != mx.cpu
     size = 2048 if gpu else 512
     a, b = mx.random.normal((size, size)).astype(dt), mx.random.normal((size, size)).astype(dt)
     tflops = 2 * size**3 / _timed(lambda: a @ b, PROBE_SECONDS) / 1e12
-    big = mx.ones(((512 if gpu else 64) * 2**20 // 4,), dtype=mx.float32)  # decode streams weights like this
+    # decode streams weights like this
+    big = mx.ones(((512 if gpu else 64) * 2**20 // 4,), dtype=mx.float32)
     return tflops, big.nbytes / _timed(lambda: mx.sum(big), PROBE_SECONDS) / 1e9
 
 
 def blas() -> str:
-    """The BLAS MLX's CPU backend runs on: a figure measured under MLX's slow reference BLAS (a rank
-    started without launch.sh's OpenBLAS preload) must never stand for the same host set up right."""
+    """The BLAS MLX's CPU backend runs on: a figure measured under MLX's slow reference BLAS (a
+    rank started without launch.sh's OpenBLAS preload) must never stand for the same host set up
+    right."""
     if mx.default_device() != mx.cpu or platform.system() != "Linux":
         return ""
     maps = Path("/proc/self/maps").read_text()
@@ -97,15 +116,20 @@ def compute_unit() -> str:
     """The GPU or the cores this rank has to itself on its host, "" when it shares the host's: a GPU
     of its own with CUDA_PER_RANK, else (on a CPU device) the cores it is pinned to."""
     if mx.default_device() != mx.cpu:
-        return f"GPU {settings.text('CUDA_VISIBLE_DEVICES')}" if settings.text("CUDA_PER_RANK") == "1" else ""
+        return (
+            f"GPU {settings.text('CUDA_VISIBLE_DEVICES')}"
+            if settings.text("CUDA_PER_RANK") == "1"
+            else ""
+        )
     cores = usable_cores()
     return f"cores {','.join(map(str, sorted(cores)))}" if cores else ""
 
 
 @contextmanager
 def _one_at_a_time(path: Path):
-    """Held while a rank reads or measures the speed cached in `path`: the ranks of one machine measure
-    in turn, since at once they slow each other, and those after the first read its figure."""
+    """Held while a rank reads or measures the speed cached in `path`: the ranks of one machine
+    measure in turn, since at once they slow each other, and those after the first read its
+    figure."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a")
@@ -121,7 +145,8 @@ def _cached_speed(cache_dir: Path, device: str, dtype: str, unit: str = "") -> t
     """The measured speed for this host, device (or its `unit`), dtype and BLAS; measured on first
     use (and where an older way of timing cached it), then read back."""
     path = Path(cache_dir) / "probe.json"
-    share = f" ({len(unit.split(','))} cores)" if unit.startswith("cores") else ""  # pinned: its cores' speed
+    # pinned: its cores' speed
+    share = f" ({len(unit.split(','))} cores)" if unit.startswith("cores") else ""
     key = f"{socket.gethostname()}|{device}{share}|{dtype}{blas()}"
     with _one_at_a_time(path):
         try:
@@ -132,10 +157,21 @@ def _cached_speed(cache_dir: Path, device: str, dtype: str, unit: str = "") -> t
             return cache[key]["tflops"], cache[key]["bandwidth_gbs"]
         t0 = time.perf_counter()
         tflops, gbs = measure_speed(dtype)
-        log.info("measured %s (%s): %.3f TFLOP/s, %.1f GB/s in %.2f s (cached in %s)", device, dtype, tflops, gbs,
-                 time.perf_counter() - t0, path)
-        cache[key] = {"tflops": tflops, "bandwidth_gbs": gbs, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-                      "probe": SPEED_PROBE}
+        log.info(
+            "measured %s (%s): %.3f TFLOP/s, %.1f GB/s in %.2f s (cached in %s)",
+            device,
+            dtype,
+            tflops,
+            gbs,
+            time.perf_counter() - t0,
+            path,
+        )
+        cache[key] = {
+            "tflops": tflops,
+            "bandwidth_gbs": gbs,
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "probe": SPEED_PROBE,
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -156,11 +192,18 @@ def env_override(rank: int) -> dict:
         row = rows[rank] if rank < len(rows) else {}
         assert isinstance(row, dict)
     except (json.JSONDecodeError, AssertionError, TypeError, KeyError):
-        raise ValueError('MLX_RING_CAPS must be a JSON list of objects, one per rank, e.g. '
-                         '[{"memory_gb": 48, "tflops": 30, "bandwidth_gbs": 400}, ...]') from None
+        raise ValueError(
+            "MLX_RING_CAPS must be a JSON list of objects, one per rank, e.g. "
+            '[{"memory_gb": 48, "tflops": 30, "bandwidth_gbs": 400}, ...]'
+        ) from None
     unknown = set(row) - set(CAP_KEYS)
     if unknown:
-        raise ValueError(f"MLX_RING_CAPS rank {rank} has unknown keys {sorted(unknown)}; use {', '.join(CAP_KEYS)}")
+        raise ValueError(
+            (
+                f"MLX_RING_CAPS rank {rank} has unknown keys {sorted(unknown)}; use "
+                f"{', '.join(CAP_KEYS)}"
+            )
+        )
     return row
 
 
@@ -188,13 +231,23 @@ def local_capabilities(cache_dir: Path, dtype: str, rank: int = 0) -> Capabiliti
     else:
         tflops, gbs = _cached_speed(cache_dir, device, dtype, unit)
         tflops, gbs = over.get("tflops", tflops), over.get("bandwidth_gbs", gbs)
-    return Capabilities(host, float(total), float(usable), float(tflops), float(gbs), device,
-                        source="MLX_RING_CAPS" if over else "probed", working_set_gb=float(limit), unit=unit)
+    return Capabilities(
+        host,
+        float(total),
+        float(usable),
+        float(tflops),
+        float(gbs),
+        device,
+        source="MLX_RING_CAPS" if over else "probed",
+        working_set_gb=float(limit),
+        unit=unit,
+    )
 
 
 def main() -> None:
-    """`./launch.sh probe DTYPE RANK` on a host: its capabilities as JSON (the launcher plans with them);
-    `./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: the ring's all_sum (allsum.py)."""
+    """`./launch.sh probe DTYPE RANK` on a host: its capabilities as JSON (the launcher plans
+    with them); `./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: the
+    ring's all_sum (allsum.py)."""
     import sys
     from dataclasses import asdict
 

@@ -11,8 +11,11 @@ from mlx_ring.models.tensor_shares import tensor_shares as cut_shares
 @dataclass(frozen=True)
 class ShareSize:
     """How much of every layer one rank holds in tensor mode: the size of its `Share`."""
+
     layer: float  # of the layer's weights: what the rank reads and computes in a step
-    cache: float  # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or latent attention's whole)
+    # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or latent
+    # attention's whole)
+    cache: float
 
 
 def even_sizes(n: int) -> list[ShareSize]:
@@ -21,6 +24,6 @@ def even_sizes(n: int) -> list[ShareSize]:
 
 
 def tensor_shares(config: dict, n: int) -> list[ShareSize]:
-    """Each rank's part of every layer in tensor mode; ValueError (a sentence) where the model cannot be
-    split `n` ways."""
+    """Each rank's part of every layer in tensor mode; ValueError (a sentence) where the model
+    cannot be split `n` ways."""
     return [ShareSize(s.layer, s.cache) for s in cut_shares(config, n)]

@@ -17,13 +17,25 @@ from mlx_ring.planning.cost import (
     per_layer_bytes,
     runtime_bytes,
 )
-from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec, plan_from_sizes, proportional_sizes, uniform_plan
+from mlx_ring.planning.plan import (
+    GIB,
+    LayerPlan,
+    ModelSpec,
+    plan_from_sizes,
+    proportional_sizes,
+    uniform_plan,
+)
 
 STRATEGIES = ("balanced", "uniform", "memory", "compute", "custom")
 
 
-def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "balanced",
-                kv_tokens: int = 8192, sizes: list[int] | None = None) -> LayerPlan:
+def plan_layers(
+    model: ModelSpec,
+    caps: list[Capabilities],
+    strategy: str = "balanced",
+    kv_tokens: int = 8192,
+    sizes: list[int] | None = None,
+) -> LayerPlan:
     """The plan for `strategy`, checked against every rank's memory (ValueError naming the host).
 
     `sizes` (from LAYERS=) fixes the counts whatever the strategy, as `custom` with explicit counts.
@@ -33,16 +45,23 @@ def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "bal
         raise ValueError(f"STRATEGY={strategy!r} is not known; use one of {', '.join(STRATEGIES)}")
     for c in caps:
         if min(c.usable_gb, c.tflops, c.bandwidth_gbs) <= 0:
-            raise ValueError(f"host {c.host}: capabilities must be positive, got usable {c.usable_gb} GB, "
-                             f"{c.tflops} TFLOP/s, {c.bandwidth_gbs} GB/s; fix its keys in hosts.json")
+            raise ValueError(
+                f"host {c.host}: capabilities must be positive, got usable {c.usable_gb} GB, "
+                f"{c.tflops} TFLOP/s, {c.bandwidth_gbs} GB/s; fix its keys in hosts.json"
+            )
     if sizes is not None:
         if len(sizes) != n:
-            raise ValueError(f"LAYERS names {len(sizes)} ranks but the ring has {n}; give one count per host")
+            raise ValueError(
+                f"LAYERS names {len(sizes)} ranks but the ring has {n}; give one count per host"
+            )
         plan = plan_from_sizes(L, list(sizes), "custom")
     elif strategy == "uniform":
         plan = uniform_plan(L, n)
     elif strategy == "memory":
-        room = [max(0.0, c.usable_gb * GIB - fixed_bytes(model, c, r, 0, kv_tokens)) for r, c in enumerate(caps)]
+        room = [
+            max(0.0, c.usable_gb * GIB - fixed_bytes(model, c, r, 0, kv_tokens))
+            for r, c in enumerate(caps)
+        ]
         plan = plan_from_sizes(L, proportional_sizes(L, room), strategy)
     elif strategy == "compute":
         plan = plan_from_sizes(L, proportional_sizes(L, [c.tflops for c in caps]), strategy)
@@ -59,21 +78,37 @@ def plan_layers(model: ModelSpec, caps: list[Capabilities], strategy: str = "bal
             fit = "/".join(map(str, balanced_sizes(model, caps, kv_tokens)))
             hint = f"STRATEGY=balanced{' without LAYERS' if sizes else ''} fits it as {fit} layers"
         except ValueError:
-            hint = "no split fits: add a host, pick a smaller or more quantized model, or lower KV_TOKENS"
+            hint = (
+                "no split fits: add a host, pick a smaller or more quantized "
+                "model, or lower KV_TOKENS"
+            )
         raise ValueError(f"{e}; {hint}") from None
     return plan
 
 
 def custom_sizes(n_layers: int, caps: list[Capabilities]) -> list[int]:
-    """Hosts with `layers` get exactly that many; the rest share what is left by `weight` (default 1)."""
+    """Hosts with `layers` get exactly that many; the rest share what is left by `weight`
+    (default 1)."""
     fixed = sum(c.layers for c in caps if c.layers is not None)
     free = [r for r, c in enumerate(caps) if c.layers is None]
     left = n_layers - fixed
-    if (not free and left != 0) or (free and left < len(free)) or any(c.layers is not None and c.layers < 1 for c in caps):
-        raise ValueError(f"the `layers` keys in hosts.json give {fixed} of the model's {n_layers} layers to "
-                         f"{len(caps) - len(free)} hosts, leaving {left} for {len(free)} others; "
-                         "make them add up (every host needs at least one layer)")
-    shares = proportional_sizes(left, [caps[r].weight if caps[r].weight is not None else 1.0 for r in free]) if free else []
+    if (
+        (not free and left != 0)
+        or (free and left < len(free))
+        or any(c.layers is not None and c.layers < 1 for c in caps)
+    ):
+        raise ValueError(
+            f"the `layers` keys in hosts.json give {fixed} of the model's {n_layers} layers to "
+            f"{len(caps) - len(free)} hosts, leaving {left} for {len(free)} others; "
+            "make them add up (every host needs at least one layer)"
+        )
+    shares = (
+        proportional_sizes(
+            left, [caps[r].weight if caps[r].weight is not None else 1.0 for r in free]
+        )
+        if free
+        else []
+    )
     out = [c.layers for c in caps]
     for r, s in zip(free, shares):
         out[r] = s
@@ -112,26 +147,44 @@ def balanced_sizes(model: ModelSpec, caps: list[Capabilities], kv_tokens: int) -
     return sizes
 
 
-
 # --- checks ----------------------------------------------------------------------------------
+
 
 def _gb(b: float) -> str:
     return f"{b / GIB:.1f} GB"
 
 
-def _does_not_fit(model: ModelSpec, caps: list[Capabilities], cap: list[int], kv_tokens: int) -> str:
-    each = "; ".join(f"{c.host} (rank {r}) holds at most {cap[r]} in {c.usable_gb:.1f} GB usable"
-                     + (f" (its GPU may wire {c.working_set_gb:.1f} of {c.memory_gb:.0f} GB)"
-                        if c.working_set_gb else "") for r, c in enumerate(caps))
+def _does_not_fit(
+    model: ModelSpec, caps: list[Capabilities], cap: list[int], kv_tokens: int
+) -> str:
+    each = "; ".join(
+        f"{c.host} (rank {r}) holds at most {cap[r]} in {c.usable_gb:.1f} GB usable"
+        + (
+            f" (its GPU may wire {c.working_set_gb:.1f} of {c.memory_gb:.0f} GB)"
+            if c.working_set_gb
+            else ""
+        )
+        for r, c in enumerate(caps)
+    )
     need = memory_need(model, caps[0], 0, model.n_layers, kv_tokens) + sum(
-        runtime_bytes(model, c, r, 0, kv_tokens) for r, c in enumerate(caps) if r)
+        runtime_bytes(model, c, r, 0, kv_tokens) for r, c in enumerate(caps) if r
+    )
     have = sum(c.usable_gb for c in caps) * GIB
     raise_limits = _raise_metal_limits(caps, need - have + per_layer_bytes(model, kv_tokens))
-    return (f"the model does not fit: its {model.n_layers} layers of {_gb(model.layer_bytes)} (+ {_gb(model.ends_bytes)} "
-            f"embedding and head on rank 0, KV cache for {kv_tokens} tokens) need {_gb(need)} in all, the hosts have "
-            f"{_gb(have)}: {each}. Add a host, pick a smaller or more quantized model, or lower KV_TOKENS"
-            + (f"; or let the Macs' GPUs wire more than Metal's recommended working set: {raise_limits}"
-               if raise_limits else ""))
+    return (
+        f"the model does not fit: its {model.n_layers} layers of {_gb(model.layer_bytes)} (+ "
+        f"{_gb(model.ends_bytes)} embedding and head on rank 0, KV cache for {kv_tokens} tokens) "
+        f"need {_gb(need)} in all, the hosts have {_gb(have)}: {each}. Add a host, pick a smaller "
+        "or more quantized model, or lower KV_TOKENS"
+        + (
+            (
+                "; or let the Macs' GPUs wire more than Metal's recommended "
+                f"working set: {raise_limits}"
+            )
+            if raise_limits
+            else ""
+        )
+    )
 
 
 def _raise_metal_limits(caps: list[Capabilities], short: float) -> str:
@@ -154,15 +207,23 @@ def _raise_metal_limits(caps: list[Capabilities], short: float) -> str:
 
 
 def _metal_limit(c: Capabilities, caps: list[Capabilities], short: float) -> str:
-    """What to say of a Mac whose rank needs `short` bytes more than it may use: Metal's limit and the fix."""
+    """What to say of a Mac whose rank needs `short` bytes more than it may use: Metal's limit
+    and the fix."""
     sharing = sum(1 for x in caps if x.host == c.host)  # ranks on one Mac share its working set
     n = wired_limit_mb(c.working_set_gb * GIB + sharing * short, c.memory_gb * GIB)
-    said = f", and Metal lets its GPU wire at most {c.working_set_gb:.1f} GB there (the recommended working set)"
+    said = (
+        f", and Metal lets its GPU wire at most {c.working_set_gb:.1f} GB there (the "
+        "recommended working set)"
+    )
     if n is None:
-        return (f"{said}; raising that would leave macOS too little: "
-                "add a host or pick a smaller or more quantized model")
-    return (f"{said}: raise that limit on {c.host} with `sudo sysctl iogpu.wired_limit_mb={n}`, "
-            "add a host, or pick a smaller or more quantized model")
+        return (
+            f"{said}; raising that would leave macOS too little: "
+            "add a host or pick a smaller or more quantized model"
+        )
+    return (
+        f"{said}: raise that limit on {c.host} with `sudo sysctl iogpu.wired_limit_mb={n}`, "
+        "add a host, or pick a smaller or more quantized model"
+    )
 
 
 def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_tokens: int) -> None:
@@ -171,11 +232,15 @@ def check_fits(model: ModelSpec, caps: list[Capabilities], plan: LayerPlan, kv_t
         need = memory_need(model, c, r, e - s, kv_tokens)
         if need > c.usable_gb * GIB + 1:
             ends = f" + {_gb(model.ends_bytes)} embedding and head" if r == 0 else ""
-            fix = (_metal_limit(c, caps, need - c.usable_gb * GIB) if c.working_set_gb
-                   else " (set usable_gb in hosts.json if it may use more)")
+            fix = (
+                _metal_limit(c, caps, need - c.usable_gb * GIB)
+                if c.working_set_gb
+                else " (set usable_gb in hosts.json if it may use more)"
+            )
             raise ValueError(
-                f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need {_gb(need)} "
-                f"({e - s} x {_gb(model.layer_bytes)} weights{ends} + {_gb((e - s) * layer_kv_bytes(model, kv_tokens))} "
-                f"KV cache for {kv_tokens} tokens + {_gb(runtime_bytes(model, c, r, e - s, kv_tokens))} runtime) but it "
-                f"has {c.usable_gb:.1f} GB usable of {c.memory_gb:.0f} GB{fix}")
-
+                f"host {c.host} (rank {r}) cannot hold its slice: layers [{s}, {e}) need "
+                f"{_gb(need)} ({e - s} x {_gb(model.layer_bytes)} weights{ends} + "
+                f"{_gb((e - s) * layer_kv_bytes(model, kv_tokens))} KV cache for {kv_tokens} "
+                f"tokens + {_gb(runtime_bytes(model, c, r, e - s, kv_tokens))} runtime) but it has "
+                f"{c.usable_gb:.1f} GB usable of {c.memory_gb:.0f} GB{fix}"
+            )

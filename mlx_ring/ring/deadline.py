@@ -1,12 +1,12 @@
 """Deadlines for a rank's waits on its neighbours where the transport has none (JACCL).
 
-On TCP a worker waits for the previous rank in `select()` on MLX's ring sockets, so a SIGTERM is seen
-and a closed peer wakes it. JACCL has no sockets to watch, and a lost or stopped peer leaves every
-other rank spinning inside MLX's native code, where no Python signal handler runs (ml-explore/mlx
-#3910, #4278). So a thread of its own times each wait, learns of a SIGTERM from the signal's wakeup
-file descriptor (written by the C-level handler, whatever the main thread is doing), and ends the
-process with a sentence naming the rank it waited on: mlx.launch then stops the others and the
-launcher restarts the ring, as on TCP.
+On TCP a worker waits for the previous rank in `select()` on MLX's ring sockets, so a SIGTERM is
+seen and a closed peer wakes it. JACCL has no sockets to watch, and a lost or stopped peer leaves
+every other rank spinning inside MLX's native code, where no Python signal handler runs
+(ml-explore/mlx #3910, #4278). So a thread of its own times each wait, learns of a SIGTERM from the
+signal's wakeup file descriptor (written by the C-level handler, whatever the main thread is doing),
+and ends the process with a sentence naming the rank it waited on: mlx.launch then stops the others
+and the launcher restarts the ring, as on TCP.
 """
 
 import logging
@@ -40,15 +40,16 @@ class Wait:
 
 
 class Deadlines:
-    """Times one wait at a time (the thread that owns MLX waits on one thing at once). A bounded wait
-    may last `limit` seconds (STEP_TIMEOUT: a whole trip round the ring takes less); any wait may last
-    `quiet` seconds after a SIGTERM (rank 0 drains for at most that long, so a longer silence means
-    no drain is going on)."""
+    """Times one wait at a time (the thread that owns MLX waits on one thing at once). A bounded
+    wait may last `limit` seconds (STEP_TIMEOUT: a whole trip round the ring takes less); any
+    wait may last `quiet` seconds after a SIGTERM (rank 0 drains for at most that long, so a
+    longer silence means no drain is going on)."""
 
     def __init__(self, limit: float, on_expire: Callable[[str], None] = leave):
         self.limit, self.on_expire = limit, on_expire
         self.wait: Wait | None = None
-        self.term: tuple[float, float] | None = None  # when a SIGTERM came, and the silence allowed since
+        # when a SIGTERM came, and the silence allowed since
+        self.term: tuple[float, float] | None = None
         self.quiet = limit
 
     @contextmanager
@@ -62,7 +63,8 @@ class Deadlines:
             self.wait = outer
 
     def terminate(self, quiet: float) -> None:
-        """A SIGTERM came: any wait may now last `quiet` seconds from now (or from its start, if later)."""
+        """A SIGTERM came: any wait may now last `quiet` seconds from now (or from its start, if
+        later)."""
         if self.term is None:
             self.term = (time.monotonic(), quiet)
 
@@ -73,16 +75,20 @@ class Deadlines:
             return None
         what = w.what() if callable(w.what) else w.what
         if w.bounded and now - w.since > self.limit:
-            return (f"waited {now - w.since:.0f} s for {what}, over STEP_TIMEOUT ({self.limit:.0f} s): the rank waited "
-                    "on is stopped, hung or unreachable")
+            return (
+                f"waited {now - w.since:.0f} s for {what}, over STEP_TIMEOUT ({self.limit:.0f} s): "
+                "the rank waited on is stopped, hung or unreachable"
+            )
         if self.term is not None and now - max(w.since, self.term[0]) > self.term[1]:
-            return (f"was asked to stop (SIGTERM) and has waited {now - max(w.since, self.term[0]):.0f} s since for {what}, "
-                    "which did not come")
+            return (
+                "was asked to stop (SIGTERM) and has waited "
+                f"{now - max(w.since, self.term[0]):.0f} s since for {what}, which did not come"
+            )
         return None
 
     def start(self, quiet: float, watch_sigterm: bool = True) -> None:
-        """Time the waits from a daemon thread. `watch_sigterm` (call from the main thread): a SIGTERM
-        starts the `quiet` clock even while the main thread is stuck in native code."""
+        """Time the waits from a daemon thread. `watch_sigterm` (call from the main thread): a
+        SIGTERM starts the `quiet` clock even while the main thread is stuck in native code."""
         self.quiet = quiet
         wake = None
         if watch_sigterm:

@@ -39,8 +39,9 @@ class RingHandle(Protocol):
         """Steps submitted and not yet collected."""
         ...
 
-    def submit(self, header: Header, payload: mx.array | None, tag: object = None,
-               chained: bool = False) -> None:
+    def submit(
+        self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False
+    ) -> None:
         """Start the step; `collect` hands `tag` back with its output. `chained`: its payload is
         built on the last DECODE step's output, not yet read (tokens its group still samples)."""
         ...

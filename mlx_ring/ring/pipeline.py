@@ -22,11 +22,14 @@ class Pipeline(SharedSteps):
     def __init__(self, stage: Stage, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
         self.stage, self.ring = stage, ring
-        # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on the
-        # ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends can form.
+        # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on
+        # the ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends
+        # can form.
         self.limit = max(1, ring.size - 1)
-        self.inflight: deque[tuple[Header, object]] = deque()  # sent, not yet back (with their tags)
-        self.ready: deque[tuple[Header, mx.array | None, bool, object]] = deque()  # applied here, not yet sent (alone: done)
+        # sent, not yet back (with their tags)
+        self.inflight: deque[tuple[Header, object]] = deque()
+        # applied here, not yet sent (alone: done)
+        self.ready: deque[tuple[Header, mx.array | None, bool, object]] = deque()
         # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
         # nothing before reading it: the last rank may be blocked sending it (when it does not fit
         # the sockets' buffers) while rank 0 blocks sending to rank 1, and the ring would deadlock.
@@ -38,7 +41,9 @@ class Pipeline(SharedSteps):
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.ready)
 
-    def submit(self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False) -> None:
+    def submit(
+        self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False
+    ) -> None:
         """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room, and
         `collect` hands `tag` back with it. `chained`: the step is built on the last DECODE payload,
         still unread (a group's next step built on the tokens just sampled from it)."""
@@ -51,16 +56,18 @@ class Pipeline(SharedSteps):
         elif self.ready or len(self.inflight) >= self.limit:
             if out is not None:
                 self.settle()  # the stage may be built on the last payload: read it, timed, first
-                mx.eval(out)  # no room on the ring: compute rank 0's stage now, while the others work
+                # no room on the ring: compute rank 0's stage now, while the others work
+                mx.eval(out)
         # else the send below computes it: its header leaves first, so the next rank builds its own
         # graph while this stage still computes.
         self.ready.append((header, out, chained, tag))
         self._send_ready()
 
     def prefetch(self, *arrays: mx.array) -> None:
-        """Start computing `arrays`, which the caller reads after submitting a step built on them.
-        On a ring, that step's send computes them; alone, they would sit in the step's own graph and
-        be read only when the whole step is done (the GPU idle while rank 0 handles their tokens)."""
+        """Start computing `arrays`, which the caller reads after submitting a step built on
+        them. On a ring, that step's send computes them; alone, they would sit in the step's own
+        graph and be read only when the whole step is done (the GPU idle while rank 0 handles
+        their tokens)."""
         if self.ring.size == 1:
             mx.async_eval(*arrays)
 
@@ -76,10 +83,10 @@ class Pipeline(SharedSteps):
             self.unread = None
 
     def collect(self) -> tuple[object, mx.array | None]:
-        """The oldest outstanding step's tag and payload, back from the last rank. A DECODE step's
-        payload comes back unevaluated: the caller builds on it (head, sampling, the next step) while
-        it arrives, and calls `settle()` before it reads anything built on it; sending and collecting
-        settle it."""
+        """The oldest outstanding step's tag and payload, back from the last rank. A DECODE
+        step's payload comes back unevaluated: the caller builds on it (head, sampling, the next
+        step) while it arrives, and calls `settle()` before it reads anything built on it;
+        sending and collecting settle it."""
         if self.ring.size == 1:
             _, out, _, tag = self.ready.popleft()
             return tag, out
@@ -104,7 +111,8 @@ class Pipeline(SharedSteps):
                 self.settle()
                 self._send_ready()
         else:
-            self._send_ready()  # the ring has room again: keep it busy before rank 0 looks at the result
+            # the ring has room again: keep it busy before rank 0 looks at the result
+            self._send_ready()
         return tag, out
 
     def _send_ready(self) -> None:

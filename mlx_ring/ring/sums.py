@@ -1,8 +1,8 @@
 """The group tensor mode's all_sums run over: NCCL's on CUDA GPUs, else the ring's own world.
 
 NCCL's all_sum took 0.10 ms for a (1, 4096) bf16 array on 2 x H200 where the ring backend took 0.30
-(0.13 against 0.47 for (64, 4096)); NCCL has no send/recv in MLX, so the step protocol stays on the ring
-and both groups live in one process (MLX keeps one of each backend).
+(0.13 against 0.47 for (64, 4096)); NCCL has no send/recv in MLX, so the step protocol stays on the
+ring and both groups live in one process (MLX keeps one of each backend).
 """
 
 import logging
@@ -25,9 +25,10 @@ _WHOLE_SUM = mx.distributed.all_sum
 
 
 def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
-    """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description (per rank,
-    the "ip:port" addresses it listens on): rank 0's first address, and the port after the highest
-    ring port (so it never meets one of the ring's), as mlx.launch --backend nccl would set them."""
+    """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description (per
+    rank, the "ip:port" addresses it listens on): rank 0's first address, and the port after the
+    highest ring port (so it never meets one of the ring's), as mlx.launch --backend nccl would
+    set them."""
     ip = split_address(description[0][0])[0]
     port = max(split_address(a)[1] for rank in description for a in rank) + 1
     return {"NCCL_HOST_IP": ip, "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}
@@ -40,14 +41,20 @@ def nccl_sums(size: int) -> bool:
     return size > 1 and cuda and mx.distributed.is_available("nccl")
 
 
-def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) -> mx.distributed.Group:
-    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win), else
-    `world`. `description`: `world.ring_description()`. Every rank of the world calls this at the same point of its start."""
+def sum_group(
+    world: mx.distributed.Group, description: list[list[str]] | None
+) -> mx.distributed.Group:
+    """NCCL's group of the same ranks on a CUDA GPU (NCCL_HOST_IP and NCCL_PORT, when set, win),
+    else `world`. `description`: `world.ring_description()`. Every rank of the world calls this
+    at the same point of its start."""
     if not nccl_sums(world.size()) or not description:
         if world.size() > 1 and world_backend() == "ring" and cores_each() < 2:
             mx.distributed.all_sum = sum_in_pieces  # MLX's and mlx-lm's layers call it by this name
-            log.info("tensor mode's all_sums in pieces under %d KiB: this rank has one core, on which MLX's "
-                     "ring would sum larger arrays in two parts at once", world.size() * RING_PART_BYTES >> 10)
+            log.info(
+                "tensor mode's all_sums in pieces under %d KiB: this rank has one core, on which "
+                "MLX's ring would sum larger arrays in two parts at once",
+                world.size() * RING_PART_BYTES >> 10,
+            )
         return world
     env = nccl_env(description, world.size())
     env |= {k: settings.text(k) for k in ("NCCL_HOST_IP", "NCCL_PORT") if settings.text(k)}
@@ -55,28 +62,39 @@ def sum_group(world: mx.distributed.Group, description: list[list[str]] | None) 
     try:
         group = mx.distributed.init(backend="nccl", strict=True)
     except RuntimeError as e:
-        raise RuntimeError(f"rank {world.rank()} could not join NCCL's group at {env['NCCL_HOST_IP']}:"
-                           f"{env['NCCL_PORT']} for tensor mode's all_sums: {e}") from e
+        raise RuntimeError(
+            f"rank {world.rank()} could not join NCCL's group at {env['NCCL_HOST_IP']}:"
+            f"{env['NCCL_PORT']} for tensor mode's all_sums: {e}"
+        ) from e
     if (group.rank(), group.size()) != (world.rank(), world.size()):
-        raise RuntimeError(f"NCCL made rank {group.rank()} of {group.size()} of ring rank {world.rank()} of {world.size()}")
+        raise RuntimeError(
+            (
+                f"NCCL made rank {group.rank()} of {group.size()} of ring rank "
+                f"{world.rank()} of {world.size()}"
+            )
+        )
     log.info("tensor mode's all_sums over NCCL (%s:%s)", env["NCCL_HOST_IP"], env["NCCL_PORT"])
     return group
 
 
 def pieces(size: int, rows: int, row_bytes: int) -> list[tuple[int, int]]:
-    """Row ranges [a, b) covering `rows` rows of `row_bytes` each, every range (of more than one row)
-    under the bytes MLX's ring backend sums in two parts at once over `size` ranks."""
+    """Row ranges [a, b) covering `rows` rows of `row_bytes` each, every range (of more than one
+    row) under the bytes MLX's ring backend sums in two parts at once over `size` ranks."""
     step = max(1, (size * RING_PART_BYTES - 1) // row_bytes)
     return [(a, min(rows, a + step)) for a in range(0, rows, step)]
 
 
-def sum_in_pieces(x: mx.array, *, group: mx.distributed.Group | None = None, stream=None) -> mx.array:
+def sum_in_pieces(
+    x: mx.array, *, group: mx.distributed.Group | None = None, stream=None
+) -> mx.array:
     """`mx.distributed.all_sum`, an array its ring backend would sum in two parts at once summed as
     row `pieces` it sums in one: the same sums, elementwise."""
     size = (group or mx.distributed.init()).size()
     if x.ndim < 2 or x.nbytes < size * RING_PART_BYTES:
         return _WHOLE_SUM(x, group=group, stream=stream)
     rows = x.reshape(-1, x.shape[-1])  # (rows, width)
-    parts = [_WHOLE_SUM(rows[a:b], group=group, stream=stream)
-             for a, b in pieces(size, rows.shape[0], x.shape[-1] * x.itemsize)]
+    parts = [
+        _WHOLE_SUM(rows[a:b], group=group, stream=stream)
+        for a, b in pieces(size, rows.shape[0], x.shape[-1] * x.itemsize)
+    ]
     return mx.concatenate(parts).reshape(x.shape)

@@ -61,11 +61,17 @@ def decode_times(ranks: list[list[tuple[str, int, int, float]]]) -> dict:
             stage[r].append(s[i]["out"][2] - max(s[i]["built"][2], before))
         periods.append(by_rank[0][i]["out"][2] - by_rank[0][j]["out"][2])
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    return {"steps": len(periods), "period": mean(periods), "stage": [mean(stage[r]) for r in range(len(ranks))]}
+    return {
+        "steps": len(periods),
+        "period": mean(periods),
+        "stage": [mean(stage[r]) for r in range(len(ranks))],
+    }
 
 
 def summary(times: dict) -> str:
     stages = " ".join(f"rank {r} {s * 1e3:.2f} ms" for r, s in enumerate(times["stage"]))
     rest = times["period"] - sum(times["stage"])
-    return (f"{times['steps']} DECODE steps: period {times['period'] * 1e3:.2f} ms; stages {stages}; "
-            f"hop home and rank 0's Python {rest * 1e3:.2f} ms")
+    return (
+        f"{times['steps']} DECODE steps: period {times['period'] * 1e3:.2f} ms; stages {stages}; "
+        f"hop home and rank 0's Python {rest * 1e3:.2f} ms"
+    )

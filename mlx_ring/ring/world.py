@@ -28,32 +28,39 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     accepts and connection attempts while the ring forms."""
     if verbose:
         os.environ["MLX_RING_VERBOSE"] = "1"  # MLX asks only whether it is set, when the ring forms
-    # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank on
-    # a small machine); with our end closed, its next write fails and it stops watching the pipe.
+    # mlx.launch's output threads spin on a rank's stdin pipe while it is writable (a core per rank
+    # on a small machine); with our end closed, its next write fails and it stops watching the pipe.
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     before = _socket_fds()
     hostfile = settings.text("MLX_HOSTFILE")
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # mlx.launch writes an empty ring description for a one-host hostfile: nothing to join.
         del os.environ["MLX_HOSTFILE"]
-    if world_backend() == "jaccl":  # RDMA: no sockets of MLX's to hold, find or watch (ring/deadline.py)
+    # RDMA: no sockets of MLX's to hold, find or watch (ring/deadline.py)
+    if world_backend() == "jaccl":
         try:
             world = mx.distributed.init(backend="jaccl", strict=True)
-        except RuntimeError as e:  # which rank, its devices, and where the ranks meet (launcher/failures.py)
-            raise RuntimeError(f"rank {settings.text('MLX_RANK')} could not join the JACCL ring (its RDMA devices "
-                               f"{_own_devices()}, coordinator {settings.text('MLX_JACCL_COORDINATOR')}): {e}") from e
+        # which rank, its devices, and where the ranks meet (launcher/failures.py)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"rank {settings.text('MLX_RANK')} could not join the JACCL ring (its RDMA devices "
+                f"{_own_devices()}, coordinator {settings.text('MLX_JACCL_COORDINATOR')}): {e}"
+            ) from e
         _share_cores(world)
         return world
     held = _hold_own_ports()
     try:
         world = mx.distributed.init(backend="ring")
-    except RuntimeError as e:  # "[ring] Couldn't connect (error: 65)": which rank, to what (launcher/failures.py)
+    # "[ring] Couldn't connect (error: 65)": which rank, to what (launcher/failures.py)
+    except RuntimeError as e:
         rank = settings.text("MLX_RANK")
         if rank is None or not settings.text("MLX_HOSTFILE"):
             raise
         after = (int(rank) + 1) % len(ring_description())
-        raise RuntimeError(f"rank {rank} could not join the ring (its next rank, {after}, at "
-                           f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}") from e
+        raise RuntimeError(
+            f"rank {rank} could not join the ring (its next rank, {after}, at "
+            f"{', '.join(f'{ip}:{port}' for ip, port in _ring_addresses(after))}): {e}"
+        ) from e
     finally:
         for s in held:
             s.close()
@@ -66,14 +73,18 @@ def init_world(socket_buffer: int = 0, verbose: bool = False) -> mx.distributed.
     links = _ring_sockets(_socket_fds() - before, socket_buffer)
     _PREV_FDS[:] = [fd for fd, local, peer in links if local in mine or peer in theirs]
     _PEER_FDS.clear()
-    _PEER_FDS.update({fd: (rank - 1) % size if fd in _PREV_FDS else (rank + 1) % size for fd, _, _ in links})
+    _PEER_FDS.update(
+        {fd: (rank - 1) % size if fd in _PREV_FDS else (rank + 1) % size for fd, _, _ in links}
+    )
     _share_cores(world)
     return world
 
 
 def _own_devices() -> str:
     try:
-        row = json.loads(Path(settings.text("MLX_IBV_DEVICES")).read_text())[int(settings.text("MLX_RANK") or 0)]
+        row = json.loads(Path(settings.text("MLX_IBV_DEVICES")).read_text())[
+            int(settings.text("MLX_RANK") or 0)
+        ]
     except (OSError, ValueError, IndexError):
         return "unknown"
     return ", ".join(str(d) for d in row if d is not None) or "none"
@@ -89,12 +100,13 @@ PORT_WAIT_S = 10  # a rank of a ring that just stopped may hold its port a momen
 
 
 def _hold_own_ports() -> list[socket.socket]:
-    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them, where
-    they lie in the ephemeral port range. The last rank connects out before it listens, and the kernel
-    may give that outgoing connection the rank's own port as its ephemeral one: the listen then fails,
-    and for a minute (TIME_WAIT) so does every restart. A bound port is never handed out; MLX binds
-    beside ours (SO_REUSEPORT). A port outside the range (the default ring ports, 32323 and up, with
-    macOS's range and with Linux's default one) is never handed out: it is only checked, then let go."""
+    """Bind this rank's ring addresses (not listening) until MLX's ring backend listens on them,
+    where they lie in the ephemeral port range. The last rank connects out before it listens, and
+    the kernel may give that outgoing connection the rank's own port as its ephemeral one: the
+    listen then fails, and for a minute (TIME_WAIT) so does every restart. A bound port is never
+    handed out; MLX binds beside ours (SO_REUSEPORT). A port outside the range (the default ring
+    ports, 32323 and up, with macOS's range and with Linux's default one) is never handed out: it
+    is only checked, then let go."""
     hostfile, rank = settings.text("MLX_HOSTFILE"), settings.text("MLX_RANK")
     if not hostfile or rank is None:
         return []
@@ -111,12 +123,16 @@ def _hold_own_ports() -> list[socket.socket]:
             except OSError as e:
                 if e.errno != errno.EADDRINUSE:
                     s.close()
-                    raise ValueError(f"this host cannot listen on its ring address {ip}:{port} ({e.strerror}); "
-                                     "put one of its own addresses in its hosts.json entry") from None
+                    raise ValueError(
+                        f"this host cannot listen on its ring address {ip}:{port} ({e.strerror}); "
+                        "put one of its own addresses in its hosts.json entry"
+                    ) from None
                 if time.monotonic() > deadline:
                     s.close()
-                    raise ValueError(f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
-                                     f"(`{port_holders(port)}` shows it) or choose another RING_PORT") from None
+                    raise ValueError(
+                        f"ring port {port} on {ip} is in use ({e.strerror}); stop what holds it "
+                        f"(`{port_holders(port)}` shows it) or choose another RING_PORT"
+                    ) from None
                 time.sleep(0.5)
         if in_ephemeral(port, ephemeral):
             held.append(s)
@@ -126,7 +142,8 @@ def _hold_own_ports() -> list[socket.socket]:
 
 
 def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
-    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if `buffer`."""
+    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if
+    `buffer`."""
     out = []
     for fd in sorted(fds):
         with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves `fd` open
@@ -142,8 +159,8 @@ def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
 
 
 def ring_description() -> list[list[str]] | None:
-    """mlx.launch's ring description (MLX_HOSTFILE): per rank, the "ip:port" addresses it listens on.
-    Read before the rank drops that temporary file (server.main), for what needs it later."""
+    """mlx.launch's ring description (MLX_HOSTFILE): per rank, the "ip:port" addresses it listens
+    on. Read before the rank drops that temporary file (server.main), for what needs it later."""
     hostfile = settings.text("MLX_HOSTFILE")
     if not hostfile:
         return None
@@ -159,7 +176,10 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def _ring_addresses(rank: int) -> list[tuple[str, int]]:
-    return [(ip, int(port)) for ip, port in (address.rsplit(":", 1) for address in ring_description()[rank])]
+    return [
+        (ip, int(port))
+        for ip, port in (address.rsplit(":", 1) for address in ring_description()[rank])
+    ]
 
 
 def _ring_ports(rank: int) -> set[int]:
@@ -170,12 +190,17 @@ EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a 
 
 
 def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
-    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte rows."""
+    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte
+    rows."""
     data = json.dumps(mine, sort_keys=True).encode()
     if len(data) > EXCHANGE_BYTES:
-        raise ValueError(f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json")
+        raise ValueError(
+            f"the startup exchange is {len(data)} bytes, over {EXCHANGE_BYTES}; shorten hosts.json"
+        )
     row = mx.array([list(data.ljust(EXCHANGE_BYTES, b"\0"))], dtype=mx.int32)
-    rows = mx.distributed.all_gather(row, group=world).tolist() if world.size() > 1 else row.tolist()
+    rows = (
+        mx.distributed.all_gather(row, group=world).tolist() if world.size() > 1 else row.tolist()
+    )
     return [json.loads(bytes(r).rstrip(b"\0")) for r in rows]
 
 
@@ -188,13 +213,14 @@ def machine() -> str:
 
 
 def _share_cores(world: mx.distributed.Group) -> None:
-    """Ranks on one machine split its cores between their BLAS thread pools: oversubscribed pools spin
-    against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
+    """Ranks on one machine split its cores between their BLAS thread pools: oversubscribed pools
+    spin against each other (2 ranks on 2 cores decoded 1.5x slower with a pool of 2 each)."""
     me = zlib.crc32(machine().encode()) & 0x7FFFFFFF
     hosts = mx.distributed.all_gather(mx.array([me], dtype=mx.int32), group=world).tolist()
     local = hosts.count(me)
     _CORES[:] = [max(1, len(usable_cores() or range(os.cpu_count() or 1)) // local)]
-    set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)  # OpenBLAS, when preloaded
+    # OpenBLAS, when preloaded
+    set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)
     if local > 1 and set_threads is not None:
         set_threads(_CORES[0])
 
@@ -210,13 +236,14 @@ def cores_each() -> int:
 
 # The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.
 _PREV_FDS: list[int] = []
-# Every socket to a ring neighbour, and that neighbour's rank (see `closed_peer`). Filled by init_world.
+# Every socket to a ring neighbour, and that neighbour's rank (see `closed_peer`). Filled by
+# init_world.
 _PEER_FDS: dict[int, int] = {}
 
 
 def closed_peer() -> int | None:
-    """A ring neighbour whose end of a socket is closed (its process is gone), or None. Peeks, so the
-    ring backend's own reads lose nothing."""
+    """A ring neighbour whose end of a socket is closed (its process is gone), or None. Peeks, so
+    the ring backend's own reads lose nothing."""
     for fd, rank in _PEER_FDS.items():
         with socket.socket(fileno=os.dup(fd)) as s:
             try:

@@ -3,11 +3,11 @@
 Waiting prompts are prefilled together: several short ones in one step (right-padded to the longest,
 as mlx-lm's batch generator does), a long one alone in chunks (its cache exactly what one process
 would build). Then the batch joins a decode group: a micro-batch whose rows decode together in one
-step per token. Sequences join and leave a group between its steps, without waiting for each other. Each
-group has at most one decode step outstanding (its next tokens depend on the last), but different
-groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes its stage of group B
-or of the next prompt chunk. What rank 0 does with a step that comes home is `runner.py`'s and
-`scheduler.py`'s.
+step per token. Sequences join and leave a group between its steps, without waiting for each other.
+Each group has at most one decode step outstanding (its next tokens depend on the last), but
+different groups and prefill chunks overlap: while group A is on rank 1, rank 0 computes its stage
+of group B or of the next prompt chunk. What rank 0 does with a step that comes home is
+`runner.py`'s and `scheduler.py`'s.
 """
 
 from collections import deque
@@ -28,42 +28,63 @@ class Ends(Protocol):
 
     def head(self, h: mx.array) -> mx.array: ...  # (B, L, H) -> (B, L, V)
 
-    plain_kv: bool  # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
+    # every layer keeps a plain KV cache: prompts can share a right-padded prefill batch
+    plain_kv: bool
     batches: bool  # the model's layers take several rows at once (else: one row a decode group)
 
 
 class Chooser:
-    """The lanes of work (waiting prompts, prefill batches, decode groups, calls) and the choice of
-    the next step. `groups`: decode micro-batches; new sequences join the smallest. 0: one per rank,
-    the fewest that keep every rank at work once there are as many sequences (each rank runs one
-    group's stage while the others run theirs); with fewer sequences, the empty groups take no steps."""
+    """The lanes of work (waiting prompts, prefill batches, decode groups, calls) and the choice
+    of the next step. `groups`: decode micro-batches; new sequences join the smallest. 0: one per
+    rank, the fewest that keep every rank at work once there are as many sequences (each rank
+    runs one group's stage while the others run theirs); with fewer sequences, the empty groups
+    take no steps."""
 
-    def __init__(self, pipe: RingHandle, ends: Ends, *, groups: int = 0, chunk: int = 512,
-                 prefix: PrefixIndex | None = None, draft_tokens: int = 0, draft_model=None,
-                 kv_room: int = 0, kv_spare: int = 0, prefill_budget: int = 0,
-                 prefill_step: int = 0):
+    def __init__(
+        self,
+        pipe: RingHandle,
+        ends: Ends,
+        *,
+        groups: int = 0,
+        chunk: int = 512,
+        prefix: PrefixIndex | None = None,
+        draft_tokens: int = 0,
+        draft_model=None,
+        kv_room: int = 0,
+        kv_spare: int = 0,
+        prefill_budget: int = 0,
+        prefill_step: int = 0,
+    ):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the
         # activations the plan counts (planning/activations.step_tokens), so a burst of prompts is
         # prefilled a few chunks at a time, never all queued at once; the caller counts the ring's
-        # stages in (a pipeline's steps out are each on another rank). One chunk always may go. 0: no bound.
+        # stages in (a pipeline's steps out are each on another rank). One chunk always may go. 0:
+        # no bound.
         self.prefill_budget, self.prefill_out = prefill_budget, 0
-        # Prompt tokens of one prefill step (rows x chunk): prompts longer than a chunk are prefilled
-        # several at once where this allows more than one chunk (as mlx-lm's batch generator and vLLM's
-        # token budget do), else each alone. 0: one chunk.
+        # Prompt tokens of one prefill step (rows x chunk): prompts longer than a chunk are
+        # prefilled several at once where this allows more than one chunk (as mlx-lm's batch
+        # generator and vLLM's token budget do), else each alone. 0: one chunk.
         self.prefill_step = max(prefill_step, chunk)
-        # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt starts
-        # only when every group, each row padded to its longest prompt + max_tokens, still fits (rows.cache_rows).
+        # Token-rows the decode groups' caches may come to hold at once (0: no bound): a prompt
+        # starts only when every group, each row padded to its longest prompt + max_tokens, still
+        # fits (rows.cache_rows).
         self.kv_room, self.kv_spare = kv_room, kv_spare
-        self.draft_tokens = draft_tokens  # most tokens a sequence drafts per step (0: no speculative decoding)
-        self.draft_model = draft_model  # drafts from this model (rank 0's own), else by prompt lookup
-        self.streak = Streak()  # the draft model's cycles in a row that kept nothing, over all streams
-        self.prefix = prefix  # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
-        # The fewest cached tokens a prompt starts from, or waits for another's prefill to save: fewer
-        # are prefilled again, in a batch with others. A short shared start such as a chat template's
-        # costs less to recompute than to load (on a GPU, with 512-token chunks: under 64 tokens).
+        # most tokens a sequence drafts per step (0: no speculative decoding)
+        self.draft_tokens = draft_tokens
+        # drafts from this model (rank 0's own), else by prompt lookup
+        self.draft_model = draft_model
+        # the draft model's cycles in a row that kept nothing, over all streams
+        self.streak = Streak()
+        # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
+        self.prefix = prefix
+        # The fewest cached tokens a prompt starts from, or waits for another's prefill to save:
+        # fewer are prefilled again, in a batch with others. A short shared start such as a chat
+        # template's costs less to recompute than to load (on a GPU, with 512-token chunks: under 64
+        # tokens).
         self.least_reuse = max(1, chunk // 8)
-        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]  # callers pass 1 in tensor mode
+        # callers pass 1 in tensor mode
+        self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
         self.waiting: deque[Sequence] = deque()  # FIFO: the oldest prompt goes first
         self.filling: Prefill | None = None  # the batch whose chunks are going out
         self.prefilling: list[Prefill] = []  # formed and not yet joined to their group (or dropped)
@@ -74,21 +95,26 @@ class Chooser:
 
     # -- what the caller does -------------------------------------------------------------------
     def set_groups(self, n: int) -> None:
-        """Decode in `n` groups from now on (while idle: every group's cache is gone on every rank)."""
+        """Decode in `n` groups from now on (while idle: every group's cache is gone on every
+        rank)."""
         assert self.idle() and n >= 1
         self.groups = [Group(g) for g in range(n)]
 
     def add(self, seq: Sequence) -> None:
         if self.draft_tokens and seq.params.speculable():
-            seq.drafter = ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak) if self.draft_model else Drafter(self.draft_tokens)
+            seq.drafter = (
+                ModelDrafter(self.draft_tokens, model=self.draft_model, streak=self.streak)
+                if self.draft_model
+                else Drafter(self.draft_tokens)
+            )
         if self.prefix is None or len(seq.prompt) - 1 < self.least_reuse:
             seq.after = None  # another choice of a prompt it cannot start from: prefilled beside it
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
-        """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence leaving a
-        decode group leaves its prompt and answer in the prompt cache first (a chat's next turn
-        starts with both): queued now, so a prompt that comes next finds it."""
+        """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence
+        leaving a decode group leaves its prompt and answer in the prompt cache first (a chat's
+        next turn starts with both): queued now, so a prompt that comes next finds it."""
         if seq.removed:
             return
         seq.removed = True
@@ -105,11 +131,19 @@ class Chooser:
     def status(self, done: Callable[[list[dict]], None]) -> None:
         """Every rank's `StatusRow`, filled in as a step goes round; `done` gets them as dicts."""
         table = StatusRow.table(self.pipe.ring.size)
-        self.calls.append((Header.for_payload(Kind.STATUS, table), table, lambda t: done(StatusRow.parse(t))))
+        self.calls.append(
+            (Header.for_payload(Kind.STATUS, table), table, lambda t: done(StatusRow.parse(t)))
+        )
 
     def idle(self) -> bool:
-        return not (self.pipe.outstanding() or self.waiting or self.filling or self.calls or self.to_free
-                    or any(g.load() for g in self.groups))
+        return not (
+            self.pipe.outstanding()
+            or self.waiting
+            or self.filling
+            or self.calls
+            or self.to_free
+            or any(g.load() for g in self.groups)
+        )
 
     def schedule(self) -> None:
         """Fill the ring with ready work: prompt chunks, joins, filters, decode steps and calls."""
@@ -139,24 +173,31 @@ class Chooser:
         return self._submit_decode(lane)
 
     def _prefill_ready(self) -> bool:
-        if self.filling is not None and self.filling.removed():  # every client left: stop its chunks
+        # every client left: stop its chunks
+        if self.filling is not None and self.filling.removed():
             if not self.filling.chunks_out:
                 self._drop(self.filling)  # else freed when its last chunk on the ring is back
             self.filling = None
         while self.waiting and self.waiting[0].removed:
             self.waiting.popleft()  # nothing of it exists on any rank yet
-        if self.prefill_budget and self.prefill_out and self.prefill_out + self._next_tokens() > self.prefill_budget:
+        if (
+            self.prefill_budget
+            and self.prefill_out
+            and self.prefill_out + self._next_tokens() > self.prefill_budget
+        ):
             return False  # the chunks on the device first
         if self.filling:
             return True
         # A model that does not batch starts a prompt only when a decode group is empty for it.
         room = self.ends.batches or any(g.free() for g in self.groups)
         first = next((s for s in self.waiting if self._free_to_start(s)), None)
-        return room and first is not None and self._kv_fits(self._group_for(), [first])  # FIFO: none passes it
+        # FIFO: none passes it
+        return room and first is not None and self._kv_fits(self._group_for(), [first])
 
     def _next_tokens(self) -> int:
-        """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its LOAD),
-        else a whole step's: a new batch waits for room to take as many rows as a step holds."""
+        """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its
+        LOAD), else a whole step's: a new batch waits for room to take as many rows as a step
+        holds."""
         b = self.filling
         if b is None:
             return min(self.prefill_step, self.prefill_budget or self.prefill_step)
@@ -165,10 +206,22 @@ class Chooser:
     def _group_for(self) -> Group:
         # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
         # over the groups, each batch filling its group up to an even share of all rows.
-        return next(g for g in self.groups if g.free()) if not self.ends.batches else min(self.groups, key=Group.coming)
+        return (
+            next(g for g in self.groups if g.free())
+            if not self.ends.batches
+            else min(self.groups, key=Group.coming)
+        )
 
     def _kv_fits(self, group: Group, seqs: list[Sequence]) -> bool:
-        return not self.kv_room or kv_fits(self.groups, self.prefilling, group, seqs, self.kv_room, self.kv_spare, self.draft_tokens)
+        return not self.kv_room or kv_fits(
+            self.groups,
+            self.prefilling,
+            group,
+            seqs,
+            self.kv_room,
+            self.kv_spare,
+            self.draft_tokens,
+        )
 
     def _drop(self, b: Prefill) -> None:
         self.to_free.append(b)
@@ -188,10 +241,11 @@ class Chooser:
         return not s.removed and (s.after is None or s.after.prefilled or s.after.removed)
 
     def _next_batch(self) -> Prefill:
-        # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded to
-        # the longest (with plain KV caches only: a sliding window or a recurrent state would take in
-        # the padding). They start from the same number of cached tokens, each from its own entry:
-        # the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go from its own).
+        # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded
+        # to the longest (with plain KV caches only: a sliding window or a recurrent state would
+        # take in the padding). They start from the same number of cached tokens, each from its own
+        # entry: the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go
+        # from its own).
         first = next(s for s in self.waiting if self._free_to_start(s))
         group = self._group_for()
         rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
@@ -207,8 +261,12 @@ class Chooser:
             if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
-            if (min(n - reused, self.chunk) * (len(rows) + 1) > room or len(rows) == share
-                    or self._ends_apart([*rows, s], n, reused) or not self._kv_fits(group, [*rows, s])):
+            if (
+                min(n - reused, self.chunk) * (len(rows) + 1) > room
+                or len(rows) == share
+                or self._ends_apart([*rows, s], n, reused)
+                or not self._kv_fits(group, [*rows, s])
+            ):
                 break
             self.waiting.remove(s)
             rows.append(s)
@@ -228,9 +286,9 @@ class Chooser:
         return self.filling
 
     def _ends_apart(self, rows: list[Sequence], longest: int, reused: int) -> bool:
-        """Whether some of `rows`, right-padded to `longest`, would end before the batch's last chunk:
-        rank 0 reads each row's first token from that chunk (runner.prefill), and a row ending chunks
-        earlier would be padding for whole steps."""
+        """Whether some of `rows`, right-padded to `longest`, would end before the batch's last
+        chunk: rank 0 reads each row's first token from that chunk (runner.prefill), and a row
+        ending chunks earlier would be padding for whole steps."""
         last = (longest - reused - 1) // self.chunk
         return any((len(r.prompt) - reused - 1) // self.chunk != last for r in rows)
 
@@ -240,18 +298,31 @@ class Chooser:
 
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
         # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
-        # waits for that row's prefill, then starts from its saved prompt: the shared part is computed once.
+        # waits for that row's prefill, then starts from its saved prompt: the shared part is
+        # computed once.
         starts = [(r, tuple(r.prompt)) for r in rows]
         for s in self.waiting:
             if s.after is not None or s.removed:
                 continue
             cached, prompt = self._lookup(s.prompt)[1], tuple(s.prompt)
-            s.after = next((r for r, start in starts if common_prefix(start, prompt) >= cached + self.least_reuse), None)
+            s.after = next(
+                (
+                    r
+                    for r, start in starts
+                    if common_prefix(start, prompt) >= cached + self.least_reuse
+                ),
+                None,
+            )
 
     def _submit_chunk(self, b: Prefill) -> bool:
-        if b.reuse:  # first, on every rank: each row's cache starts as its entry's first `sent` tokens
+        # first, on every rank: each row's cache starts as its entry's first `sent` tokens
+        if b.reuse:
             entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
-            return self._submit(Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent), entries, Step(Kind.LOAD))
+            return self._submit(
+                Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent),
+                entries,
+                Step(Kind.LOAD),
+            )
         offset = b.sent
         tokens = [t[offset : offset + self.chunk] for t in b.tokens]
         ids = mx.array(tokens, dtype=mx.int32)  # (B, L): the first stage embeds them
@@ -262,20 +333,35 @@ class Chooser:
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
         header = Header.for_payload(Kind.PREFILL, ids, batch=b.id, offset=offset)
-        return self._submit(header, ids, Step(Kind.PREFILL, prefill=b, offset=offset, last_chunk=last,
-                                            tokens=len(tokens) * len(tokens[0])))
+        return self._submit(
+            header,
+            ids,
+            Step(
+                Kind.PREFILL,
+                prefill=b,
+                offset=offset,
+                last_chunk=last,
+                tokens=len(tokens) * len(tokens[0]),
+            ),
+        )
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
         # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
         keep = [i for i, s in enumerate(g.rows) if not s.removed]
         if g.drop and keep and (len(keep) < len(g.rows) or g.joining):
-            return self._submit(*self._trim(g), Step(Kind.TRIM))  # rows leave or join once rejected drafts are gone
+            # rows leave or join once rejected drafts are gone
+            return self._submit(*self._trim(g), Step(Kind.TRIM))
         if len(keep) < len(g.rows):
             g.drop = 0  # nothing left to trim, or the trim went first
             g.rows = [g.rows[i] for i in keep]
-            rows = mx.array(keep, dtype=mx.int32) if keep else None  # none left: the group's cache goes
-            header = Header.for_payload(Kind.FILTER, rows, group=g.id) if keep else Header(Kind.FILTER, group=g.id)
+            # none left: the group's cache goes
+            rows = mx.array(keep, dtype=mx.int32) if keep else None
+            header = (
+                Header.for_payload(Kind.FILTER, rows, group=g.id)
+                if keep
+                else Header(Kind.FILTER, group=g.id)
+            )
             return self._submit(header, rows, Step(Kind.FILTER))
         while g.joining:
             b = g.joining.pop(0)
@@ -284,34 +370,58 @@ class Chooser:
                 continue
             g.rows += b.rows  # rows whose client left meanwhile go with the next FILTER
             padding = mx.array(b.padding(), dtype=mx.int32)
-            return self._submit(Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id), padding, Step(Kind.JOIN))
+            return self._submit(
+                Header.for_payload(Kind.JOIN, padding, batch=b.id, group=g.id),
+                padding,
+                Step(Kind.JOIN),
+            )
         if not g.rows:
             return True
         drafting = self._drafting(g.rows)
-        drafts = [s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows]
+        drafts = [
+            s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows
+        ]
         width = max(map(len, drafts))
         if not width:
             return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
-        # Every row feeds its last token and its drafts, padded to one width (padding is never kept).
-        tokens = mx.array([[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)])
+        # Every row feeds its last token and its drafts, padded to one width (padding is never
+        # kept).
+        tokens = mx.array(
+            [[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)]
+        )
         return self._submit_decode_of(g, tokens, drafts=drafts)
 
     def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
         # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
         # A row that would draft next needs this step's tokens read first (none drafts where
         # speculative decoding is off: no call a row a step to ask).
-        return (self.pipe.can_submit() and not g.joining and not any(s.removed for s in rows)
-                and not (self.draft_tokens and self._drafting(rows) and any(map(self._may_draft_next, rows)))
-                and rows == g.rows and not self._prefill_ready() and not self.calls and not self.to_free)
+        return (
+            self.pipe.can_submit()
+            and not g.joining
+            and not any(s.removed for s in rows)
+            and not (
+                self.draft_tokens and self._drafting(rows) and any(map(self._may_draft_next, rows))
+            )
+            and rows == g.rows
+            and not self._prefill_ready()
+            and not self.calls
+            and not self.to_free
+        )
 
     @staticmethod
     def _may_draft_next(s: Sequence) -> bool:
-        return s.drafter is not None and not s.drafter.pause and s.drafter.may_propose_next(s.sampler.history)
+        return (
+            s.drafter is not None
+            and not s.drafter.pause
+            and s.drafter.may_propose_next(s.sampler.history)
+        )
 
     def _drafting(self, rows: list[Sequence]) -> bool:
         return self.draft_model is None or len(rows) <= MODEL_DRAFT_ROWS
 
-    def _submit_decode_of(self, g: Group, tokens: mx.array, chained: bool = False, drafts: list | None = None) -> bool:
+    def _submit_decode_of(
+        self, g: Group, tokens: mx.array, chained: bool = False, drafts: list | None = None
+    ) -> bool:
         self.turn += 1
         g.last_turn = self.turn
         g.busy, g.verifying = True, drafts is not None
@@ -319,28 +429,45 @@ class Chooser:
             s.fed += 1  # the input token; accepted drafts are counted when the step is back
             if chained and s.drafter:
                 s.drafter.skip()
-        # Token ids (B, L), L = 1 + drafts: the first stage embeds them. Sampled ids may be uint32, which
-        # the ring carries as int32 (the header's dtype is what goes on the wire).
+        # Token ids (B, L), L = 1 + drafts: the first stage embeds them. Sampled ids may be uint32,
+        # which the ring carries as int32 (the header's dtype is what goes on the wire).
         step = Step(Kind.DECODE, group=g, rows=list(g.rows), drafts=drafts)
-        header, g.drop = Header(Kind.DECODE, offset=g.drop, shape=tuple(tokens.shape), dtype=DTYPES.index(mx.int32), group=g.id), 0
+        header, g.drop = (
+            Header(
+                Kind.DECODE,
+                offset=g.drop,
+                shape=tuple(tokens.shape),
+                dtype=DTYPES.index(mx.int32),
+                group=g.id,
+            ),
+            0,
+        )
         return self._submit(header, tokens, step, chained)
 
-    def _submit(self, header: Header, payload: mx.array | None, step: Step, chained: bool = False) -> bool:
+    def _submit(
+        self, header: Header, payload: mx.array | None, step: Step, chained: bool = False
+    ) -> bool:
         self.pipe.submit(header, payload, step, chained)
         return True
 
     @staticmethod
     def _trim(g: Group, drops: list[int] | None = None) -> tuple[Header, mx.array]:
-        """The TRIM step that drops `drops` (else the group's pending `drop`) from the group's rows."""
+        """The TRIM step that drops `drops` (else the group's pending `drop`) from the group's
+        rows."""
         payload = mx.array(drops or [g.drop] * len(g.rows), dtype=mx.int32)
         g.drop = 0
         return Header.for_payload(Kind.TRIM, payload, group=g.id), payload
 
     def _save_row(self, g: Group, seq: Sequence) -> None:
-        if g.drop:  # queued as calls, the trim first: they go before anything else touches the group
+        # queued as calls, the trim first: they go before anything else touches the group
+        if g.drop:
             self.calls.append((*self._trim(g), lambda _: None))
         assert len(seq.sampler.history) >= len(seq.prompt) + seq.fed
-        self._save(Kind.SAVE_ROW, g.id, [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])])
+        self._save(
+            Kind.SAVE_ROW,
+            g.id,
+            [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])],
+        )
 
     def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
@@ -351,7 +478,8 @@ class Chooser:
             lines += [(-1, d, 0) for d in drop] + ([(row, entry, len(tokens))] if entry else [])
         where = {"batch": source} if kind == Kind.SAVE else {"group": source}
         header = Header(kind, **where)
-        if self.calls and self.calls[-1][0].same_step(header):  # the last call saves from the same cache
+        # the last call saves from the same cache
+        if self.calls and self.calls[-1][0].same_step(header):
             lines = [tuple(line) for line in self.calls.pop()[1].tolist()] + lines
         if lines:
             payload = mx.array(lines, dtype=mx.int32)  # (k, 3): (row, entry, tokens), line by line

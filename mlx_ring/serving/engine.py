@@ -48,10 +48,20 @@ class _Active:
 
 
 class Engine:
-    """Rank 0's engine; the HTTP side sees it through `port.EnginePort` (submit, cancel, stats, ping)."""
+    """Rank 0's engine; the HTTP side sees it through `port.EnginePort` (submit, cancel, stats,
+    ping)."""
 
-    def __init__(self, sched: Scheduler, tokenizer: TokenizerWrapper, *, max_queue: int = 64, max_active: int = 16,
-                 step_timeout: float = 60.0, drain_timeout: float = 30.0, constrain: Callable | None = None):
+    def __init__(
+        self,
+        sched: Scheduler,
+        tokenizer: TokenizerWrapper,
+        *,
+        max_queue: int = 64,
+        max_active: int = 16,
+        step_timeout: float = 60.0,
+        drain_timeout: float = 30.0,
+        constrain: Callable | None = None,
+    ):
         self.sched, self.pipe, self.tokenizer = sched, sched.pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
         self.calls: queue.Queue[Future] = queue.Queue()  # pings waiting for a STATUS step
@@ -63,7 +73,8 @@ class Engine:
         self.broken: str | None = None  # why the ring is unusable; the process exits soon after
         self.finished = False  # the ring has shut down: pings are answered at once
         # Closing and submitting take this lock, so a request is either queued before the engine
-        # closes (and then answered by `_close`) or refused; none slips in between and waits forever.
+        # closes (and then answered by `_close`) or refused; none slips in between and waits
+        # forever.
         self._gate = threading.Lock()
         self.closed: str | None = None  # why no request is taken any more
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)
@@ -72,7 +83,8 @@ class Engine:
         self.peers = ""  # the other ranks and their hosts, named in ring errors (server.py sets it)
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
 
-    # -- called from the HTTP thread ----------------------------------------------------------------
+    # -- called from the HTTP thread
+    # ----------------------------------------------------------------
     def submit(self, *reqs: Request) -> None:
         """Queue `reqs` (the choices of one API request): all of them, or none."""
         with self._gate:
@@ -80,7 +92,12 @@ class Engine:
                 raise Unavailable(self.closed or "the server is shutting down")
             # Every put happens here, under this lock: the room seen here cannot shrink meanwhile.
             if self.requests.qsize() + len(reqs) > self.requests.maxsize:
-                raise QueueFull(f"{self.requests.qsize()} requests are already waiting (at most {self.requests.maxsize})")
+                raise QueueFull(
+                    (
+                        f"{self.requests.qsize()} requests are already waiting (at most "
+                        f"{self.requests.maxsize})"
+                    )
+                )
             for req in reqs:
                 self.requests.put_nowait(req)
 
@@ -93,7 +110,8 @@ class Engine:
         """A STATUS step round every rank, between generation steps; resolves to one dict per rank:
         memory, open sequences, cached tokens, stage and busy time."""
         fut: Future = Future()
-        with self._gate:  # `_finish_calls` fails what is queued under it: none is queued after and left
+        # `_finish_calls` fails what is queued under it: none is queued after and left
+        with self._gate:
             if self.broken or self.finished:
                 fut.set_exception(RingError(self.broken or "the ring has shut down"))
             else:
@@ -103,35 +121,56 @@ class Engine:
     def stats(self) -> Stats:
         """Rank 0's own figures now (ints the engine thread updates, read without a lock)."""
         sched, prefix = self.sched, self.sched.prefix
-        cache = None if prefix is None else PromptCacheStats(len(prefix.entries), prefix.held, prefix.budget,
-                                                             prefix.hits, prefix.hit_tokens)
-        return Stats(queued=self.requests.qsize(), active=len(self.active), broken=self.broken,
-                     stopping=self.stopping.is_set(), prompt_cache=cache, draft_tokens=sched.draft_tokens,
-                     drafted=sched.drafted, accepted=sched.accepted, step_counts=tuple(self.step_counts),
-                     step_seconds=self.busy_s, waiting=len(sched.waiting))
+        cache = (
+            None
+            if prefix is None
+            else PromptCacheStats(
+                len(prefix.entries), prefix.held, prefix.budget, prefix.hits, prefix.hit_tokens
+            )
+        )
+        return Stats(
+            queued=self.requests.qsize(),
+            active=len(self.active),
+            broken=self.broken,
+            stopping=self.stopping.is_set(),
+            prompt_cache=cache,
+            draft_tokens=sched.draft_tokens,
+            drafted=sched.drafted,
+            accepted=sched.accepted,
+            step_counts=tuple(self.step_counts),
+            step_seconds=self.busy_s,
+            waiting=len(sched.waiting),
+        )
 
-    # -- the engine thread --------------------------------------------------------------------------
+    # -- the engine thread
+    # --------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until `stop()`, then drain (finish running requests, up to `drain_timeout`) and tell
-        every rank to shut down. A broken ring ends the process instead (see `_die`)."""
+        """Serve until `stop()`, then drain (finish running requests, up to `drain_timeout`) and
+        tell every rank to shut down. A broken ring ends the process instead (see `_die`)."""
         threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         try:
             while not self.stopping.is_set():
                 self._serve_round()
             deadline = time.monotonic() + self.drain_timeout
-            self._close("the server is shutting down", Failed("the server is shutting down", 503, "service_unavailable"))
+            self._close(
+                "the server is shutting down",
+                Failed("the server is shutting down", 503, "service_unavailable"),
+            )
             while self.active and time.monotonic() < deadline:
                 self._serve_round()
             for a in list(self.active.values()):
                 self._finish(a, Failed("the server is shutting down", 503, "service_unavailable"))
-            while not self.sched.idle():  # let every rank free what it holds (and answer pings meanwhile)
+            # let every rank free what it holds (and answer pings meanwhile)
+            while not self.sched.idle():
                 self._take_calls()
                 self.sched.step()
-            self._finish_calls("the ring has shut down")  # later pings: answered at once, not in 10 s
+            # later pings: answered at once, not in 10 s
+            self._finish_calls("the ring has shut down")
             self.pipe.shutdown()
         except RingError as e:
             self._die(str(e))
-        except Exception as e:  # a bug on rank 0 leaves the ranks' caches in an unknown state: restart
+        # a bug on rank 0 leaves the ranks' caches in an unknown state: restart
+        except Exception as e:
             log.exception("engine failure")
             self._die(f"internal error on rank 0: {e}")
 
@@ -151,15 +190,24 @@ class Engine:
             self.busy_s += took
             self.step_counts[bisect.bisect_left(STEP_BUCKETS, took)] += 1
         for seq, token in results:  # a token, or the error that sampling it raised
-            a = self.active.get(seq.id)  # a sequence given several tokens at once may end before the last
+            # a sequence given several tokens at once may end before the last
+            a = self.active.get(seq.id)
             if a is None:
                 continue
             try:
                 self._advance(a, token)
-            except Exception as e:  # its text (detokenizer, stop strings) failed: this request alone
+            # its text (detokenizer, stop strings) failed: this request alone
+            except Exception as e:
                 log.exception("sequence %d: its text could not be made", seq.id)
                 if seq.id in self.active:
-                    self._finish(a, Failed(f"the answer's text could not be made: {type(e).__name__}: {e}", 500, "server_error"))
+                    self._finish(
+                        a,
+                        Failed(
+                            f"the answer's text could not be made: {type(e).__name__}: {e}",
+                            500,
+                            "server_error",
+                        ),
+                    )
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
@@ -182,12 +230,18 @@ class Engine:
             time.sleep(0.2)
             started = self.pipe.busy_since
             if started is not None and time.monotonic() - started > self.step_timeout:
-                self._die(f"a ring step got no answer within {self.step_timeout:.0f} s (a rank is stopped, hung or unreachable)")
+                self._die(
+                    (
+                        f"a ring step got no answer within {self.step_timeout:.0f} s (a rank is "
+                        "stopped, hung or unreachable)"
+                    )
+                )
 
     def _die(self, reason: str, named: bool = False) -> None:
-        """The ring cannot be trusted any more: fail every request with a clear error, then exit so
-        that mlx.launch stops the other ranks and the launcher restarts the ring. The engine thread
-        and the watchdog may both call it; the first one does it. `named`: the reason names the rank."""
+        """The ring cannot be trusted any more: fail every request with a clear error, then exit
+        so that mlx.launch stops the other ranks and the launcher restarts the ring. The engine
+        thread and the watchdog may both call it; the first one does it. `named`: the reason
+        names the rank."""
         where = f" (the ring's other ranks: {self.peers})" if self.peers and not named else ""
         failed = Failed(f"ring failure: {reason}{where}", 503, "service_unavailable")
         with self._gate:
@@ -197,7 +251,11 @@ class Engine:
             self.closed = failed.message
             active = list(self.active.values())  # admissions check `closed` under the gate
         try:
-            log.error("ring failure: %s; failing %d request(s) and exiting for a restart", reason, len(active) + self.requests.qsize())
+            log.error(
+                "ring failure: %s; failing %d request(s) and exiting for a restart",
+                reason,
+                len(active) + self.requests.qsize(),
+            )
             for a in active:
                 _tell(a.req, failed)
             self._close(failed.message, failed)
@@ -228,10 +286,12 @@ class Engine:
             except queue.Empty:
                 return
             if fut.set_running_or_notify_cancel():
-                self.sched.status(lambda rows, fut=fut: fut.set_result(self._with_busy(rows)))  # between the other steps
+                # between the other steps
+                self.sched.status(lambda rows, fut=fut: fut.set_result(self._with_busy(rows)))
 
     def _with_busy(self, rows: list[dict]) -> list[dict]:
-        rows[0]["busy_cs"] = int(self.busy_s * 100)  # rank 0's steps are timed here, not by its stage
+        # rank 0's steps are timed here, not by its stage
+        rows[0]["busy_cs"] = int(self.busy_s * 100)
         return rows
 
     def _admit(self, block: bool) -> None:
@@ -245,7 +305,13 @@ class Engine:
                 req.emit(Failed("cancelled by the client", 499, "cancelled"))
                 continue
             try:
-                seq = Sequence(next(self.seq_ids), req.prompt, req.params, self.constrain, max_tokens=req.max_tokens)
+                seq = Sequence(
+                    next(self.seq_ids),
+                    req.prompt,
+                    req.params,
+                    self.constrain,
+                    max_tokens=req.max_tokens,
+                )
             except Exception as e:  # e.g. a sampler that cannot be built from these parameters
                 req.emit(Failed(f"cannot start generation: {e}", 400, "invalid_request_error"))
                 continue
@@ -259,11 +325,14 @@ class Engine:
 
     def _advance(self, a: _Active, token: Token | Exception) -> None:
         if isinstance(token, Exception):  # this request's sampling failed; the others go on
-            return self._finish(a, Failed(f"sampling failed for this request: {token}", 500, "server_error"))
+            return self._finish(
+                a, Failed(f"sampling failed for this request: {token}", 500, "server_error")
+            )
         a.count += 1
         if a.count == 1:
             log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
-        if token.id in self.tokenizer.eos_token_ids:  # counted in usage; no logprobs entry, as it is not in the text
+        # counted in usage; no logprobs entry, as it is not in the text
+        if token.id in self.tokenizer.eos_token_ids:
             self._send(a, a.text.end())
             return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached))
         self._send(a, a.text.add(token.id, token))
@@ -272,7 +341,9 @@ class Engine:
             if not a.text.stop_hit:
                 return self._finish(a, Done("length", len(a.req.prompt), a.count, a.seq.cached))
         if a.text.closed:
-            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached, a.text.stop_hit))
+            return self._finish(
+                a, Done("stop", len(a.req.prompt), a.count, a.seq.cached, a.text.stop_hit)
+            )
 
     @staticmethod
     def _send(a: _Active, piece: Piece | None) -> None:
@@ -295,4 +366,5 @@ def _tell(req: Request, event) -> None:
 
 def exit_after_grace(code: int) -> None:
     time.sleep(1.0)  # let the HTTP thread send the errors
-    os._exit(code)  # at once: mlx.launch then stops the other ranks, and the launcher restarts the ring
+    # at once: mlx.launch then stops the other ranks, and the launcher restarts the ring
+    os._exit(code)

@@ -23,29 +23,35 @@ class Grammars:
 
     def __init__(self, tokenizer, n_vocab: int):
         eos = sorted(tokenizer.eos_token_ids)
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer._tokenizer, n_vocab=n_vocab, eos_token=eos)
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer._tokenizer, n_vocab=n_vocab, eos_token=eos
+        )
 
     def check(self, grammar: str) -> str:
-        """'' when the grammar can be enforced, else why not (the keyword, as llguidance names it)."""
+        """'' when the grammar can be enforced, else why not (the keyword, as llguidance names
+        it)."""
         try:
             return LLMatcher.validate_grammar(grammar, self.tokenizer)
         except Exception as e:  # a grammar that does not even parse
             return str(e)
 
     def processor(self, grammar: str) -> "Constraint":
-        return Constraint(LLMatcher(self.tokenizer, grammar, log_level=0), self.tokenizer.vocab_size)
+        return Constraint(
+            LLMatcher(self.tokenizer, grammar, log_level=0), self.tokenizer.vocab_size
+        )
 
 
 class Constraint:
-    """One sequence's grammar as an mlx-lm logits processor: tokens it forbids get -inf. It reads the
-    tokens sampled since its last call from the history mlx-lm passes it."""
+    """One sequence's grammar as an mlx-lm logits processor: tokens it forbids get -inf. It reads
+    the tokens sampled since its last call from the history mlx-lm passes it."""
 
     def __init__(self, matcher: LLMatcher, vocab: int):
         self.matcher, self.seen = matcher, None
         self.mask = allocate_token_bitmask(1, vocab)
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
-        if self.seen is not None:  # the first call sees the prompt only; later ones read just the new tokens
+        # the first call sees the prompt only; later ones read just the new tokens
+        if self.seen is not None:
             for t in history[self.seen :].tolist():
                 if not self.matcher.consume_token(t):
                     raise ValueError(f"the output left its grammar: {self.matcher.get_error()}")
@@ -61,7 +67,10 @@ def masked(logits: mx.array, mask: np.ndarray) -> mx.array:
     past the mask (a model's padded vocabulary) are forbidden too."""
     V = logits.shape[-1]
     words = mx.array(mask).view(mx.uint32)  # (1, W)
-    allowed = ((words[..., None] >> _BITS) & 1).reshape(1, -1)[:, :V]  # (1, 32W) bits, low bit first
+    # (1, 32W) bits, low bit first
+    allowed = ((words[..., None] >> _BITS) & 1).reshape(1, -1)[:, :V]
     if allowed.shape[-1] < V:
-        allowed = mx.concatenate([allowed, mx.zeros((1, V - allowed.shape[-1]), allowed.dtype)], axis=-1)
+        allowed = mx.concatenate(
+            [allowed, mx.zeros((1, V - allowed.shape[-1]), allowed.dtype)], axis=-1
+        )
     return mx.where(allowed.astype(mx.bool_), logits, -mx.inf)

@@ -17,7 +17,8 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class Delta:
     text: str
     tokens: list  # serving.sampling.Token: id, logprob, top alternatives
-    cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held (known once its prefill began)
+    # of the prompt's tokens, those the prompt cache held (known once its prefill began)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -25,7 +26,8 @@ class Done:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held (not computed again)
+    # of the prompt's tokens, those the prompt cache held (not computed again)
+    cached_tokens: int = 0
     stop_sequence: str | None = None  # the stop string that ended the answer, if one did
 
 
@@ -44,7 +46,8 @@ class Request:
     emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
     stop: list[str] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    after: "Request | None" = None  # another choice of the same prompt: start from its cached prompt
+    # another choice of the same prompt: start from its cached prompt
+    after: "Request | None" = None
     sequence: object = None  # the engine's scheduler.Sequence, once admitted
 
 
@@ -77,9 +80,11 @@ class Stats:
     draft_tokens: int  # most tokens drafted a step (0: no speculative decoding)
     drafted: int  # draft tokens verified, since the start
     accepted: int  # draft tokens kept, since the start
-    step_counts: tuple[int, ...]  # ring steps per STEP_BUCKETS bucket (not cumulative), the last one past them all
+    # ring steps per STEP_BUCKETS bucket (not cumulative), the last one past them all
+    step_counts: tuple[int, ...]
     step_seconds: float  # time of all ring steps
-    waiting: int = 0  # sequences whose prompt has not started: waiting for a prefill turn or for room in the KV cache
+    # sequences whose prompt has not started: waiting for a prefill turn or for room in the KV cache
+    waiting: int = 0
 
     @property
     def serving(self) -> bool:

@@ -1,8 +1,8 @@
 """Rank 0's index of the prompt cache: which prompts every rank keeps the KV cache of (each for its
 own layers, under the same entry id), and which entry a new prompt should start from.
 
-Pure bookkeeping, no arrays: the scheduler turns its answers into LOAD and SAVE steps, which every rank
-applies in ring order, so all ranks hold the same entries at every step.
+Pure bookkeeping, no arrays: the scheduler turns its answers into LOAD and SAVE steps, which every
+rank applies in ring order, so all ranks hold the same entries at every step.
 """
 
 import itertools
@@ -14,9 +14,11 @@ from mlx_lm.models.cache import PromptTrie, PromptTrieResult
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """How many leading tokens `a` and `b` share (tuples both: a list never equals a tuple)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual hit (a follow-up turn holds the whole cached prompt): one C-level compare
+    # the usual hit (a follow-up turn holds the whole cached prompt): one C-level compare
+    if a[:n] == b[:n]:
         return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: halve with slice compares, not a Python loop
+    # a[:lo] == b[:lo], a[:hi] != b[:hi]: halve with slice compares, not a Python loop
+    lo, hi = 0, n
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
@@ -43,7 +45,8 @@ class PrefixIndex:
         self.ids = itertools.count(1)
         self.clock = itertools.count()
         self.held = 0  # tokens in all entries
-        self.hits = self.hit_tokens = 0  # prompts that started from an entry, and the tokens they reused
+        # prompts that started from an entry, and the tokens they reused
+        self.hits = self.hit_tokens = 0
 
     def _nearest(self, found: PromptTrieResult, n: int) -> tuple[CachedPrompt | None, int]:
         # The entry sharing the longest start with the `n` tokens the trie was searched for, and how

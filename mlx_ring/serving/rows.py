@@ -1,5 +1,5 @@
-"""What the scheduler (`scheduler.py`) moves around: sequences, the prefill batches they start in, the
-decode groups they join, and the steps on the ring with what to do when each comes home."""
+"""What the scheduler (`scheduler.py`) moves around: sequences, the prefill batches they start
+in, the decode groups they join, and the steps on the ring with what to do when each comes home."""
 
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,12 +22,14 @@ class Sequence:
     sampler: SequenceSampler = field(init=False)
     last: int | None = None  # the last sampled token: the next decode step's input
     removed: bool = False
-    after: "Sequence | None" = None  # waits for that one's prefill, to start from its saved prompt (n > 1)
+    # waits for that one's prefill, to start from its saved prompt (n > 1)
+    after: "Sequence | None" = None
     prefilled: bool = False
     fed: int = 0  # sampled tokens its decode steps have put in its cache
     drafter: Drafter | None = None  # speculative decoding: its drafts and their length
     max_tokens: int = 0  # the completion limit: with its prompt, the cache it may come to need
-    cached: int = 0  # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
+    # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
+    cached: int = 0
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None
@@ -36,10 +38,14 @@ class Sequence:
 
 def cache_rows(seqs: list[Sequence], grow: int, drafts: int = 0) -> int:
     """Token-rows a decode group of `seqs` may come to hold: every row left-padded to the longest
-    prompt + max_tokens, with `drafts` more and the room the cache grows by (`grow` token-rows at a time,
-    as planning/growth.py's rule says)."""
+    prompt + max_tokens, with `drafts` more and the room the cache grows by (`grow` token-rows at
+    a time, as planning/growth.py's rule says)."""
     n = len(seqs)
-    return n * (max(len(s.prompt) + s.max_tokens for s in seqs) + drafts + growth_step(n, grow)) if n else 0
+    return (
+        n * (max(len(s.prompt) + s.max_tokens for s in seqs) + drafts + growth_step(n, grow))
+        if n
+        else 0
+    )
 
 
 @dataclass(eq=False)
@@ -51,7 +57,8 @@ class Prefill:
     tokens: list[list[int]]  # per row, right-padded to one length
     sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
-    reuse: list[int] = field(default_factory=list)  # the prompt-cache entry each row starts from (empty: none)
+    # the prompt-cache entry each row starts from (empty: none)
+    reuse: list[int] = field(default_factory=list)
     group: "Group | None" = None  # the group it will join
 
     def padding(self) -> list[int]:
@@ -64,13 +71,17 @@ class Prefill:
 @dataclass(eq=False)
 class Group:
     id: int
-    rows: list[Sequence] = field(default_factory=list)  # in the order of the cache's rows on every rank
-    joining: list[Prefill] = field(default_factory=list)  # prefilled, to be appended before the next step
+    # in the order of the cache's rows on every rank
+    rows: list[Sequence] = field(default_factory=list)
+    # prefilled, to be appended before the next step
+    joining: list[Prefill] = field(default_factory=list)
     reserved: int = 0  # rows being prefilled for this group
     busy: bool = False  # a decode step of this group is on the ring
     verifying: bool = False  # that step verifies drafts: its cache holds positions a TRIM may drop
-    saves: list[Sequence] = field(default_factory=list)  # rows that left meanwhile, saved once trimmed
-    drop: int = 0  # positions every row drops before the group's next step (rejected drafts, on every rank)
+    # rows that left meanwhile, saved once trimmed
+    saves: list[Sequence] = field(default_factory=list)
+    # positions every row drops before the group's next step (rejected drafts, on every rank)
+    drop: int = 0
     last_turn: int = -1
 
     def load(self) -> int:
@@ -94,18 +105,26 @@ class Step:
     offset: int = 0  # PREFILL: where the chunk starts in its rows
     group: Group | None = None
     rows: list[Sequence] = field(default_factory=list)
-    drafts: list[list[int]] | None = None  # DECODE: each row's drafted tokens, verified by this step
+    # DECODE: each row's drafted tokens, verified by this step
+    drafts: list[list[int]] | None = None
     last_chunk: bool = False
     tokens: int = 0  # PREFILL: the chunk's prompt tokens, every row counted
     done: Callable[[mx.array | None], None] | None = None
 
 
-def kv_fits(groups: list[Group], prefilling: list[Prefill], group: Group, seqs: list[Sequence], kv_room: int,
-            grow: int, drafts: int) -> bool:
-    """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they can
-    within `kv_room` token-rows, the largest counted twice: a cache that grows or takes in joining rows
-    is copied whole (mlx-lm's concatenate), the old one held until the copy is made. Alone, a request
-    always fits (the API refuses one that cannot: `one_request`)."""
+def kv_fits(
+    groups: list[Group],
+    prefilling: list[Prefill],
+    group: Group,
+    seqs: list[Sequence],
+    kv_room: int,
+    grow: int,
+    drafts: int,
+) -> bool:
+    """Whether the decode groups' caches, `seqs` added to `group`, may all grow as far as they
+    can within `kv_room` token-rows, the largest counted twice: a cache that grows or takes in
+    joining rows is copied whole (mlx-lm's concatenate), the old one held until the copy is made.
+    Alone, a request always fits (the API refuses one that cannot: `one_request`)."""
     members = {g: [*g.rows, *(s for b in g.joining for s in b.rows)] for g in groups}
     for b in prefilling:
         members[b.group] += b.rows

@@ -16,8 +16,8 @@ from mlx_ring.serving.speculative import verify_rows
 
 @dataclass
 class Ran:
-    """What rank 0 made of one step: each row's tokens in order (for a row whose sampling failed, the
-    error), and for a verification, the positions each row's cache drops and the drafts kept."""
+    """What rank 0 made of one step: each row's tokens in order (for a row whose sampling failed,
+    the error), and for a verification, the positions each row's cache drops and the drafts kept."""
 
     tokens: list[tuple[Sequence, Token | Exception]]
     drops: list[int] | None = None
@@ -33,13 +33,16 @@ class Runner:
     def prefill(self, step: Step, out: mx.array) -> Ran:
         """A prefill batch's last chunk: every row's first token."""
         b = step.prefill
-        if out.shape[1] > 1:  # a batch of padded prompts comes back whole: take each row's last token
+        # a batch of padded prompts comes back whole: take each row's last token
+        if out.shape[1] > 1:
             last = mx.array([[[len(s.prompt) - 1 - step.offset]] for s in b.rows])
             out = mx.take_along_axis(out, last, axis=1)  # (B, 1, H)
         logits = self.ends.head(out)[:, -1, :]  # (B, V)
         return Ran(list(zip(b.rows, sample_rows([s.sampler for s in b.rows], logits))))
 
-    def decode(self, step: Step, out: mx.array, chain: Callable[[mx.array], None] | None = None) -> Ran:
+    def decode(
+        self, step: Step, out: mx.array, chain: Callable[[mx.array], None] | None = None
+    ) -> Ran:
         """A decode step: every row's next token. `chain`: where the group's next step may go out on
         the sampled ids before they are read, the function that submits it."""
         samplers = [s.sampler for s in step.rows]

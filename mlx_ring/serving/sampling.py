@@ -8,7 +8,13 @@ from functools import partial
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+    make_sampler,
+)
 
 from mlx_ring.serving.params import SamplingParams
 
@@ -25,26 +31,40 @@ class SequenceSampler:
 
     def __init__(self, params: SamplingParams, prompt: list[int], constraint=None):
         self.params = params
-        self.sampler = make_sampler(params.temperature, params.top_p, params.min_p, top_k=params.top_k)
-        if params.seed is not None and params.temperature > 0:  # the draw with the row's own key (`step_key`)
+        self.sampler = make_sampler(
+            params.temperature, params.top_p, params.min_p, top_k=params.top_k
+        )
+        # the draw with the row's own key (`step_key`)
+        if params.seed is not None and params.temperature > 0:
             self.sampler = partial(_seeded_sample, self)
         self.processors = make_logits_processors(
-            params.logit_bias, params.repetition_penalty, 64, params.presence_penalty, 64, params.frequency_penalty, 64
+            params.logit_bias,
+            params.repetition_penalty,
+            64,
+            params.presence_penalty,
+            64,
+            params.frequency_penalty,
+            64,
         )
-        if constraint is not None:  # last: it masks what the others left, so nothing it forbids comes back
+        # last: it masks what the others left, so nothing it forbids comes back
+        if constraint is not None:
             self.processors.append(constraint)
         self.history = list(prompt)
-        # Every setting in one tuple, compared without a call: rows whose tuples are equal sample together.
+        # Every setting in one tuple, compared without a call: rows whose tuples are equal sample
+        # together.
         self.settings = tuple(getattr(params, f.name) for f in fields(params))
         self.step = 0
         bias = params.logit_bias or {}
-        self.bias_ids = (min(bias), max(bias)) if bias else None  # checked against the logits each step
+        # checked against the logits each step
+        self.bias_ids = (min(bias), max(bias)) if bias else None
 
     def logprobs(self, logits: mx.array) -> mx.array:
         """Processed, normalised log-probabilities `(1, V)` from raw logits `(1, V)`."""
         if self.bias_ids and not 0 <= self.bias_ids[0] <= self.bias_ids[1] < logits.shape[-1]:
             # MLX's scatter does not check bounds: such an id would crash the process, not fail.
-            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})")
+            raise ValueError(
+                f"logit_bias names token ids outside the vocabulary [0, {logits.shape[-1]})"
+            )
         if self.processors:
             context = mx.array(self.history)
             for p in self.processors:
@@ -58,7 +78,9 @@ class SequenceSampler:
     def prepare(self, vocab: int) -> None:
         """Check the settings against the vocabulary; before sampling."""
         if self.params.top_k >= vocab:  # mlx-lm's check raises inside a compiled function
-            raise ValueError(f"top_k={self.params.top_k} must be below the vocabulary's {vocab} tokens")
+            raise ValueError(
+                f"top_k={self.params.top_k} must be below the vocabulary's {vocab} tokens"
+            )
 
     def step_key(self) -> mx.array | None:
         """This step's random key, from the row's own seed and position alone, so that neither its
@@ -96,7 +118,9 @@ def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> tuple[mx.a
     return ids, mx.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]
 
 
-def read_tokens(samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array | None = None) -> list[Token]:
+def read_tokens(
+    samplers: list[SequenceSampler], ids: mx.array, chosen: mx.array | None = None
+) -> list[Token]:
     """Materialise what `sample_lazy` built (a logprob of NaN where none was asked for)."""
     picked = ids.tolist()
     logprobs = chosen.tolist() if chosen is not None else [math.nan] * len(picked)
@@ -117,8 +141,9 @@ def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token
 
 
 def read_rows(built: list, readers: list[Callable]) -> list:
-    """Evaluate rows' lazy arrays (`built`: a tuple a row, or the error building it raised) in one go,
-    then read each row with its reader; a row that fails gets its error and the others go on."""
+    """Evaluate rows' lazy arrays (`built`: a tuple a row, or the error building it raised) in
+    one go, then read each row with its reader; a row that fails gets its error and the others go
+    on."""
     try:
         mx.eval([b for b in built if not isinstance(b, Exception)])
     except Exception:  # find the row at fault: each alone
@@ -127,7 +152,8 @@ def read_rows(built: list, readers: list[Callable]) -> list:
 
 
 def attempt(fn, *args):
-    """`fn(*args)`, or the error it raised (MLX's random state mended after a failed compiled sampler)."""
+    """`fn(*args)`, or the error it raised (MLX's random state mended after a failed compiled
+    sampler)."""
     try:
         return fn(*args)
     except Exception as e:
@@ -136,7 +162,8 @@ def attempt(fn, *args):
 
 def _heal(e: Exception) -> Exception:
     # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises while
-    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends it.
+    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends
+    # it.
     mx.random.seed(secrets.randbits(63))
     return e
 

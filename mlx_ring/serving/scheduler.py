@@ -45,7 +45,8 @@ class Scheduler(Chooser):
             b = step.prefill
             b.chunks_out -= 1
             if out is not None:
-                mx.eval(out)  # a ring's step is back, so done; alone, the chunk is done on the device first
+                # a ring's step is back, so done; alone, the chunk is done on the device first
+                mx.eval(out)
             self.prefill_out -= step.tokens
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
@@ -69,32 +70,45 @@ class Scheduler(Chooser):
         return lambda ids: self._submit_decode_of(g, ids, chained=True)
 
     def postprocess(self, step: Step, ran: Ran) -> list[tuple[Sequence, Token | Exception]]:
-        """The step's tokens into their sequences (a failed row leaves before the next step); a prefill
-        batch saved in the prompt cache and on to its group; rejected drafts dropped."""
+        """The step's tokens into their sequences (a failed row leaves before the next step); a
+        prefill batch saved in the prompt cache and on to its group; rejected drafts dropped."""
         if step.kind == Kind.PREFILL:
             b = step.prefill
             for s, t in ran.tokens:
-                s.last = t.id if isinstance(t, Token) else 0  # a failed row leaves before the next step
+                # a failed row leaves before the next step
+                s.last = t.id if isinstance(t, Token) else 0
                 s.prefilled = True
             if self.prefix:
-                self._save(Kind.SAVE, b.id, [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed])
+                self._save(
+                    Kind.SAVE,
+                    b.id,
+                    [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed],
+                )
             group = self._release(b)
-            assert group is not None, "every prefill batch is formed for a group (choosing._next_batch)"
+            assert group is not None, (
+                "every prefill batch is formed for a group (choosing._next_batch)"
+            )
             group.joining.append(b)
         elif ran.drops is not None:
             self._verified(step, ran)
         else:
             for seq, token in ran.tokens:
-                seq.last = token.id if isinstance(token, Token) else 0  # a failed row leaves before the next step
+                # a failed row leaves before the next step
+                seq.last = token.id if isinstance(token, Token) else 0
         return [(s, t) for s, t in ran.tokens if not s.removed]
 
     def _verified(self, step: Step, ran: Ran) -> None:
         # Every rank then drops the positions rows did not keep: with the group's next step when
-        # every row drops the same, else by a TRIM step queued before anything else touches the group.
+        # every row drops the same, else by a TRIM step queued before anything else touches the
+        # group.
         g, drops = step.group, ran.drops
-        self.drafted, self.accepted = self.drafted + sum(map(len, step.drafts)), self.accepted + ran.accepted
+        self.drafted, self.accepted = (
+            self.drafted + sum(map(len, step.drafts)),
+            self.accepted + ran.accepted,
+        )
         if len(set(drops)) == 1:
-            g.drop = drops[0]  # the same for every row (always, alone): folded into the group's next step
+            # the same for every row (always, alone): folded into the group's next step
+            g.drop = drops[0]
         else:
             self.calls.append((*self._trim(g, drops), lambda _: None))
         g.busy = g.verifying = False

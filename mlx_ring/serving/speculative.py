@@ -18,7 +18,14 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_ring.models.compat import UNFUSED_SEVERAL, unfused_attention
 from mlx_ring.serving.prefix import common_prefix
-from mlx_ring.serving.sampling import SequenceSampler, Token, attempt, read_rows, sample_rows, target_logits
+from mlx_ring.serving.sampling import (
+    SequenceSampler,
+    Token,
+    attempt,
+    read_rows,
+    sample_rows,
+    target_logits,
+)
 
 # A draft model guesses row by row, a forward per token, while a step costs about the same for any
 # number of rows: in a larger group its guesses cost more than they can save, so it rests there
@@ -34,7 +41,8 @@ class Drafter:
     rejected pause drafting for twice as many steps each time (so a text the lookup cannot guess
     runs as plain decoding, at a cost of one step in many)."""
 
-    BACKOFF: ClassVar[int] = 2  # the pause after n drafts in a row all rejected: BACKOFF**n - 1 steps
+    # the pause after n drafts in a row all rejected: BACKOFF**n - 1 steps
+    BACKOFF: ClassVar[int] = 2
     LONGEST: ClassVar[int] = 64  # pauses stop growing at LONGEST - 1 steps
     FIRST: ClassVar[int] = 16  # the most tokens a sequence's first draft may have (then `most`)
 
@@ -64,7 +72,8 @@ class Drafter:
     def may_propose_next(self, history: list[int]) -> bool:
         """Whether a lookup one token from now can find anything, before that token is read: only
         if the history's last token occurred before it (every n-gram to match would start there).
-        When it cannot, the next step goes out before this one's token is read, as without drafts."""
+        When it cannot, the next step goes out before this one's token is read, as without
+        drafts."""
         self.earlier.update(history[self.counted : len(history) - 1])
         self.counted = max(self.counted, len(history) - 1)
         return history[-1] in self.earlier
@@ -72,7 +81,8 @@ class Drafter:
     def propose(self, history: list[int]) -> list[int]:
         """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
         history's last n tokens, for the longest n in NGRAMS that occurs; [] when none does."""
-        for end in range(self.indexed, len(history)):  # the tail itself (end == len) has nothing after it
+        # the tail itself (end == len) has nothing after it
+        for end in range(self.indexed, len(history)):
             for n in NGRAMS:
                 if end >= n:
                     self.after[tuple(history[end - n : end])] = end
@@ -107,14 +117,15 @@ class Streak:
 
 @dataclass
 class ModelDrafter(Drafter):
-    """Drafts with a second, smaller model of the same vocabulary on rank 0 (`DRAFT_MODEL`), greedily,
-    with a KV cache of its own per sequence that follows the sequence's history (trimmed back to
-    what the history still shares with it, then fed the rest). Its guesses cost a forward a token and
-    a row (and a catch-up after each pause: on CUDA a draft cycle costs several steps), so it starts
-    short, backs off four times faster than prompt lookup and up to four times longer. How often a
-    draft model agrees is a property of the pair of models more than of one text: a new stream
-    starts from the misses in a row of the streams before it (`streak`), so a draft model that is
-    never right costs a new stream one try in 256 steps, not four tries in its first 85."""
+    """Drafts with a second, smaller model of the same vocabulary on rank 0 (`DRAFT_MODEL`),
+    greedily, with a KV cache of its own per sequence that follows the sequence's history
+    (trimmed back to what the history still shares with it, then fed the rest). Its guesses cost
+    a forward a token and a row (and a catch-up after each pause: on CUDA a draft cycle costs
+    several steps), so it starts short, backs off four times faster than prompt lookup and up to
+    four times longer. How often a draft model agrees is a property of the pair of models more
+    than of one text: a new stream starts from the misses in a row of the streams before it
+    (`streak`), so a draft model that is never right costs a new stream one try in 256 steps, not
+    four tries in its first 85."""
 
     BACKOFF: ClassVar[int] = 4
     LONGEST: ClassVar[int] = 256
@@ -142,20 +153,23 @@ class ModelDrafter(Drafter):
         if not self.cache:
             self.cache = make_prompt_cache(self.model)
         seen = tuple(history)
-        kept = min(common_prefix(self.fed, seen), len(seen) - 1)  # the last token is fed again: its logits are needed
+        # the last token is fed again: its logits are needed
+        kept = min(common_prefix(self.fed, seen), len(seen) - 1)
         for c in self.cache:
             c.trim(len(self.fed) - kept)
         new = history[kept:]
         if len(new) > 1:
-            # Catching up (after a pause, or the prompt): the cache needs these tokens' keys and values,
-            # not their logits; left lazy, the head never runs over them (the most of a small model's cost).
-            # On CUDA, the fused kernel is compiled per key length: worth it once for a prompt, not
-            # for every catch-up (plain attention's scores grow with the tokens fed times the cache's).
+            # Catching up (after a pause, or the prompt): the cache needs these tokens' keys and
+            # values, not their logits; left lazy, the head never runs over them (the most of a
+            # small model's cost). On CUDA, the fused kernel is compiled per key length: worth it
+            # once for a prompt, not for every catch-up (plain attention's scores grow with the
+            # tokens fed times the cache's).
             with unfused_attention(UNFUSED_SEVERAL and len(new) <= 256):
                 self.model(mx.array([new[:-1]]), cache=self.cache)
         x, ids = mx.array([new[-1:]]), []
         for _ in range(self.k):  # built lazily, read once
-            x = mx.argmax(self.model(x, cache=self.cache)[:, -1, :], axis=-1, keepdims=True)  # (1, 1)
+            # (1, 1)
+            x = mx.argmax(self.model(x, cache=self.cache)[:, -1, :], axis=-1, keepdims=True)
             ids.append(x)
         drafts = mx.concatenate(ids, axis=1)[0].tolist()
         self.fed = seen + tuple(drafts[:-1])  # the last draft was never fed
@@ -164,8 +178,8 @@ class ModelDrafter(Drafter):
 
 def verify(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> list[Token]:
     """The tokens one row keeps from a verify pass: `logits (L, V)` are the target's at the row's
-    input token and each draft (L > len(drafts)); returns the accepted drafts, then one token sampled
-    where the first draft was rejected (or after the last). `s` accepts them all."""
+    input token and each draft (L > len(drafts)); returns the accepted drafts, then one token
+    sampled where the first draft was rejected (or after the last). `s` accepts them all."""
     built = _build(s, logits, drafts)
     mx.eval(built)
     return _read(s, drafts, *built)
@@ -185,11 +199,16 @@ def _build(s: SequenceSampler, logits: mx.array, drafts: list[int]) -> tuple[mx.
         key = s.step_key()
         k_keep, k_pick = mx.random.split(key) if key is not None else (None, None)
         target = target_logits(s, logprobs)
-        p_draft = mx.exp(mx.take_along_axis(target, d, axis=-1) - mx.logsumexp(target, axis=-1, keepdims=True))[:n, 0]
+        p_draft = mx.exp(
+            mx.take_along_axis(target, d, axis=-1) - mx.logsumexp(target, axis=-1, keepdims=True)
+        )[:n, 0]
         keep = mx.random.uniform(shape=(n,), key=k_keep) < p_draft
         # Where draft j is rejected, the target with that token removed; after the last, the target.
         rows = mx.arange(n + 1)[:, None]
-        picks = mx.random.categorical(mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target), key=k_pick)
+        picks = mx.random.categorical(
+            mx.where((mx.arange(target.shape[-1])[None] == d) & (rows < n), -mx.inf, target),
+            key=k_pick,
+        )
     lp_picks = mx.take_along_axis(logprobs, picks[:, None], axis=-1)[:, 0]
     lp_drafts = mx.take_along_axis(logprobs, d, axis=-1)[:n, 0]
     return keep, picks, lp_picks, lp_drafts
@@ -204,7 +223,9 @@ def _read(s: SequenceSampler, drafts: list[int], keep, picks, lp_picks, lp_draft
     return tokens
 
 
-def verify_rows(rows: list, logits: mx.array, drafts: list[list[int]]) -> tuple[list[tuple], list[int], int]:
+def verify_rows(
+    rows: list, logits: mx.array, drafts: list[list[int]]
+) -> tuple[list[tuple], list[int], int]:
     """Apply a verify pass (`logits (B, 1 + width, V)`) to its rows (scheduler `Sequence`s): each
     keeps its accepted drafts and one more token (its sampler, `fed`, `last` and drafter updated).
     A row with no drafts (or whose processors read the history) samples at its first position, as
@@ -214,7 +235,12 @@ def verify_rows(rows: list, logits: mx.array, drafts: list[list[int]]) -> tuple[
     drafting = [i for i, d in enumerate(drafts) if d]
     plain = [i for i, d in enumerate(drafts) if not d]
     built = [attempt(_build, rows[i].sampler, logits[i], drafts[i]) for i in drafting]
-    outcome = dict(zip(drafting, read_rows(built, [partial(_read, rows[i].sampler, drafts[i]) for i in drafting])))
+    outcome = dict(
+        zip(
+            drafting,
+            read_rows(built, [partial(_read, rows[i].sampler, drafts[i]) for i in drafting]),
+        )
+    )
     if plain:
         firsts = sample_rows([rows[i].sampler for i in plain], logits[mx.array(plain), 0])
         outcome |= {i: t if isinstance(t, Exception) else [t] for i, t in zip(plain, firsts)}

@@ -33,8 +33,8 @@ log = logging.getLogger("server")
 
 @dataclass
 class Rank0:
-    """What rank 0 serves with, warmed up: the engine, the tokenizer, the model's config and head, and
-    the KV room (tokens every rank holds at once; None: no bound)."""
+    """What rank 0 serves with, warmed up: the engine, the tokenizer, the model's config and
+    head, and the KV room (tokens every rank holds at once; None: no bound)."""
 
     engine: Engine
     tokenizer: object  # mlx_lm TokenizerWrapper
@@ -50,106 +50,183 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
     """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
     steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU). Fewer where a
     Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`), from each Mac's
-    measured speed (`cluster`: ranks with a recommended working set) and a layer's FLOPs per token."""
+    measured speed (`cluster`: ranks with a recommended working set) and a layer's FLOPs per
+    token."""
     if cfg.prefill_chunk:
         return cfg.prefill_chunk
     cap = 128 if mx.default_device() == mx.cpu else 512
     share = cluster.plan.tensor  # a tensor rank computes its share of each layer
-    macs = [(r.host, (r.layers[1] - r.layers[0]) * layer_flops / share, r.planned.tflops)
-            for r in cluster.ranks if r.planned and r.planned.working_set_gb]
+    macs = [
+        (r.host, (r.layers[1] - r.layers[0]) * layer_flops / share, r.planned.tflops)
+        for r in cluster.ranks
+        if r.planned and r.planned.working_set_gb
+    ]
     if not macs:
         return cap
     chunk = gpu.watchdog_chunk(macs, cap)
-    log.info("prefill chunks of %d tokens: the busiest Mac's stage of one stays within %.0f s (Metal's watchdog "
-             "aborts at about %.0f s); PREFILL_CHUNK sets it", chunk, gpu.STAGE_BUDGET_S, gpu.WATCHDOG_S)
+    log.info(
+        "prefill chunks of %d tokens: the busiest Mac's stage of one stays within %.0f s (Metal's "
+        "watchdog aborts at about %.0f s); PREFILL_CHUNK sets it",
+        chunk,
+        gpu.STAGE_BUDGET_S,
+        gpu.WATCHDOG_S,
+    )
     return chunk
 
 
 def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | None:
     """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
     memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
-    tokens is what the tightest rank holds. None when off or when the caches are not plain KV caches."""
+    tokens is what the tightest rank holds. None when off or when the caches are not plain KV
+    caches."""
     if not cfg.prompt_cache_gb or not shard.plain_kv:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
     per_token = spec.kv_bytes_per_token  # one layer's
-    kept = [cfg.prompt_cache_gb if r.planned is None or r.planned.prompt_cache_gb is None else r.planned.prompt_cache_gb
-            for r in cluster.ranks]
+    kept = [
+        cfg.prompt_cache_gb
+        if r.planned is None or r.planned.prompt_cache_gb is None
+        else r.planned.prompt_cache_gb
+        for r in cluster.ranks
+    ]
     plan = shard.plan  # a rank's layers, and its share of each one's KV heads in tensor mode
-    budget = min(int(gb * 2**30 * plan.tensor / (per_token * len(plan.layers_of(r)))) for r, gb in enumerate(kept))
-    log.info("prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget)
+    budget = min(
+        int(gb * 2**30 * plan.tensor / (per_token * len(plan.layers_of(r))))
+        for r, gb in enumerate(kept)
+    )
+    log.info(
+        "prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget
+    )
     return PrefixIndex(budget)
 
 
 def draft_model(cfg: Config, vocab: int):
-    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits over the same vocabulary."""
+    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits over the same
+    vocabulary."""
     if not cfg.draft_model:
         return None
     path = resolve_model(cfg.draft_model, cfg.cache_dir, cfg.weights)
     model, _ = load_model(path)
     rows = model(mx.array([[0]])).shape[-1]  # only the shape is read: nothing computed
     if rows != vocab:
-        raise ValueError(f"DRAFT_MODEL {cfg.draft_model} gives logits over {rows} tokens, the model over {vocab}; "
-                         "a draft model must share the model's tokenizer (pick one of the same family)")
+        raise ValueError(
+            f"DRAFT_MODEL {cfg.draft_model} gives logits over {rows} tokens, the model over "
+            f"{vocab}; a draft model must share the model's tokenizer (pick one of the same family)"
+        )
     log.info("drafts from %s, up to %d tokens a step", path.name, cfg.draft_tokens)
     return model
 
 
-def assemble(cfg: Config, shard, pipe: RingHandle, model_path: Path, spec, cluster: Cluster,
-             caps: list[Capabilities]) -> Rank0:
+def assemble(
+    cfg: Config,
+    shard,
+    pipe: RingHandle,
+    model_path: Path,
+    spec,
+    cluster: Cluster,
+    caps: list[Capabilities],
+) -> Rank0:
     """Rank 0's scheduler and engine on `pipe` (the ring as rank 0 drives it), warmed up; `shard`:
     rank 0's slice (`shard.Shard`: the ends of the model and its layers)."""
     kv_room = cluster.kv_room  # token-rows of KV cache every rank has room for
     if kv_room is not None:
-        log.info("KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); requests wait "
-                 "for room", kv_room, cluster.plan.prediction.kv_tokens)
+        log.info(
+            "KV cache: room for %d tokens at once on every rank (the plan keeps %d: KV_TOKENS); "
+            "requests wait for room",
+            kv_room,
+            cluster.plan.prediction.kv_tokens,
+        )
     model_config = load_config(model_path)
     tokenizer = load_tokenizer(model_path, eos_token_ids=model_config.get("eos_token_id"))
-    logits = shard.head(shard.embed(mx.array([[0]])))  # (1, 1, V): only its shape is read, nothing computed
+    # (1, 1, V): only its shape is read, nothing computed
+    logits = shard.head(shard.embed(mx.array([[0]])))
     grammars = Grammars(tokenizer, logits.shape[-1])
     groups, why = decode_groups(cfg.groups, caps, shard.batches)
     if shard.tensor and not cfg.groups:
         groups, why = 1, "tensor mode: every rank works on every group"
-    log.info("decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number")
+    log.info(
+        "decode groups: %d (%s)", groups, why if cfg.groups else f"{why}; GROUPS sets the number"
+    )
     if not shard.batches:
-        log.info("batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
-                 UNBATCHED[model_config["model_type"]], groups)
+        log.info(
+            "batching off (%s): each of the %d decode groups (GROUPS) serves one request at a time",
+            UNBATCHED[model_config["model_type"]],
+            groups,
+        )
     if cfg.draft_tokens and not shard.plain_kv:
         log.info("speculative decoding off: this model's caches cannot drop rejected drafts")
     chunk = prefill_chunk(cfg, cluster, spec.layer_flops)
-    # The plan counts each rank's activations for `step_tokens` (activations.py): one prefill step holds
-    # at most the fewest any rank may, and a pipeline's prefill steps out are each on another stage, so
-    # each stage may hold a step's worth; in tensor mode every rank holds every step.
+    # The plan counts each rank's activations for `step_tokens` (activations.py): one prefill step
+    # holds at most the fewest any rank may, and a pipeline's prefill steps out are each on another
+    # stage, so each stage may hold a step's worth; in tensor mode every rank holds every step.
     served, plan = serving(spec, cfg.prefill_chunk, cfg.max_active), shard.plan
     layers = [len(plan.layers_of(r)) for r in range(plan.size)]
     step = prefill_step(served, caps, layers, cfg.kv_tokens, chunk)
     budget = max(step, least_step_tokens(served, caps, layers, cfg.kv_tokens))
-    sched = Scheduler(pipe, shard, groups=groups, chunk=chunk,
-                      prefix=prompt_cache(cfg, shard, spec, cluster),
-                      draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
-                      draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
-                      kv_room=max(1, kv_room) if kv_room is not None else 0, kv_spare=GROUP_SPARE_TOKENS,
-                      prefill_budget=budget * len(plan.ranges), prefill_step=step)
-    log.info("prefill: steps of up to %d prompt tokens (rows x %d-token chunks), %d on the ring at once", step, chunk,
-             budget * len(plan.ranges))
-    engine = Engine(sched, tokenizer, max_queue=cfg.max_queue, max_active=cfg.max_active,
-                    step_timeout=cfg.step_timeout, drain_timeout=cfg.drain_timeout, constrain=grammars.processor)
+    sched = Scheduler(
+        pipe,
+        shard,
+        groups=groups,
+        chunk=chunk,
+        prefix=prompt_cache(cfg, shard, spec, cluster),
+        draft_tokens=cfg.draft_tokens if shard.plain_kv else 0,
+        draft_model=draft_model(cfg, logits.shape[-1]) if shard.plain_kv else None,
+        kv_room=max(1, kv_room) if kv_room is not None else 0,
+        kv_spare=GROUP_SPARE_TOKENS,
+        prefill_budget=budget * len(plan.ranges),
+        prefill_step=step,
+    )
+    log.info(
+        "prefill: steps of up to %d prompt tokens (rows x %d-token chunks), %d on the ring at once",
+        step,
+        chunk,
+        budget * len(plan.ranges),
+    )
+    engine = Engine(
+        sched,
+        tokenizer,
+        max_queue=cfg.max_queue,
+        max_active=cfg.max_active,
+        step_timeout=cfg.step_timeout,
+        drain_timeout=cfg.drain_timeout,
+        constrain=grammars.processor,
+    )
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
-    if isinstance(pipe, Lockstep):  # a rank gone mid-step: fail the requests now, naming it (off the engine's thread)
-        pipe.watch_peers(lambda why: threading.Thread(target=engine.fail, args=(why,), daemon=True).start())
-    hello = (tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
-             if getattr(tokenizer, "chat_template", None) else tokenizer.encode("Hello"))
-    status = warm(sched, engine.seq_ids, hello, cfg.max_active, chunk,
-                  may_regroup=not cfg.groups and shard.batches and not shard.tensor,
-                  nccl=shard.tensor and nccl_sums(plan.size))
-    if kv_room is not None:  # what the warm-up's activations took beyond the plan's runtime comes out of the room
+    # a rank gone mid-step: fail the requests now, naming it (off the engine's thread)
+    if isinstance(pipe, Lockstep):
+        pipe.watch_peers(
+            lambda why: threading.Thread(target=engine.fail, args=(why,), daemon=True).start()
+        )
+    hello = (
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hello"}], add_generation_prompt=True
+        )
+        if getattr(tokenizer, "chat_template", None)
+        else tokenizer.encode("Hello")
+    )
+    status = warm(
+        sched,
+        engine.seq_ids,
+        hello,
+        cfg.max_active,
+        chunk,
+        may_regroup=not cfg.groups and shard.batches and not shard.tensor,
+        nccl=shard.tensor and nccl_sums(plan.size),
+    )
+    # what the warm-up's activations took beyond the plan's runtime comes out of the room
+    if kv_room is not None:
         kv_room = fit_room(spec, cluster.ranks, status, kv_room, cluster.plan.prediction.kv_tokens)
         cluster = cluster.with_kv_room(kv_room)
         sched.kv_room = max(1, kv_room)
-    if cluster.ranks[0].planned is not None:  # the plan's figures, now counting what the warm-up measured
+    # the plan's figures, now counting what the warm-up measured
+    if cluster.ranks[0].planned is not None:
         cluster = replace(cluster, ranks=count_measured(spec, cluster.ranks, status, kv_room))
         shown = cluster.to_json()
-        log.info("layer plan, its runtime as the warm-up measured it where that was more:\n%s",
-                 format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}))
-    return Rank0(engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, kv_room)
+        log.info(
+            "layer plan, its runtime as the warm-up measured it where that was more:\n%s",
+            format_summary({**shown["plan"], "hops_ms": None, "ranks": shown["ranks"]}),
+        )
+    return Rank0(
+        engine, tokenizer, model_config, grammars, logits.shape[-1], logits.dtype, cluster, kv_room
+    )

@@ -1,5 +1,5 @@
-"""One request's tokens turned into text as a client sees it: streaming detokenization, stop strings,
-and the end of a sequence. Pure Python over mlx-lm's detokenizers; no MLX, no ring."""
+"""One request's tokens turned into text as a client sees it: streaming detokenization, stop
+strings, and the end of a sequence. Pure Python over mlx-lm's detokenizers; no MLX, no ring."""
 
 from dataclasses import dataclass, field
 
@@ -25,8 +25,9 @@ class Piece:
 
 
 class TextStream:
-    """Feed tokens with `add`; each call returns what may be sent now. `end()` closes the text at the
-    end of a sequence (end token, length limit): the detokenizer hands over what it still holds."""
+    """Feed tokens with `add`; each call returns what may be sent now. `end()` closes the text at
+    the end of a sequence (end token, length limit): the detokenizer hands over what it still
+    holds."""
 
     def __init__(self, detokenizer, stop: list[str]):
         self.detok = detokenizer

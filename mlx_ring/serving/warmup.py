@@ -21,12 +21,12 @@ from mlx_ring.serving.scheduler import Scheduler
 
 
 def decode_groups(setting: int, caps: list[Capabilities], batches: bool) -> tuple[int, str]:
-    """The number of decode groups to start with, and why: GROUPS where set; else one per device the
-    ranks compute on (`compute_units`). Ranks that take turns on one machine's cores gain nothing from
-    keeping each at work on a group of its own, while each then runs a step per group, and a decode
-    step costs about as much for a few rows as for a handful (2 ranks on 2 shared cores: 4 streams
-    2.0-2.2x one stream in 2 groups, 3.0x in one). A model that decodes one request per group keeps
-    one per rank: its groups are the requests it serves at once."""
+    """The number of decode groups to start with, and why: GROUPS where set; else one per device
+    the ranks compute on (`compute_units`). Ranks that take turns on one machine's cores gain
+    nothing from keeping each at work on a group of its own, while each then runs a step per
+    group, and a decode step costs about as much for a few rows as for a handful (2 ranks on 2
+    shared cores: 4 streams 2.0-2.2x one stream in 2 groups, 3.0x in one). A model that decodes
+    one request per group keeps one per rank: its groups are the requests it serves at once."""
     if setting:
         return setting, "GROUPS"
     if not batches:
@@ -34,13 +34,16 @@ def decode_groups(setting: int, caps: list[Capabilities], batches: bool) -> tupl
     units = compute_units(caps)
     if units == len(caps):
         return units, "one per rank: each computes on a device of its own"
-    return units, (f"one per device the {len(caps)} ranks compute on: ranks on one machine without cores or a GPU "
-                   "of their own take turns on it")
+    return units, (
+        f"one per device the {len(caps)} ranks compute on: ranks on one machine without cores or a "
+        "GPU of their own take turns on it"
+    )
 
 
 def warm_rows(max_active: int) -> list[int]:
-    """How many sequences each warm-up round runs at once: 1, 2, 4, ... up to `max_active` on a GPU,
-    whose kernels are built on first use; 1 on a CPU, where only the first request's own work is new."""
+    """How many sequences each warm-up round runs at once: 1, 2, 4, ... up to `max_active` on a
+    GPU, whose kernels are built on first use; 1 on a CPU, where only the first request's own
+    work is new."""
     if mx.default_device() == mx.cpu:
         return [1]
     return [n for n in (2**k for k in range(12)) if n < max_active] + [max_active]
@@ -51,29 +54,60 @@ log = logging.getLogger(__name__)
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def warm(sched: Scheduler, ids: itertools.count, prompt: list[int], max_active: int, chunk: int,
-         may_regroup: bool, nccl: bool) -> list[dict]:
-    """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and sampling
-    settings first requests use, prompts of every length on CUDA (`warm_lengths`: a whole chunk only
-    where tensor mode sums over NCCL, `nccl`), the prompt cache seeded with
-    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU, the
-    faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict) after it:
-    the warm-up runs the largest batch and the longest chunk, so their peaks are the working peaks."""
+def warm(
+    sched: Scheduler,
+    ids: itertools.count,
+    prompt: list[int],
+    max_active: int,
+    chunk: int,
+    may_regroup: bool,
+    nccl: bool,
+) -> list[dict]:
+    """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and
+    sampling settings first requests use, prompts of every length on CUDA (`warm_lengths`: a
+    whole chunk only where tensor mode sums over NCCL, `nccl`), the prompt cache seeded with
+    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU,
+    the faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict)
+    after it: the warm-up runs the largest batch and the longest chunk, so their peaks are the
+    working peaks."""
     rows, params = warm_rows(max_active), warm_params()
-    log.info("warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX peak memory %.2f GiB)",
-             warm_up(sched, ids, prompt, rows, params=params), ", ".join(map(str, rows)), len(params), peak_gib())
+    log.info(
+        "warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX "
+        "peak memory %.2f GiB)",
+        warm_up(sched, ids, prompt, rows, params=params),
+        ", ".join(map(str, rows)),
+        len(params),
+        peak_gib(),
+    )
     if lengths := warm_lengths(chunk, nccl):
-        which = f"a prompt of {chunk} tokens" if len(lengths) == 1 else f"prompts of every length up to {chunk}"
-        log.info("%s warmed in %.1f s (CUDA plans each new matmul shape on first use; MLX peak memory %.2f GiB)",
-                 which, warm_prompts(sched, ids, prompt, lengths), peak_gib())
+        which = (
+            f"a prompt of {chunk} tokens"
+            if len(lengths) == 1
+            else f"prompts of every length up to {chunk}"
+        )
+        log.info(
+            (
+                "%s warmed in %.1f s (CUDA plans each new matmul shape on first use; MLX "
+                "peak memory %.2f GiB)"
+            ),
+            which,
+            warm_prompts(sched, ids, prompt, lengths),
+            peak_gib(),
+        )
     seed_prompt_cache(sched, ids, prompt)
     if may_regroup and len(sched.groups) > 1 and mx.default_device() != mx.cpu:
         rate = choose_groups(sched, ids, prompt, max_active)
-        log.info("decode groups: %d (%d sequences decoded %s; GROUPS sets the number)", len(sched.groups), max_active,
-                 ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()))
+        log.info(
+            "decode groups: %d (%d sequences decoded %s; GROUPS sets the number)",
+            len(sched.groups),
+            max_active,
+            ", ".join(f"{v:.0f} tokens/s in {g} group{'s' * (g > 1)}" for g, v in rate.items()),
+        )
     status = rank_memory(sched)
-    log.info("MLX peak memory after the warm-up: %s", ", ".join(
-        f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in status))
+    log.info(
+        "MLX peak memory after the warm-up: %s",
+        ", ".join(f"rank {r['rank']} {r['mlx_peak_memory_kib'] / 2**20:.2f} GiB" for r in status),
+    )
     return status
 
 
@@ -89,8 +123,14 @@ def rank_memory(sched: Scheduler) -> list[dict]:
 def activations_gib(status: list[dict], weights: list[int]) -> list[float]:
     """GiB of each rank's MLX peak beyond its `weights` (KiB), the most its KV caches held and its
     prompt cache: what its activations and buffers took."""
-    return [max(0.0, (row["mlx_peak_memory_kib"] - kib - row["kv_cache_peak_kib"] - row["prompt_cache_kib"]) / 2**20)
-            for row, kib in zip(status, weights)]
+    return [
+        max(
+            0.0,
+            (row["mlx_peak_memory_kib"] - kib - row["kv_cache_peak_kib"] - row["prompt_cache_kib"])
+            / 2**20,
+        )
+        for row, kib in zip(status, weights)
+    ]
 
 
 def weights_kib(ranks: tuple[RankFacts, ...]) -> list[int]:
@@ -102,45 +142,73 @@ def planned_runtime(ranks: tuple[RankFacts, ...]) -> list[float]:
     return [r.planned.runtime_gb if r.planned else 0.0 for r in ranks]
 
 
-def fit_room(spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], kv_room: int, kv_tokens: int) -> int:
+def fit_room(
+    spec: ModelSpec, ranks: tuple[RankFacts, ...], status: list[dict], kv_room: int, kv_tokens: int
+) -> int:
     """The KV room (tokens every rank holds at once) less what each rank's activations took beyond
     its runtime in the plan during the warm-up; logged, with a warning below `kv_tokens`."""
     # On CUDA, MLX keeps a graph's intermediate arrays until the graph has run: a prefill chunk's
     # activations for many layers at once (docs/benchmarks.md, memory against the plan).
     planned = planned_runtime(ranks)
-    excess = [max(0.0, m - p) * 2**30 for m, p in zip(activations_gib(status, weights_kib(ranks)), planned)]
+    excess = [
+        max(0.0, m - p) * 2**30
+        for m, p in zip(activations_gib(status, weights_kib(ranks)), planned)
+    ]
     fitted = room_after(spec, kv_room, [r.layers[1] - r.layers[0] for r in ranks], excess)
     if fitted < kv_room:
         worst = max(range(len(excess)), key=excess.__getitem__)
-        log.info("KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB more than the "
-                 "plan's %.2f GiB runtime during the warm-up", fitted, kv_room, worst, excess[worst] / 2**30, planned[worst])
+        log.info(
+            "KV cache: room for %d tokens at once, not %d: rank %d's activations took %.2f GiB "
+            "more than the plan's %.2f GiB runtime during the warm-up",
+            fitted,
+            kv_room,
+            worst,
+            excess[worst] / 2**30,
+            planned[worst],
+        )
     if fitted < kv_tokens:
-        log.warning("the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower PREFILL_CHUNK or "
-                    "MAX_ACTIVE, or give the ranks more memory", fitted, kv_tokens)
+        log.warning(
+            "the ring has room for %d tokens of KV cache, fewer than KV_TOKENS=%d: lower "
+            "PREFILL_CHUNK or MAX_ACTIVE, or give the ranks more memory",
+            fitted,
+            kv_tokens,
+        )
     return fitted
 
 
-def count_measured(spec: ModelSpec | None, ranks: tuple[RankFacts, ...], status: list[dict],
-                   kv_room: int | None) -> tuple[RankFacts, ...]:
-    """The ranks, each one's planned memory figures (`runtime_gb`, `needs_gb`, as the startup table
-    and /cluster/status show them) raised to what its activations took in the warm-up, where that is
-    more than planned; `measured_runtime_gb` says what was measured; its KV room and the most it holds
-    (`kv_room_gb`, `most_gb`) for the `kv_room` tokens granted after the warm-up (`fit_room`; None: no
-    bound, the plan's figures kept)."""
+def count_measured(
+    spec: ModelSpec | None, ranks: tuple[RankFacts, ...], status: list[dict], kv_room: int | None
+) -> tuple[RankFacts, ...]:
+    """The ranks, each one's planned memory figures (`runtime_gb`, `needs_gb`, as the startup
+    table and /cluster/status show them) raised to what its activations took in the warm-up,
+    where that is more than planned; `measured_runtime_gb` says what was measured; its KV room
+    and the most it holds (`kv_room_gb`, `most_gb`) for the `kv_room` tokens granted after the
+    warm-up (`fit_room`; None: no bound, the plan's figures kept)."""
     out = []
-    for rank, measured, planned in zip(ranks, activations_gib(status, weights_kib(ranks)), planned_runtime(ranks)):
+    for rank, measured, planned in zip(
+        ranks, activations_gib(status, weights_kib(ranks)), planned_runtime(ranks)
+    ):
         view = replace(rank.planned, measured_runtime_gb=round(measured, 3))
         if measured > planned:
-            view = replace(view, runtime_gb=round(measured, 3), needs_gb=round(view.needs_gb + measured - planned, 3))
+            view = replace(
+                view,
+                runtime_gb=round(measured, 3),
+                needs_gb=round(view.needs_gb + measured - planned, 3),
+            )
         if spec is not None and kv_room is not None:
             kv = kv_room_gb(spec, rank.layers[1] - rank.layers[0], view.cache_share, kv_room)
-            view = replace(view, kv_room_gb=kv, most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb))
+            view = replace(
+                view,
+                kv_room_gb=kv,
+                most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb),
+            )
         out.append(replace(rank, planned=view))
     return tuple(out)
 
 
 def peak_gib() -> float:
-    """This process's MLX peak memory so far (the warm-up sets it on a GPU: it runs the largest batch)."""
+    """This process's MLX peak memory so far (the warm-up sets it on a GPU: it runs the largest
+    batch)."""
     return mx.get_peak_memory() / 2**30
 
 
@@ -154,17 +222,20 @@ def warm_params() -> list[SamplingParams]:
 
 
 def warm_lengths(chunk: int, nccl: bool) -> list[int]:
-    """Prompt lengths warmed one by one: on CUDA every length up to a prefill chunk, since a matmul of
-    a new shape is planned on first use (10-19 ms a prompt on an H100; decode steps of as many rows
-    use the same shapes); elsewhere none. Where tensor mode sums over NCCL (`nccl`), only a whole
-    chunk, for the activations' peak: the hundreds of CUDA graphs every length leaves, each holding
-    NCCL's all_sums, slowed every later decode step there (15.8 against 12.1 ms on 2 x H100)."""
+    """Prompt lengths warmed one by one: on CUDA every length up to a prefill chunk, since a
+    matmul of a new shape is planned on first use (10-19 ms a prompt on an H100; decode steps of
+    as many rows use the same shapes); elsewhere none. Where tensor mode sums over NCCL (`nccl`),
+    only a whole chunk, for the activations' peak: the hundreds of CUDA graphs every length
+    leaves, each holding NCCL's all_sums, slowed every later decode step there (15.8 against 12.1
+    ms on 2 x H100)."""
     if not mx.cuda.is_available():
         return []
     return [chunk] if nccl else list(range(1, chunk + 1))
 
 
-def warm_prompts(sched: Scheduler, ids: itertools.count, prompt: list[int], lengths: list[int]) -> float:
+def warm_prompts(
+    sched: Scheduler, ids: itertools.count, prompt: list[int], lengths: list[int]
+) -> float:
     """Prefill one prompt of each of `lengths` (`prompt`'s tokens, repeated or cut), alone, on every
     rank; returns the seconds it took. Nothing is left behind, as with `warm_up`."""
     t0 = time.perf_counter()
@@ -173,8 +244,14 @@ def warm_prompts(sched: Scheduler, ids: itertools.count, prompt: list[int], leng
     return time.perf_counter() - t0
 
 
-def warm_up(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: list[int], tokens: int = 2,
-            params: list[SamplingParams] = (GREEDY,)) -> float:
+def warm_up(
+    sched: Scheduler,
+    ids: itertools.count,
+    prompt: list[int],
+    rows: list[int],
+    tokens: int = 2,
+    params: list[SamplingParams] = (GREEDY,),
+) -> float:
     """Run `rows[i]` sequences of `prompt` at once, `tokens` tokens each, with each of `params` in
     turn, round by round, on every rank; returns the seconds it took. Nothing is left behind: not a
     cache row, not an entry in the prompt cache."""
@@ -193,8 +270,15 @@ def seed_prompt_cache(sched: Scheduler, ids: itertools.count, prompt: list[int])
         _decode_seconds(sched, ids, prompt, 1, 1, keep=True)
 
 
-def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n: int, tokens: int,
-                    params: SamplingParams = GREEDY, keep: bool = False) -> float:
+def _decode_seconds(
+    sched: Scheduler,
+    ids: itertools.count,
+    prompt: list[int],
+    n: int,
+    tokens: int,
+    params: SamplingParams = GREEDY,
+    keep: bool = False,
+) -> float:
     """Seconds `n` sequences of `prompt` took from the last one's first token to their last.
     `keep`: the prompt cache keeps them (else nothing of them)."""
     prefix, sched.prefix = sched.prefix, sched.prefix if keep else None
@@ -215,15 +299,20 @@ def _decode_seconds(sched: Scheduler, ids: itertools.count, prompt: list[int], n
         sched.prefix = prefix
 
 
-def choose_groups(sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 8) -> dict[int, float]:
-    """Decode `rows` sequences in one group and in as many as the scheduler has, twice each (the first may
-    build kernels), and keep the faster: several groups keep every rank at work, but each rank then
-    runs a step per group, and where a step costs about the same for any number of rows (a GPU whose
-    decode the host bounds) that costs more than the pipeline gains. Returns tokens/s per count tried."""
+def choose_groups(
+    sched: Scheduler, ids: itertools.count, prompt: list[int], rows: int, tokens: int = 8
+) -> dict[int, float]:
+    """Decode `rows` sequences in one group and in as many as the scheduler has, twice each (the
+    first may build kernels), and keep the faster: several groups keep every rank at work, but
+    each rank then runs a step per group, and where a step costs about the same for any number of
+    rows (a GPU whose decode the host bounds) that costs more than the pipeline gains. Returns
+    tokens/s per count tried."""
     counts = [len(sched.groups), 1]
     best = {g: 0.0 for g in counts}
     for g in counts * 2:
         sched.set_groups(g)
-        best[g] = max(best[g], rows * (tokens - 1) / _decode_seconds(sched, ids, prompt, rows, tokens))
+        best[g] = max(
+            best[g], rows * (tokens - 1) / _decode_seconds(sched, ids, prompt, rows, tokens)
+        )
     sched.set_groups(max(best, key=best.get))
     return best

@@ -1,8 +1,9 @@
-"""Chaos on the test hosts: a ring of three (rank 0 here, ranks 1 and 2 on two namespace hosts over real
-ssh) while 4 clients stream, faults in a seeded random order: a host's link cut and restored, a rank
-killed with SIGKILL, a rank stopped with SIGSTOP and continued. Every stream ends with tokens or a
-clear error naming the host, in bounded time; the ring answers again by itself, with the same greedy
-answer as before; nothing is left running and no temporary file is left behind."""
+"""Chaos on the test hosts: a ring of three (rank 0 here, ranks 1 and 2 on two namespace hosts
+over real ssh) while 4 clients stream, faults in a seeded random order: a host's link cut and
+restored, a rank killed with SIGKILL, a rank stopped with SIGSTOP and continued. Every stream
+ends with tokens or a clear error naming the host, in bounded time; the ring answers again by
+itself, with the same greedy answer as before; nothing is left running and no temporary file is
+left behind."""
 
 import json
 import os
@@ -17,6 +18,7 @@ import httpx
 import openai
 import pytest
 from ringutil import ROOT, free_port, wait_healthy
+
 from tools.testhosts import NetnsHosts, sh, why_not
 
 REASON = why_not()
@@ -24,9 +26,13 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 STEP_TIMEOUT = 5
-BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}  # seconds from the fault to every stream's end
-CUT_FOR = 15  # seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must wait for the host
-RECOVER_WITHIN = 90  # seconds from the host's return to an answer (ring restart and model load on 2 cores)
+# seconds from the fault to every stream's end
+BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}
+# seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must wait for the
+# host
+CUT_FOR = 15
+# seconds from the host's return to an answer (ring restart and model load on 2 cores)
+RECOVER_WITHIN = 90
 # Seconds of waiting for a host before the ring serves without it: a cut phase brings its host back
 # within seconds of the supervisor saying it waits, so only the last phase fails over.
 FAILOVER_AFTER = 15
@@ -35,24 +41,42 @@ FAILOVER_AFTER = 15
 class Ring:
     def __init__(self, tmp: Path, hosts: NetnsHosts):
         self.tmp, self.hosts, self.port = tmp, hosts, free_port()
-        self.env = {**os.environ, "RING_SSH_CONFIG": str(hosts.ssh_config), "HOSTFILE": str(tmp / "hosts.json"),
-                    "PORT": str(self.port), "RING_PORT": str(free_port(4)), "LOG_DIR": str(tmp / "logs"),
-                    "STARTUP_TIMEOUT": "180", "STEP_TIMEOUT": str(STEP_TIMEOUT), "MAX_RESTARTS": "10",
-                    "FAILOVER_AFTER": str(FAILOVER_AFTER)}
+        self.env = {
+            **os.environ,
+            "RING_SSH_CONFIG": str(hosts.ssh_config),
+            "HOSTFILE": str(tmp / "hosts.json"),
+            "PORT": str(self.port),
+            "RING_PORT": str(free_port(4)),
+            "LOG_DIR": str(tmp / "logs"),
+            "STARTUP_TIMEOUT": "180",
+            "STEP_TIMEOUT": str(STEP_TIMEOUT),
+            "MAX_RESTARTS": "10",
+            "FAILOVER_AFTER": str(FAILOVER_AFTER),
+        }
         # Rank 0 on this machine, on the bridge's address; ranks 1 and 2 on the namespace hosts.
         entries = [{"ssh": "127.0.0.1", "ips": [hosts.gateway]}, *(h.entry() for h in hosts.hosts)]
         (tmp / "hosts.json").write_text(json.dumps(entries))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def sh(self, *args, timeout=300):
-        return subprocess.run([str(ROOT / "launch.sh"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [str(ROOT / "launch.sh"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def client(self, timeout=120):
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout)
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout
+        )
 
     def answer(self) -> str:
-        r = self.client().chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=24)
+        r = self.client().chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=24
+        )
         return r.choices[0].message.content
 
     def wait_answer(self, within: float) -> float:
@@ -65,8 +89,13 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
     out["tokens"] = 0
     try:
         for chunk in ring.client(timeout=STEP_TIMEOUT + 60).chat.completions.create(
-                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2000,
-                logit_bias={"2": -100}, stream=True):  # SmolLM2's end token banned: it runs until the fault
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": "Count to a thousand."}],
+            max_tokens=2000,
+            # SmolLM2's end token banned: it runs until the fault
+            logit_bias={"2": -100},
+            stream=True,
+        ):
             if chunk.choices and chunk.choices[0].delta.content:
                 out["tokens"] += 1
                 if out["tokens"] == 2:
@@ -78,7 +107,8 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
 
 
 def rank_pid(hosts: NetnsHosts, h) -> int:
-    """The pid of the rank (server.py) on host `h`: exactly one, no stale rank of an earlier ring beside it."""
+    """The pid of the rank (server.py) on host `h`: exactly one, no stale rank of an earlier ring
+    beside it."""
     ranks = []
     for pid in hosts.pids(h, but_sshd=True):
         try:
@@ -92,7 +122,11 @@ def rank_pid(hosts: NetnsHosts, h) -> int:
 
 def rank_pids(ring: Ring) -> set[str]:
     """Every rank's pid now: rank 0's here, the others' on their hosts."""
-    pids = {(ring.tmp / "logs/rank0.pid").read_text().strip()} if (ring.tmp / "logs/rank0.pid").exists() else set()
+    pids = (
+        {(ring.tmp / "logs/rank0.pid").read_text().strip()}
+        if (ring.tmp / "logs/rank0.pid").exists()
+        else set()
+    )
     for h in ring.hosts.hosts:
         try:
             pids.add(str(rank_pid(ring.hosts, h)))
@@ -102,8 +136,8 @@ def rank_pids(ring: Ring) -> set[str]:
 
 
 def ring_temp_files(ring: Ring, pids: set[str]) -> list[str]:
-    """mlx.launch's temporary files of this ring still in /tmp (every host here shares this machine's
-    /tmp): hostfiles naming the ring's addresses, pid files holding a rank's pid."""
+    """mlx.launch's temporary files of this ring still in /tmp (every host here shares this
+    machine's /tmp): hostfiles naming the ring's addresses, pid files holding a rank's pid."""
     left = []
     for p in Path("/tmp").glob("tmp.*"):
         try:
@@ -130,7 +164,10 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
         for kind in faults:
             victim = rng.choice(hosts.hosts)
             outs, started = [{} for _ in range(4)], [threading.Event() for _ in range(4)]
-            clients = [threading.Thread(target=stream, args=(ring, o, e), daemon=True) for o, e in zip(outs, started)]
+            clients = [
+                threading.Thread(target=stream, args=(ring, o, e), daemon=True)
+                for o, e in zip(outs, started)
+            ]
             for c in clients:
                 c.start()
             assert all(e.wait(120) for e in started), outs
@@ -145,21 +182,32 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
             for c in clients:
                 c.join(BOUND[kind] + 30)
             ends = [o.get("end", "running") for o in outs]
-            assert all(isinstance(e, float) for e in ends), f"{kind} on {victim.name}: streams ended {ends}: {outs}"
+            assert all(isinstance(e, float) for e in ends), (
+                f"{kind} on {victim.name}: streams ended {ends}: {outs}"
+            )
             took = max(e - t_fault for e in ends)
             errors = [o["error"] for o in outs]
-            assert all(victim.name in e for e in errors), f"{kind} on {victim.name}: errors {errors}"
+            assert all(victim.name in e for e in errors), (
+                f"{kind} on {victim.name}: errors {errors}"
+            )
             if kind == "cut":
-                deadline = t_fault + CUT_FOR + 40  # the ring's exit, then one look at the hosts (ssh's 5 s)
+                # the ring's exit, then one look at the hosts (ssh's 5 s)
+                deadline = t_fault + CUT_FOR + 40
                 while True:  # the supervisor waits for the host, and says so
                     said = ring.sh("status")
                     waiting = f"waiting for {victim.name}" in said.stderr
-                    if (waiting and time.monotonic() - t_fault >= CUT_FOR) or time.monotonic() > deadline:
+                    if (
+                        waiting and time.monotonic() - t_fault >= CUT_FOR
+                    ) or time.monotonic() > deadline:
                         break
                     time.sleep(1)
-                assert said.returncode == 1 and f"waiting for {victim.name}" in said.stderr, said.stderr
+                assert said.returncode == 1 and f"waiting for {victim.name}" in said.stderr, (
+                    said.stderr
+                )
                 health = httpx.get(f"{ring.url}/health", timeout=5)
-                assert health.status_code == 503 and victim.name in health.json()["detail"], health.text
+                assert health.status_code == 503 and victim.name in health.json()["detail"], (
+                    health.text
+                )
                 sh(f"ip link set {victim.veth} up")
             elif kind == "stop":
                 os.kill(pid, signal.SIGCONT)
@@ -167,9 +215,20 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
             recovered = ring.wait_answer(RECOVER_WITHIN)
             assert ring.answer() == before  # greedy answers after recovery equal those before
             pids |= rank_pids(ring)
-            report["faults"].append({"kind": kind, "host": victim.name, "streams_ended_s": round(took, 1),
-                                     "serving_again_s": round(recovered, 1), "since": "host back" if kind == "cut"
-                                     else "resumed" if kind == "stop" else "fault", "error": errors[0][:200]})
+            report["faults"].append(
+                {
+                    "kind": kind,
+                    "host": victim.name,
+                    "streams_ended_s": round(took, 1),
+                    "serving_again_s": round(recovered, 1),
+                    "since": "host back"
+                    if kind == "cut"
+                    else "resumed"
+                    if kind == "stop"
+                    else "fault",
+                    "error": errors[0][:200],
+                }
+            )
             assert took <= BOUND[kind], report
         # A host that stays away: the ring serves without it, the same answers, and takes it back.
         victim = rng.choice(hosts.hosts)
@@ -189,13 +248,25 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
         t_back, deadline = time.monotonic(), time.monotonic() + 180
         while time.monotonic() < deadline:
             said = ring.sh("status")
-            if said.returncode == 0 and "serving without" not in said.stdout and victim.name in said.stdout:
+            if (
+                said.returncode == 0
+                and "serving without" not in said.stdout
+                and victim.name in said.stdout
+            ):
                 break
             time.sleep(2)
-        assert victim.name in said.stdout and "serving without" not in said.stdout, said.stdout + said.stderr
+        assert victim.name in said.stdout and "serving without" not in said.stdout, (
+            said.stdout + said.stderr
+        )
         assert ring.answer() == before
-        report["faults"].append({"kind": "away past FAILOVER_AFTER", "host": victim.name,
-                                 "failed_over_s": round(failed_over, 1), "taken_back_s": round(time.monotonic() - t_back, 1)})
+        report["faults"].append(
+            {
+                "kind": "away past FAILOVER_AFTER",
+                "host": victim.name,
+                "failed_over_s": round(failed_over, 1),
+                "taken_back_s": round(time.monotonic() - t_back, 1),
+            }
+        )
     finally:
         print(json.dumps(report, indent=1))
         (Path(ROOT) / "bench-results").mkdir(exist_ok=True)

@@ -1,6 +1,7 @@
 """The ring across hosts that share nothing: every rank in its own network namespace with its own
-sshd, home and project folder (tools/testhosts.py), started over real ssh by `./launch.sh` from this
-machine, which provisions each host (code, environment, its slice of the weights) as a user's Macs."""
+sshd, home and project folder (tools/testhosts.py), started over real ssh by `./launch.sh` from
+this machine, which provisions each host (code, environment, its slice of the weights) as a
+user's Macs."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 from ringutil import ROOT, free_port
+
 from tools.testhosts import NetnsHosts, why_not
 
 REASON = why_not()
@@ -52,9 +54,17 @@ class Ring:
         self.tmp, self.hosts, self.port = tmp, hosts, free_port()
         tmp.mkdir(parents=True, exist_ok=True)
         self.hostfile = tmp / "hosts.json"
-        self.env = {**os.environ, "RING_SSH_CONFIG": str(hosts.ssh_config), "HOSTFILE": str(self.hostfile),
-                    "HOST": "0.0.0.0", "PORT": str(self.port), "RING_PORT": str(free_port(4)),
-                    "LOG_DIR": str(tmp / "logs"), "STARTUP_TIMEOUT": "120", **env}
+        self.env = {
+            **os.environ,
+            "RING_SSH_CONFIG": str(hosts.ssh_config),
+            "HOSTFILE": str(self.hostfile),
+            "HOST": "0.0.0.0",
+            "PORT": str(self.port),
+            "RING_PORT": str(free_port(4)),
+            "LOG_DIR": str(tmp / "logs"),
+            "STARTUP_TIMEOUT": "120",
+            **env,
+        }
 
     def write(self, entries: list[dict]) -> None:
         self.hostfile.write_text(json.dumps(entries))
@@ -64,15 +74,30 @@ class Ring:
         import subprocess
 
         t0 = time.monotonic()
-        p = subprocess.run([str(ROOT / "launch.sh"), *args], cwd=ROOT, env={**self.env, **env}, capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run(
+            [str(ROOT / "launch.sh"), *args],
+            cwd=ROOT,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         p.seconds = time.monotonic() - t0
         return p
 
     def answer(self) -> tuple[str, int]:
-        c = openai.OpenAI(base_url=f"http://{self.rank0}:{self.port}/v1", api_key="none", max_retries=0, timeout=120)
-        r = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=MAX_TOKENS)
-        return r.choices[0].message.content, r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")
+        c = openai.OpenAI(
+            base_url=f"http://{self.rank0}:{self.port}/v1",
+            api_key="none",
+            max_retries=0,
+            timeout=120,
+        )
+        r = c.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=MAX_TOKENS
+        )
+        return r.choices[0].message.content, r.usage.completion_tokens - (
+            r.choices[0].finish_reason == "stop"
+        )
 
     def status(self) -> dict:
         import httpx
@@ -104,9 +129,11 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert ring.answer() == reference
     st = ring.status()
     assert [x["host"] for x in st["ranks"]] == [a.name, b.name]  # each rank on its own machine
-    # Set up there as here: the ssh ranks measured themselves with OpenBLAS preloaded (launch.sh rank).
+    # Set up there as here: the ssh ranks measured themselves with OpenBLAS preloaded (launch.sh
+    # rank).
     assert "|openblas" in hosts.ssh(b, "cat ~/.cache/mlx-ring/probe.json").stdout
-    # A host gets the runtime: no tests, tools or docs, no dev packages, and no configuration of ours.
+    # A host gets the runtime: no tests, tools or docs, no dev packages, and no configuration of
+    # ours.
     held = hosts.ssh(b, f"cd {ROOT} && ls -a && ls .venv/lib/python3*/site-packages").stdout.split()
     assert "server.py" in held and "mlx_lm" in held and ".python-version" in held, held
     assert not {"tests", "tools", "docs", "hosts.json", "pytest", "playwright"} & set(held), held
@@ -124,8 +151,13 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert [x["host"] for x in st3["ranks"]] == [a.name, b.name, c.name]
     assert st3["plan"]["ranges"] != st["plan"]["ranges"]
     sent = ring.sent()
-    assert sent[c.name]["slice_bytes"] <= sent[c.name]["bytes_sent"] <= 1.05 * sent[c.name]["slice_bytes"]
-    assert sent[a.name]["bytes_sent"] < 0.5 * sent[a.name]["slice_bytes"]  # its slice shrank: it had it all
+    assert (
+        sent[c.name]["slice_bytes"]
+        <= sent[c.name]["bytes_sent"]
+        <= 1.05 * sent[c.name]["slice_bytes"]
+    )
+    # its slice shrank: it had it all
+    assert sent[a.name]["bytes_sent"] < 0.5 * sent[a.name]["slice_bytes"]
     assert ring.answer() == reference
 
     # Remove one: two ranks again.
@@ -141,11 +173,17 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     # The preflight: a row per host, the link between them measured, the plan's prediction; exit 0.
     r = ring.sh("check")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    rows = [x.split() for x in r.stdout.splitlines() if x.split() and x.split()[0] in ("0", "1")][:2]
-    assert [x[1] for x in rows] == [a.name, c.name] and all("0.32" in " ".join(x) for x in rows), r.stdout
+    rows = [x.split() for x in r.stdout.splitlines() if x.split() and x.split()[0] in ("0", "1")][
+        :2
+    ]
+    assert [x[1] for x in rows] == [a.name, c.name] and all("0.32" in " ".join(x) for x in rows), (
+        r.stdout
+    )
     assert f"link 0 -> 1 ({a.name} -> {c.address}:" in r.stdout and "Gbit/s" in r.stdout
     # the measured hops enter a pipeline's prediction; a tensor plan's counts its all_sums instead
-    assert ("network hops" in r.stdout or "mode tensor" in r.stdout) and "all hosts ready" in r.stderr
+    assert (
+        "network hops" in r.stdout or "mode tensor" in r.stdout
+    ) and "all hosts ready" in r.stderr
     nothing_left(hosts)
 
     # On a slow link the same check is as quick: the bandwidth probe is bounded in time, not bytes
@@ -161,7 +199,8 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
 
 
 def failure(hosts: NetnsHosts, tmp: Path, entries: list[dict], **env) -> str:
-    """Start a ring that must not start: within 20 s, a sentence per problem, nothing left running."""
+    """Start a ring that must not start: within 20 s, a sentence per problem, nothing left
+    running."""
     ring = Ring(tmp, hosts, **env)
     ring.write(entries)
     r = ring.sh("start")
@@ -178,11 +217,20 @@ def test_failures_a_user_hits_are_one_sentence_naming_the_host(hosts, tmp_path):
     a, b, c = hosts.hosts
     hosts.stop_sshd(c)
     said = failure(hosts, tmp_path / "down", [a.entry(), c.entry()])
-    assert f"cannot reach {c.name} over ssh" in said and "Connection refused" in said and "Remote Login" in said
+    assert (
+        f"cannot reach {c.name} over ssh" in said
+        and "Connection refused" in said
+        and "Remote Login" in said
+    )
     hosts.start_sshd(c)
 
-    said = failure(hosts, tmp_path / "off", [a.entry(), {"ssh": "ringhost-off", "ips": [f"{hosts.net}.99"]}])
-    assert "cannot reach ringhost-off over ssh" in said and "is it on, awake and on this network" in said
+    said = failure(
+        hosts, tmp_path / "off", [a.entry(), {"ssh": "ringhost-off", "ips": [f"{hosts.net}.99"]}]
+    )
+    assert (
+        "cannot reach ringhost-off over ssh" in said
+        and "is it on, awake and on this network" in said
+    )
 
     said = failure(hosts, tmp_path / "address", [a.entry(), {"ssh": b.name, "ips": [c.address]}])
     assert f"{b.name} (rank 1) does not own ring address {c.address}" in said and b.address in said
@@ -196,12 +244,14 @@ def test_failures_a_user_hits_are_one_sentence_naming_the_host(hosts, tmp_path):
 
 def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path):
     a, b, c = hosts.hosts
-    if hosts.ssh(c, f"test -f {ROOT}/server.py", check=False).returncode:  # run alone: provision c, as the first test leaves it
+    # run alone: provision c, as the first test leaves it
+    if hosts.ssh(c, f"test -f {ROOT}/server.py", check=False).returncode:
         ring = Ring(tmp_path / "ok", hosts)
         ring.write([a.entry(), c.entry()])
         assert ring.sh("start").returncode == 0 and ring.sh("stop").returncode == 0
-    # c as a new machine (its project folder empty, as wipe() leaves it), then as it was: a ring start
-    # that provisions a new host is the first test's; here only what is refused without provisioning.
+    # c as a new machine (its project folder empty, as wipe() leaves it), then as it was: a ring
+    # start that provisions a new host is the first test's; here only what is refused without
+    # provisioning.
     project, hidden = c.folder / "project", c.folder / "hidden"
     hidden.mkdir()
     for p in list(project.iterdir()):
@@ -219,9 +269,16 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     said = failure(hosts, tmp_path / "code", [a.entry(), c.entry()], PROVISION="0")
     assert f"{c.name}'s copy of the project differs from this one in 1 file(s) (shard.py)" in said
     site = f"{ROOT}/.venv/lib/python3*/site-packages"
-    fake = f"sed -i 's/^Version: .*/Version: {{0}}/' {site}/mlx-{{1}}.dist-info/METADATA && " \
-           f"mv {site}/mlx-{{1}}.dist-info $(dirname {site}/mlx-{{1}}.dist-info)/mlx-{{0}}.dist-info"
-    version = hosts.ssh(c, f"ls -d {site}/mlx-[0-9]*.dist-info").stdout.strip().rsplit("mlx-", 1)[1].split(".dist")[0]
+    fake = (
+        f"sed -i 's/^Version: .*/Version: {{0}}/' {site}/mlx-{{1}}.dist-info/METADATA && "
+        f"mv {site}/mlx-{{1}}.dist-info $(dirname {site}/mlx-{{1}}.dist-info)/mlx-{{0}}.dist-info"
+    )
+    version = (
+        hosts.ssh(c, f"ls -d {site}/mlx-[0-9]*.dist-info")
+        .stdout.strip()
+        .rsplit("mlx-", 1)[1]
+        .split(".dist")[0]
+    )
     hosts.ssh(c, fake.format("0.0.1", version))  # as if an older mlx were installed there
     said = failure(hosts, tmp_path / "versions", [a.entry(), c.entry()], PROVISION="0")
     assert f"{c.name} runs mlx, mlx-lm 0.0.1" in said
@@ -237,7 +294,9 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
     r = ring.sh("start")
     assert r.returncode == 0, r.stderr[-3000:]
     line = next((x for x in r.stderr.splitlines() if x.startswith(f"{c.name}: code ")), "")
-    assert "(replaced there: " in line and "shard.py" in line.partition("(replaced there: ")[2], r.stderr[-3000:]
+    assert "(replaced there: " in line and "shard.py" in line.partition("(replaced there: ")[2], (
+        r.stderr[-3000:]
+    )
     assert ring.sh("stop").returncode == 0
     assert "# edited" not in hosts.ssh(c, f"tail -n 1 {ROOT}/shard.py").stdout
 
@@ -251,7 +310,8 @@ def test_a_rank_that_dies_by_a_signal_is_told_apart_from_a_host_gone(hosts, tmp_
 
     a = hosts.hosts[0]
     conf = ssh.write_config(tmp_path / "ssh_config", str(hosts.ssh_config))
-    # ssh's exit code when the command it ran died by a signal: the code mlx.launch reports for the rank.
+    # ssh's exit code when the command it ran died by a signal: the code mlx.launch reports for the
+    # rank.
     died = subprocess.run(ssh.argv(conf, a.name, "kill -9 $$"), capture_output=True, timeout=60)
     assert died.returncode == 255, died.stderr
 
@@ -259,7 +319,9 @@ def test_a_rank_that_dies_by_a_signal_is_told_apart_from_a_host_gone(hosts, tmp_
         return reachable(conf, host)
 
     said = why_left(1, a.name, 255, answers)
-    assert said.startswith(f"rank 1 on {a.name} died") and f"see logs/rank1.log on {a.name}" in said, said
+    assert (
+        said.startswith(f"rank 1 on {a.name} died") and f"see logs/rank1.log on {a.name}" in said
+    ), said
     said = why_left(1, "ringhost-off", 255, answers)  # ssh's own failure: the host answers nothing
     assert "stopped answering" in said and "off, asleep or off the network" in said, said
 
@@ -273,13 +335,18 @@ def test_check_before_the_first_start_says_what_start_will_set_up(hosts, tmp_pat
     r = ring.sh("check")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "not set up yet (`./launch.sh start` does this first" in r.stdout, r.stdout
-    assert f"{c.name}: `./launch.sh start` will copy the project to {ROOT}, install uv, install its environment" in r.stdout
+    assert (
+        f"{c.name}: `./launch.sh start` will copy the project to {ROOT}, install uv, "
+        "install its environment" in r.stdout
+    )
     assert "problem" not in r.stdout
     assert "host(s) not set up yet, which `./launch.sh start` sets up" in r.stderr, r.stderr[-2000:]
     # Still checked before anything is set up: ssh, and each ring address.
     ring.write([a.entry(), {"ssh": c.name, "ips": [b.address]}])
     r = ring.sh("check")
-    assert r.returncode == 2 and f"{c.name} (rank 1) does not own ring address {b.address}" in r.stderr, r.stderr[-2000:]
+    assert (
+        r.returncode == 2 and f"{c.name} (rank 1) does not own ring address {b.address}" in r.stderr
+    ), r.stderr[-2000:]
     ring.write([a.entry(), {"ssh": "ringhost-off", "ips": [f"{hosts.net}.99"]}])
     r = ring.sh("check")
     assert r.returncode == 2 and "cannot reach ringhost-off over ssh" in r.stderr, r.stderr[-2000:]

@@ -14,16 +14,41 @@ from test_resilience import Launcher
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, default_model):
-    """One ring behind HTTPS and API keys with per-minute limits (alice: 2 requests, bob: 200 tokens,
-    carol: none), for the tests of each."""
+    """One ring behind HTTPS and API keys with per-minute limits (alice: 2 requests, bob: 200
+    tokens, carol: none), for the tests of each."""
     tmp = tmp_path_factory.mktemp("guarded")
     cert, key, keys = tmp / "cert.pem", tmp / "key.pem", tmp / "keys.json"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    keys.write_text(json.dumps([{"name": "alice", "key": "sk-alice-secret-1", "rpm": 2},
-                                {"name": "bob", "key": "sk-bob-secret-22", "tpm": 200},
-                                {"name": "carol", "key": "sk-carol-secret-333"}]))
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    keys.write_text(
+        json.dumps(
+            [
+                {"name": "alice", "key": "sk-alice-secret-1", "rpm": 2},
+                {"name": "bob", "key": "sk-bob-secret-22", "tpm": 200},
+                {"name": "carol", "key": "sk-carol-secret-333"},
+            ]
+        )
+    )
     ln = Launcher(tmp, TLS_CERT=cert, TLS_KEY=key, API_KEYS_FILE=keys)
     r = ln.sh("start")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -34,14 +59,23 @@ def guarded(tmp_path_factory, default_model):
 
 def https_client(ln: Launcher, key: str) -> openai.OpenAI:
     """The openai client over HTTPS, trusting the ring's certificate."""
-    return openai.OpenAI(base_url=f"{ln.url}/v1", api_key=key, max_retries=0, timeout=60,
-                         http_client=httpx.Client(verify=ssl.create_default_context(cafile=ln.cert)))
+    return openai.OpenAI(
+        base_url=f"{ln.url}/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=60,
+        http_client=httpx.Client(verify=ssl.create_default_context(cafile=ln.cert)),
+    )
 
 
 def test_tls_serves_https_to_the_openai_client(guarded):
     ln = guarded
     with https_client(ln, "sk-carol-secret-333") as client:
-        r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        r = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+        )
     assert r.choices[0].message.content and r.usage.completion_tokens == 4
     with pytest.raises(httpx.HTTPError):  # plain HTTP is not served on the TLS port
         httpx.get(f"http://127.0.0.1:{ln.port}/health", timeout=5).raise_for_status()
@@ -57,7 +91,9 @@ def test_api_keys_with_per_minute_limits(guarded):
 
     def ask(key, max_tokens=4):
         with https_client(ln, key) as c:
-            return c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=hi, max_tokens=max_tokens)
+            return c.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=hi, max_tokens=max_tokens
+            )
 
     with pytest.raises(openai.AuthenticationError):
         ask("sk-nobody-000")
@@ -67,8 +103,13 @@ def test_api_keys_with_per_minute_limits(guarded):
         ask("sk-alice-secret-1")
     assert e.value.response.status_code == 429 and int(e.value.response.headers["retry-after"]) >= 1
     err = e.value.response.json()["error"]
-    assert err["code"] == "rate_limit_exceeded" and err["type"] == "requests" and "'alice'" in err["message"]
-    with pytest.raises(openai.RateLimitError, match="lower max_tokens"):  # 31 prompt tokens + 300 never fit 200
+    assert (
+        err["code"] == "rate_limit_exceeded"
+        and err["type"] == "requests"
+        and "'alice'" in err["message"]
+    )
+    # 31 prompt tokens + 300 never fit 200
+    with pytest.raises(openai.RateLimitError, match="lower max_tokens"):
         ask("sk-bob-secret-22", max_tokens=300)
     r = ask("sk-bob-secret-22", max_tokens=100)  # reserves 131, settles at what it used
     used = r.usage.total_tokens

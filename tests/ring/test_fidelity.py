@@ -19,16 +19,50 @@ from mlx_ring.models.support import UNBATCHED
 DRIVER = str(ROOT / "tests" / "ring_driver.py")
 
 
-def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeout=300, prompt_cache=0, draft=0, draft_model=None,
-              outs=None, choose_groups=0, parallel="pipeline", cases=None):
-    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status, rank infos).
-    `model` a list (and `outs` a folder for each): the models one after another in one launch; returns
-    the first one's results (read the others with `read_probe`); `cases`: each model's own settings
-    over the arguments (ring_driver's --case: a dict of its flags' names)."""
+def run_probe(
+    tmp_path,
+    n,
+    model,
+    spec,
+    layers=None,
+    groups=1,
+    chunk=512,
+    timeout=300,
+    prompt_cache=0,
+    draft=0,
+    draft_model=None,
+    outs=None,
+    choose_groups=0,
+    parallel="pipeline",
+    cases=None,
+):
+    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status,
+    rank infos). `model` a list (and `outs` a folder for each): the models one after another in
+    one launch; returns the first one's results (read the others with `read_probe`); `cases`:
+    each model's own settings over the arguments (ring_driver's --case: a dict of its flags'
+    names)."""
     models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
-    argv = [DRIVER, "--model", *map(str, models), "--spec", json.dumps(spec), "--groups", str(groups),
-            "--chunk", str(chunk), "--out", *map(str, outs), "--prompt-cache", str(prompt_cache), "--draft", str(draft),
-            "--choose-groups", str(choose_groups), "--parallel", parallel]
+    argv = [
+        DRIVER,
+        "--model",
+        *map(str, models),
+        "--spec",
+        json.dumps(spec),
+        "--groups",
+        str(groups),
+        "--chunk",
+        str(chunk),
+        "--out",
+        *map(str, outs),
+        "--prompt-cache",
+        str(prompt_cache),
+        "--draft",
+        str(draft),
+        "--choose-groups",
+        str(choose_groups),
+        "--parallel",
+        parallel,
+    ]
     argv += ["--draft-model", str(draft_model)] if draft_model else []
     argv += ["--case", *map(json.dumps, cases)] if cases else []
     if layers:
@@ -40,23 +74,27 @@ def run_probe(tmp_path, n, model, spec, layers=None, groups=1, chunk=512, timeou
 def read_probe(out_dir, n, spec):
     ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
     out = json.loads((out_dir / "result.json").read_text())
-    logits = [np.load(f) if (f := out_dir / f"logits{i}.npy").exists() else None for i in range(len(spec))]
+    logits = [
+        np.load(f) if (f := out_dir / f"logits{i}.npy").exists() else None for i in range(len(spec))
+    ]
     return out["tokens"], logits, out["status"], ranks
 
 
-# The families whose forwards differ most run split unevenly on 2 and 3 ranks at more length than the
-# model matrix's (test_model_matrix.py, which admits every type): alone here (logits within 1e-5), and
-# in a batch with other sequences (BATCHED, below; every other type in tests/ring/test_model_matrix.py).
-# (type, ranks, layers per rank or None for an even split, quantized bits or 0)
+# The families whose forwards differ most run split unevenly on 2 and 3 ranks at more length than
+# the model matrix's (test_model_matrix.py, which admits every type): alone here (logits within
+# 1e-5), and in a batch with other sequences (BATCHED, below; every other type in
+# tests/ring/test_model_matrix.py). (type, ranks, layers per rank or None for an even split,
+# quantized bits or 0)
 TESTED = [
-    ("llama", 3, None, 0),       # 7 layers as 3,2,2
-    ("qwen2", 3, "1,4,2", 0),    # tied embeddings, biases, custom uneven split
-    ("qwen3", 3, "3,1,3", 0),    # q/k norms
+    ("llama", 3, None, 0),  # 7 layers as 3,2,2
+    ("qwen2", 3, "1,4,2", 0),  # tied embeddings, biases, custom uneven split
+    ("qwen3", 3, "3,1,3", 0),  # q/k norms
     ("llama", 2, "6,1", 0),
     ("mistral", 3, "1,3,3", 0),  # one KV head
-    ("phi3", 3, "2,2,3", 0),     # fused qkv and gate-up projections, partial rotary
+    ("phi3", 3, "2,2,3", 0),  # fused qkv and gate-up projections, partial rotary
     ("qwen3_moe", 3, "1,3,3", 0),  # a dense first layer, then mixtures of 4 experts (2 per token)
-    ("llama", 2, "5,2", 4), ("qwen3_moe", 3, "2,3,2", 8),  # mlx-lm's quantized layers too
+    ("llama", 2, "5,2", 4),
+    ("qwen3_moe", 3, "2,3,2", 8),  # mlx-lm's quantized layers too
 ]
 BATCHED = [("qwen3", 2, 1, 16), ("qwen3", 2, 2, 16), ("qwen3", 3, 3, 4)]
 
@@ -66,25 +104,59 @@ LONE = [{"prompt": PROMPT, "max_tokens": 6, "at": 0}]
 
 
 def tiny_cases() -> dict:
-    """This file's tiny-model runs by name: (ranks, type, bits, layers per rank or None, ring_driver's
-    --case). Every test's runs on a rank count share one launch (the `tiny` fixture): startup is most
-    of a run this short."""
-    cases = {f"logits {kind} {n} {layers} {bits}": (n, kind, bits, layers, {"spec": LONE}) for kind, n, layers, bits in TESTED}
+    """This file's tiny-model runs by name: (ranks, type, bits, layers per rank or None,
+    ring_driver's --case). Every test's runs on a rank count share one launch (the `tiny`
+    fixture): startup is most of a run this short."""
+    cases = {
+        f"logits {kind} {n} {layers} {bits}": (n, kind, bits, layers, {"spec": LONE})
+        for kind, n, layers, bits in TESTED
+    }
     for kind, n, groups, chunk in BATCHED:
-        cases[f"batched {kind} {n} {groups} {chunk}"] = (n, kind, 0, None, {"spec": MIXED, "groups": groups, "chunk": chunk})
-    for groups in (1, 2):  # the second first times 1 and 2 groups on the ring (the warm-up's choice), then runs 2
-        cases[f"overlap {groups}"] = (2, "llama", 0, None, {"spec": MIXED, "groups": groups, "chunk": 3,
-                                                            "choose_groups": 4 * (groups - 1)})
+        cases[f"batched {kind} {n} {groups} {chunk}"] = (
+            n,
+            kind,
+            0,
+            None,
+            {"spec": MIXED, "groups": groups, "chunk": chunk},
+        )
+    # the second first times 1 and 2 groups on the ring (the warm-up's choice), then runs 2
+    for groups in (1, 2):
+        cases[f"overlap {groups}"] = (
+            2,
+            "llama",
+            0,
+            None,
+            {"spec": MIXED, "groups": groups, "chunk": 3, "choose_groups": 4 * (groups - 1)},
+        )
     for n, layers, budget, spec, _, _ in PROMPT_CACHE:
-        cases[f"prompt cache {n} {layers} {budget}"] = (n, "llama", 0, layers, {"spec": spec, "chunk": 16, "prompt_cache": budget})
-    cases["prefill together"] = (3, "llama", 0, "3,2,2", {"spec": TOGETHER, "chunk": 64, "prompt_cache": 1000})
-    cases["follow up"] = (3, "llama", 0, "3,2,2", {"spec": FOLLOW, "chunk": 16, "prompt_cache": 1000})
+        cases[f"prompt cache {n} {layers} {budget}"] = (
+            n,
+            "llama",
+            0,
+            layers,
+            {"spec": spec, "chunk": 16, "prompt_cache": budget},
+        )
+    cases["prefill together"] = (
+        3,
+        "llama",
+        0,
+        "3,2,2",
+        {"spec": TOGETHER, "chunk": 64, "prompt_cache": 1000},
+    )
+    cases["follow up"] = (
+        3,
+        "llama",
+        0,
+        "3,2,2",
+        {"spec": FOLLOW, "chunk": 16, "prompt_cache": 1000},
+    )
     return cases
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """{case name: (its output folder, its model)}, run as tiny_cases() says: one launch per rank count."""
+    """{case name: (its output folder, its model)}, run as tiny_cases() says: one launch per rank
+    count."""
     tmp, models, outs = tmp_path_factory.mktemp("tiny"), {}, {}
     cases = tiny_cases()
     for n in sorted({c[0] for c in cases.values()}):
@@ -94,8 +166,17 @@ def tiny(tmp_path_factory) -> dict:
                 models[kind, bits] = make_tiny_model(tmp / f"{kind}-{bits}", kind, bits=bits)
             outs[name] = tmp / str(n) / f"case{i}"
             outs[name].mkdir(parents=True)
-        argv = [DRIVER, "--model", *(str(models[c[1], c[2]]) for c in mine.values()), "--out", *(str(outs[x]) for x in mine),
-                "--layers", *(c[3] or "-" for c in mine.values()), "--case", *(json.dumps(c[4]) for c in mine.values())]
+        argv = [
+            DRIVER,
+            "--model",
+            *(str(models[c[1], c[2]]) for c in mine.values()),
+            "--out",
+            *(str(outs[x]) for x in mine),
+            "--layers",
+            *(c[3] or "-" for c in mine.values()),
+            "--case",
+            *(json.dumps(c[4]) for c in mine.values()),
+        ]
         launch(n, tmp / str(n), argv, timeout=120 + 60 * len(mine))
     return {name: (outs[name], models[c[1], c[2]]) for name, c in cases.items()}
 
@@ -108,21 +189,32 @@ def test_tiny_models_logits_match_single_process(tiny, n):
         tokens, logits, status, ranks = read_probe(out, n, LONE)
         want, want_tokens = reference_logits(model, PROMPT, steps=6)
         case = f"{kind} {layers} {bits}-bit"
-        np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5, err_msg=case)  # prefill and 5 cached decode steps
+        # prefill and 5 cached decode steps
+        np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5, err_msg=case)
         assert tokens[0] == want_tokens, case
-        assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status), case  # freed on every rank
+        # freed on every rank
+        assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 for r in status), case
         if layers:
-            assert [r["layers"][1] - r["layers"][0] for r in ranks] == [int(x) for x in layers.split(",")], case
+            assert [r["layers"][1] - r["layers"][0] for r in ranks] == [
+                int(x) for x in layers.split(",")
+            ], case
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_default_model_greedy_tokens_identical_to_mlx_lm(tmp_path, default_model, n):
     """The same greedy tokens, and each rank holds exactly its slice of the weights."""
     tokenizer = load_tokenizer(default_model)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}], add_generation_prompt=True)
-    tokens, _, _, ranks = run_probe(tmp_path, n, default_model, [{"prompt": prompt, "max_tokens": 32, "at": 0}])
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a short poem about the sea."}],
+        add_generation_prompt=True,
+    )
+    tokens, _, _, ranks = run_probe(
+        tmp_path, n, default_model, [{"prompt": prompt, "max_tokens": 32, "at": 0}]
+    )
     want = alone(default_model, prompt, 32)
-    assert tokens[0] == want, f"{n} ranks: {tokenizer.decode(tokens)!r} != {tokenizer.decode(want)!r}"
+    assert tokens[0] == want, (
+        f"{n} ranks: {tokenizer.decode(tokens)!r} != {tokenizer.decode(want)!r}"
+    )
     assert [tuple(r["layers"]) for r in ranks] == [tuple(x) for x in _uniform(30, n)]
     each_rank_holds_exactly_its_slice(default_model, ranks)
 
@@ -135,7 +227,12 @@ def alone(model_path, prompt, n):
 @functools.lru_cache(maxsize=None)  # tests ask for the same prompts of the same model again
 def _alone(model_path: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
     model = _model(model_path)
-    return tuple(int(t) for t, _ in zip((tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n)), range(n)))
+    return tuple(
+        int(t)
+        for t, _ in zip(
+            (tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n)), range(n)
+        )
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -153,18 +250,25 @@ def each_rank_holds_exactly_its_slice(default_model, ranks):
     """Bytes held by each rank equal its layers' tensors (+ embedding, norm and head on rank 0),
     and a worker's resident memory stays far below the whole model's size."""
     full, _ = load_model(default_model, lazy=True)
-    layer_bytes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in full.model.layers]
-    ends = sum(v.nbytes for k, v in tree_flatten(full.parameters()) if not k.startswith("model.layers."))
+    layer_bytes = [
+        sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in full.model.layers
+    ]
+    ends = sum(
+        v.nbytes for k, v in tree_flatten(full.parameters()) if not k.startswith("model.layers.")
+    )
     total = sum(layer_bytes) + ends
     for r in ranks:
         s, e = r["layers"]
         assert r["parameter_bytes"] == sum(layer_bytes[s:e]) + (ends if r["rank"] == 0 else 0)
         assert r["holds_embedding"] == r["holds_head"] == (r["rank"] == 0)
     for worker in ranks[1:]:
-        assert worker["rss_kib"] * 1024 < worker["parameter_bytes"] + 0.5 * total, "a worker read more than its slice"
+        assert worker["rss_kib"] * 1024 < worker["parameter_bytes"] + 0.5 * total, (
+            "a worker read more than its slice"
+        )
 
 
-# Sequences of different lengths arriving and leaving mid-flight (`at`: the scheduler step it joins).
+# Sequences of different lengths arriving and leaving mid-flight (`at`: the scheduler step it
+# joins).
 MIXED = [
     {"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
     {"prompt": [8, 1], "max_tokens": 16, "at": 0},
@@ -188,19 +292,27 @@ def check_batched(out_dir, n, kind, model, chunk, groups=1):
     tokens, logits, status, _ = read_probe(out_dir, n, MIXED)
     for i, s in enumerate(MIXED):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
-        np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"{kind}: sequence {i}")
+        np.testing.assert_allclose(
+            logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"{kind}: sequence {i}"
+        )
         assert tokens[i] == want_tokens, f"{kind}: sequence {i}"
-    assert all(r["open_sequences"] == 0 and r["cached_tokens"] == 0 and r["kv_cache_kib"] == 0 for r in status), kind
+    assert all(
+        r["open_sequences"] == 0 and r["cached_tokens"] == 0 and r["kv_cache_kib"] == 0
+        for r in status
+    ), kind
     assert all(r["kv_cache_peak_kib"] > 0 for r in status), kind
     result = json.loads((out_dir / "result.json").read_text())
     rows = result["prefill_rows"]  # rows of each prefill step
     if kind in UNBATCHED:  # one request a decode group, each prompt alone
         assert max(rows) == max(result["decode_rows"]) == 1 and len(result["decode_rows"]) > 0, kind
-    elif not plain_kv_caches(make_prompt_cache(load_model(model, lazy=True)[0])):  # sliding or recurrent layers
-        assert max(rows) == 1, (kind, rows)  # each prompt prefilled alone: padding would enter a window or a state
+    # sliding or recurrent layers
+    elif not plain_kv_caches(make_prompt_cache(load_model(model, lazy=True)[0])):
+        # each prompt prefilled alone: padding would enter a window or a state
+        assert max(rows) == 1, (kind, rows)
     elif chunk == 16 and groups > 1:  # the two prompts that arrive together go one to each group
         assert max(rows) == 1, (kind, rows)
-    elif chunk == 16:  # the two prompts that arrive together (7 and 2 tokens, 14 once padded) share a step
+    # the two prompts that arrive together (7 and 2 tokens, 14 once padded) share a step
+    elif chunk == 16:
         assert max(rows) >= 2, (kind, rows)
     else:  # the 7-, 11- and 6-token prompts go alone, in 2, 3 and 2 chunks
         assert len(rows) >= 7, (kind, rows)
@@ -219,75 +331,121 @@ def test_overlap_changes_no_token(tiny):
 
 
 def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_model):
-    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2 ranks: the
-    ring must neither deadlock on send/recv ordering (the launch has a timeout) nor change tokens."""
+    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2 ranks:
+    the ring must neither deadlock on send/recv ordering (the launch has a timeout) nor change
+    tokens."""
     tokenizer = load_tokenizer(default_model)
-    chat = lambda q: tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+
+    def chat(q):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True
+        )
+
     long_prompt = chat("Summarise: " + "the sea is wide and the sky is blue; " * 120)
     spec = [
         {"prompt": chat("What is the capital of France?"), "max_tokens": 16, "at": 0},
         {"prompt": long_prompt, "max_tokens": 4, "at": 1},
         {"prompt": chat("Name three colours."), "max_tokens": 16, "at": 2},
     ]
-    tokens, _, status, _ = run_probe(tmp_path, 2, default_model, spec, groups=2, chunk=512, timeout=240)
+    tokens, _, status, _ = run_probe(
+        tmp_path, 2, default_model, spec, groups=2, chunk=512, timeout=240
+    )
     for i, s in enumerate(spec):
         assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), f"sequence {i}"
     assert all(r["open_sequences"] == 0 for r in status)
 
 
 P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # a long first turn
-X, Y, Q = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [201, 202, 203, 204, 205, 206, 207], [(5 * i) % 290 + 2 for i in range(30)]
+X, Y, Q = (
+    [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    [201, 202, 203, 204, 205, 206, 207],
+    [(5 * i) % 290 + 2 for i in range(30)],
+)
 
 
 PROMPT_CACHE = [
     # Turns of one chat, each prompt extending the last; an unrelated prompt meanwhile; two short
     # prompts prefilled as one padded batch, each followed up (their rows saved from the batch).
-    (2, "5,2", 1000, [
-        {"prompt": P, "max_tokens": 4, "at": 0},
-        {"prompt": P + X, "max_tokens": 5, "after": 0},
-        {"prompt": P + X + Y, "max_tokens": 3, "after": 1},
-        {"prompt": Q, "max_tokens": 3, "after": 1},
-        {"prompt": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 3, "after": 3},
-        {"prompt": [9, 8, 7, 6, 5], "max_tokens": 3, "after": 3},
-        {"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13], "max_tokens": 3, "after": 4},
-        {"prompt": [9, 8, 7, 6, 5, 4], "max_tokens": 3, "after": 5},
-    ], 40 + 10 + 7 + 30 + 7 + 5 + 2 + 1, 4),
+    (
+        2,
+        "5,2",
+        1000,
+        [
+            {"prompt": P, "max_tokens": 4, "at": 0},
+            {"prompt": P + X, "max_tokens": 5, "after": 0},
+            {"prompt": P + X + Y, "max_tokens": 3, "after": 1},
+            {"prompt": Q, "max_tokens": 3, "after": 1},
+            {"prompt": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 3, "after": 3},
+            {"prompt": [9, 8, 7, 6, 5], "max_tokens": 3, "after": 3},
+            {"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13], "max_tokens": 3, "after": 4},
+            {"prompt": [9, 8, 7, 6, 5, 4], "max_tokens": 3, "after": 5},
+        ],
+        40 + 10 + 7 + 30 + 7 + 5 + 2 + 1,
+        4,
+    ),
     # Two prompts that start alike arrive together (and a short one beside them): the second waits
     # for the first's prefill and runs only what differs; the short one goes meanwhile.
-    (3, "3,2,2", 1000, [
-        {"prompt": P + X, "max_tokens": 3, "at": 0},
-        {"prompt": P + Y, "max_tokens": 3, "at": 0},
-        {"prompt": [7, 7, 7], "max_tokens": 2, "at": 0},
-    ], 50 + 7 + 3, 1),
-    # A budget of 60 tokens: each new prompt evicts the last, so nothing hits and answers stay exact.
-    (3, "2,3,2", 60, [
-        {"prompt": P, "max_tokens": 4, "at": 0},
-        {"prompt": Q, "max_tokens": 3, "after": 0},
-        {"prompt": P + X, "max_tokens": 3, "after": 1},
-    ], 40 + 30 + 50, 0),
+    (
+        3,
+        "3,2,2",
+        1000,
+        [
+            {"prompt": P + X, "max_tokens": 3, "at": 0},
+            {"prompt": P + Y, "max_tokens": 3, "at": 0},
+            {"prompt": [7, 7, 7], "max_tokens": 2, "at": 0},
+        ],
+        50 + 7 + 3,
+        1,
+    ),
+    # A budget of 60 tokens: each new prompt evicts the last, so nothing hits and answers stay
+    # exact.
+    (
+        3,
+        "2,3,2",
+        60,
+        [
+            {"prompt": P, "max_tokens": 4, "at": 0},
+            {"prompt": Q, "max_tokens": 3, "after": 0},
+            {"prompt": P + X, "max_tokens": 3, "after": 1},
+        ],
+        40 + 30 + 50,
+        0,
+    ),
 ]
 # The first answer is one token, sampled from its prefill: the cache then holds P exactly.
-TOGETHER = [{"prompt": P, "max_tokens": 1, "at": 0}, *({"prompt": P + tail, "max_tokens": 4, "after": 0} for tail in (X, Y, Q[:5]))]
-FOLLOW = [{"prompt": P, "max_tokens": 5, "at": 0},
-          {"prompt": X, "max_tokens": 4, "after": 0, "follow": 0},
-          {"prompt": Y, "max_tokens": 3, "after": 1, "follow": 1}]
+TOGETHER = [
+    {"prompt": P, "max_tokens": 1, "at": 0},
+    *({"prompt": P + tail, "max_tokens": 4, "after": 0} for tail in (X, Y, Q[:5])),
+]
+FOLLOW = [
+    {"prompt": P, "max_tokens": 5, "at": 0},
+    {"prompt": X, "max_tokens": 4, "after": 0, "follow": 0},
+    {"prompt": Y, "max_tokens": 3, "after": 1, "follow": 1},
+]
 
 
 @pytest.mark.parametrize("n,layers,budget,spec,prefilled,hits", PROMPT_CACHE)
-def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(tiny, n, layers, budget, spec, prefilled, hits):
+def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(
+    tiny, n, layers, budget, spec, prefilled, hits
+):
     """A prompt that starts like a cached one starts from that cache on every rank: each rank
-    prefills only the new tokens, and the logits equal single-process mlx-lm's for the whole prompt."""
+    prefills only the new tokens, and the logits equal single-process mlx-lm's for the whole
+    prompt."""
     out, model = tiny[f"prompt cache {n} {layers} {budget}"]
     tokens, logits, status, _ = read_probe(out, n, spec)
     for i, s in enumerate(spec):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
         np.testing.assert_allclose(logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"sequence {i}")
         assert tokens[i] == want_tokens, f"sequence {i}"
-    padding = 2 if len(spec) == 8 else 0  # the padded batch of 7 and 5 tokens runs 14 positions for 12 tokens
+    # the padded batch of 7 and 5 tokens runs 14 positions for 12 tokens
+    padding = 2 if len(spec) == 8 else 0
     assert [r["prefill_tokens"] for r in status] == [prefilled + padding] * n
     cache = json.loads((out / "result.json").read_text())["prompt_cache"]
     assert cache["hits"] == hits
-    assert len({r["prompt_cache_entries"] for r in status}) == 1 and status[0]["prompt_cache_entries"] == cache["entries"]
+    assert (
+        len({r["prompt_cache_entries"] for r in status}) == 1
+        and status[0]["prompt_cache_entries"] == cache["entries"]
+    )
     assert all(r["open_sequences"] == 0 and r["kv_cache_kib"] == 0 for r in status)
 
 
@@ -303,13 +461,18 @@ def test_prompts_that_start_from_one_cached_prompt_prefill_together(tiny):
         assert tokens[i] == want_tokens, f"sequence {i}"
     result = json.loads((out / "result.json").read_text())
     assert result["prefill_rows"] == [1, 3]
-    assert (result["steps"].count("LOAD"), result["steps"].count("SAVE"), result["prompt_cache"]["hits"]) == (1, 2, 3)
-    assert [r["prefill_tokens"] for r in status] == [len(P) + 3 * len(X)] * 3  # the batch: 3 rows padded to X's 10
+    assert (
+        result["steps"].count("LOAD"),
+        result["steps"].count("SAVE"),
+        result["prompt_cache"]["hits"],
+    ) == (1, 2, 3)
+    # the batch: 3 rows padded to X's 10
+    assert [r["prefill_tokens"] for r in status] == [len(P) + 3 * len(X)] * 3
 
 
 def test_a_follow_up_turn_starts_from_the_last_answer_too(tiny):
-    """A sequence that leaves keeps its prompt and answer: the next turn (prompt, answer, new message)
-    prefills little more than the new message on every rank, and its logits stay exact."""
+    """A sequence that leaves keeps its prompt and answer: the next turn (prompt, answer, new
+    message) prefills little more than the new message on every rank, and its logits stay exact."""
     out, model = tiny["follow up"]
     tokens, logits, status, _ = read_probe(out, 3, FOLLOW)
     prompts = json.loads((out / "result.json").read_text())["prompts"]
@@ -320,4 +483,7 @@ def test_a_follow_up_turn_starts_from_the_last_answer_too(tiny):
         assert tokens[i] == want_tokens, f"sequence {i}"
     # each answer's last token may not have gone through the model before its sequence left
     prefilled = {r["prefill_tokens"] for r in status}
-    assert len(prefilled) == 1 and len(P) + len(X) + len(Y) <= prefilled.pop() <= len(P) + len(X) + len(Y) + 2
+    assert (
+        len(prefilled) == 1
+        and len(P) + len(X) + len(Y) <= prefilled.pop() <= len(P) + len(X) + len(Y) + 2
+    )

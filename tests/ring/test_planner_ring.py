@@ -17,29 +17,64 @@ from mlx_ring.planning.strategies import plan_layers
 DRIVER = str(ROOT / "tests" / "planner_driver.py")
 KV_TOKENS = 1_000_000  # makes each tiny layer's KV reserve ~0.24 GB, so memory budgets bite
 # A fast "studio" and two slower "minis" (distinct hosts, so the planner treats them as machines).
-CAPS = [{"host": "studio", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 100.0},
-        {"host": "mini-1", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 20.0},
-        {"host": "mini-2", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 40.0}]
+CAPS = [
+    {"host": "studio", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 100.0},
+    {"host": "mini-1", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 20.0},
+    {"host": "mini-2", "device": "CPU", "memory_gb": 16, "tflops": 1.0, "bandwidth_gbs": 40.0},
+]
 
 
 def test_balanced_uneven_split_runs_token_exact(tmp_path):
     model = make_tiny_model(tmp_path / "model", "llama")  # 7 layers
-    spec = serving(spec_from_folder(model), 0, 16)  # as the ranks plan: PREFILL_CHUNK auto, MAX_ACTIVE 16
-    caps = [Capabilities(c["host"], 16, 16 * 2 / 3, c["tflops"], c["bandwidth_gbs"], "CPU") for c in CAPS]
+    # as the ranks plan: PREFILL_CHUNK auto, MAX_ACTIVE 16
+    spec = serving(spec_from_folder(model), 0, 16)
+    caps = [
+        Capabilities(c["host"], 16, 16 * 2 / 3, c["tflops"], c["bandwidth_gbs"], "CPU")
+        for c in CAPS
+    ]
     # Room on the studio for its embedding and head and 3.5 layers: it may take 3 (it would take 4).
-    room = (runtime_bytes(spec, caps[0], 0, 3, KV_TOKENS) + spec.ends_bytes + 3.5 * per_layer_bytes(spec, KV_TOKENS)) / GIB
+    room = (
+        runtime_bytes(spec, caps[0], 0, 3, KV_TOKENS)
+        + spec.ends_bytes
+        + 3.5 * per_layer_bytes(spec, KV_TOKENS)
+    ) / GIB
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "max_memory_gb": room}]
-                                   + [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
-    assert plan_layers(spec, caps, "balanced", KV_TOKENS).sizes == [4, 1, 2]  # what the memory cap changes
-    assert plan_layers(spec, [with_host_keys(caps[0], {"max_memory_gb": room}), *caps[1:]], "balanced", KV_TOKENS).sizes == [3, 1, 3]
+    hostfile.write_text(
+        json.dumps(
+            [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "max_memory_gb": room}]
+            + [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2
+        )
+    )
+    # what the memory cap changes
+    assert plan_layers(spec, caps, "balanced", KV_TOKENS).sizes == [4, 1, 2]
+    assert plan_layers(
+        spec, [with_host_keys(caps[0], {"max_memory_gb": room}), *caps[1:]], "balanced", KV_TOKENS
+    ).sizes == [3, 1, 3]
 
     prompt = [5, 17, 42, 99, 3, 250, 7]
     spec_arg = json.dumps([{"prompt": prompt, "max_tokens": 6, "at": 0}])
-    argv = [DRIVER, "--model", str(model), "--out", str(tmp_path), "--",
-            "--model", str(model), "--spec", spec_arg, "--out", str(tmp_path)]
-    env = {"MLX_RING_CAPS": json.dumps(CAPS), "HOSTFILE": str(hostfile), "KV_TOKENS": str(KV_TOKENS),
-           "STRATEGY": "balanced", "LAYERS": "", "PROMPT_CACHE_GB": "0"}
+    argv = [
+        DRIVER,
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path),
+        "--",
+        "--model",
+        str(model),
+        "--spec",
+        spec_arg,
+        "--out",
+        str(tmp_path),
+    ]
+    env = {
+        "MLX_RING_CAPS": json.dumps(CAPS),
+        "HOSTFILE": str(hostfile),
+        "KV_TOKENS": str(KV_TOKENS),
+        "STRATEGY": "balanced",
+        "LAYERS": "",
+        "PROMPT_CACHE_GB": "0",
+    }
     launch(3, tmp_path, argv, timeout=120, env=env)
 
     plans = [json.loads((tmp_path / f"plan{r}.json").read_text()) for r in range(3)]
@@ -48,8 +83,13 @@ def test_balanced_uneven_split_runs_token_exact(tmp_path):
     ranks = plans[0]["predicted"]["ranks"]
     assert [r["host"] for r in ranks] == ["studio", "mini-1", "mini-2"]
     assert ranks[0]["usable_gb"] == round(room, 2) and ranks[0]["needs_gb"] <= room
-    assert plans[0]["predicted"]["kv_capacity_tokens"] >= KV_TOKENS  # what the ring admits: the reserve at least
-    assert [json.loads((tmp_path / f"rank{r}.json").read_text())["layers"] for r in range(3)] == [[0, 3], [3, 4], [4, 7]]
+    # what the ring admits: the reserve at least
+    assert plans[0]["predicted"]["kv_capacity_tokens"] >= KV_TOKENS
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text())["layers"] for r in range(3)] == [
+        [0, 3],
+        [3, 4],
+        [4, 7],
+    ]
 
     logits = np.load(tmp_path / "logits0.npy")
     tokens = json.loads((tmp_path / "result.json").read_text())["tokens"][0]

@@ -1,5 +1,5 @@
-"""The in-process API tests' model and engine: the default model's real tokenizer (and the same under a
-tools template), and a stand-in engine (tests/apiutil.py)."""
+"""The in-process API tests' model and engine: the default model's real tokenizer (and the same
+under a tools template), and a stand-in engine (tests/apiutil.py)."""
 
 import pytest
 from apiutil import FakeEngine, served_model

@@ -1,8 +1,9 @@
-"""The fields agents send that a model may not use, in every dialect, in process: accepted and ignored
-where they change nothing (reasoning effort, thinking off, cache_control), honoured where they can be
-(output_config.format), refused by name where they would change the answer ("not supported by this
-server/model"); max_tokens over the room the context leaves (cut to it in the agent dialects, a 400 in
-chat completions); Anthropic's stop_sequence; images where only text fits."""
+"""The fields agents send that a model may not use, in every dialect, in process: accepted and
+ignored where they change nothing (reasoning effort, thinking off, cache_control), honoured where
+they can be (output_config.format), refused by name where they would change the answer ("not
+supported by this server/model"); max_tokens over the room the context leaves (cut to it in the
+agent dialects, a 400 in chat completions); Anthropic's stop_sequence; images where only text
+fits."""
 
 import anthropic
 import openai
@@ -15,11 +16,15 @@ TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_
 
 
 def ant(http) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url="http://testserver", api_key="unused", max_retries=0, http_client=http)
+    return anthropic.Anthropic(
+        base_url="http://testserver", api_key="unused", max_retries=0, http_client=http
+    )
 
 
 def oa(http) -> openai.OpenAI:
-    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http
+    )
 
 
 def refusal(http, path: str, body: dict) -> str:
@@ -31,80 +36,160 @@ def refusal(http, path: str, body: dict) -> str:
 
 # -- item: fields a model cannot use ------------------------------------------------------------
 
+
 def test_chat_reasoning_effort_is_accepted_and_changes_nothing(engine, served):
     with client(engine, served) as http:
         plain = oa(http).chat.completions.create(model=MODEL, messages=QUESTION)
-        asked = oa(http).chat.completions.create(model=MODEL, messages=QUESTION, reasoning_effort="low", modalities=["text"])
+        asked = oa(http).chat.completions.create(
+            model=MODEL, messages=QUESTION, reasoning_effort="low", modalities=["text"]
+        )
         assert asked.choices[0].message.content == plain.choices[0].message.content
         assert engine.submitted[0][0].prompt == engine.submitted[1][0].prompt
-        assert "Extra inputs are not permitted" in refusal(http, "/v1/chat/completions", {"messages": QUESTION, "reasoning_efort": "low"})
-        assert refusal(http, "/v1/chat/completions", {"messages": QUESTION, "reasoning_effort": "turbo"}).startswith("reasoning_effort:")
-        assert refusal(http, "/v1/chat/completions", {"messages": QUESTION, "audio": {"voice": "alloy", "format": "wav"}}) == \
-            "audio: not supported by this server/model: it answers in text only"
-        assert refusal(http, "/v1/chat/completions", {"messages": QUESTION, "modalities": ["text", "audio"]}).startswith(
-            "modalities: not supported by this server/model")
+        assert "Extra inputs are not permitted" in refusal(
+            http, "/v1/chat/completions", {"messages": QUESTION, "reasoning_efort": "low"}
+        )
+        assert refusal(
+            http, "/v1/chat/completions", {"messages": QUESTION, "reasoning_effort": "turbo"}
+        ).startswith("reasoning_effort:")
+        assert (
+            refusal(
+                http,
+                "/v1/chat/completions",
+                {"messages": QUESTION, "audio": {"voice": "alloy", "format": "wav"}},
+            )
+            == "audio: not supported by this server/model: it answers in text only"
+        )
+        assert refusal(
+            http, "/v1/chat/completions", {"messages": QUESTION, "modalities": ["text", "audio"]}
+        ).startswith("modalities: not supported by this server/model")
     assert len(engine.submitted) == 2  # refusals queue nothing
 
 
 def test_responses_reasoning_null_or_an_effort_is_accepted(engine, served):
     with client(engine, served) as http:
         for reasoning in (None, {"effort": "high", "summary": "detailed"}, {"effort": "none"}):
-            r = http.post("/v1/responses", json={"model": MODEL, "input": "What is the capital of France?", "reasoning": reasoning})
+            r = http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": "What is the capital of France?",
+                    "reasoning": reasoning,
+                },
+            )
             assert r.status_code == 200, r.text
         assert len({tuple(s[0].prompt) for s in engine.submitted}) == 1
         body = {"model": MODEL, "input": "Hi"}
-        assert refusal(http, "/v1/responses", body | {"reasoning": {"effort": "turbo"}}).startswith("reasoning.effort:")
-        assert refusal(http, "/v1/responses", body | {"background": True}) == \
-            "background: not supported by this server/model: a response is made while its request is open"
-        assert refusal(http, "/v1/responses", body | {"tools": [{"type": "file_search"}]}).startswith(
-            "tools.0: file_search tools are not supported by this server")
-        assert "Extra inputs are not permitted" in refusal(http, "/v1/responses", body | {"reasonning": None})
+        assert refusal(http, "/v1/responses", body | {"reasoning": {"effort": "turbo"}}).startswith(
+            "reasoning.effort:"
+        )
+        assert refusal(http, "/v1/responses", body | {"background": True}) == (
+            "background: not supported by this server/model: a response is made "
+            "while its request is open"
+        )
+        assert refusal(
+            http, "/v1/responses", body | {"tools": [{"type": "file_search"}]}
+        ).startswith("tools.0: file_search tools are not supported by this server")
+        assert "Extra inputs are not permitted" in refusal(
+            http, "/v1/responses", body | {"reasonning": None}
+        )
 
 
 def test_anthropic_thinking_cache_control_and_output_config(engine, served):
     with client(engine, served) as http:
         plain = ant(http).messages.create(model=MODEL, max_tokens=100, messages=QUESTION)
-        for extra in ({"thinking": {"type": "disabled"}}, {"thinking": {"type": "enabled", "budget_tokens": 1024}},
-                      {"thinking": {"type": "adaptive"}}, {"cache_control": {"type": "ephemeral"}},
-                      {"output_config": {"effort": "low"}}):
-            m = ant(http).messages.create(model=MODEL, max_tokens=100, messages=QUESTION, extra_body=extra)
-            assert [(b.type, b.text) for b in m.content] == [(b.type, b.text) for b in plain.content], extra  # no thinking blocks
+        for extra in (
+            {"thinking": {"type": "disabled"}},
+            {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+            {"thinking": {"type": "adaptive"}},
+            {"cache_control": {"type": "ephemeral"}},
+            {"output_config": {"effort": "low"}},
+        ):
+            m = ant(http).messages.create(
+                model=MODEL, max_tokens=100, messages=QUESTION, extra_body=extra
+            )
+            # no thinking blocks
+            assert [(b.type, b.text) for b in m.content] == [
+                (b.type, b.text) for b in plain.content
+            ], extra
         assert len({tuple(s[0].prompt) for s in engine.submitted}) == 1
         body = {"model": MODEL, "max_tokens": 100, "messages": QUESTION}
         assert "budget_tokens: Input should be greater than or equal to 1024" in refusal(
-            http, "/v1/messages", body | {"thinking": {"type": "enabled", "budget_tokens": 100}})
-        assert refusal(http, "/v1/messages", body | {"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}).startswith(
-            "mcp_servers: not supported by this server/model")
-        assert refusal(http, "/v1/messages", body | {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}).startswith(
-            "tools.0: web_search_20250305 tools are not supported by this server")
-        assert "Extra inputs are not permitted" in refusal(http, "/v1/messages", body | {"thinkng": {"type": "disabled"}})
+            http, "/v1/messages", body | {"thinking": {"type": "enabled", "budget_tokens": 100}}
+        )
+        assert refusal(
+            http,
+            "/v1/messages",
+            body | {"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]},
+        ).startswith("mcp_servers: not supported by this server/model")
+        assert refusal(
+            http,
+            "/v1/messages",
+            body | {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        ).startswith("tools.0: web_search_20250305 tools are not supported by this server")
+        assert "Extra inputs are not permitted" in refusal(
+            http, "/v1/messages", body | {"thinkng": {"type": "disabled"}}
+        )
 
 
 def test_anthropic_output_config_format_is_honoured(tool_served):
     engine = FakeEngine(tool_served.tokenizer, answer='{"city": "Paris"}')
     with client(engine, tool_served) as http:
-        m = ant(http).messages.create(model=MODEL, max_tokens=100, messages=QUESTION,
-                                      extra_body={"output_config": {"format": {"type": "json_schema", "schema": JSON}}})
-        assert m.content[0].text == '{"city": "Paris"}' and engine.submitted[0][0].params.grammar is not None
-        body = {"model": MODEL, "max_tokens": 100, "messages": QUESTION, "tools": TOOLS, "tool_choice": {"type": "any"},
-                "output_config": {"format": {"type": "json_schema", "schema": JSON}}}
-        assert refusal(http, "/v1/messages", body).startswith("output_config.format: a JSON answer and a required tool call exclude each other")
+        m = ant(http).messages.create(
+            model=MODEL,
+            max_tokens=100,
+            messages=QUESTION,
+            extra_body={"output_config": {"format": {"type": "json_schema", "schema": JSON}}},
+        )
+        assert (
+            m.content[0].text == '{"city": "Paris"}'
+            and engine.submitted[0][0].params.grammar is not None
+        )
+        body = {
+            "model": MODEL,
+            "max_tokens": 100,
+            "messages": QUESTION,
+            "tools": TOOLS,
+            "tool_choice": {"type": "any"},
+            "output_config": {"format": {"type": "json_schema", "schema": JSON}},
+        }
+        assert refusal(http, "/v1/messages", body).startswith(
+            "output_config.format: a JSON answer and a required tool call exclude each other"
+        )
 
 
 # -- item: max_tokens over what the context leaves -------------------------------------------------
 
+
 def test_agent_dialects_cut_max_tokens_to_the_room_left(engine, served):
     prompt = templated(served, QUESTION)
     with client(engine, served, context_length=len(prompt) + 3) as http:
-        m = ant(http).messages.create(model=MODEL, max_tokens=32000, messages=QUESTION, timeout=60)  # the SDK's own check wants a stream
-        assert (engine.submitted[-1][0].max_tokens, m.stop_reason, m.content[0].text) == (3, "model_context_window_exceeded", "The capital of")
-        m = ant(http).messages.create(model=MODEL, max_tokens=2, messages=QUESTION)  # its own limit, not the context's
+        # the SDK's own check wants a stream
+        m = ant(http).messages.create(model=MODEL, max_tokens=32000, messages=QUESTION, timeout=60)
+        assert (engine.submitted[-1][0].max_tokens, m.stop_reason, m.content[0].text) == (
+            3,
+            "model_context_window_exceeded",
+            "The capital of",
+        )
+        # its own limit, not the context's
+        m = ant(http).messages.create(model=MODEL, max_tokens=2, messages=QUESTION)
         assert (engine.submitted[-1][0].max_tokens, m.stop_reason) == (2, "max_tokens")
         with ant(http).messages.stream(model=MODEL, max_tokens=32000, messages=QUESTION) as s:
             assert s.get_final_message().stop_reason == "model_context_window_exceeded"
         r = oa(http).responses.create(model=MODEL, input=QUESTION, max_output_tokens=32000)
-        assert (engine.submitted[-1][0].max_tokens, r.status, r.incomplete_details.reason) == (3, "incomplete", "max_output_tokens")
-        r = http.post("/api/chat", json={"model": MODEL, "messages": QUESTION, "stream": False, "options": {"num_predict": 32000}})
+        assert (engine.submitted[-1][0].max_tokens, r.status, r.incomplete_details.reason) == (
+            3,
+            "incomplete",
+            "max_output_tokens",
+        )
+        r = http.post(
+            "/api/chat",
+            json={
+                "model": MODEL,
+                "messages": QUESTION,
+                "stream": False,
+                "options": {"num_predict": 32000},
+            },
+        )
         assert (engine.submitted[-1][0].max_tokens, r.json()["done_reason"]) == (3, "length")
         # chat completions keeps OpenAI's answer: a 400 that says how much room there is
         with pytest.raises(openai.BadRequestError) as e:
@@ -118,68 +203,221 @@ def test_the_servers_own_limit_is_a_limit_not_the_context(engine, served):
     assert (engine.submitted[-1][0].max_tokens, m.stop_reason) == (2, "max_tokens")
 
 
-# -- item: Anthropic's stop reason and string; images where only text fits --------------------------
+# -- item: Anthropic's stop reason and string; images where only text fits
+# --------------------------
+
 
 def test_a_stop_sequence_is_named(engine, served):
     with client(engine, served) as http:
-        m = ant(http).messages.create(model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["Rome", " Paris"])
-        assert (m.stop_reason, m.stop_sequence, m.content[0].text) == ("stop_sequence", " Paris", "The capital of France is")
-        with ant(http).messages.stream(model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["France"]) as s:
+        m = ant(http).messages.create(
+            model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["Rome", " Paris"]
+        )
+        assert (m.stop_reason, m.stop_sequence, m.content[0].text) == (
+            "stop_sequence",
+            " Paris",
+            "The capital of France is",
+        )
+        with ant(http).messages.stream(
+            model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["France"]
+        ) as s:
             final = s.get_final_message()
-        assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", "France", "The capital of ")
-        m = ant(http).messages.create(model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["Rome"])
+        assert (final.stop_reason, final.stop_sequence, final.content[0].text) == (
+            "stop_sequence",
+            "France",
+            "The capital of ",
+        )
+        m = ant(http).messages.create(
+            model=MODEL, max_tokens=100, messages=QUESTION, stop_sequences=["Rome"]
+        )
         assert (m.stop_reason, m.stop_sequence) == ("end_turn", None)
 
 
 def test_images_where_only_text_fits_are_refused_by_place(engine, served):
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
-    turn = [*QUESTION, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "look", "input": {}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}]}]
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+    }
+    turn = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "look", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}],
+        },
+    ]
     with client(engine, served) as http:
-        assert refusal(http, "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": turn}) == \
-            "messages.2.content.0.content.0: image blocks are not supported by this text model; send text blocks"
-        assert refusal(http, "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [image]}]}) == \
-            "messages.0.content.0: image blocks are not supported by this text model; send text blocks"
-        items = [{"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
-                 {"type": "function_call_output", "call_id": "c1", "output": [
-                     {"type": "input_text", "text": "It shows:"}, {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]
+        assert refusal(
+            http, "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": turn}
+        ) == (
+            "messages.2.content.0.content.0: image blocks are not supported by this text "
+            "model; send text blocks"
+        )
+        assert refusal(
+            http,
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": [image]}],
+            },
+        ) == (
+            "messages.0.content.0: image blocks are not supported by this text "
+            "model; send text blocks"
+        )
+        items = [
+            {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": [
+                    {"type": "input_text", "text": "It shows:"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+                ],
+            },
+        ]
         r = http.post("/v1/responses", json={"model": MODEL, "input": items})
         assert r.status_code == 400 and r.json()["error"] == {
-            "message": "input.1.output.1: input_image parts are not supported by this text model; send input_text",
-            "type": "invalid_request_error", "param": "input.1.output.1", "code": None}
-        assert "image_url parts are not supported" in refusal(http, "/v1/chat/completions", {"messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]})
-        assert http.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["AA=="]}]}).json() == {
-            "error": "messages.0: images are not supported by this text model; send text"}
-        assert http.post("/api/generate", json={"model": MODEL, "prompt": "hi", "images": ["AA=="]}).json() == {
-            "error": "images: not supported by this server/model: it is a text model; send text"}
+            "message": (
+                "input.1.output.1: input_image parts are not supported by this text "
+                "model; send input_text"
+            ),
+            "type": "invalid_request_error",
+            "param": "input.1.output.1",
+            "code": None,
+        }
+        assert "image_url parts are not supported" in refusal(
+            http,
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,AA=="},
+                            }
+                        ],
+                    }
+                ]
+            },
+        )
+        assert http.post(
+            "/api/chat",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi", "images": ["AA=="]}],
+            },
+        ).json() == {"error": "messages.0: images are not supported by this text model; send text"}
+        assert http.post(
+            "/api/generate", json={"model": MODEL, "prompt": "hi", "images": ["AA=="]}
+        ).json() == {
+            "error": "images: not supported by this server/model: it is a text model; send text"
+        }
     assert not engine.submitted
 
 
-# -- item: each dialect's body checked once, in its own words -----------------------------------------
+# -- item: each dialect's body checked once, in its own words
+# -----------------------------------------
 
 FN = {"type": "function", "name": "get_weather", "parameters": JSON}
 
 
-@pytest.mark.parametrize("path,body,says", [
-    ("/v1/messages/count_tokens", {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "tool_choice": {"type": "any"},
-                                   "output_config": {"format": {"type": "json_schema", "schema": JSON}}},
-     "output_config.format: a JSON answer and a required tool call exclude each other"),
-    ("/v1/messages", {"model": MODEL, "max_tokens": 9, "messages": QUESTION, "tool_choice": {"type": "auto"}},
-     "tool_choice: only allowed when tools are given"),
-    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [FN], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
-     "text.format: a JSON answer and a required tool call exclude each other"),
-    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [FN], "tool_choice": {"type": "function", "name": "get_time"}},
-     "tool_choice: names 'get_time', which is not one of the tools"),
-    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": "namespace", "name": "n" * 40, "tools": [FN | {"name": "f" * 30}]}]},
-     f"tools: a namespace and its function's name join as '{'n' * 40}__{'f' * 30}', over 64 characters"),
-    ("/api/chat", {"model": MODEL, "messages": QUESTION, "options": {"stop": ["a", "b", "c", "d", "e"]}}, "options.stop: List should have at most 4"),
-    ("/api/chat", {"model": MODEL, "messages": QUESTION, "options": {"seed": 1 << 63}}, "options.seed: Input should be less than or equal to"),
-    ("/api/chat", {"model": MODEL, "messages": QUESTION, "tools": [{"type": "function", "function": {"name": "a b"}}]},
-     "tools.0.function.name: String should match pattern"),
-    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
-     "messages.0: only an assistant message carries tool_calls"),
-])
+@pytest.mark.parametrize(
+    "path,body,says",
+    [
+        (
+            "/v1/messages/count_tokens",
+            {
+                "model": MODEL,
+                "messages": QUESTION,
+                "tools": TOOLS,
+                "tool_choice": {"type": "any"},
+                "output_config": {"format": {"type": "json_schema", "schema": JSON}},
+            },
+            "output_config.format: a JSON answer and a required tool call exclude each other",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "max_tokens": 9,
+                "messages": QUESTION,
+                "tool_choice": {"type": "auto"},
+            },
+            "tool_choice: only allowed when tools are given",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "input": "Hi",
+                "tools": [FN],
+                "tool_choice": "required",
+                "text": {"format": {"type": "json_object"}},
+            },
+            "text.format: a JSON answer and a required tool call exclude each other",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "input": "Hi",
+                "tools": [FN],
+                "tool_choice": {"type": "function", "name": "get_time"},
+            },
+            "tool_choice: names 'get_time', which is not one of the tools",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "input": "Hi",
+                "tools": [
+                    {"type": "namespace", "name": "n" * 40, "tools": [FN | {"name": "f" * 30}]}
+                ],
+            },
+            "tools: a namespace and its function's name join as "
+            f"'{'n' * 40}__{'f' * 30}', over 64 characters",
+        ),
+        (
+            "/api/chat",
+            {"model": MODEL, "messages": QUESTION, "options": {"stop": ["a", "b", "c", "d", "e"]}},
+            "options.stop: List should have at most 4",
+        ),
+        (
+            "/api/chat",
+            {"model": MODEL, "messages": QUESTION, "options": {"seed": 1 << 63}},
+            "options.seed: Input should be less than or equal to",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": QUESTION,
+                "tools": [{"type": "function", "function": {"name": "a b"}}],
+            },
+            "tools.0.function.name: String should match pattern",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "hi",
+                        "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+                    }
+                ],
+            },
+            "messages.0: only an assistant message carries tool_calls",
+        ),
+    ],
+)
 def test_each_dialects_body_is_checked_in_its_own_words(engine, tool_served, path, body, says):
     """Every rule of the one internal request is a rule of the dialect's own model too, named by the
     client's fields (`text.format`, `options.stop`), not by the internal request's."""

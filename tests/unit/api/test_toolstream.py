@@ -14,10 +14,20 @@ from mlx_lm.tool_parsers import json_tools, qwen3_coder
 from mlx_ring.api.toolcalls import ToolCallText
 
 QUESTION = [{"role": "user", "content": "What is the weather in Sao Paulo?"}]
-ARGS = {"city": "São Paulo", "days": [1, 2.5, -0.0, 1e3], "unit": None, "note": "say \"hi\"\n😀 \u00e9", "deep": {"x": [], "y": {}}}
-# How a model may write the call: its own spacing, escapes (a surrogate pair), a number json.dumps writes otherwise.
-CALL_TEXT = ('{"name":"get_weather" ,"arguments" : {"city": "S\\u00e3o Paulo", "days":[1,2.5,-0.0, 1E3],"unit":null,'
-             '"note":"say \\"hi\\"\\n\\ud83d\\ude00 \\u00e9","deep":{"x":[ ],"y":{}}}}')
+ARGS = {
+    "city": "São Paulo",
+    "days": [1, 2.5, -0.0, 1e3],
+    "unit": None,
+    "note": 'say "hi"\n😀 \u00e9',
+    "deep": {"x": [], "y": {}},
+}
+# How a model may write the call: its own spacing, escapes (a surrogate pair), a number json.dumps
+# writes otherwise.
+CALL_TEXT = (
+    '{"name":"get_weather" ,"arguments" : {"city": "S\\u00e3o Paulo", '
+    '"days":[1,2.5,-0.0, 1E3],"unit":null,'
+    '"note":"say \\"hi\\"\\n\\ud83d\\ude00 \\u00e9","deep":{"x":[ ],"y":{}}}}'
+)
 ANSWER = f"Let me check. <tool_call>\n{CALL_TEXT}\n</tool_call>"
 WANT = json.dumps(ARGS, ensure_ascii=False)  # the arguments a non-streamed answer has
 
@@ -33,7 +43,8 @@ def read(pieces, **kw) -> list[tuple]:
 
 
 def check_streamed(parts, text: str, args: str, name: str = "get_weather"):
-    """The parts of one streamed call: text, its head, argument fragments joining to `args`, its end."""
+    """The parts of one streamed call: text, its head, argument fragments joining to `args`, its
+    end."""
     kinds = [k for k, _, _ in parts]
     assert [k for k in kinds if k != "text" and k != "args"] == ["begin", "end"]
     begin, end = kinds.index("begin"), kinds.index("end")
@@ -51,17 +62,32 @@ def test_the_arguments_join_to_the_whole_parse_at_every_split():
         check_streamed(read([ANSWER[:i], ANSWER[i:]]), "Let me check. ", WANT)
     by_char = read(list(ANSWER))
     check_streamed(by_char, "Let me check. ", WANT)
-    assert sum(k == "args" for k, _, _ in by_char) > 20  # fragments as the text comes, strings inside too
+    # fragments as the text comes, strings inside too
+    assert sum(k == "args" for k, _, _ in by_char) > 20
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(args=st.dictionaries(st.text(max_size=6), JSON, max_size=5), compact=st.booleans(), ascii=st.booleans(), cuts=st.lists(st.integers(0, 400), max_size=6))
+@given(
+    args=st.dictionaries(st.text(max_size=6), JSON, max_size=5),
+    compact=st.booleans(),
+    ascii=st.booleans(),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+)
 def test_any_arguments_object_streams_as_the_whole_parse_writes_it(args, compact, ascii, cuts):
-    body = json.dumps({"name": "f", "arguments": args}, ensure_ascii=ascii, separators=(",", ":") if compact else None)
+    body = json.dumps(
+        {"name": "f", "arguments": args},
+        ensure_ascii=ascii,
+        separators=(",", ":") if compact else None,
+    )
     text = f"<tool_call>\n{body}\n</tool_call>"
     cuts = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
@@ -69,8 +95,12 @@ def test_any_arguments_object_streams_as_the_whole_parse_writes_it(args, compact
 
 
 def test_what_cannot_stream_comes_whole():
-    # arguments that are no object, a list of calls, a body that is no JSON: parsed whole at the end, as without streaming
-    for body in ['{"name": "f", "arguments": "{\\"a\\": 1}"}', '[{"name": "f", "arguments": {"a": 1}}]']:
+    # arguments that are no object, a list of calls, a body that is no JSON: parsed whole at the
+    # end, as without streaming
+    for body in [
+        '{"name": "f", "arguments": "{\\"a\\": 1}"}',
+        '[{"name": "f", "arguments": {"a": 1}}]',
+    ]:
         parts = read(list(f"<tool_call>{body}</tool_call>"))
         assert [(k, v["function"]["arguments"]) for k, _, v in parts] == [("call", '{"a": 1}')]
     broken = "<tool_call>{name: f}</tool_call>"
@@ -83,13 +113,20 @@ def test_what_cannot_stream_comes_whole():
 
 def test_calls_in_order_each_with_its_index():
     one = '<tool_call>{"name": "a", "id": "call_model", "arguments": {"x": 1}}</tool_call>'
-    two = '<tool_call>{"arguments": {"y": [2]}, "name": "b"}</tool_call>'  # the name after the arguments: sent once known
+    # the name after the arguments: sent once known
+    two = '<tool_call>{"arguments": {"y": [2]}, "name": "b"}</tool_call>'
     parts = read(list(one + " and " + two))
-    assert [(k, n) for k, n, _ in parts if k in ("begin", "end")] == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)]
+    assert [(k, n) for k, n, _ in parts if k in ("begin", "end")] == [
+        ("begin", 0),
+        ("end", 0),
+        ("begin", 1),
+        ("end", 1),
+    ]
     ends = [v for k, _, v in parts if k == "end"]
     assert [(c["id"], c["function"]["arguments"]) for c in ends][0] == ("call_model", '{"x": 1}')
     assert ends[1]["function"] == {"name": "b", "arguments": '{"y": [2]}'}
-    assert [v for k, _, v in read(list(one + two), single=True) if k == "end"] == ends[:1]  # parallel_tool_calls false
+    # parallel_tool_calls false
+    assert [v for k, _, v in read(list(one + two), single=True) if k == "end"] == ends[:1]
     no_args = read(list('<tool_call>{"name": "c"}</tool_call>'))
     check_streamed(no_args, "", "{}", name="c")
 
@@ -99,24 +136,41 @@ def test_a_call_cut_off_keeps_what_was_sent():
     check_streamed(parts, "", '{"city": "Par', name="f")
 
 
-# -- the dialects, through the SDKs' stream helpers -------------------------------------------------
+# -- the dialects, through the SDKs' stream helpers
+# -------------------------------------------------
+
 
 def test_openai_chat_stream_helper(tool_served):
     engine = FakeEngine(tool_served.tokenizer, answer=ANSWER)
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER, "strict": True}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "parameters": WEATHER, "strict": True},
+        }
+    ]
     with client(engine, tool_served) as http:
-        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
-        whole = oa.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools).choices[0].message
+        oa = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http
+        )
+        whole = (
+            oa.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)
+            .choices[0]
+            .message
+        )
         with oa.chat.completions.stream(model=MODEL, messages=QUESTION, tools=tools) as s:
             events = list(s)
             final = s.get_final_completion().choices[0]
     deltas = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
     assert len(deltas) > 20 and "".join(e.arguments_delta for e in deltas) == WANT
-    assert deltas[-1].parsed_arguments == ARGS and deltas[3].parsed_arguments != ARGS  # the partial JSON, as it grew
+    # the partial JSON, as it grew
+    assert deltas[-1].parsed_arguments == ARGS and deltas[3].parsed_arguments != ARGS
     [done] = [e for e in events if e.type == "tool_calls.function.arguments.done"]
     assert done.arguments == WANT and done.parsed_arguments == ARGS
     [call] = final.message.tool_calls
-    assert call.function.arguments == whole.tool_calls[0].function.arguments == WANT and final.finish_reason == "tool_calls"
+    assert (
+        call.function.arguments == whole.tool_calls[0].function.arguments == WANT
+        and final.finish_reason == "tool_calls"
+    )
     assert final.message.content == "Let me check. " and whole.content == "Let me check."
 
 
@@ -124,17 +178,29 @@ def test_anthropic_stream_helper(tool_served):
     engine = FakeEngine(tool_served.tokenizer, answer=ANSWER)
     tools = [{"name": "get_weather", "input_schema": WEATHER}]
     with client(engine, tool_served) as http:
-        ant = anthropic.Anthropic(base_url="http://testserver", api_key="unused", max_retries=0, http_client=http)
+        ant = anthropic.Anthropic(
+            base_url="http://testserver", api_key="unused", max_retries=0, http_client=http
+        )
         whole = ant.messages.create(model=MODEL, max_tokens=500, messages=QUESTION, tools=tools)
         with ant.messages.stream(model=MODEL, max_tokens=500, messages=QUESTION, tools=tools) as s:
             events = list(s)
             final = s.get_final_message()
     partial = [e for e in events if e.type == "input_json"]
-    assert len(partial) > 20 and "".join(e.partial_json for e in partial) == WANT and partial[-1].snapshot == ARGS
+    assert (
+        len(partial) > 20
+        and "".join(e.partial_json for e in partial) == WANT
+        and partial[-1].snapshot == ARGS
+    )
     starts = [e.content_block for e in events if e.type == "content_block_start"]
     assert [b.type for b in starts] == ["text", "tool_use"] and starts[1].input == {}
-    assert [(b.type, getattr(b, "input", None)) for b in final.content] == [("text", None), ("tool_use", ARGS)]
-    assert final.content[1].id.startswith("toolu_") and final.stop_reason == whole.stop_reason == "tool_use"
+    assert [(b.type, getattr(b, "input", None)) for b in final.content] == [
+        ("text", None),
+        ("tool_use", ARGS),
+    ]
+    assert (
+        final.content[1].id.startswith("toolu_")
+        and final.stop_reason == whole.stop_reason == "tool_use"
+    )
     assert whole.content[1].input == ARGS
 
 
@@ -142,7 +208,9 @@ def test_responses_stream_helper(tool_served):
     engine = FakeEngine(tool_served.tokenizer, answer=ANSWER)
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}]
     with client(engine, tool_served) as http:
-        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
+        oa = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http
+        )
         whole = oa.responses.create(model=MODEL, input=QUESTION, tools=tools)
         with oa.responses.stream(model=MODEL, input=QUESTION, tools=tools) as s:
             events = list(s)
@@ -151,8 +219,20 @@ def test_responses_stream_helper(tool_served):
     added = [e.item for e in events if e.type == "response.output_item.added"]
     assert [i.type for i in added] == ["message", "function_call"] and added[1].arguments == ""
     deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(deltas) > 20 and {e.item_id for e in deltas} == {added[1].id} and "".join(e.delta for e in deltas) == WANT
-    tail = names[names.index("response.function_call_arguments.done"):]
-    assert tail == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert (
+        len(deltas) > 20
+        and {e.item_id for e in deltas} == {added[1].id}
+        and "".join(e.delta for e in deltas) == WANT
+    )
+    tail = names[names.index("response.function_call_arguments.done") :]
+    assert tail == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     call = final.output[1]
-    assert (call.type, call.id, call.arguments) == ("function_call", added[1].id, WANT) and whole.output[1].arguments == WANT
+    assert (call.type, call.id, call.arguments) == (
+        "function_call",
+        added[1].id,
+        WANT,
+    ) and whole.output[1].arguments == WANT

@@ -1,6 +1,6 @@
-"""The user docs hold together: every relative link in README.md and docs/*.md reaches a file, and an
-anchor a heading of it; the README stays short; no issue numbers leak into them; the developers'
-"Where things live" names every runtime file."""
+"""The user docs hold together: every relative link in README.md and docs/*.md reaches a file,
+and an anchor a heading of it; the README stays short; no issue numbers leak into them; the
+developers' "Where things live" names every runtime file."""
 
 import ast
 import re
@@ -55,7 +55,9 @@ def test_every_relative_link_resolves(page):
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            broken.append(f"{target}: no {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+            broken.append(
+                f"{target}: no {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}"
+            )
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading '{anchor}' in {dest.name}")
     assert not broken, f"{page.name}: " + "; ".join(broken)
@@ -63,8 +65,10 @@ def test_every_relative_link_resolves(page):
 
 def test_the_checker_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Top\n\n[ok](#top) [gone](missing.md) [no anchor](#nowhere) [web](https://x.org)\n"
-                    "```\n[in code](also-missing.md)\n```\n")
+    page.write_text(
+        "# Top\n\n[ok](#top) [gone](missing.md) [no anchor](#nowhere) [web](https://x.org)\n"
+        "```\n[in code](also-missing.md)\n```\n"
+    )
     assert links(page) == ["#top", "missing.md", "#nowhere"]
     assert anchors(page) == {"top"}
 
@@ -81,7 +85,8 @@ def test_no_issue_numbers_in_user_docs(page):
 
 
 def named_in_where_things_live(text: str) -> set[str]:
-    """Every path "Where things live" names: a backticked path, or a file's name in the row of its folder."""
+    """Every path "Where things live" names: a backticked path, or a file's name in the row of
+    its folder."""
     section = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     named = set()
     for line in section.splitlines():
@@ -97,6 +102,7 @@ def named_in_where_things_live(text: str) -> set[str]:
 def runtime_files(root: Path) -> list[str]:
     """Every module a rank or the launcher runs: server.py, shard.py and the package (less an
     `__init__.py` with no code, at most a docstring)."""
+
     def code(p: Path) -> bool:
         tree = ast.parse(p.read_text())
         return p.name != "__init__.py" or len(tree.body) > (ast.get_docstring(tree) is not None)
@@ -108,7 +114,10 @@ def runtime_files(root: Path) -> list[str]:
 def test_where_things_live_names_every_runtime_file():
     named = named_in_where_things_live((ROOT / "docs" / "development.md").read_text())
     missing = [f for f in runtime_files(ROOT) if f not in named]
-    assert not missing, f"docs/development.md's \"Where things live\" does not name {', '.join(missing)}; add each there"
+    assert not missing, (
+        'docs/development.md\'s "Where things live" does not name '
+        f"{', '.join(missing)}; add each there"
+    )
 
 
 def test_the_runtime_files_check_sees_a_missing_file(tmp_path):
@@ -116,10 +125,23 @@ def test_the_runtime_files_check_sees_a_missing_file(tmp_path):
     for f in ("ring/__init__.py", "ring/wire.py", "ring/extra.py", "top.py"):
         (tmp_path / "mlx_ring" / f).write_text('"""A docstring alone."""\n')
     (tmp_path / "mlx_ring" / "__init__.py").write_text("X = 1\n")  # code: it must be named
-    text = ("## Where things live\n\n| place | what |\n| --- | --- |\n| `mlx_ring/ring/` | `wire.py` (the wire) |\n"
-            "| `mlx_ring/top.py` | top |\n\n## Next\n\n`mlx_ring/ring/extra.py`\n")
+    text = (
+        "## Where things live\n\n| place | what |\n| --- | --- |\n| `mlx_ring/ring/` | `wire.py` "
+        "(the wire) |\n| `mlx_ring/top.py` | top |\n\n## Next\n\n`mlx_ring/ring/extra.py`\n"
+    )
     named = named_in_where_things_live(text)
     files = runtime_files(tmp_path)
-    assert files == ["server.py", "shard.py", "mlx_ring/__init__.py", "mlx_ring/ring/extra.py", "mlx_ring/ring/wire.py",
-                     "mlx_ring/top.py"]
-    assert [f for f in files if f not in named] == ["server.py", "shard.py", "mlx_ring/__init__.py", "mlx_ring/ring/extra.py"]
+    assert files == [
+        "server.py",
+        "shard.py",
+        "mlx_ring/__init__.py",
+        "mlx_ring/ring/extra.py",
+        "mlx_ring/ring/wire.py",
+        "mlx_ring/top.py",
+    ]
+    assert [f for f in files if f not in named] == [
+        "server.py",
+        "shard.py",
+        "mlx_ring/__init__.py",
+        "mlx_ring/ring/extra.py",
+    ]

@@ -20,14 +20,19 @@ HOSTS = ["127.0.0.1", "mini-b"]
 
 
 def test_a_refusal_is_found_whatever_prefixes_its_line_and_only_a_refusal():
-    out = "\n".join([
-        "2025-01-01 10:00:00 [rank 1 mini-b] ERROR server: " + exits.refusal("rank 1 on mini-b has model x"),
-        exits.refusal("cannot reach mini-c over ssh"),  # as up.py prints it
-        "2025-01-01 10:00:01 [rank 0 mini-a] INFO engine: cannot start generation: bad sampler",
-        "Node with rank 1 exited with code 2",
-    ])
-    assert exits.refusals(out) == ["cannot start: rank 1 on mini-b has model x",
-                                   "cannot start: cannot reach mini-c over ssh"]
+    out = "\n".join(
+        [
+            "2025-01-01 10:00:00 [rank 1 mini-b] ERROR server: "
+            + exits.refusal("rank 1 on mini-b has model x"),
+            exits.refusal("cannot reach mini-c over ssh"),  # as up.py prints it
+            "2025-01-01 10:00:01 [rank 0 mini-a] INFO engine: cannot start generation: bad sampler",
+            "Node with rank 1 exited with code 2",
+        ]
+    )
+    assert exits.refusals(out) == [
+        "cannot start: rank 1 on mini-b has model x",
+        "cannot start: cannot reach mini-c over ssh",
+    ]
     assert exits.refusals("Node with rank 1 exited with code 75\n") == []
 
 
@@ -43,35 +48,51 @@ def test_a_ring_whose_ranks_all_shut_down_unasked_restarts():
 
 
 def test_a_rank_that_cannot_start_stops_the_ring_with_its_own_reason():
-    out = ("2025-01-01 [rank 1 mini-b] ERROR server: " + exits.refusal("set MODEL once") + "\n"
-           "Node with rank 1 exited with code 2\nNode with rank 0 exited with code 75\n")
-    assert supervisor.must_stop({1: exits.REFUSED, 0: exits.RING_BROKEN}, out, HOSTS) == "cannot start: set MODEL once"
+    out = (
+        "2025-01-01 [rank 1 mini-b] ERROR server: " + exits.refusal("set MODEL once") + "\n"
+        "Node with rank 1 exited with code 2\nNode with rank 0 exited with code 75\n"
+    )
+    assert (
+        supervisor.must_stop({1: exits.REFUSED, 0: exits.RING_BROKEN}, out, HOSTS)
+        == "cannot start: set MODEL once"
+    )
     # A refusal line stops the ring whatever code its rank's end was reported with.
     assert supervisor.must_stop({1: None}, out, HOSTS) == "cannot start: set MODEL once"
 
 
 def test_refused_without_a_line_saying_why_still_stops_naming_the_rank():
-    why = supervisor.must_stop({0: exits.RING_BROKEN, 1: exits.REFUSED}, "usage: server.py ...\n", HOSTS)
+    why = supervisor.must_stop(
+        {0: exits.RING_BROKEN, 1: exits.REFUSED}, "usage: server.py ...\n", HOSTS
+    )
     assert why == "cannot start: rank 1 on mini-b: code 2 (see its output in launcher.log)"
     assert exits.refusals(why) == [why]  # `start` finds it in launcher.log as it finds a rank's own
 
 
 def rank(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "server.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "MLX_RANK": "1", **env})
+    return subprocess.run(
+        [sys.executable, "server.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "MLX_RANK": "1", **env},
+    )
 
 
 def test_a_rank_refused_a_setting_exits_refused_with_the_line_the_supervisor_stops_on():
     p = rank("--port", "0")
     assert p.returncode == exits.REFUSED, p.stderr
     assert supervisor.must_stop({1: p.returncode}, p.stderr, HOSTS) == (
-        "cannot start: PORT=0 is not a TCP port; pick one in 1-65535")
+        "cannot start: PORT=0 is not a TCP port; pick one in 1-65535"
+    )
 
 
 def test_a_rank_refused_its_arguments_by_argparse_stops_the_ring_too():
     p = rank("--no-such-flag")
     assert p.returncode == exits.REFUSED and "unrecognized arguments" in p.stderr, p.stderr
-    assert supervisor.must_stop({1: p.returncode}, p.stderr, HOSTS).startswith("cannot start: rank 1 on mini-b: code 2")
+    assert supervisor.must_stop({1: p.returncode}, p.stderr, HOSTS).startswith(
+        "cannot start: rank 1 on mini-b: code 2"
+    )
 
 
 @pytest.fixture
@@ -93,7 +114,8 @@ def supervised(tmp_path, monkeypatch):
     monkeypatch.setattr(supervisor, "restart_hosts", restart_hosts)
     monkeypatch.setattr(supervisor, "sweep_hosts", lambda *a, **k: None)
     monkeypatch.setattr(supervisor, "rank_hosts", lambda settings: HOSTS)
-    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)  # supervise sets its own
+    # supervise sets its own
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     yield s, ends, calls
     signal.signal(signal.SIGTERM, handlers[0])
     signal.signal(signal.SIGINT, handlers[1])
@@ -105,18 +127,26 @@ def test_the_supervisor_stops_a_refused_ring_at_once_with_the_reason(supervised)
     assert supervisor.supervise(s, []) == 3
     assert calls == {"runs": 1, "hosts": 0}
     state = read_state(s.state_file)
-    assert state["state"] == "failed" and state["why"] == "cannot start: rank 1 on mini-b has model x", state
+    assert (
+        state["state"] == "failed" and state["why"] == "cannot start: rank 1 on mini-b has model x"
+    ), state
 
 
 def test_the_supervisor_restarts_a_broken_ring_until_max_restarts(supervised, caplog):
     s, ends, calls = supervised
     ends += [({1: exits.RING_BROKEN}, ""), ({1: exits.SSH_ENDED}, "")]
     with caplog.at_level(logging.INFO, logger="launcher"):
-        assert supervisor.supervise(s, []) == 1  # MAX_RESTARTS=1: the second failure in a row gives up
+        # MAX_RESTARTS=1: the second failure in a row gives up
+        assert supervisor.supervise(s, []) == 1
     assert calls == {"runs": 2, "hosts": 1}
-    assert "the ring exited (rank 1 on mini-b: code 75); restart 1 of 1 in 2 s" in caplog.text, caplog.text
+    assert "the ring exited (rank 1 on mini-b: code 75); restart 1 of 1 in 2 s" in caplog.text, (
+        caplog.text
+    )
     state = read_state(s.state_file)
-    assert state["state"] == "failed" and "failed 2 times in a row (rank 1 on mini-b: code 255)" in state["why"], state
+    assert (
+        state["state"] == "failed"
+        and "failed 2 times in a row (rank 1 on mini-b: code 255)" in state["why"]
+    ), state
 
 
 def test_a_rank_0_whose_port_is_held_refuses_to_start_rather_than_restarting():
@@ -125,10 +155,17 @@ def test_a_rank_0_whose_port_is_held_refuses_to_start_rather_than_restarting():
     held.listen()
     port = held.getsockname()[1]
     try:
-        p = subprocess.run([sys.executable, "server.py", "--port", str(port)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "server.py", "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         held.close()
     assert p.returncode == exits.REFUSED, p.stderr[-2000:]
     assert supervisor.must_stop({0: p.returncode}, p.stderr, HOSTS) == (
-        f"cannot start: the HTTP server could not start on 127.0.0.1:{port} (port in use?); set PORT")
+        f"cannot start: the HTTP server could not start on 127.0.0.1:{port} "
+        "(port in use?); set PORT"
+    )

@@ -8,8 +8,9 @@ from mlx_ring.launcher.failures import explain, ring_connect_failure
 
 MAC = Path(__file__).resolve().parents[2] / "data" / "macos"
 
-# Captured on this Linux machine with MLX 0.32.4: rank 1 of a ring of two whose rank 0 never listened
-# (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import init_world; init_world()"`).
+# Captured on this Linux machine with MLX 0.32.4: rank 1 of a ring of two whose rank 0 never
+# listened (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import init_world;
+# init_world()"`).
 REFUSED_HERE = """Traceback (most recent call last):
   File "/work/wt/ringmac/mlx_ring/ring/transport.py", line 41, in init_world
     world = mx.distributed.init(backend="ring")
@@ -32,8 +33,14 @@ def rec(name: str) -> str:
 
 def test_impacting_interactivity_names_the_mac_with_a_display_and_the_fix():
     said = metal_failure("[launcher] ...\n" + rec("metal_impacting_interactivity.txt"))
-    assert said.startswith("a GPU command buffer failed (kIOGPUCommandBufferCallbackErrorImpactingInteractivity)")
-    assert "display is in use" in said and "start the ring on a headless Mac" in said and "PREFILL_CHUNK" in said
+    assert said.startswith(
+        "a GPU command buffer failed (kIOGPUCommandBufferCallbackErrorImpactingInteractivity)"
+    )
+    assert (
+        "display is in use" in said
+        and "start the ring on a headless Mac" in said
+        and "PREFILL_CHUNK" in said
+    )
 
 
 def test_the_watchdog_timeout_is_told_apart_from_interactivity():
@@ -52,37 +59,50 @@ def test_out_of_memory_and_a_follow_on_error_name_the_first_cause():
 
 
 def test_a_message_cut_before_its_name_is_known_by_its_description():
-    # jjang-ai/vmlx issue #58 (vMLX's log of MLX's abort, 2026-04-09), complete as the issue shows it
-    said = metal_failure("[error] libc++abi: terminating due to uncaught exception of type std::runtime_error: "
-                         "[METAL] Command buffer execution failed: Insufficient Memory\n")
+    # jjang-ai/vmlx issue #58 (vMLX's log of MLX's abort, 2026-04-09), complete as the issue shows
+    # it
+    said = metal_failure(
+        "[error] libc++abi: terminating due to uncaught exception of type std::runtime_error: "
+        "[METAL] Command buffer execution failed: Insufficient Memory\n"
+    )
     assert "(kIOGPUCommandBufferCallbackErrorOutOfMemory)" in said and "ran out of memory" in said
 
 
 def test_an_unknown_metal_error_is_still_named_and_no_error_is_none():
-    assert "'Something New'" in metal_failure("[METAL] Command buffer execution failed: Something New\n")
+    assert "'Something New'" in metal_failure(
+        "[METAL] Command buffer execution failed: Something New\n"
+    )
     assert metal_failure(REFUSED_HERE) is None and metal_failure("") is None
 
 
 def test_a_refused_ring_connect_names_the_rank_the_address_and_the_fix():
     said = ring_connect_failure(REFUSED_HERE)
-    assert said.startswith("rank 1 could not connect to rank 0 at 127.0.0.1:39990 (connection refused; "
-                           "MLX: [ring] Couldn't connect (error: 111))")
+    assert said.startswith(
+        "rank 1 could not connect to rank 0 at 127.0.0.1:39990 (connection refused; "
+        "MLX: [ring] Couldn't connect (error: 111))"
+    )
     assert "its log says why" in said and "Local Network" not in said
 
 
 def test_no_route_on_a_mac_gets_the_local_network_hint_and_on_linux_not():
-    # MLX's wording (mlx/distributed/utils.cpp: `tag << " " << action << " (error: " << errno << ")"`),
-    # with macOS's EHOSTUNREACH (65), which Local Network privacy gives; Linux numbers it 113.
+    # MLX's wording (mlx/distributed/utils.cpp: `tag << " " << action << " (error: " << errno <<
+    # ")"`), with macOS's EHOSTUNREACH (65), which Local Network privacy gives; Linux numbers it
+    # 113.
     mac = ring_connect_failure("RuntimeError: [ring] Couldn't connect (error: 65)\n")
     assert mac.startswith("a rank could not connect to the next rank (no route to host;")
     assert "Local Network privacy" in mac and "keep Terminal running" in mac
     linux = ring_connect_failure("RuntimeError: [ring] Couldn't connect (error: 113)\n")
     assert "no route to host" in linux and "Local Network" not in linux
-    newer = ring_connect_failure("[ring] Couldn't connect to any resolved address (last error: 60)")  # MLX after 0.32
+    # MLX after 0.32
+    newer = ring_connect_failure("[ring] Couldn't connect to any resolved address (last error: 60)")
     assert "(timed out;" in newer and "firewall" in newer
 
 
 def test_explain_lists_every_cause_the_output_names():
     assert explain("Node with rank 1 exited with code 1\n") == []
     causes = explain(REFUSED_HERE + rec("metal_timeout.txt"))
-    assert len(causes) == 2 and "GPU command buffer" in causes[0] and "rank 1 could not connect" in causes[1]
+    assert (
+        len(causes) == 2
+        and "GPU command buffer" in causes[0]
+        and "rank 1 could not connect" in causes[1]
+    )

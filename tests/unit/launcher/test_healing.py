@@ -1,6 +1,7 @@
-"""Healing waits for a Mac whose Thunderbolt addresses were reset, as for a host away: the launcher's
-preflight tells it apart from a wrong hosts.json address (on recorded macOS ifconfig outputs), and the
-supervisor's restart waits until the Mac holds its ring address again (read through an ifconfig shim)."""
+"""Healing waits for a Mac whose Thunderbolt addresses were reset, as for a host away: the
+launcher's preflight tells it apart from a wrong hosts.json address (on recorded macOS ifconfig
+outputs), and the supervisor's restart waits until the Mac holds its ring address again (read
+through an ifconfig shim)."""
 
 import json
 import threading
@@ -14,12 +15,15 @@ from tests.unit.hosts.test_thunderbolt import DATA, THREE, facts
 
 
 def test_a_thunderbolt_address_lost_is_told_apart_from_a_wrong_one():
-    restarted = facts("mini-b.local", THREE["mini-b.local"]).interfaces  # bridge0 back, no /30 on its ports
+    # bridge0 back, no /30 on its ports
+    restarted = facts("mini-b.local", THREE["mini-b.local"]).interfaces
     assert addresses_reset("Darwin arm64", restarted, "192.168.0.2")
     # On its LAN's subnet: a changed (DHCP) or mistyped address, which hosts.json must fix.
     assert not addresses_reset("Darwin arm64", restarted, "192.168.1.99")
-    assert not addresses_reset("Darwin arm64", restarted, "169.254.77.9")  # self-assigned: the bridge's own
-    assert not addresses_reset("Linux x86_64", restarted, "192.168.0.2")  # no Thunderbolt setup off a Mac
+    # self-assigned: the bridge's own
+    assert not addresses_reset("Darwin arm64", restarted, "169.254.77.9")
+    # no Thunderbolt setup off a Mac
+    assert not addresses_reset("Linux x86_64", restarted, "192.168.0.2")
 
 
 def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, monkeypatch):
@@ -27,37 +31,56 @@ def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, 
 
     from mlx_ring.launcher import preflight
 
-    # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt ports.
+    # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt
+    # ports.
     macos, stem = DATA.parent, DATA / THREE["mini-b.local"]
-    answers = {"uname": 'case "$1" in -m) echo arm64;; *) echo Darwin;; esac', "ifconfig": f"cat '{stem}.ifconfig.txt'",
-               "sysctl": f"cat '{macos}/hw_memsize_16gb.txt'", "vm_stat": f"cat '{macos}/vm_stat_apple_silicon.txt'"}
+    answers = {
+        "uname": 'case "$1" in -m) echo arm64;; *) echo Darwin;; esac',
+        "ifconfig": f"cat '{stem}.ifconfig.txt'",
+        "sysctl": f"cat '{macos}/hw_memsize_16gb.txt'",
+        "vm_stat": f"cat '{macos}/vm_stat_apple_silicon.txt'",
+    }
     (tmp_path / "bin").mkdir()
     for name, body in answers.items():
         (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / "bin" / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.0.2"]}]))
-    cfg = SimpleNamespace(hostfile=tmp_path / "hosts.json", log_dir=tmp_path / "logs", cache_dir=tmp_path / "cache")
+    cfg = SimpleNamespace(
+        hostfile=tmp_path / "hosts.json", log_dir=tmp_path / "logs", cache_dir=tmp_path / "cache"
+    )
     ring = preflight.gather(cfg, preflight.Launch(32323, "", None, False, "", {}), [])
     (problem,) = ring.problems
-    assert problem.startswith("this Mac (rank 0) answers but no longer holds its ring address 192.168.0.2, which is on "
-                              "none of its networks now: its Thunderbolt addresses were reset")
+    assert problem.startswith(
+        "this Mac (rank 0) answers but no longer holds its ring address 192.168.0.2, which is on "
+        "none of its networks now: its Thunderbolt addresses were reset"
+    )
     assert "`./launch.sh hosts --over thunderbolt --apply --write` sets them again" in problem
-    assert "192.168.1.41" in problem and ring.unaddressed == {"127.0.0.1": "192.168.0.2"} and not ring.unreachable
+    assert (
+        "192.168.1.41" in problem
+        and ring.unaddressed == {"127.0.0.1": "192.168.0.2"}
+        and not ring.unreachable
+    )
 
-    (tmp_path / "hosts.json").write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.1.99"]}]))
+    (tmp_path / "hosts.json").write_text(
+        json.dumps([{"ssh": "127.0.0.1", "ips": ["192.168.1.99"]}])
+    )
     ring = preflight.gather(cfg, preflight.Launch(32323, "", None, False, "", {}), [])
-    assert ring.problems[0].startswith("127.0.0.1 (rank 0) does not own ring address 192.168.1.99: its addresses are ")
+    assert ring.problems[0].startswith(
+        "127.0.0.1 (rank 0) does not own ring address 192.168.1.99: its addresses are "
+    )
     assert ring.unaddressed == {}
 
 
 def test_restart_waits_for_a_mac_to_hold_its_ring_address_again(tmp_path, monkeypatch):
-    # This Mac's ifconfig, before and after `hosts --over thunderbolt --apply` sets the address again.
+    # This Mac's ifconfig, before and after `hosts --over thunderbolt --apply` sets the address
+    # again.
     stem = DATA / THREE["mini-b.local"]
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "ifconfig").write_text(
-        f"#!/bin/sh\nif [ -f {tmp_path}/applied ]; then cat '{stem}.ifconfig-applied.txt'; else cat '{stem}.ifconfig.txt'; "
-        f"fi\necho polled >> {tmp_path}/polls\n")
+        f"#!/bin/sh\nif [ -f {tmp_path}/applied ]; then cat '{stem}.ifconfig-applied.txt'; else "
+        f"cat '{stem}.ifconfig.txt'; fi\necho polled >> {tmp_path}/polls\n"
+    )
     (tmp_path / "bin" / "ifconfig").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setattr(healing, "POLL_S", 0.05)
@@ -65,19 +88,31 @@ def test_restart_waits_for_a_mac_to_hold_its_ring_address_again(tmp_path, monkey
     s.planned.mkdir(parents=True)
     runs = []
 
-    def hosts_up(settings, args, hostfile=None):  # up.py's verdict, as `up` writes it for the supervisor
+    # up.py's verdict, as `up` writes it for the supervisor
+    def hosts_up(settings, args, hostfile=None):
         runs.append((tmp_path / "applied").exists())
         if not runs[-1]:
-            (s.planned / "problems.json").write_text(json.dumps({
-                "problems": ["this Mac (rank 1) answers but no longer holds its ring address 192.168.0.2, ..."],
-                "unreachable": [], "unaddressed": {"127.0.0.1": "192.168.0.2"}}))
+            (s.planned / "problems.json").write_text(
+                json.dumps(
+                    {
+                        "problems": [
+                            "this Mac (rank 1) answers but no longer holds its ring "
+                            "address 192.168.0.2, ..."
+                        ],
+                        "unreachable": [],
+                        "unaddressed": {"127.0.0.1": "192.168.0.2"},
+                    }
+                )
+            )
             return 2
         return 0
 
     monkeypatch.setattr(healing, "hosts_up", hosts_up)
 
     def apply_later():  # the user runs --apply once the supervisor has looked a few times
-        while not (tmp_path / "polls").exists() or len((tmp_path / "polls").read_text().split()) < 3:
+        while (
+            not (tmp_path / "polls").exists() or len((tmp_path / "polls").read_text().split()) < 3
+        ):
             threading.Event().wait(0.02)
         (tmp_path / "applied").touch()
 
@@ -87,7 +122,11 @@ def test_restart_waits_for_a_mac_to_hold_its_ring_address_again(tmp_path, monkey
     t.join()
     assert runs == [False, True]
     state = read_state(s.state_file)
-    assert state["state"] == "waiting" and state["hosts"] == ["127.0.0.1"] and "192.168.0.2" in state["why"]
+    assert (
+        state["state"] == "waiting"
+        and state["hosts"] == ["127.0.0.1"]
+        and "192.168.0.2" in state["why"]
+    )
 
 
 def test_other_problems_still_end_the_supervision(tmp_path, monkeypatch):
@@ -95,9 +134,15 @@ def test_other_problems_still_end_the_supervision(tmp_path, monkeypatch):
     s.planned.mkdir(parents=True)
 
     def hosts_up(settings, args, hostfile=None):
-        (s.planned / "problems.json").write_text(json.dumps({"problems": ["mac-b (rank 1) does not own ring address "
-                                                                          "192.168.1.99"], "unreachable": [],
-                                                             "unaddressed": {}}))
+        (s.planned / "problems.json").write_text(
+            json.dumps(
+                {
+                    "problems": ["mac-b (rank 1) does not own ring address 192.168.1.99"],
+                    "unreachable": [],
+                    "unaddressed": {},
+                }
+            )
+        )
         return 2
 
     monkeypatch.setattr(healing, "hosts_up", hosts_up)
@@ -106,10 +151,23 @@ def test_other_problems_still_end_the_supervision(tmp_path, monkeypatch):
 
 def test_failover_hostfile_keeps_an_mlx_hostfiles_envs(tmp_path):
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps({"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1"], "hosts": [
-        {"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}, {"ssh": "mac-b", "ips": ["192.168.0.2"], "rdma": []}]}))
+    hostfile.write_text(
+        json.dumps(
+            {
+                "backend": "ring",
+                "envs": ["MLX_METAL_FAST_SYNCH=1"],
+                "hosts": [
+                    {"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []},
+                    {"ssh": "mac-b", "ips": ["192.168.0.2"], "rdma": []},
+                ],
+            }
+        )
+    )
     s = LaunchSettings(str(hostfile), "127.0.0.1", 0, 32323, 60, 5, 0, tmp_path / "logs", False)
     s.planned.mkdir(parents=True)
     reduced = json.loads(healing.without(s, ["mac-b"]).read_text())
-    assert reduced == {"backend": "ring", "envs": ["MLX_METAL_FAST_SYNCH=1"],
-                       "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}]}
+    assert reduced == {
+        "backend": "ring",
+        "envs": ["MLX_METAL_FAST_SYNCH=1"],
+        "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}],
+    }

@@ -1,4 +1,5 @@
-"""Model sources: default GGUF, a Llama GGUF file, an MLX folder, a HF repo id offline, bad settings."""
+"""Model sources: default GGUF, a Llama GGUF file, an MLX folder, a HF repo id offline, bad
+settings."""
 
 import json
 
@@ -15,20 +16,32 @@ import mlx_ring.models.source as ms
 
 def test_default_model_is_converted_once_with_config_and_chat_template(default_model, cache_dir):
     config = json.loads((default_model / "config.json").read_text())
-    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30 and config["tie_word_embeddings"]
+    assert (
+        config["model_type"] == "llama"
+        and config["num_hidden_layers"] == 30
+        and config["tie_word_embeddings"]
+    )
     tokenizer = load_tokenizer(default_model)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert "<|im_start|>user\nhi<|im_end|>" in text
-    assert ms.resolve_model(None, cache_dir, "auto") == default_model  # cached: same folder, no work
+    # cached: same folder, no work
+    assert ms.resolve_model(None, cache_dir, "auto") == default_model
 
 
 def _permute_rows(w, n_head):
     # What llama.cpp's converter does to q/k rows (HF -> GGUF order).
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _tiny_gguf(tmp_path, kind="llama"):
-    """A tiny model written as GGUF the way llama.cpp lays it out, plus the MLX model it came from."""
+    """A tiny model written as GGUF the way llama.cpp lays it out, plus the MLX model it came
+    from."""
     folder = make_tiny_model(tmp_path / "ref", kind, n_layers=2)
     config = json.loads((folder / "config.json").read_text())
     ref = dict(tree_flatten(load_model(folder)[0].parameters()))
@@ -52,17 +65,29 @@ def _tiny_gguf(tmp_path, kind="llama"):
                 v = _permute_rows(v, config["num_key_value_heads"])
             tensors[f"blk.{i}.{names[mod]}.{leaf}"] = v
         else:
-            top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+            top = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }
             tensors[top[k]] = v
     keep = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     u32 = lambda x: mx.array(x, dtype=mx.uint32)  # noqa: E731
     f32 = lambda x: mx.array(x, dtype=mx.float32)  # noqa: E731
-    keep.update({"general.architecture": arch, f"{arch}.block_count": u32(2), f"{arch}.embedding_length": u32(64),
-                 f"{arch}.feed_forward_length": u32(128), f"{arch}.attention.head_count": u32(4),
-                 f"{arch}.attention.head_count_kv": u32(config["num_key_value_heads"]),
-                 f"{arch}.attention.key_length": u32(config.get("head_dim", 16)),
-                 f"{arch}.attention.layer_norm_rms_epsilon": f32(config["rms_norm_eps"]),
-                 f"{arch}.rope.freq_base": f32(config["rope_theta"]), f"{arch}.context_length": u32(512)})
+    keep.update(
+        {
+            "general.architecture": arch,
+            f"{arch}.block_count": u32(2),
+            f"{arch}.embedding_length": u32(64),
+            f"{arch}.feed_forward_length": u32(128),
+            f"{arch}.attention.head_count": u32(4),
+            f"{arch}.attention.head_count_kv": u32(config["num_key_value_heads"]),
+            f"{arch}.attention.key_length": u32(config.get("head_dim", 16)),
+            f"{arch}.attention.layer_norm_rms_epsilon": f32(config["rms_norm_eps"]),
+            f"{arch}.rope.freq_base": f32(config["rope_theta"]),
+            f"{arch}.context_length": u32(512),
+        }
+    )
     path = tmp_path / "tiny.gguf"
     mx.save_gguf(str(path), tensors, keep)
     return path, ref
@@ -70,8 +95,8 @@ def _tiny_gguf(tmp_path, kind="llama"):
 
 @pytest.fixture(scope="module")
 def default_tokenizer(tmp_path_factory):
-    """The default GGUF's tokenizer, converted here afresh (not the machine's cached conversion); once
-    for the file, as the conversion takes seconds."""
+    """The default GGUF's tokenizer, converted here afresh (not the machine's cached conversion);
+    once for the file, as the conversion takes seconds."""
     return load_tokenizer(ms.resolve_model(None, tmp_path_factory.mktemp("c2"), "float32"))
 
 
@@ -89,8 +114,13 @@ def test_gguf_file_converts_to_the_model_it_came_from(tmp_path, kind, default_to
 def test_default_gguf_quantized_keeps_q4_and_matches_dequantized(cache_dir):
     q = ms.resolve_model(None, cache_dir, "keep")
     config = json.loads((q / "config.json").read_text())
-    # Q4_1 blocks everywhere but the embedding, which this file stores at 8 bits: a per-module override.
-    assert config["quantization"] == {"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}}
+    # Q4_1 blocks everywhere but the embedding, which this file stores at 8 bits: a per-module
+    # override.
+    assert config["quantization"] == {
+        "group_size": 32,
+        "bits": 4,
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+    }
     qm, _ = load_model(q)
     fm, _ = load_model(ms.resolve_model(None, cache_dir, "float32"))
     tokens = mx.array([[1, 504, 3458, 282, 4649]])

@@ -17,32 +17,199 @@ from mlx_ring.planning.sizes import parameter_count
 CONFIGS = ROOT / "tests" / "data" / "configs"
 BF16 = "bfloat16"
 # ModelShape's fields after model_type, in order.
-NAMES = ["hidden_size", "layers", "heads", "kv_heads", "head_dim", "intermediate_size",
-         "vocab_size", "tied", "experts", "experts_per_token", "expert_width", "shared_experts",
-         "shared_expert_width", "kv_lora_rank", "rope_head_dim", "attention_bias", "context_length",
-         "dtype"]
+NAMES = [
+    "hidden_size",
+    "layers",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "tied",
+    "experts",
+    "experts_per_token",
+    "expert_width",
+    "shared_experts",
+    "shared_expert_width",
+    "kv_lora_rank",
+    "rope_head_dim",
+    "attention_bias",
+    "context_length",
+    "dtype",
+]
 PUBLISHED = {  # hidden, layers, heads, KV, head_dim, width, vocab, tied; then experts ... dtype
-    "deepseek-v3": (7168, 61, 128, 128, 56, 18432, 129280, False,
-                    256, 8, 2048, 1, 0, 512, 64, False, 163840, BF16),
-    "glm-4.6": (5120, 92, 96, 8, 128, 12288, 151552, False,
-                160, 8, 1536, 1, 0, 0, 0, True, 202752, BF16),
-    "kimi-k2": (7168, 61, 64, 64, 112, 18432, 163840, False,
-                384, 8, 2048, 1, 0, 512, 64, False, 131072, BF16),
-    "llama-4-scout": (5120, 48, 40, 8, 128, 8192, 202048, False,
-                      16, 1, 0, 0, 0, 0, 0, False, 10485760, BF16),
-    "minimax-m2": (3072, 62, 48, 8, 128, 1536, 200064, False,
-                   256, 8, 0, 0, 0, 0, 0, False, 196608, BF16),
-    "mixtral-8x22b": (6144, 56, 48, 8, 128, 16384, 32768, False,
-                      8, 2, 0, 0, 0, 0, 0, False, 65536, BF16),
-    "qwen3-235b-a22b": (4096, 94, 64, 4, 128, 12288, 151936, False,
-                        128, 8, 1536, 0, 0, 0, 0, False, 40960, BF16),
-    "qwen3-next-80b-a3b": (2048, 48, 16, 2, 256, 5120, 151936, False,
-                           512, 10, 512, 0, 512, 0, 0, False, 262144, BF16),
+    "deepseek-v3": (
+        7168,
+        61,
+        128,
+        128,
+        56,
+        18432,
+        129280,
+        False,
+        256,
+        8,
+        2048,
+        1,
+        0,
+        512,
+        64,
+        False,
+        163840,
+        BF16,
+    ),
+    "glm-4.6": (
+        5120,
+        92,
+        96,
+        8,
+        128,
+        12288,
+        151552,
+        False,
+        160,
+        8,
+        1536,
+        1,
+        0,
+        0,
+        0,
+        True,
+        202752,
+        BF16,
+    ),
+    "kimi-k2": (
+        7168,
+        61,
+        64,
+        64,
+        112,
+        18432,
+        163840,
+        False,
+        384,
+        8,
+        2048,
+        1,
+        0,
+        512,
+        64,
+        False,
+        131072,
+        BF16,
+    ),
+    "llama-4-scout": (
+        5120,
+        48,
+        40,
+        8,
+        128,
+        8192,
+        202048,
+        False,
+        16,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        False,
+        10485760,
+        BF16,
+    ),
+    "minimax-m2": (
+        3072,
+        62,
+        48,
+        8,
+        128,
+        1536,
+        200064,
+        False,
+        256,
+        8,
+        0,
+        0,
+        0,
+        0,
+        0,
+        False,
+        196608,
+        BF16,
+    ),
+    "mixtral-8x22b": (
+        6144,
+        56,
+        48,
+        8,
+        128,
+        16384,
+        32768,
+        False,
+        8,
+        2,
+        0,
+        0,
+        0,
+        0,
+        0,
+        False,
+        65536,
+        BF16,
+    ),
+    "qwen3-235b-a22b": (
+        4096,
+        94,
+        64,
+        4,
+        128,
+        12288,
+        151936,
+        False,
+        128,
+        8,
+        1536,
+        0,
+        0,
+        0,
+        0,
+        False,
+        40960,
+        BF16,
+    ),
+    "qwen3-next-80b-a3b": (
+        2048,
+        48,
+        16,
+        2,
+        256,
+        5120,
+        151936,
+        False,
+        512,
+        10,
+        512,
+        0,
+        512,
+        0,
+        0,
+        False,
+        262144,
+        BF16,
+    ),
 }
 # A small llama-style config that names no tie_word_embeddings.
-DENSE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-         "rms_norm_eps": 1e-5, "max_position_embeddings": 1024}
+DENSE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 1024,
+}
 
 
 def test_the_published_configs_read_as_pinned():
@@ -55,8 +222,9 @@ def test_the_published_configs_read_as_pinned():
         assert dict(zip(NAMES, astuple(shape)[1:])) == dict(zip(NAMES, want)), name
 
 
-@pytest.mark.parametrize("kind,tied", [("llama", True), ("qwen2", True), ("mixtral", False),
-                                       ("phi3", False)])
+@pytest.mark.parametrize(
+    "kind,tied", [("llama", True), ("qwen2", True), ("mixtral", False), ("phi3", False)]
+)
 def test_a_missing_tie_word_embeddings_is_what_mlx_lm_does_for_the_type(kind, tied):
     """The planner counted a missing key as untied and the cutter as tied; mlx-lm's default is the
     type's own (llama's and qwen2's True, mixtral's and phi3's False)."""
@@ -79,8 +247,12 @@ def test_the_planner_and_the_cutter_count_a_missing_tie_alike():
 def test_types_that_ignore_the_key_read_as_mlx_lm_builds_them():
     # DeepSeek-V3 and Qwen2-MoE always have a head of their own, pixtral forces one, Gemma has none.
     assert not read_shape({**DENSE, "model_type": "deepseek_v3", "tie_word_embeddings": True}).tied
-    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-           "shared_expert_intermediate_size": 32}
+    moe = {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+    }
     moe |= {"model_type": "qwen2_moe", "tie_word_embeddings": True}
     assert not read_shape({**DENSE, **moe}).tied
     text = {**DENSE, "model_type": "llama", "tie_word_embeddings": True}
@@ -100,8 +272,13 @@ def test_a_type_mlx_lm_cannot_build_takes_the_configs_word_else_an_untied_head()
 def test_text_config_comes_before_the_top_level_which_fills_what_it_lacks():
     """The planner took a wrapper's top level first and the cutter its text_config; mlx-lm builds
     the text model from text_config."""
-    text = {**DENSE, "model_type": "qwen3", "head_dim": 16, "rope_theta": 1e6,
-            "tie_word_embeddings": True}
+    text = {
+        **DENSE,
+        "model_type": "qwen3",
+        "head_dim": 16,
+        "rope_theta": 1e6,
+        "tie_word_embeddings": True,
+    }
     wrapped = {"model_type": "qwen3_vl", "hidden_size": 999, "vocab_size": 100, "text_config": text}
     shape = read_shape(wrapped)
     assert (shape.model_type, shape.hidden_size, shape.vocab_size) == ("qwen3_vl", 64, 256)
@@ -116,18 +293,37 @@ def test_mlx_lms_defaults_fill_what_a_wrapper_leaves_out():
     """Gemma 3's published configs leave out what equals the defaults: mlx-lm's wrapper fills in 8
     heads over 4 KV heads and the vocabulary, its text model a head_dim of 256; the context is
     text_config's. /api/show tells the same."""
-    text = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
-            "num_hidden_layers": 34, "max_position_embeddings": 131072}
+    text = {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "max_position_embeddings": 131072,
+    }
     config = {"model_type": "gemma3", "text_config": text}
     shape = read_shape(config)
     assert (shape.heads, shape.kv_heads, shape.head_dim, shape.vocab_size) == (8, 4, 256, 262208)
     assert (shape.layers, shape.context_length) == (34, 131072)
-    served = ServedModel(id="g", tokenizer=None, context_length=shape.context_length,
-                         default_max_tokens=1, vocab_size=1, config=config, shape=shape)
+    served = ServedModel(
+        id="g",
+        tokenizer=None,
+        context_length=shape.context_length,
+        default_max_tokens=1,
+        vocab_size=1,
+        config=config,
+        shape=shape,
+    )
     info = model_info(served)
-    assert [info[f"gemma3.{k}"] for k in ("attention.head_count", "attention.head_count_kv",
-                                          "block_count", "embedding_length", "vocab_size")] == [
-        8, 4, 34, 2560, 262208]
+    assert [
+        info[f"gemma3.{k}"]
+        for k in (
+            "attention.head_count",
+            "attention.head_count_kv",
+            "block_count",
+            "embedding_length",
+            "vocab_size",
+        )
+    ] == [8, 4, 34, 2560, 262208]
 
 
 def test_every_name_of_the_expert_counts_is_read():
@@ -144,8 +340,13 @@ def test_every_name_of_the_expert_counts_is_read():
 
 def test_latent_attention_has_a_kv_head_for_every_query_head():
     # deepseek_v3's arguments default num_key_value_heads to 32, which its attention never reads
-    config = {**DENSE, "model_type": "deepseek_v3", "moe_intermediate_size": 32,
-              "n_routed_experts": 4, "num_experts_per_tok": 2}
+    config = {
+        **DENSE,
+        "model_type": "deepseek_v3",
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+    }
     del config["num_key_value_heads"]
     shape = read_shape(config)
     assert (shape.heads, shape.kv_heads, shape.kv_lora_rank, shape.rope_head_dim) == (4, 4, 512, 64)
@@ -160,8 +361,12 @@ def test_the_dtype_is_the_top_levels_then_text_configs():
 
 
 def test_reading_a_config_leaves_it_as_it_was():
-    text = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2}
+    text = {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+    }
     config = {"model_type": "gemma3", "text_config": text}
     before = json.dumps(config, sort_keys=True)
     read_shape(config)
@@ -173,6 +378,11 @@ def test_a_shared_expert_is_one_the_model_has():
     qwen = read_shape({**moe, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 48})
     assert (qwen.experts, qwen.shared_expert_width) == (4, 48)
     # MiniMax's config names a shared width that its mlx-lm model has no expert for
-    minimax = {**moe, "model_type": "minimax", "num_local_experts": 4,
-               "shared_intermediate_size": 48, "rotary_dim": 16}
+    minimax = {
+        **moe,
+        "model_type": "minimax",
+        "num_local_experts": 4,
+        "shared_intermediate_size": 48,
+        "rotary_dim": 16,
+    }
     assert read_shape(minimax).shared_expert_width == 0

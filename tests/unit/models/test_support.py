@@ -22,12 +22,17 @@ def test_a_refused_type_is_refused_with_the_reason_its_run_found(tmp_path):
     kind, reason = next(iter(support.REFUSED.items()))
     with pytest.raises(ValueError) as e:
         load_shard(_with_type(tmp_path, kind), uniform_plan(7, 1), 0)
-    assert str(e.value).startswith(f"model type {kind!r} is not supported: its test split across ranks fails: {reason}")
+    assert str(e.value).startswith(
+        f"model type {kind!r} is not supported: its test split across ranks fails: {reason}"
+    )
     assert "docs/models.md" in str(e.value)
 
 
 def test_a_type_mlx_lm_does_not_know_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="model type 'no_such_model' is not supported: mlx-lm 0.32.2 has no such type"):
+    with pytest.raises(
+        ValueError,
+        match="model type 'no_such_model' is not supported: mlx-lm 0.32.2 has no such type",
+    ):
         load_shard(_with_type(tmp_path, "no_such_model"), uniform_plan(7, 1), 0)
 
 
@@ -42,7 +47,14 @@ def test_every_type_is_either_admitted_or_refused_and_the_docs_hold_the_table():
 
 
 def test_a_variant_the_matrix_does_not_test_is_refused():
-    """Gemma 4 E2B/E4B: per-layer inputs made from token ids would be wrong on every rank after the first."""
-    with pytest.raises(ValueError, match="'gemma4' is supported, but not with hidden_size_per_layer_input set"):
-        support.check_supported({"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 256}})
-    support.check_supported({"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 0}})
+    """Gemma 4 E2B/E4B: per-layer inputs made from token ids would be wrong on every rank after
+    the first."""
+    with pytest.raises(
+        ValueError, match="'gemma4' is supported, but not with hidden_size_per_layer_input set"
+    ):
+        support.check_supported(
+            {"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 256}}
+        )
+    support.check_supported(
+        {"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 0}}
+    )

@@ -1,6 +1,7 @@
-"""Rank 0's handle on the ring (mlx_ring/ring/handle.py): the serving side knows only the contract,
-and both handles shut the ring down alike, through the shared code, each step in its order. The
-stage and the wire are recorders; the handles on real stages: test_lockstep.py, test_scheduler.py."""
+"""Rank 0's handle on the ring (mlx_ring/ring/handle.py): the serving side knows only the
+contract, and both handles shut the ring down alike, through the shared code, each step in its
+order. The stage and the wire are recorders; the handles on real stages: test_lockstep.py,
+test_scheduler.py."""
 
 import ast
 
@@ -21,7 +22,8 @@ def test_the_scheduler_runner_and_engine_import_the_contract_not_either_handle()
 
 
 class Recorder:
-    """Rank 0's stage, its wire to rank 1 and its watch, writing what each is asked into `events`."""
+    """Rank 0's stage, its wire to rank 1 and its watch, writing what each is asked into
+    `events`."""
 
     def __init__(self, size: int):
         self.rank, self.size, self.events = 0, size, []
@@ -48,9 +50,17 @@ def test_lockstep_shuts_down_after_what_is_outstanding_and_stops_its_watch_just_
     pipe.submit(Header(Kind.PING), None)
     pipe.submit(Header(Kind.DECODE, shape=(1, 1)), mx.array([[7]], dtype=mx.int32), tag="d")
     pipe.shutdown()
-    assert r.events == [("send", "PING"), ("apply", "PING"), ("send", "DECODE"), ("apply", "DECODE"),
-                        ("done", "DECODE"),  # the last decode output, collected lazily, settled first
-                        ("watch stopped",), ("send", "SHUTDOWN"), ("apply", "SHUTDOWN")]
+    assert r.events == [
+        ("send", "PING"),
+        ("apply", "PING"),
+        ("send", "DECODE"),
+        ("apply", "DECODE"),
+        # the last decode output, collected lazily, settled first
+        ("done", "DECODE"),
+        ("watch stopped",),
+        ("send", "SHUTDOWN"),
+        ("apply", "SHUTDOWN"),
+    ]
     assert not pipe.outstanding() and pipe.busy_since is None
 
 

@@ -1,5 +1,5 @@
-"""Tensor mode's header link: headers cross it whole and in order, the ring reads them from it, and a
-neighbour that closed it is an error that names the rank, never a hang or a half header."""
+"""Tensor mode's header link: headers cross it whole and in order, the ring reads them from it,
+and a neighbour that closed it is an error that names the rank, never a hang or a half header."""
 
 import socket
 
@@ -20,8 +20,11 @@ def link():
 
 
 def test_headers_cross_whole_and_in_order(link):
-    sent = [Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1), Header(Kind.PING),
-            Header(Kind.PREFILL, batch=2, offset=512, shape=(1, 64, 2048), dtype=2)]
+    sent = [
+        Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1),
+        Header(Kind.PING),
+        Header(Kind.PREFILL, batch=2, offset=512, shape=(1, 64, 2048), dtype=2),
+    ]
     for h in sent:
         link.send(h.ints())
     assert [Header.parse(link.recv()) for _ in sent] == sent

@@ -27,8 +27,15 @@ class Wire:
             raise RuntimeError("[ring] connection to a peer was lost")
         self.headers.append(header)
         watched = self.handle.busy_since is not None
-        self.events.append(("send", Kind(header.kind).name, payload.tolist() if payload is not None else None,
-                            payload.dtype if payload is not None else None, watched))
+        self.events.append(
+            (
+                "send",
+                Kind(header.kind).name,
+                payload.tolist() if payload is not None else None,
+                payload.dtype if payload is not None else None,
+                watched,
+            )
+        )
 
     def mark(self, event: str, header: Header) -> None:
         pass
@@ -51,7 +58,8 @@ def tiny(tmp_path):
 
 def handle(shard, events, fail=False) -> Lockstep:
     wire = Wire(events, fail)
-    wire.handle = Lockstep(Recording(shard, events), wire, mx.distributed.init())  # a world of one: its sums are the ids
+    # a world of one: its sums are the ids
+    wire.handle = Lockstep(Recording(shard, events), wire, mx.distributed.init())
     return wire.handle
 
 
@@ -62,7 +70,8 @@ def test_a_step_goes_on_to_rank_1_before_rank_0_runs_it_and_its_own_output_comes
     prompt = [5, 17, 42, 99]
     ids = mx.array([prompt], dtype=mx.int32)
     out = pipe.round_trip(Header.for_payload(Kind.PREFILL, ids, batch=1), ids)
-    assert events == [("send", "PREFILL", [prompt], mx.int32, True), ("apply", "PREFILL")]  # the send is watched
+    # the send is watched
+    assert events == [("send", "PREFILL", [prompt], mx.int32, True), ("apply", "PREFILL")]
     want, _ = reference_logits(model, prompt, steps=1)
     assert mx.allclose(shard.head(out)[0, -1], mx.array(want[0]), atol=1e-5)
     assert pipe.busy_since is None and not pipe.outstanding()
@@ -83,7 +92,8 @@ def test_sampled_ids_go_as_int32_and_decode_outputs_wait_for_settle(tiny):
     pipe.submit(Header(Kind.PING), None)
     assert not pipe.can_submit() and pipe.outstanding() == 2
     tag, out = pipe.collect()
-    assert tag == "t" and pipe.unread[1] is out  # handed out lazily: the caller builds on it, then settles
+    # handed out lazily: the caller builds on it, then settles
+    assert tag == "t" and pipe.unread[1] is out
     pipe.settle()
     assert pipe.unread is None
     assert pipe.collect() == (None, None)
@@ -108,14 +118,22 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
         assert got[i] == reference_logits(model, p, steps=5)[1], i
     sends = [e for e in events if e[0] == "send"]
     applies = [e for e in events if e[0] == "apply"]
-    assert [e[1] for e in sends] == [e[1] for e in applies]  # every step went on, in the order it ran here
-    assert all(events[i][0] == "send" and events[i + 1] == ("apply", events[i][1]) for i in range(0, len(events), 2))
+    # every step went on, in the order it ran here
+    assert [e[1] for e in sends] == [e[1] for e in applies]
+    assert all(
+        events[i][0] == "send" and events[i + 1] == ("apply", events[i][1])
+        for i in range(0, len(events), 2)
+    )
     assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
-    # A decode step built on ids still being sampled sends its header alone: the ids come in its all_sum.
+    # A decode step built on ids still being sampled sends its header alone: the ids come in its
+    # all_sum.
     decodes = [(h, e) for h, e in zip(pipe.ring.headers, sends) if e[1] == "DECODE"]
     chained = [(h, e) for h, e in decodes if h.summed]
-    assert chained and all(e[2] is None and h.shape == (h.shape[0], 1) and not h.carried for h, e in chained)
-    assert all(e[2] is not None for h, e in decodes if not h.summed)  # the first after a join: ids known here
+    assert chained and all(
+        e[2] is None and h.shape == (h.shape[0], 1) and not h.carried for h, e in chained
+    )
+    # the first after a join: ids known here
+    assert all(e[2] is not None for h, e in decodes if not h.summed)
 
 
 def test_a_chained_step_settles_the_last_one_once_it_is_queued_behind_it(tiny):
@@ -136,7 +154,8 @@ def test_a_chained_step_settles_the_last_one_once_it_is_queued_behind_it(tiny):
     pipe.submit(Header(Kind.DECODE), sampled, chained=True)
     header = pipe.ring.headers[-1]
     assert header.summed == 1 and header.shape == (1, 1) and events[-2][2:4] == (None, None)
-    assert pipe.unread is None and pipe.outstanding() == 1  # the last step waited for (watched), the new one out
+    # the last step waited for (watched), the new one out
+    assert pipe.unread is None and pipe.outstanding() == 1
     _, out = pipe.collect()
     assert sampled.item() == want[1] and mx.argmax(shard.head(out)[0, -1]).item() == want[2]
 

@@ -19,11 +19,15 @@ BAD = [  # kind, batch, offset, dtype, group, summed, ndim, dims
 
 
 def test_a_header_no_rank_sends_is_refused():
-    assert Header.parse(Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2).ints()) == \
-        Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2)  # the fields a header link carries
+    assert Header.parse(
+        Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2).ints()
+    ) == Header(
+        Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2
+    )  # the fields a header link carries
     good = Header.for_payload(Kind.DECODE, mx.zeros((2, 1, 8)), group=1)
     assert Header.decode(good.encode()) == good and good.carried
-    summed = Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1)  # ids that come in an all_sum
+    # ids that come in an all_sum
+    summed = Header(Kind.DECODE, shape=(4, 1), dtype=3, group=1, summed=1)
     assert Header.decode(summed.encode()) == summed and not summed.carried
     for row in BAD:
         with pytest.raises(ProtocolError, match="a step header that no rank sends"):
@@ -31,9 +35,12 @@ def test_a_header_no_rank_sends_is_refused():
 
 
 def test_the_checks_hold_under_python_O():
-    code = ("import mlx.core as mx\nfrom mlx_ring.ring.protocol import Header, ProtocolError\n"
-            f"for row in {BAD!r}:\n"
-            "    try:\n        Header.decode(mx.array(row, dtype=mx.int32))\n    except ProtocolError:\n        continue\n"
-            "    raise SystemExit(f'accepted {row}')\n")
-    r = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120)
+    code = (
+        "import mlx.core as mx\nfrom mlx_ring.ring.protocol import Header, ProtocolError\nfor row "
+        f"in {BAD!r}:\n    try:\n        Header.decode(mx.array(row, dtype=mx.int32))\n    except "
+        f"ProtocolError:\n        continue\n    raise SystemExit(f'accepted {{row}}')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -12,23 +12,43 @@ DECODE, FILTER, PING, SHUTDOWN = Kind.DECODE, Kind.FILTER, Kind.PING, Kind.SHUTD
 def two_ranks():
     # Group 0 decodes twice with a FILTER between; group 1's one step overlaps (rank 0 submits it
     # while group 0's first step is out, so its "in" comes home in ring order, after group 0's).
-    rank0 = [("built", DECODE, 0, 0.0), ("out", DECODE, 0, 1.0),
-             ("built", DECODE, 1, 1.2), ("out", DECODE, 1, 2.0),
-             ("in", DECODE, 0, 3.0), ("in", DECODE, 1, 4.0),
-             ("built", FILTER, 0, 4.1), ("out", FILTER, 0, 4.2), ("in", FILTER, 0, 4.6),
-             ("built", DECODE, 0, 4.7), ("out", DECODE, 0, 6.0), ("in", DECODE, 0, 8.0)]
-    rank1 = [("in", DECODE, 0, 0.5), ("built", DECODE, 0, 0.8), ("out", DECODE, 0, 2.5),
-             ("in", DECODE, 1, 2.6), ("built", DECODE, 1, 2.7), ("out", DECODE, 1, 3.9),
-             ("in", FILTER, 0, 4.3), ("built", FILTER, 0, 4.4), ("out", FILTER, 0, 4.5),
-             ("in", DECODE, 0, 4.8), ("built", DECODE, 0, 4.9), ("out", DECODE, 0, 7.5)]
+    rank0 = [
+        ("built", DECODE, 0, 0.0),
+        ("out", DECODE, 0, 1.0),
+        ("built", DECODE, 1, 1.2),
+        ("out", DECODE, 1, 2.0),
+        ("in", DECODE, 0, 3.0),
+        ("in", DECODE, 1, 4.0),
+        ("built", FILTER, 0, 4.1),
+        ("out", FILTER, 0, 4.2),
+        ("in", FILTER, 0, 4.6),
+        ("built", DECODE, 0, 4.7),
+        ("out", DECODE, 0, 6.0),
+        ("in", DECODE, 0, 8.0),
+    ]
+    rank1 = [
+        ("in", DECODE, 0, 0.5),
+        ("built", DECODE, 0, 0.8),
+        ("out", DECODE, 0, 2.5),
+        ("in", DECODE, 1, 2.6),
+        ("built", DECODE, 1, 2.7),
+        ("out", DECODE, 1, 3.9),
+        ("in", FILTER, 0, 4.3),
+        ("built", FILTER, 0, 4.4),
+        ("out", FILTER, 0, 4.5),
+        ("in", DECODE, 0, 4.8),
+        ("built", DECODE, 0, 4.9),
+        ("out", DECODE, 0, 7.5),
+    ]
     return rank0, rank1
 
 
 def test_each_rank_stage_starts_when_both_its_graph_and_its_input_are_ready():
     rank0, rank1 = two_ranks()
     times = decode_times([rank0, rank1])
-    # Group 0's second step: rank 0 starts at 4.7 (its graph; the input came home at 2.5) and sends at
-    # 6.0; rank 1's graph is ready at 4.9 but its input leaves rank 0 at 6.0, and it sends at 7.5.
+    # Group 0's second step: rank 0 starts at 4.7 (its graph; the input came home at 2.5) and sends
+    # at 6.0; rank 1's graph is ready at 4.9 but its input leaves rank 0 at 6.0, and it sends at
+    # 7.5.
     assert times["steps"] == 1  # each group's first step has nothing before it to measure from
     assert times["stage"] == pytest.approx([1.3, 1.5])
     assert times["period"] == pytest.approx(5.0)

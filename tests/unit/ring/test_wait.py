@@ -14,7 +14,11 @@ def test_a_silent_predecessor_is_left_only_after_a_sigterm():
     mine, theirs = socket.socketpair()  # `theirs` stays open and says nothing: a peer that vanished
     with mine, theirs:
         term = [None]
-        waiter = threading.Thread(target=lambda: pytest.raises(PeerSilent, wait_readable, [mine.fileno()], lambda: term[0], 3))
+        waiter = threading.Thread(
+            target=lambda: pytest.raises(
+                PeerSilent, wait_readable, [mine.fileno()], lambda: term[0], 3
+            )
+        )
         waiter.start()
         waiter.join(2.5)
         assert waiter.is_alive(), "no SIGTERM: it waits, however long the peer is silent"

@@ -23,8 +23,10 @@ from shard import load_shard
 def engine(default_model):
     shard = load_shard(default_model, uniform_plan(30, 1), 0)
     world = mx.distributed.init()  # a world of one: started without mlx.launch
-    engine: EnginePort = Engine(Scheduler(Pipeline(shard, Ring(world)), shard, prefix=PrefixIndex(4096)),
-                                load_tokenizer(default_model))
+    engine: EnginePort = Engine(
+        Scheduler(Pipeline(shard, Ring(world)), shard, prefix=PrefixIndex(4096)),
+        load_tokenizer(default_model),
+    )
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     yield engine
@@ -52,8 +54,13 @@ def test_stats_and_ping_report_the_steps_taken(engine):
     assert done.wait(120) and isinstance(events[-1], Done) and events[-1].completion_tokens == 5
     s = engine.stats()
     steps = sum(s.step_counts) - sum(start.step_counts)
-    assert steps >= 5 and s.step_seconds > start.step_seconds  # a prefill step and one per token at least
-    assert s.prompt_cache.entries == 1 and s.prompt_cache.budget_tokens == 4096 and s.prompt_cache.tokens > 39
+    # a prefill step and one per token at least
+    assert steps >= 5 and s.step_seconds > start.step_seconds
+    assert (
+        s.prompt_cache.entries == 1
+        and s.prompt_cache.budget_tokens == 4096
+        and s.prompt_cache.tokens > 39
+    )
     assert (s.draft_tokens, s.drafted, s.accepted) == (0, 0, 0)
     [row] = engine.ping().result(60)
     # rank 0's busy time is the engine's time in ring steps, as of the ping's own step

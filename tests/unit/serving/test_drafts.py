@@ -36,14 +36,16 @@ def test_lookup_takes_what_followed_the_latest_longest_match(lookup):
     assert lookup(h[:-1] + [0, 2, 3], 2) == [7, 8]  # no 3-gram: the latest "2 3"
     assert lookup([5, 6, 7, 1, 6, 7], 3) == [1, 6, 7]  # no 3-gram: the 2-gram "6 7"
     assert lookup([1, 2, 3, 4], 3) == []  # nothing repeats
-    assert lookup([4, 4, 4, 4], 5) == [4]  # the latest earlier occurrence: one token precedes the tail
+    # the latest earlier occurrence: one token precedes the tail
+    assert lookup([4, 4, 4, 4], 5) == [4]
 
 
 def test_the_drafters_index_finds_what_lookup_finds_as_the_history_grows():
     rng = np.random.default_rng(0)
     history, d = [], Drafter(most=5)
     for _ in range(400):
-        history += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()  # a small alphabet: many repeats
+        # a small alphabet: many repeats
+        history += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()
         assert d.propose(history) == lookup(history, 5), history
 
 
@@ -70,7 +72,9 @@ def test_lookup_says_before_a_token_is_read_whether_it_could_draft_after_it():
         history += rng.integers(0, 40, size=int(rng.integers(1, 3))).tolist()
         if not d.may_propose_next(history):  # then no next token gives a lookup anything
             assert all(lookup(history + [x], 4) == [] for x in range(40)), history
-    assert not Drafter(most=4).may_propose_next([1, 2, 3]) and Drafter(most=4).may_propose_next([1, 2, 1])
+    assert not Drafter(most=4).may_propose_next([1, 2, 3]) and Drafter(most=4).may_propose_next(
+        [1, 2, 1]
+    )
 
 
 def test_a_draft_model_starts_short_and_backs_off_four_times_faster():
@@ -88,7 +92,8 @@ def test_a_draft_model_starts_short_and_backs_off_four_times_faster():
 def test_a_new_stream_starts_from_the_draft_models_misses_in_a_row():
     streak = Streak()
 
-    def stream(kept_from=10**9, steps=300):  # a stream whose drafts are all kept from step kept_from on
+    # a stream whose drafts are all kept from step kept_from on
+    def stream(kept_from=10**9, steps=300):
         d, drafted_at = ModelDrafter(most=6, streak=streak), []
         d.propose = lambda history: [0] * d.k
         for step in range(steps):
@@ -99,7 +104,8 @@ def test_a_new_stream_starts_from_the_draft_models_misses_in_a_row():
 
     assert stream() == [0, 4, 20, 84]
     assert streak.misses == 4
-    assert stream() == [255]  # after a draft model never right, a new stream tries once in its first 256 steps
+    # after a draft model never right, a new stream tries once in its first 256 steps
+    assert stream() == [255]
     assert stream(kept_from=255) == list(range(255, 300))  # kept: it drafts every step
     assert streak.misses == 0
     assert stream(steps=30) == [0, 4, 20]  # so the next stream starts drafting at once
@@ -125,13 +131,17 @@ def test_trim_rows_keeps_each_rows_tokens_at_their_positions(drops):
 def test_greedy_verify_keeps_drafts_while_they_are_the_argmax():
     logits = mx.log(mx.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.4, 0.1]]))
     s = SequenceSampler(SamplingParams(temperature=0.0), [0])
-    assert [t.id for t in verify(s, logits, [1, 0, 2])] == [1, 0, 2, 0]  # all kept, then the bonus token
+    # all kept, then the bonus token
+    assert [t.id for t in verify(s, logits, [1, 0, 2])] == [1, 0, 2, 0]
     s = SequenceSampler(SamplingParams(temperature=0.0), [0])
-    assert [t.id for t in verify(s, logits, [1, 2, 2])] == [1, 0]  # the second draft is not the argmax
+    # the second draft is not the argmax
+    assert [t.id for t in verify(s, logits, [1, 2, 2])] == [1, 0]
     assert s.history == [0, 1, 0]
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)]
+)
 def test_sampled_verify_follows_the_target_distribution(params):
     # Drafts 2 then 1: the first token must follow p0 and, after the draft is kept, the second must
     # follow p1, whatever the drafts are (the rejection rule).
@@ -170,8 +180,18 @@ def test_unfused_attention_matches_the_fused_kernel_on_a_padded_batch():
     from mlx_ring.models.compat import unfused_attention
 
     mx.random.seed(2)
-    model = Model(ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=100))
+    model = Model(
+        ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=100,
+        )
+    )
     caches = [BatchKVCache([3, 0]) for _ in model.layers]
     model(mx.array([[0, 0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7]]), cache=caches)
     h = model.model.embed_tokens(mx.array([[9, 10, 11], [12, 13, 14]]))
@@ -186,8 +206,13 @@ def test_unfused_attention_matches_the_fused_kernel_on_a_padded_batch():
         outs.append(x)
     np.testing.assert_allclose(np.array(outs[1]), np.array(outs[0]), atol=1e-5)
     with unfused_attention(True):
-        causal = model.model.layers[0](h[1:], "causal", BatchKVCache([0]))  # the string mask, no cache before
-    np.testing.assert_allclose(np.array(causal), np.array(model.model.layers[0](h[1:], "causal", BatchKVCache([0]))), atol=1e-5)
+        # the string mask, no cache before
+        causal = model.model.layers[0](h[1:], "causal", BatchKVCache([0]))
+    np.testing.assert_allclose(
+        np.array(causal),
+        np.array(model.model.layers[0](h[1:], "causal", BatchKVCache([0]))),
+        atol=1e-5,
+    )
 
 
 def test_draft_settings_are_checked_at_the_edge():
@@ -202,7 +227,8 @@ def test_draft_settings_are_checked_at_the_edge():
 
 
 def test_unfused_attention_leaves_attention_sinks_to_the_fused_kernel():
-    # GPT-OSS passes sinks; prefill chunks on CUDA attend unfused, so such a call must still be exact.
+    # GPT-OSS passes sinks; prefill chunks on CUDA attend unfused, so such a call must still be
+    # exact.
     from mlx_ring.models.compat import unfused_attention
 
     q, k, v = (mx.random.normal(s) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)))

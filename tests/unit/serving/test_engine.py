@@ -80,7 +80,11 @@ def test_a_request_whose_sampling_fails_fails_alone(parts):
     assert isinstance(good.last(), Done) and good.last().completion_tokens == 6
     assert isinstance(also_good.last(), Done)
     failed = bad.last()
-    assert isinstance(failed, Failed) and "outside the vocabulary" in failed.message and failed.status == 500
+    assert (
+        isinstance(failed, Failed)
+        and "outside the vocabulary" in failed.message
+        and failed.status == 500
+    )
     assert isinstance(bad_min_p.last(), Failed) and "min_p" in bad_min_p.last().message
     after = Outcome([1, 2], max_tokens=4, temperature=1.0, top_p=0.9)  # random sampling works again
     engine.submit(after.request)
@@ -91,7 +95,8 @@ def test_a_request_whose_sampling_fails_fails_alone(parts):
 
 class SlowQueue(queue.Queue):
     """The engine's request queue, a little slow to take a request: it widens the moment between
-    `submit` deciding to accept and the request being queued, where a ring failure used to slip in."""
+    `submit` deciding to accept and the request being queued, where a ring failure used to slip
+    in."""
 
     def put_nowait(self, item):
         time.sleep(0.002)
@@ -128,8 +133,13 @@ def test_no_request_is_lost_when_the_ring_fails(parts):
             c.join(30)
         assert refused and engine.exits == [75]
         unanswered = [o for o in accepted if not o.done.is_set()]
-        assert not unanswered, f"round {round}: {len(unanswered)} of {len(accepted)} accepted requests never answered"
-        assert all(isinstance(o.events[-1], Failed) and "ring failure" in o.events[-1].message for o in accepted)
+        assert not unanswered, (
+            f"round {round}: {len(unanswered)} of {len(accepted)} accepted requests never answered"
+        )
+        assert all(
+            isinstance(o.events[-1], Failed) and "ring failure" in o.events[-1].message
+            for o in accepted
+        )
 
 
 def test_streamed_deltas_carry_every_token_of_the_text(parts):
@@ -140,12 +150,15 @@ def test_streamed_deltas_carry_every_token_of_the_text(parts):
     done = o.last()
     deltas = [e for e in o.events if isinstance(e, Delta)]
     assert isinstance(done, Done) and sum(len(d.tokens) for d in deltas) == done.completion_tokens
-    ended = Outcome([1, 504, 3145, 282], max_tokens=12, temperature=0.0, logit_bias={2: 100.0})  # 2: the end token
+    # 2: the end token
+    ended = Outcome([1, 504, 3145, 282], max_tokens=12, temperature=0.0, logit_bias={2: 100.0})
     engine.submit(ended.request)
     done = ended.last()
     deltas = [e for e in ended.events if isinstance(e, Delta)]
     # the end token is counted in usage but is not in the text, so it has no entry (logprobs)
-    assert (done.finish_reason, done.completion_tokens) == ("stop", 1) and [t.id for d in deltas for t in d.tokens] == []
+    assert (done.finish_reason, done.completion_tokens) == ("stop", 1) and [
+        t.id for d in deltas for t in d.tokens
+    ] == []
     stop(engine, t)
 
 
@@ -164,9 +177,19 @@ def padded(default_model, tmp_path_factory):
         if (default_model / name).exists():
             shutil.copy(default_model / name, tmp / "tokenizer" / name)
     config = json.loads((default_model / "config.json").read_text())
-    (tmp / "tokenizer" / "config.json").write_text(json.dumps(config | {"vocab_size": 49_280}))  # 128 rows past 49152
-    folder = make_random_model("llama3-8b", tmp / "model", tmp / "tokenizer", dtype="float32", hidden_size=64,
-                               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    # 128 rows past 49152
+    (tmp / "tokenizer" / "config.json").write_text(json.dumps(config | {"vocab_size": 49_280}))
+    folder = make_random_model(
+        "llama3-8b",
+        tmp / "model",
+        tmp / "tokenizer",
+        dtype="float32",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     # mlx-lm's SentencePiece detokenizer (Llama 2, Mistral, Gemma tokenizers get it) has no fallback
     # for ids past its vocabulary, unlike its BPE one
     from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer, TokenizerWrapper
@@ -179,12 +202,17 @@ def padded(default_model, tmp_path_factory):
 def test_a_request_whose_text_cannot_be_made_fails_alone(padded):
     engine = make_engine(padded)
     good = Outcome([1, 2, 3], max_tokens=5, temperature=0.0, logit_bias={2: -100.0})
-    bad = Outcome([1, 2, 3], max_tokens=5, temperature=0.0, logit_bias={49_200: 100.0})  # past the tokenizer's ids
+    # past the tokenizer's ids
+    bad = Outcome([1, 2, 3], max_tokens=5, temperature=0.0, logit_bias={49_200: 100.0})
     for o in (good, bad):
         engine.submit(o.request)
     t = serving(engine)
     assert isinstance(good.last(), Done) and good.last().completion_tokens == 5
-    assert isinstance(bad.last(), Failed) and "text could not be made" in bad.last().message and bad.last().status == 500
+    assert (
+        isinstance(bad.last(), Failed)
+        and "text could not be made" in bad.last().message
+        and bad.last().status == 500
+    )
     assert engine.broken is None and engine.exits == []
     stop(engine, t)
 
@@ -208,6 +236,7 @@ def test_pings_during_and_after_a_drain_are_answered(parts):
     engine.stop()
     t.join(60)
     assert not t.is_alive()
-    late = engine.ping()  # the ring has shut down: an answer at once, not a wait for the route's timeout
+    # the ring has shut down: an answer at once, not a wait for the route's timeout
+    late = engine.ping()
     with pytest.raises(Exception, match="shut down"):
         late.result(1)

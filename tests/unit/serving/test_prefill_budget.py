@@ -1,6 +1,7 @@
 """A burst of prompts is prefilled within the tokens the plan's activation figure counts: the
-scheduler keeps no more prompt tokens (rows x chunk, over every prefill batch) on the device at once,
-on a ring of one (no mlx.launch), still batching short prompts and decoding what mlx-lm decodes."""
+scheduler keeps no more prompt tokens (rows x chunk, over every prefill batch) on the device at
+once, on a ring of one (no mlx.launch), still batching short prompts and decoding what mlx-lm
+decodes."""
 
 import mlx.core as mx
 from ringutil import make_tiny_model, reference_logits
@@ -13,11 +14,14 @@ from mlx_ring.ring.transport import Ring
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
-LONG = [[(7 * i + j) % 250 + 1 for j in range(20)] for i in range(4)]  # 20 tokens: alone, in chunks of 8
+# 20 tokens: alone, in chunks of 8
+LONG = [[(7 * i + j) % 250 + 1 for j in range(20)] for i in range(4)]
 SHORT = [[100 + i, 3, 9] for i in range(6)]  # 3 tokens: two to a batch of 8
 
 
-def run(shard, budget: int, step: int = 0, prompts=None) -> tuple[dict[int, list[int]], int, list[int]]:
+def run(
+    shard, budget: int, step: int = 0, prompts=None
+) -> tuple[dict[int, list[int]], int, list[int]]:
     """Greedy tokens of every prompt, all queued at once; the most prompt tokens on the device at
     once; the rows of each PREFILL step (`step`: its tokens, rows x chunk; 0: one chunk)."""
     pipe = Pipeline(shard, Ring(mx.distributed.init()))
@@ -54,34 +58,39 @@ def test_a_burst_is_prefilled_within_the_budget_and_decodes_as_each_alone(tmp_pa
 
 
 def test_where_a_step_may_hold_several_chunks_long_prompts_are_prefilled_together(tmp_path):
-    """A CUDA rank's plan grants steps of several chunks (activations.step_tokens): a burst of long
-    prompts then goes as few steps of several rows, each within the step's tokens and the budget, and
-    decodes what each prompt decodes alone."""
+    """A CUDA rank's plan grants steps of several chunks (activations.step_tokens): a burst of
+    long prompts then goes as few steps of several rows, each within the step's tokens and the
+    budget, and decodes what each prompt decodes alone."""
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
     alone, _, rows = run(shard, 8, prompts=LONG)
     assert rows == [1] * 12  # before: each 20-token prompt alone, 3 chunks each
     got, most, rows = run(shard, 16, 16, prompts=LONG)
-    assert rows == [2] * 6 and most == 16  # two prompts' chunks a step, one step on the device at once
+    # two prompts' chunks a step, one step on the device at once
+    assert rows == [2] * 6 and most == 16
     assert got == alone
     for i, p in enumerate(LONG):
         assert got[i] == reference_logits(model, p, 3)[1], i
-    # A budget of two steps lets the second batch start while the first's step is out, within what is left.
+    # A budget of two steps lets the second batch start while the first's step is out, within what
+    # is left.
     _, most, rows = run(shard, 24, 16, prompts=LONG)
     assert most <= 24 and max(rows) == 2
 
 
 def test_prompts_prefilled_together_end_in_the_same_chunk(tmp_path):
-    """Rank 0 reads a batch's first tokens from its last chunk, and right padding beside prompts longer
-    than a chunk would cost whole steps: a prompt joins a batch only where it ends in the batch's last chunk."""
+    """Rank 0 reads a batch's first tokens from its last chunk, and right padding beside prompts
+    longer than a chunk would cost whole steps: a prompt joins a batch only where it ends in the
+    batch's last chunk."""
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
     mixed = [*SHORT[:3], LONG[0]]
     got, _, rows = run(shard, 32, 32, prompts=mixed)
-    assert rows == [3, 1, 1, 1]  # the short ones in one step; the long one after them, alone (not 4 rows x 3 steps)
+    # the short ones in one step; the long one after them, alone (not 4 rows x 3 steps)
+    assert rows == [3, 1, 1, 1]
     for i, p in enumerate(mixed):
         assert got[i] == reference_logits(model, p, 3)[1], i
-    near = [LONG[0], LONG[1][:17], LONG[2][:15]]  # 17 tokens end in the 20's last chunk of 8, 15 do not
+    # 17 tokens end in the 20's last chunk of 8, 15 do not
+    near = [LONG[0], LONG[1][:17], LONG[2][:15]]
     got, _, rows = run(shard, 32, 32, prompts=near)
     assert rows == [2, 2, 2, 1, 1]
     for i, p in enumerate(near):

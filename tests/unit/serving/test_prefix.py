@@ -1,4 +1,5 @@
-"""The prompt-cache index on rank 0 (pure bookkeeping): longest prefix, dominated entries, LRU budget."""
+"""The prompt-cache index on rank 0 (pure bookkeeping): longest prefix, dominated entries, LRU
+budget."""
 
 import random
 
@@ -50,7 +51,9 @@ def test_lookup_equals_a_scan_of_every_entry_and_no_entry_starts_another():
     starts = [[rng.randrange(5) for _ in range(rng.randrange(2, 30))] for _ in range(4)]
     for _ in range(300):
         prompt = rng.choice(starts) + [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
-        best = max((common_prefix(e.tokens, tuple(prompt)) for e in idx.entries.values()), default=0)
+        best = max(
+            (common_prefix(e.tokens, tuple(prompt)) for e in idx.entries.values()), default=0
+        )
         entry, n = idx.lookup(prompt)
         assert n == min(best, len(prompt) - 1)
         assert n == 0 or common_prefix(idx.entries[entry].tokens, tuple(prompt)) >= n

@@ -32,20 +32,35 @@ def test_an_unseeded_row_is_not_fixed_by_a_seeded_neighbour():
 def test_a_seeded_row_draws_the_same_alone_or_in_company():
     seeded = SamplingParams(seed=1234, top_k=50)
     alone = draws([seeded])[0]
-    beside = draws([SamplingParams(), seeded, SamplingParams(seed=99), SamplingParams(min_p=0.01)])[1]
+    beside = draws([SamplingParams(), seeded, SamplingParams(seed=99), SamplingParams(min_p=0.01)])[
+        1
+    ]
     assert alone == beside and len(set(alone)) > 1
     assert draws([SamplingParams(seed=1235, top_k=50)])[0] != alone
-    assert draws([SamplingParams(seed=(1 << 63) - 1)])[0] == draws([SamplingParams(seed=(1 << 63) - 1)])[0]
-    assert draws([SamplingParams(seed=-(1 << 63))])[0] != draws([SamplingParams(seed=(1 << 63) - 1)])[0]
+    assert (
+        draws([SamplingParams(seed=(1 << 63) - 1)])[0]
+        == draws([SamplingParams(seed=(1 << 63) - 1)])[0]
+    )
+    assert (
+        draws([SamplingParams(seed=-(1 << 63))])[0]
+        != draws([SamplingParams(seed=(1 << 63) - 1)])[0]
+    )
 
 
 def test_rows_that_report_no_logprobs_draw_the_same_tokens_unnormalised():
     logits = mx.random.normal((4, VOCAB), key=mx.random.key(3)) * 4 + 10  # far from normalised
-    for params in (dict(temperature=0.0), dict(temperature=0.8), dict(temperature=0.8, top_k=20, min_p=0.05)):
+    for params in (
+        dict(temperature=0.0),
+        dict(temperature=0.8),
+        dict(temperature=0.8, top_k=20, min_p=0.05),
+    ):
         got = []
         for report in (True, False):
             mx.random.seed(5)
-            rows = [SequenceSampler(SamplingParams(**params, logprobs=report), [1]) for _ in range(4)]
+            rows = [
+                SequenceSampler(SamplingParams(**params, logprobs=report), [1]) for _ in range(4)
+            ]
             got.append(sample_rows(rows, logits))
         assert [t.id for t in got[0]] == [t.id for t in got[1]], params
-        assert all(t.logprob < 0 for t in got[0]) and all(t.logprob != t.logprob for t in got[1])  # NaN: not computed
+        # NaN: not computed
+        assert all(t.logprob < 0 for t in got[0]) and all(t.logprob != t.logprob for t in got[1])

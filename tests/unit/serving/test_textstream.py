@@ -23,7 +23,10 @@ def stream_text(tokenizer, ids, stop=()):
     return "".join(p.text for p in pieces if p), s
 
 
-@pytest.mark.parametrize("text", ["Bonjour à tous, ça va? Très bien.", "Smile 🙂 and a parrot 🦜", "Clef 𝄞", "trailing space "])
+@pytest.mark.parametrize(
+    "text",
+    ["Bonjour à tous, ça va? Très bien.", "Smile 🙂 and a parrot 🦜", "Clef 𝄞", "trailing space "],
+)
 def test_joined_stream_is_the_decoded_text(tokenizer, text):
     ids = tokenizer.encode(text)
     assert stream_text(tokenizer, ids)[0] == tokenizer.decode(ids)
@@ -31,9 +34,11 @@ def test_joined_stream_is_the_decoded_text(tokenizer, text):
 
 def test_a_character_cut_by_the_end_of_sequence_is_not_dropped(tokenizer):
     ids = tokenizer.encode("A parrot 🦜")  # the parrot is three byte-level tokens
-    cut = next(i for i in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:i]))  # mid-character
+    # mid-character
+    cut = next(i for i in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:i]))
     text, _ = stream_text(tokenizer, ids[:cut])
-    assert text == tokenizer.decode(ids[:cut]) and text.endswith("\ufffd")  # as mlx-lm's stream_generate ends it
+    # as mlx-lm's stream_generate ends it
+    assert text == tokenizer.decode(ids[:cut]) and text.endswith("\ufffd")
 
 
 def test_stop_strings_cut_and_hold_back(tokenizer):
@@ -41,9 +46,12 @@ def test_stop_strings_cut_and_hold_back(tokenizer):
     text, s = stream_text(tokenizer, ids, stop=["big", " Paris"])
     assert text == "The capital of France is" and s.stop_hit == " Paris"  # the first in the text
     _, s = stream_text(tokenizer, ids, stop=[" Pa", " Paris"])
-    assert s.stop_hit == " Paris"  # of two starting at one place, the longer (" Paris" is one token)
+    # of two starting at one place, the longer (" Paris" is one token)
+    assert s.stop_hit == " Paris"
     s = TextStream(tokenizer.detokenizer, ["France is Lyon"])
-    sent = "".join(p.text for p in (s.add(t) for t in tokenizer.encode("The capital of France is")) if p)
+    sent = "".join(
+        p.text for p in (s.add(t) for t in tokenizer.encode("The capital of France is")) if p
+    )
     assert sent == "The capital of "  # "France is" could still grow into the stop string: held back
     assert s.end().text == "France is" and not s.stop_hit
 
