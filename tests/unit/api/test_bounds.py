@@ -6,7 +6,7 @@ shows the same bounds on every dialect's field."""
 import pytest
 from apiutil import MODEL, client
 
-from mlx_ring.api.anthropic import MessagesRequest
+from mlx_ring.api.anthropic_request import MessagesRequest
 from mlx_ring.api.dialects import chat_request
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.ollama import NAMES, OPTIONS, Options
