@@ -6,11 +6,11 @@ shows the same bounds on every dialect's field."""
 import pytest
 from apiutil import MODEL, client
 
-from mlx_ring.api.anthropic import MessagesRequest
+from mlx_ring.api.anthropic_request import MessagesRequest
 from mlx_ring.api.dialects import chat_request
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.ollama import NAMES, OPTIONS, Options
-from mlx_ring.api.openai_responses import ResponsesRequest
+from mlx_ring.api.responses_request import ResponsesRequest
 from mlx_ring.api.schema import ChatCompletionRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
