@@ -35,9 +35,10 @@ from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring
+from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
-from shard import Shard, load_shard, serve_worker
+from shard import Shard, load_shard
 
 log = logging.getLogger("server")
 

@@ -30,12 +30,13 @@ from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
+from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.serving.warmup import choose_groups  # noqa: E402
-from shard import load_shard, rss_kib, serve_worker  # noqa: E402
+from shard import load_shard, rss_kib  # noqa: E402
 
 
 def main():

@@ -44,12 +44,13 @@ from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
 from mlx_ring.ring.timeline import between_pings, decode_times, summary  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
+from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving import runner  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
-from shard import load_shard, serve_worker  # noqa: E402
+from shard import load_shard  # noqa: E402
 
 
 def run(

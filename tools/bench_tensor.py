@@ -33,9 +33,10 @@ from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
 from mlx_ring.ring.sums import sum_group  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
+from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
-from shard import load_shard, serve_worker  # noqa: E402
+from shard import load_shard  # noqa: E402
 
 
 def phases(

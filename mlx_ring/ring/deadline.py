@@ -97,7 +97,7 @@ class Deadlines:
             signal.set_wakeup_fd(w, warn_on_full_buffer=False)
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 # The wakeup fd is written only for signals Python handles; the rank's own handler
-                # (shard.serve_worker) replaces this one.
+                # (ring/worker.serve_worker) replaces this one.
                 signal.signal(signal.SIGTERM, lambda *_: self.terminate(quiet))
             wake = r
         threading.Thread(target=self._run, args=(wake,), name="ring-deadlines", daemon=True).start()

@@ -86,7 +86,7 @@ class Scheduler(Chooser):
                 )
             group = self._release(b)
             assert group is not None, (
-                "every prefill batch is formed for a group (choosing._next_batch)"
+                "every prefill batch is formed for a group (batching._next_batch)"
             )
             group.joining.append(b)
         elif ran.drops is not None:

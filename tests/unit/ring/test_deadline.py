@@ -52,7 +52,8 @@ from mlx_ring.ring.deadline import Deadlines
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 d = Deadlines(3600)
 d.start(quiet=float(sys.argv[1]))
-# The rank's own handler, as shard.serve_worker installs it: it cannot run while the main thread is in native code.
+# The rank's own handler, as ring/worker.serve_worker installs it: it cannot run while the main
+# thread is in native code.
 signal.signal(signal.SIGTERM, lambda *_: print("python handler ran", flush=True))
 libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(256)
 libc.pthread_mutex_init(mutex, None)

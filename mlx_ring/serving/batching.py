@@ -1,0 +1,156 @@
+"""Rank 0's prefill batches: which waiting prompts prefill together, from how many cached tokens,
+for which decode group (its rows reserved there until the batch joins or is dropped), and the steps
+that send a batch round the ring (its LOAD, then its chunks)."""
+
+import mlx.core as mx
+
+from mlx_ring.ring.protocol import Header, Kind
+from mlx_ring.serving.prefix import common_prefix
+from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
+
+
+class Batching:
+    """The prefill lane's batches, a base of `choosing.Chooser`: its state (the waiting prompts,
+    the decode groups, the prompt cache, the prefill budget) and `_submit` are the chooser's."""
+
+    def _group_for(self) -> Group:
+        # A batch joins one decode group whole, chosen now: prompts that arrive together are spread
+        # over the groups, each batch filling its group up to an even share of all rows.
+        return (
+            next(g for g in self.groups if g.free())
+            if not self.ends.batches
+            else min(self.groups, key=Group.coming)
+        )
+
+    def _kv_fits(self, group: Group, seqs: list[Sequence]) -> bool:
+        return not self.kv_room or kv_fits(
+            self.groups,
+            self.prefilling,
+            group,
+            seqs,
+            self.kv_room,
+            self.kv_spare,
+            self.draft_tokens,
+        )
+
+    def _drop(self, b: Prefill) -> None:
+        self.to_free.append(b)
+        self._release(b)
+
+    def _release(self, b: Prefill) -> Group | None:
+        """The group `b` was prefilled for, its rows no longer reserved there."""
+        if b in self.prefilling:
+            self.prefilling.remove(b)
+        group, b.group = b.group, None
+        if group is not None:
+            group.reserved -= len(b.rows)
+        return group
+
+    @staticmethod
+    def _free_to_start(s: Sequence) -> bool:
+        return not s.removed and (s.after is None or s.after.prefilled or s.after.removed)
+
+    def _next_batch(self) -> Prefill:
+        # The oldest prompt free to start, and as many waiting prompts as fit one chunk once padded
+        # to the longest (with plain KV caches only: a sliding window or a recurrent state would
+        # take in the padding). They start from the same number of cached tokens, each from its own
+        # entry: the oldest one's reuse, which no other may beat by `least_reuse` (it waits to go
+        # from its own).
+        first = next(s for s in self.waiting if self._free_to_start(s))
+        group = self._group_for()
+        rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
+        share = max(1, -(-rows_now // len(self.groups)) - group.coming())
+        self.waiting.remove(first)
+        entry, reused = self._lookup(first.prompt)
+        rows, entries, longest = [first], [entry], len(first.prompt)
+        room = self.prefill_step  # tokens of each of the batch's steps: rows x its chunk
+        if self.prefill_budget and self.prefill_out:
+            room = min(room, self.prefill_budget - self.prefill_out)  # what the steps out leave
+        for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
+            e, r = self._lookup(s.prompt)
+            if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
+                continue
+            n = max(longest, len(s.prompt))
+            if (
+                min(n - reused, self.chunk) * (len(rows) + 1) > room
+                or len(rows) == share
+                or self._ends_apart([*rows, s], n, reused)
+                or not self._kv_fits(group, [*rows, s])
+            ):
+                break
+            self.waiting.remove(s)
+            rows.append(s)
+            entries.append(e)
+            longest = n
+        reuse = entries if reused else []
+        for e in reuse:
+            self.prefix.use(e, reused)
+        for row in rows:
+            row.cached = reused
+        if self.prefix:
+            self._wait_for_shared(rows)
+        tokens = [s.prompt + [0] * (longest - len(s.prompt)) for s in rows]
+        self.filling = Prefill(first.id, rows, tokens, sent=reused, reuse=reuse, group=group)
+        self.prefilling.append(self.filling)
+        group.reserved += len(rows)
+        return self.filling
+
+    def _ends_apart(self, rows: list[Sequence], longest: int, reused: int) -> bool:
+        """Whether some of `rows`, right-padded to `longest`, would end before the batch's last
+        chunk: rank 0 reads each row's first token from that chunk (runner.prefill), and a row
+        ending chunks earlier would be padding for whole steps."""
+        last = (longest - reused - 1) // self.chunk
+        return any((len(r.prompt) - reused - 1) // self.chunk != last for r in rows)
+
+    def _lookup(self, prompt: list[int]) -> tuple[int, int]:
+        entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)
+        return (entry, n) if n >= self.least_reuse else (0, 0)
+
+    def _wait_for_shared(self, rows: list[Sequence]) -> None:
+        # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
+        # waits for that row's prefill, then starts from its saved prompt: the shared part is
+        # computed once.
+        starts = [(r, tuple(r.prompt)) for r in rows]
+        for s in self.waiting:
+            if s.after is not None or s.removed:
+                continue
+            cached, prompt = self._lookup(s.prompt)[1], tuple(s.prompt)
+            s.after = next(
+                (
+                    r
+                    for r, start in starts
+                    if common_prefix(start, prompt) >= cached + self.least_reuse
+                ),
+                None,
+            )
+
+    def _submit_chunk(self, b: Prefill) -> bool:
+        # first, on every rank: each row's cache starts as its entry's first `sent` tokens
+        if b.reuse:
+            entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
+            return self._submit(
+                Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent),
+                entries,
+                Step(Kind.LOAD),
+            )
+        offset = b.sent
+        tokens = [t[offset : offset + self.chunk] for t in b.tokens]
+        ids = mx.array(tokens, dtype=mx.int32)  # (B, L): the first stage embeds them
+        b.sent += len(tokens[0])
+        b.chunks_out += 1
+        self.prefill_out += len(tokens) * len(tokens[0])
+        last = b.sent == len(b.tokens[0])
+        if last:
+            self.filling = None  # its chunks are all out; the next batch may start behind them
+        header = Header.for_payload(Kind.PREFILL, ids, batch=b.id, offset=offset)
+        return self._submit(
+            header,
+            ids,
+            Step(
+                Kind.PREFILL,
+                prefill=b,
+                offset=offset,
+                last_chunk=last,
+                tokens=len(tokens) * len(tokens[0]),
+            ),
+        )
