@@ -19,8 +19,9 @@ from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.front import Front
+from mlx_ring.api.openai_request import CompletionRequest, Tool
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import CompletionRequest, Tool, _Strict, bounds_of, only_with
+from mlx_ring.api.schema import _Strict, bounds_of, only_with
 from mlx_ring.api.served import ServedModel
 
 # What /api/version reports: the Ollama API this adapter follows (clients check it for features).
