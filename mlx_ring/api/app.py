@@ -13,7 +13,7 @@ from mlx_ring.api.front import Front
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
-from mlx_ring.api.ollama import ollama_routes
+from mlx_ring.api.ollama_routes import ollama_routes
 from mlx_ring.api.openai_chat import openai_routes
 from mlx_ring.api.openai_responses import responses_routes
 from mlx_ring.api.openapi import document

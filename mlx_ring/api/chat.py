@@ -5,7 +5,7 @@ and the grammar a constrained answer must match (JSON, a JSON schema, a forced t
 import json
 
 from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import ChatCompletionRequest, ChatMessage
+from mlx_ring.api.openai_request import ChatCompletionRequest, ChatMessage
 from mlx_ring.api.served import ServedModel
 from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 

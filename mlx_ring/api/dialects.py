@@ -14,19 +14,21 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from mlx_ring.api.errors import ApiError, error_body, validation_error, validation_message
-from mlx_ring.api.schema import (
+from mlx_ring.api.openai_request import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
     FunctionDef,
     FunctionName,
+    NamedTool,
+    Tool,
+    ToolCall,
+)
+from mlx_ring.api.schema import (
     JsonObjectFormat,
     JsonSchemaFormat,
     JsonSchemaSpec,
-    NamedTool,
     TextFormat,
-    Tool,
-    ToolCall,
     _Sampling,
 )
 from mlx_ring.serving.port import Done

@@ -13,8 +13,8 @@ from mlx_ring.api.chat import tool_calls
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.keys import RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, RingMetrics
+from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.prompts import Prompts
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import ServedModel, check_model, check_sampling, max_tokens_for
 from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.port import Delta, Done, EnginePort, Failed, QueueFull, Request, Unavailable

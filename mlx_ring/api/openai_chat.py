@@ -14,8 +14,8 @@ from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError, error_body
 from mlx_ring.api.front import Front, Reply
 from mlx_ring.api.openai_parts import chat_logprobs, completion_logprobs, sse, usage
+from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.openapi import body_of
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import check_model
 from mlx_ring.serving.port import Failed
 

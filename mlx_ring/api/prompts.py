@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mlx_ring.api.chat import output_grammar, template_messages
 from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
+from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import ServedModel, check_ids, check_text_length
 
 

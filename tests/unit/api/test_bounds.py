@@ -10,8 +10,8 @@ from mlx_ring.api.anthropic_request import MessagesRequest
 from mlx_ring.api.dialects import chat_request
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.ollama import NAMES, OPTIONS, Options
+from mlx_ring.api.openai_request import ChatCompletionRequest
 from mlx_ring.api.responses_request import ResponsesRequest
-from mlx_ring.api.schema import ChatCompletionRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 CHAT = {"model": MODEL, "messages": QUESTION, "stream": False}

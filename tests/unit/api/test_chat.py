@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.tool_parsers import json_tools
 from pydantic import ValidationError
 
-from mlx_ring.api.schema import ChatCompletionRequest
+from mlx_ring.api.openai_request import ChatCompletionRequest
 from mlx_ring.api.toolcalls import ToolCallText
 from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 

@@ -4,7 +4,7 @@ before anything reaches MLX."""
 import pytest
 
 from mlx_ring.api.errors import ApiError
-from mlx_ring.api.schema import ChatCompletionRequest, CompletionRequest
+from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.served import (
     ServedModel,
     check_ids,

@@ -8,7 +8,7 @@ from dataclasses import astuple, fields
 import pytest
 from ringutil import ROOT
 
-from mlx_ring.api.ollama import model_info
+from mlx_ring.api.ollama_routes import model_info
 from mlx_ring.api.served import ServedModel
 from mlx_ring.models.shape import ModelShape, read_shape, text_keys
 from mlx_ring.models.tensor_shares import tensor_shares
