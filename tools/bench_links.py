@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 # the script's own folder, tools/, is on the path
-from bench import long_prompt, run_concurrency, ttft
+from bench_streams import long_prompt, run_concurrency, ttft
 from testhosts import NetnsHosts, why_not
 
 from mlx_ring.ring.launch import free_port

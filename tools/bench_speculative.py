@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-from bench import ROOT, Target, targets  # noqa: E402
+from bench_targets import ROOT, Target, targets  # noqa: E402
 from openai import OpenAI
 
 CODE = """def summarize(orders):

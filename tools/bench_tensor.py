@@ -23,8 +23,10 @@ one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
 import mlx_lm_loop  # noqa: E402
-from bench_steps import prompts, run, split_generate_step, split_ring, trace_file  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
+from ring_join import trace_file  # noqa: E402
+from scheduler_run import prompts, run  # noqa: E402
+from step_split import split_generate_step, split_ring  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
@@ -83,7 +85,7 @@ def main():
         "--split",
         action="store_true",
         help="rank 0's one-stream decode step split into Python, MLX encoding and "
-        "the wait for the token (bench_steps.split_ring); with --peers, mlx-lm's too",
+        "the wait for the token (step_split.split_ring); with --peers, mlx-lm's too",
     )
     p.add_argument(
         "--trace",

@@ -20,7 +20,7 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
-from bench_steps import join_ring  # noqa: E402
+from ring_join import join_ring  # noqa: E402
 
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402

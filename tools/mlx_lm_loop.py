@@ -18,7 +18,7 @@ GREEDY = make_sampler(0.0)
 def line(
     name: str, n: int, max_tokens: int, t0: float, first: float, last: float, tokens: dict
 ) -> tuple[float, str]:
-    """The figures `bench_steps.run` prints for the ring, in the same shape."""
+    """The figures `scheduler_run.run` prints for the ring, in the same shape."""
     dt = last - t0
     digest = zlib.crc32(json.dumps([tokens[i] for i in range(n)]).encode())
     decode = n * (max_tokens - 1) / (last - first) if max_tokens > 1 else 0.0

@@ -40,7 +40,7 @@ SPEC = [
     {"prompt": [8, 1], "max_tokens": 5, "at": 0},
     {"prompt": [30, 2, 9, 9, 41], "max_tokens": 3, "at": 2},
 ]
-# ranks -> layers per rank (of model_zoo.LAYERS), decode groups, prefill chunk: 16 lets waiting
+# ranks -> layers per rank (of zoo_fields.LAYERS), decode groups, prefill chunk: 16 lets waiting
 # prompts share a padded batch, 4 cuts the longest prompt in two.
 RUNS = {2: ("3,1", 2, 16), 3: ("1,2,1", 1, 4)}
 QUANTIZED_RANKS = 3  # the 4-bit mixture-of-experts runs

@@ -1,6 +1,6 @@
 """The benchmark's ratio table: each ring against one rank and against the replicas' ceiling."""
 
-from tools.bench import ratios
+from tools.bench_report import ratios
 
 
 def result(target: str, aggregates: dict[int, float]) -> dict:
