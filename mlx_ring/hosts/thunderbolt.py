@@ -9,30 +9,27 @@ network service of its own with its static address.
 
 `python -m mlx_ring.hosts.thunderbolt` prints the commands for each Mac and the hosts.json;
 `--apply` runs the commands (sudo, asking in this terminal), `--write` saves hosts.json.
-`hostfile_warnings` says when a hostfile's addresses are the ones that misroute or loop on cabled
-Macs.
 """
 
 import argparse
 import ipaddress
-import json
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_ring import settings
 from mlx_ring.config import ROOT
 from mlx_ring.hostfile import (
     LOCAL,
-    Host,
     format_hostfile,
     hostfile_backend,
     read_hostfile,
     this_machine,
 )
 from mlx_ring.hosts import netsetup, ssh
+from mlx_ring.hosts.mac_facts import SCRIPT, MacFacts, parse_facts
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 from mlx_ring.rundir import RunDir
 
@@ -41,36 +38,8 @@ try:  # MLX's own tool; private, so an MLX without it is told to upgrade rather 
 except ImportError:
     mlx_config = None
 
-FIX = (
-    "give each cable its own subnet as MLX does: `./launch.sh hosts --over thunderbolt` prints the "
-    "commands and the hosts.json (then `--apply` and `--write`)"
-)
 # where MLX's IPConfigurator numbers the cables from
 MLX_BASE = ipaddress.IPv4Address("192.168.0.0")
-
-# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check
-# after --apply.
-SCRIPT = r"""
-PATH=$PATH:/usr/sbin:/sbin
-echo "system=$(uname -s)"
-if command -v system_profiler >/dev/null 2>&1; then
-  echo "--- thunderbolt"; system_profiler SPThunderboltDataType -json
-  echo "--- ports"; networksetup -listallhardwareports
-  echo "--- services"; networksetup -listnetworkserviceorder
-fi
-echo "--- ifconfig"; ifconfig 2>/dev/null
-"""
-
-
-@dataclass
-class MacFacts:
-    host: str  # as ssh names it
-    system: str  # uname -s
-    thunderbolt: dict | None  # system_profiler SPThunderboltDataType -json, parsed
-    ports: str  # networksetup -listallhardwareports
-    interfaces: dict[str, Interface]
-    # networksetup -listnetworkserviceorder
-    services: list[netsetup.Service] = field(default_factory=list)
 
 
 @dataclass
@@ -83,34 +52,6 @@ class Proposal:
     cables: list[tuple[str, str, str, str]]
     # ssh name -> (iface, address) of each of its cabled ports
     addresses: dict[str, list[tuple[str, str]]]
-
-
-def parse_facts(host: str, out: str) -> MacFacts:
-    """SCRIPT's output from `host`."""
-    sections, key = {"": []}, ""
-    for line in out.splitlines():
-        if line.startswith("--- "):
-            key = line[4:].strip()
-            sections[key] = []
-        else:
-            sections[key].append(line)
-    head = dict(line.partition("=")[::2] for line in sections[""] if "=" in line)
-    tb = "\n".join(sections.get("thunderbolt", [])).strip()
-    try:
-        profile = json.loads(tb) if tb else None
-    except json.JSONDecodeError:
-        raise ValueError(
-            f"{host}: system_profiler SPThunderboltDataType -json printed no JSON; run it there "
-            "by hand to see why"
-        ) from None
-    return MacFacts(
-        host,
-        head.get("system", "").strip(),
-        profile,
-        "\n".join(sections.get("ports", [])),
-        parse_ifconfig_interfaces("\n".join(sections.get("ifconfig", []))),
-        netsetup.parse_service_order("\n".join(sections.get("services", []))),
-    )
 
 
 def _mlx():
@@ -288,63 +229,6 @@ def format_proposal(p: Proposal) -> str:
         format_hostfile(p.entries).rstrip(),
     ]
     return "\n".join(lines)
-
-
-def hostfile_warnings(
-    hosts: list[Host], interfaces: dict[str, dict[str, Interface]] | None = None
-) -> list[str]:
-    """Sentences about ring addresses that misbehave on cabled Macs, each with the fix.
-    `interfaces`: per ssh name, `parse_ifconfig` of that host (optional; without it the bridge0
-    check is skipped)."""
-    warnings, interfaces = [], interfaces or {}
-    link_local = [
-        h
-        for h in hosts
-        if ipaddress.ip_address(h.address) in ipaddress.ip_network("169.254.0.0/16")
-    ]
-    if link_local:
-        which = ", ".join(f"rank {h.rank} ({h.ssh}) {h.address}" for h in link_local)
-        # Self-assigned addresses all share 169.254/16, and macOS routes that subnet out of one
-        # interface (usually Wi-Fi), so ring traffic can leave by the wrong port and be lost.
-        warnings.append(
-            f"link-local ring address(es) {which}: macOS keeps one route for 169.254/16, usually "
-            f"on Wi-Fi, so ring traffic can leave by the wrong port; {FIX}"
-        )
-    if len(hosts) >= 3 and interfaces:
-        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop protection:
-        # three or more Macs cabled in a ring with bridge0 up forward broadcasts round forever (a
-        # broadcast storm).
-        bridge = {h.ssh: interfaces.get(h.ssh, {}).get("bridge0") for h in hosts}
-        on_bridge = [h for h in hosts if bridge[h.ssh] and h.address in bridge[h.ssh].addresses]
-        looped = all(b and b.up and len(b.members) > 1 for b in bridge.values())
-        if on_bridge or looped:
-            ranks = ", ".join(f"{h.rank} ({h.ssh})" for h in on_bridge)
-            why = (
-                f"rank(s) {ranks} use Thunderbolt Bridge (bridge0) addresses"
-                if on_bridge
-                else "Thunderbolt Bridge (bridge0) is up with its Thunderbolt ports on every host"
-            )
-            warnings.append(
-                f"{why} in a ring of {len(hosts)} Macs: bridge0 joins every Thunderbolt port, so a "
-                f"cabled ring of three or more is a layer-2 loop (a broadcast storm); {FIX}"
-            )
-    return warnings
-
-
-def addresses_reset(system: str, interfaces: dict[str, Interface], address: str) -> bool:
-    """Whether a Mac that does not hold its ring `address` lost it as Thunderbolt addresses are
-    lost (set by `ifconfig`, which a restart undoes, or on a port whose cable moved): a private
-    address on none of the subnets it is on now. An address on one of them is rather a changed
-    one (DHCP), or a typo."""
-    ip = ipaddress.IPv4Address(address)
-    nets = [ipaddress.IPv4Network(n) for i in interfaces.values() for n in i.networks]
-    return (
-        system.startswith("Darwin")
-        and ip.is_private
-        and not ip.is_loopback
-        and not ip.is_link_local
-        and not any(ip in n for n in nets if not (n.is_loopback or n.is_link_local))
-    )
 
 
 def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:

@@ -11,9 +11,9 @@ from pathlib import Path
 from mlx_ring.config import ROOT, Config
 from mlx_ring.hostfile import Host, load_hosts
 from mlx_ring.hosts import provision, ssh
+from mlx_ring.hosts.address_checks import addresses_reset, hostfile_warnings
 from mlx_ring.hosts.facts import read_facts
 from mlx_ring.hosts.identity import versions
-from mlx_ring.hosts.thunderbolt import addresses_reset, hostfile_warnings
 from mlx_ring.macos_settings import firewall_advice, firewall_blocks, power_advice, stealth_note
 from mlx_ring.planning.auto import ModeChoice
 from mlx_ring.planning.capabilities import Capabilities

@@ -14,16 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 from mlx_ring import exits, settings
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
-from mlx_ring.hostfile import Host, hostfile_backend, mlx_hostfile, read_hostfile, resolve
-from mlx_ring.hosts import provision, ssh
+from mlx_ring.hostfile import Host, hostfile_backend, mlx_hostfile, read_hostfile
+from mlx_ring.hosts import provision
 from mlx_ring.hosts.facts import Facts
 from mlx_ring.hosts.identity import file_sums, runtime_files
 from mlx_ring.hosts.rdma import rdma_notes, rdma_problems
-from mlx_ring.hosts.weights import manifest, pieces_for
+from mlx_ring.hosts.weights import manifest
 from mlx_ring.launcher.collectives import choose, measure_ring, unmeasured
 from mlx_ring.launcher.preflight import (
     Launch,
@@ -35,11 +33,11 @@ from mlx_ring.launcher.preflight import (
     read_all,
     warnings,
 )
+from mlx_ring.launcher.shipping import send_weights
 from mlx_ring.macos_settings import format_rdma
 from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.auto import with_choice
 from mlx_ring.planning.capabilities import Capabilities
-from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import dtype_of, hidden_size
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
@@ -92,89 +90,6 @@ def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
 
     for line in each_host(ring, code_and_env).values():
         log.info("%s", line)
-
-
-def pieces_needed(plan: LayerPlan, ranks: list[tuple[str, int]]) -> dict[str, list[str]]:
-    """The weight pieces each host needs for its ranks (ssh name, rank): their layers, and the ends
-    on rank 0's host. In tensor mode every rank cuts its share of every layer from the whole
-    tensors, and holds the ends: every host needs them all."""
-    needed: dict[str, list[str]] = {}
-    for name, rank in ranks:
-        s, e = plan.ranges[plan.stage_of(rank)]
-        needed.setdefault(name, []).extend(pieces_for(range(s, e), rank == 0 or plan.tensor > 1))
-    return needed
-
-
-def send_weights(ring: Preflight) -> dict:
-    """Each remote host's slice; what was sent, per host."""
-    cache = ring.opts.remote_cache
-    needed = pieces_needed(ring.plan, [(h.ssh, h.rank) for h in ring.hosts])
-    address = {}  # ssh name -> its first rank's ring address
-    for h in ring.hosts:
-        address.setdefault(h.ssh, h.address)
-    sent = {}
-
-    names = sorted(needed)
-
-    def ship(name: str) -> str:
-        want = sorted(set(needed[name]))
-        held = sum(ring.manifest["pieces"][g]["size"] for g in want)
-        # A bar per host on a terminal (nothing otherwise): the most it may send is its whole slice.
-        via = ssh.bulk_route(ring.conf, name, address[name], resolve)
-
-        def send(route):
-            with tqdm(
-                total=held,
-                desc=f"{name} weights",
-                unit="B",
-                unit_scale=True,
-                position=names.index(name),
-                leave=False,
-                disable=None,
-                file=sys.stderr,
-            ) as bar:
-                return provision.timed(
-                    provision.send_pieces,
-                    ring.conf,
-                    ring.facts[name],
-                    ring.model,
-                    ring.manifest,
-                    want,
-                    cache,
-                    bar.update,
-                    route,
-                )
-
-        try:
-            n, t = send(via)
-        except ssh.SshError as e:
-            if via is None:
-                raise
-            log.info(
-                (
-                    "%s: its ring address %s does not take ssh (%s); sending its weights "
-                    "the way ssh reaches it"
-                ),
-                name,
-                via,
-                e,
-            )
-            n, t, via = *send(None), None
-        sent[name] = {
-            "bytes_sent": n,
-            "slice_bytes": held,
-            "seconds": round(t, 2),
-            "via": via or name,
-        }
-        return (
-            f"{name}: weights {n / 1e6:.1f} MB sent in {t:.1f} s{f' over {via}' if via else ''} "
-            f"(its slice: {len(want)} pieces, {held / 1e6:.1f} "
-            f"MB{'; the rest was there' if n < held else ''})"
-        )
-
-    for line in each_host(ring, ship).values():
-        log.info("%s", line)
-    return sent
 
 
 def launch_args(ring: Preflight, out: Path) -> None:

@@ -305,7 +305,7 @@ def test_a_rank_that_dies_by_a_signal_is_told_apart_from_a_host_gone(hosts, tmp_
     import subprocess
 
     from mlx_ring.hosts import ssh
-    from mlx_ring.launcher.supervisor import why_left
+    from mlx_ring.launcher.attempt import why_left
     from mlx_ring.launcher.waiting import reachable
 
     a = hosts.hosts[0]

@@ -222,8 +222,8 @@ def test_our_launch_gives_every_rank_what_mlx_launch_gives_it_on_the_same_hostfi
     backend, tmp_path, monkeypatch
 ):
     from mlx_ring.launcher import up
+    from mlx_ring.launcher.attempt import mlx_launch_argv
     from mlx_ring.launcher.preflight import Launch, Preflight
-    from mlx_ring.launcher.supervisor import mlx_launch_argv
 
     # MLX's hostfile for three Macs, each started on this machine (ssh "127.0.0.1": no ssh).
     written = json.loads(mlx_writes(THREE, backend, tmp_path, monkeypatch).read_text())
@@ -283,8 +283,8 @@ def test_our_launch_gives_every_rank_what_mlx_launch_gives_it_on_the_same_hostfi
 
 def test_a_tcp_hostfile_still_starts_the_ring_backend(tmp_path):
     from mlx_ring.launcher import up
+    from mlx_ring.launcher.attempt import mlx_launch_argv
     from mlx_ring.launcher.preflight import Launch, Preflight
-    from mlx_ring.launcher.supervisor import mlx_launch_argv
 
     path = tmp_path / "hosts.json"
     path.write_text(

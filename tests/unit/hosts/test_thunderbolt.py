@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_ring.hostfile import format_hostfile, load_hosts
+from mlx_ring.hosts import address_checks, mac_facts
 from mlx_ring.hosts import thunderbolt as tb
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "macos" / "thunderbolt"
@@ -29,7 +30,7 @@ def facts(
     system: str = "Darwin",
     services: str = "services",
     edit=lambda text: text,
-) -> tb.MacFacts:
+) -> mac_facts.MacFacts:
     """`stem`'s recordings as the facts script prints them on that Mac (`edit`: a change to its
     ifconfig)."""
 
@@ -41,7 +42,7 @@ def facts(
         f"ports\n{read('networksetup.txt')}"
         f"--- services\n{read(services + '.txt')}--- ifconfig\n{edit(read(ifconfig + '.txt'))}"
     )
-    return tb.parse_facts(host, out)
+    return mac_facts.parse_facts(host, out)
 
 
 def entries_for(macs: dict, order=None) -> list[dict]:
@@ -203,7 +204,7 @@ def test_a_line_of_macs_is_not_a_ring():
 
 
 def test_a_linux_host_is_named_in_one_sentence():
-    linux = tb.parse_facts("gpu-box", "system=Linux\n--- ifconfig\n")
+    linux = mac_facts.parse_facts("gpu-box", "system=Linux\n--- ifconfig\n")
     with pytest.raises(
         ValueError, match=r"^gpu-box is not a Mac \(Linux\): Thunderbolt addressing is for Macs"
     ):
@@ -239,7 +240,7 @@ def test_link_local_addresses_are_warned_about_with_the_fix(tmp_path):
     hosts = hosts_from(tmp_path, {"127.0.0.1": "169.254.37.12", "studio.local": "169.254.201.7"})
     ifs = {n: facts(n, s).interfaces for n, s in TWO.items()}
     # two Macs on bridge0 make no loop: only the routing warning
-    (warning,) = tb.hostfile_warnings(hosts, ifs)
+    (warning,) = address_checks.hostfile_warnings(hosts, ifs)
     assert warning.startswith(
         "link-local ring address(es) rank 0 (127.0.0.1) 169.254.37.12, rank 1 (studio.local) "
         "169.254.201.7: macOS keeps one route for 169.254/16"
@@ -248,7 +249,7 @@ def test_link_local_addresses_are_warned_about_with_the_fix(tmp_path):
         "`./launch.sh hosts --over thunderbolt` prints the commands and the hosts.json "
         "(then `--apply` and `--write`)"
     )
-    assert tb.hostfile_warnings(hosts) == [warning]
+    assert address_checks.hostfile_warnings(hosts) == [warning]
 
 
 def test_bridge0_in_a_ring_of_three_is_a_loop(tmp_path):
@@ -261,7 +262,7 @@ def test_bridge0_in_a_ring_of_three_is_a_loop(tmp_path):
         },
     )
     ifs = {n: facts(n, s).interfaces for n, s in THREE.items()}
-    link_local, loop = tb.hostfile_warnings(hosts, ifs)
+    link_local, loop = address_checks.hostfile_warnings(hosts, ifs)
     assert link_local.startswith("link-local ring address(es) rank 0 (127.0.0.1) 169.254.12.40,")
     assert loop.startswith(
         "rank(s) 0 (127.0.0.1), 1 (mini-b.local), 2 (mini-c.local) use Thunderbolt Bridge "
@@ -269,7 +270,7 @@ def test_bridge0_in_a_ring_of_three_is_a_loop(tmp_path):
     )
     assert "layer-2 loop (a broadcast storm); give each cable its own subnet" in loop
     # without interfaces, bridge0 cannot be told apart
-    assert tb.hostfile_warnings(hosts) == [link_local]
+    assert address_checks.hostfile_warnings(hosts) == [link_local]
 
 
 def test_bridge0_up_everywhere_loops_even_when_the_ring_uses_other_addresses(tmp_path):
@@ -282,21 +283,23 @@ def test_bridge0_up_everywhere_loops_even_when_the_ring_uses_other_addresses(tmp
         },
     )
     ifs = {n: facts(n, s).interfaces for n, s in THREE.items()}
-    (loop,) = tb.hostfile_warnings(hosts, ifs)
+    (loop,) = address_checks.hostfile_warnings(hosts, ifs)
     assert loop.startswith(
         "Thunderbolt Bridge (bridge0) is up with its Thunderbolt ports on every host in a ring of 3"
     )
     ifs["mini-b.local"] = facts(
         "mini-b.local", THREE["mini-b.local"], "ifconfig-applied"
     ).interfaces
-    assert tb.hostfile_warnings(hosts, ifs) == []  # one Mac with bridge0 down breaks the loop
+    assert (
+        address_checks.hostfile_warnings(hosts, ifs) == []
+    )  # one Mac with bridge0 down breaks the loop
 
 
 def test_the_applied_proposal_draws_no_warning(tmp_path):
     p = tb.propose(entries_for(THREE), [facts(n, s) for n, s in THREE.items()])
     hosts = hosts_from(tmp_path, p.entries)
     ifs = {n: facts(n, s, "ifconfig-applied").interfaces for n, s in THREE.items()}
-    assert tb.hostfile_warnings(hosts, ifs) == []
+    assert address_checks.hostfile_warnings(hosts, ifs) == []
     for h in hosts:  # each rank holds its own address afterwards (what `check` verifies)
         assert h.address in {a for i in ifs[h.ssh].values() for a in i.addresses}
 
@@ -333,7 +336,7 @@ def test_bridge0_addresses_are_warned_about_even_where_one_mac_took_bridge0_down
     ifs["mini-b.local"] = facts(
         "mini-b.local", THREE["mini-b.local"], "ifconfig-applied"
     ).interfaces
-    link_local, bridged = tb.hostfile_warnings(hosts, ifs)
+    link_local, bridged = address_checks.hostfile_warnings(hosts, ifs)
     assert "rank 1" not in link_local
     assert bridged.startswith(
         "rank(s) 0 (127.0.0.1), 2 (mini-c.local) use Thunderbolt Bridge (bridge0) addresses in a "

@@ -6,7 +6,7 @@ through an ifconfig shim)."""
 import json
 import threading
 
-from mlx_ring.hosts.thunderbolt import addresses_reset
+from mlx_ring.hosts.address_checks import addresses_reset
 from mlx_ring.launcher import healing
 from mlx_ring.launcher.healing import Away, restart_hosts
 from mlx_ring.launcher.launch_settings import LaunchSettings

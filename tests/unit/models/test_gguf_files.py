@@ -17,6 +17,7 @@ from mlx_lm.models import gemma3_text, llama
 from mlx_lm.utils import load_model, load_tokenizer
 
 import mlx_ring.models.gguf_convert as gc
+import mlx_ring.models.gguf_tensors as gt
 import mlx_ring.models.source as ms
 
 
@@ -465,10 +466,10 @@ def test_each_tensor_type_is_stored_as_the_table_says(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     _, tensors = gc.read_header(tmp_path / "all.gguf")
-    kept = gc.read_tensors(tmp_path / "all.gguf", tensors, to_float32=False)
-    f32 = gc.read_tensors(tmp_path / "all.gguf", tensors, to_float32=True)
+    kept = gt.read_tensors(tmp_path / "all.gguf", tensors, to_float32=False)
+    f32 = gt.read_tensors(tmp_path / "all.gguf", tensors, to_float32=True)
     for t in types:
-        name, bits = t.name, gc.MLX_BITS[t]
+        name, bits = t.name, gt.MLX_BITS[t]
         np.testing.assert_array_equal(np.array(f32[f"{name}.weight"]), held[t], err_msg=name)
         if bits is None:
             assert (

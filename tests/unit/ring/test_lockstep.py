@@ -161,7 +161,7 @@ def test_a_chained_step_settles_the_last_one_once_it_is_queued_behind_it(tiny):
 
 
 def test_every_host_gets_every_piece_in_tensor_mode_and_its_slice_in_a_pipeline():
-    from mlx_ring.launcher.up import pieces_needed
+    from mlx_ring.launcher.shipping import pieces_needed
     from mlx_ring.planning.plan import tensor_plan
 
     hosts = [("mac-a", 0), ("mac-b", 1)]
