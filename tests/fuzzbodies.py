@@ -1,7 +1,7 @@
 """Generated request bodies for every field of the API: hostile values (extremes, out of range,
 wrong types) and plausible ones (the right type across the documented range and the model's
 edges, so that a request passes the schema and its values reach the checks behind it). Used
-against the app in process (tests/unit/api/test_app.py) and against a real ring
+against the app in process (tests/unit/api/test_openai_errors.py) and against a real ring
 (tests/ring/test_adversarial.py)."""
 
 from hypothesis import strategies as st

@@ -2,10 +2,10 @@
 server, a huge prompt while another client streams, a slow stage on rank 0, and a ring whose sockets
 hold less than one decode step's payload. After each, the same rank processes still serve.
 
-The same generated bodies meet the app in process 300 at a time (tests/unit/api/test_app.py):
-which are answered and how the others are refused is the app's. Here fewer go to a real ring,
-enough that bodies the app lets through reach the real engine and sampling. FUZZ_EXAMPLES
-(default 80) sets how many."""
+The same generated bodies meet the app in process 300 at a time
+(tests/unit/api/test_openai_errors.py): which are answered and how the others are refused is the
+app's. Here fewer go to a real ring, enough that bodies the app lets through reach the real engine
+and sampling. FUZZ_EXAMPLES (default 80) sets how many."""
 
 import json
 import os

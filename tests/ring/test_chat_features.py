@@ -1,9 +1,9 @@
 """What chat apps and agent frameworks send, through the official `openai` client against the
 real 2-rank server: tool calls, JSON and JSON-schema answers, n choices, follow-up turns that
 start from the prompt cache, and speculative decoding. (What is refused, the fields clients add
-and the shape of tool calls: tests/unit/api/test_app.py, in process.) The model is the default
-one (real weights) under a Qwen2.5-style template that offers tools
-(tests/data/tools_chat_template.jinja)."""
+and the shape of tool calls: tests/unit/api/test_openai_errors.py, test_openai_answers.py and
+test_openai_tools.py, in process.) The model is the default one (real weights) under a
+Qwen2.5-style template that offers tools (tests/data/tools_chat_template.jinja)."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor

@@ -1,84 +1,19 @@
-"""The core promise: the ring computes exactly what single-process mlx-lm computes."""
+"""The core promise: the ring computes exactly what single-process mlx-lm computes. Tiny models of
+the families whose forwards differ most, split unevenly on 2 and 3 ranks: their logits alone, in
+batches, with 1 or 2 groups in flight, and from the prompt cache, all from one launch per rank
+count."""
 
-import functools
 import json
-from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load_model, load_tokenizer
-from ringutil import ROOT, launch, make_tiny_model, reference_logits
+from mlx_lm.utils import load_model
+from probeutil import DRIVER, read_probe
+from ringutil import launch, make_tiny_model, reference_logits
 
 from mlx_ring.models.compat import plain_kv_caches
 from mlx_ring.models.support import UNBATCHED
-
-DRIVER = str(ROOT / "tests" / "ring_driver.py")
-
-
-def run_probe(
-    tmp_path,
-    n,
-    model,
-    spec,
-    layers=None,
-    groups=1,
-    chunk=512,
-    timeout=300,
-    prompt_cache=0,
-    draft=0,
-    draft_model=None,
-    outs=None,
-    choose_groups=0,
-    parallel="pipeline",
-    cases=None,
-):
-    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status,
-    rank infos). `model` a list (and `outs` a folder for each): the models one after another in
-    one launch; returns the first one's results (read the others with `read_probe`); `cases`:
-    each model's own settings over the arguments (ring_driver's --case: a dict of its flags'
-    names)."""
-    models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
-    argv = [
-        DRIVER,
-        "--model",
-        *map(str, models),
-        "--spec",
-        json.dumps(spec),
-        "--groups",
-        str(groups),
-        "--chunk",
-        str(chunk),
-        "--out",
-        *map(str, outs),
-        "--prompt-cache",
-        str(prompt_cache),
-        "--draft",
-        str(draft),
-        "--choose-groups",
-        str(choose_groups),
-        "--parallel",
-        parallel,
-    ]
-    argv += ["--draft-model", str(draft_model)] if draft_model else []
-    argv += ["--case", *map(json.dumps, cases)] if cases else []
-    if layers:
-        argv += ["--layers", *([layers] if isinstance(layers, str) else [x or "-" for x in layers])]
-    launch(n, tmp_path, argv, timeout=timeout)
-    return read_probe(outs[0], n, spec)
-
-
-def read_probe(out_dir, n, spec):
-    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(n)]
-    out = json.loads((out_dir / "result.json").read_text())
-    logits = [
-        np.load(f) if (f := out_dir / f"logits{i}.npy").exists() else None for i in range(len(spec))
-    ]
-    return out["tokens"], logits, out["status"], ranks
-
 
 # The families whose forwards differ most run split unevenly on 2 and 3 ranks at more length than
 # the model matrix's (test_model_matrix.py, which admits every type): alone here (logits within
@@ -200,73 +135,6 @@ def test_tiny_models_logits_match_single_process(tiny, n):
             ], case
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_default_model_greedy_tokens_identical_to_mlx_lm(tmp_path, default_model, n):
-    """The same greedy tokens, and each rank holds exactly its slice of the weights."""
-    tokenizer = load_tokenizer(default_model)
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write a short poem about the sea."}],
-        add_generation_prompt=True,
-    )
-    tokens, _, _, ranks = run_probe(
-        tmp_path, n, default_model, [{"prompt": prompt, "max_tokens": 32, "at": 0}]
-    )
-    want = alone(default_model, prompt, 32)
-    assert tokens[0] == want, (
-        f"{n} ranks: {tokenizer.decode(tokens)!r} != {tokenizer.decode(want)!r}"
-    )
-    assert [tuple(r["layers"]) for r in ranks] == [tuple(x) for x in _uniform(30, n)]
-    each_rank_holds_exactly_its_slice(default_model, ranks)
-
-
-def alone(model_path, prompt, n):
-    """Greedy tokens of single-process mlx_lm for one sequence on its own."""
-    return list(_alone(str(model_path), tuple(prompt), n))
-
-
-@functools.lru_cache(maxsize=None)  # tests ask for the same prompts of the same model again
-def _alone(model_path: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    model = _model(model_path)
-    return tuple(
-        int(t)
-        for t, _ in zip(
-            (tok for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n)), range(n)
-        )
-    )
-
-
-@functools.lru_cache(maxsize=2)
-def _model(model_path: str):
-    return load_model(Path(model_path))[0]
-
-
-def _uniform(n_layers, n):
-    from mlx_ring.planning.plan import uniform_plan
-
-    return uniform_plan(n_layers, n).ranges
-
-
-def each_rank_holds_exactly_its_slice(default_model, ranks):
-    """Bytes held by each rank equal its layers' tensors (+ embedding, norm and head on rank 0),
-    and a worker's resident memory stays far below the whole model's size."""
-    full, _ = load_model(default_model, lazy=True)
-    layer_bytes = [
-        sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in full.model.layers
-    ]
-    ends = sum(
-        v.nbytes for k, v in tree_flatten(full.parameters()) if not k.startswith("model.layers.")
-    )
-    total = sum(layer_bytes) + ends
-    for r in ranks:
-        s, e = r["layers"]
-        assert r["parameter_bytes"] == sum(layer_bytes[s:e]) + (ends if r["rank"] == 0 else 0)
-        assert r["holds_embedding"] == r["holds_head"] == (r["rank"] == 0)
-    for worker in ranks[1:]:
-        assert worker["rss_kib"] * 1024 < worker["parameter_bytes"] + 0.5 * total, (
-            "a worker read more than its slice"
-        )
-
-
 # Sequences of different lengths arriving and leaving mid-flight (`at`: the scheduler step it
 # joins).
 MIXED = [
@@ -328,31 +196,6 @@ def test_overlap_changes_no_token(tiny):
     rate = {int(g): v for g, v in chosen["rate"].items()}
     assert sorted(rate) == [1, 2] and min(rate.values()) > 0, chosen
     assert chosen["groups"] == max(rate, key=rate.get) and chosen["idle"], chosen
-
-
-def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_model):
-    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2 ranks:
-    the ring must neither deadlock on send/recv ordering (the launch has a timeout) nor change
-    tokens."""
-    tokenizer = load_tokenizer(default_model)
-
-    def chat(q):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True
-        )
-
-    long_prompt = chat("Summarise: " + "the sea is wide and the sky is blue; " * 120)
-    spec = [
-        {"prompt": chat("What is the capital of France?"), "max_tokens": 16, "at": 0},
-        {"prompt": long_prompt, "max_tokens": 4, "at": 1},
-        {"prompt": chat("Name three colours."), "max_tokens": 16, "at": 2},
-    ]
-    tokens, _, status, _ = run_probe(
-        tmp_path, 2, default_model, spec, groups=2, chunk=512, timeout=240
-    )
-    for i, s in enumerate(spec):
-        assert tokens[i] == alone(default_model, s["prompt"], s["max_tokens"]), f"sequence {i}"
-    assert all(r["open_sequences"] == 0 for r in status)
 
 
 P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # a long first turn

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from mlx_lm.utils import load_tokenizer
+from probeutil import alone, read_probe, run_probe
 from ringutil import make_tiny_model
-from test_fidelity import alone, read_probe, run_probe
 
 TEXT = (
     "The lighthouse keeper climbed the stairs each evening, lit the lamp, and watched the ships "

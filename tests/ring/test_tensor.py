@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
+from probeutil import alone, read_probe, run_probe
 from ringutil import make_tiny_model, reference_logits
-from test_fidelity import alone, read_probe, run_probe
 
 TEXT = (
     "The lighthouse keeper climbed the stairs each evening, lit the lamp, and watched the ships "
