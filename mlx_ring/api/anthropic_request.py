@@ -87,6 +87,20 @@ class OutputConfig(_Strict):
     format: JsonOutputFormat | None = None
 
 
+# Claude Code's first system block: its version, entry point and (newer versions) a `cch=` value
+# that changes every request. It means nothing to a local model, and left in, every turn's prompt
+# would differ from its first tokens on, so no turn could reuse the last one's prompt cache.
+BILLING_LINE = "x-anthropic-billing-header:"
+
+
+def drop_billing_line(text: str) -> str:
+    """`text` without a leading billing line (and the line break after it)."""
+    if not text.lstrip().startswith(BILLING_LINE):
+        return text
+    _, _, rest = text.lstrip().partition("\n")
+    return rest
+
+
 class CountTokensRequest(_Strict):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -128,11 +142,10 @@ class CountTokensRequest(_Strict):
         return self
 
     def system_text(self) -> str:
-        return (
-            self.system
-            if isinstance(self.system, str)
-            else "".join(b.text for b in self.system or [])
-        )
+        """The system prompt the model reads: Claude Code's billing line left out (docs/api.md)."""
+        if isinstance(self.system, str):
+            return drop_billing_line(self.system)
+        return "".join(drop_billing_line(b.text) for b in self.system or [])
 
     def chat(self, **more) -> dict:
         """The internal chat request's fields."""

@@ -4,6 +4,7 @@ is answered with what the client reads back. Claude Code's names its own model (
 MODEL_ALIASES answers to it) and its prompt is more than the default model's 8k context, which
 answers a context error."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -190,3 +191,23 @@ def test_codex_with_an_openai_model_name_sends_custom_and_tool_search_tools(tool
             == "Created hello.txt."
         )
         assert "A hello.txt" in tool_served.tokenizer.decode(engine.submitted[1][0].prompt)
+
+
+def test_claude_codes_billing_line_stays_out_of_the_prompt_so_turns_share_their_prefix(
+    tool_served,
+):
+    sent = captured("claude_code_2.1_messages.json")
+    first = sent["body"]["system"][0]["text"]
+    assert first.startswith("x-anthropic-billing-header: cc_version=")
+    engine = FakeEngine(tool_served.tokenizer, answer="Hello!")
+    with client(engine, tool_served, context_length=131072, aliases=("claude-*",)) as http:
+        for cch in ("", " cch=1f2e3;", " cch=9a8b7;"):
+            body = copy.deepcopy(sent["body"])
+            body["system"][0]["text"] = first + cch
+            r = http.post(sent["path"], json=body, headers=sent["headers"])
+            assert r.status_code == 200, r.text
+    prompts = [req.prompt for [req] in engine.submitted]
+    assert prompts[0] == prompts[1] == prompts[2]
+    text = tool_served.tokenizer.decode(prompts[0])
+    assert "x-anthropic-billing-header" not in text and "cc_version" not in text
+    assert "You are a Claude agent, built on Anthropic's Claude Agent SDK." in text
