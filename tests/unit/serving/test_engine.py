@@ -86,7 +86,8 @@ def test_a_request_whose_sampling_fails_fails_alone(parts):
         and failed.status == 500
     )
     assert isinstance(bad_min_p.last(), Failed) and "min_p" in bad_min_p.last().message
-    after = Outcome([1, 2], max_tokens=4, temperature=1.0, top_p=0.9)  # random sampling works again
+    # random sampling works again; the end token (2) biased away, so the draw never ends it early
+    after = Outcome([1, 2], max_tokens=4, temperature=1.0, top_p=0.9, logit_bias={2: -100.0})
     engine.submit(after.request)
     assert isinstance(after.last(), Done) and after.last().completion_tokens == 4
     assert engine.broken is None and engine.exits == []
