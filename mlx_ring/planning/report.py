@@ -54,14 +54,7 @@ def summary(
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
         ranks.append(
             {
-                "rank": r,
-                "host": c.host,
-                "device": c.device,
-                "memory_gb": round(c.memory_gb, 2),
-                "usable_gb": round(c.usable_gb, 2),
-                "tflops": round(c.tflops, 3),
-                "bandwidth_gbs": round(c.bandwidth_gbs, 1),
-                "capabilities_from": c.source,
+                **rank_row(r, c),
                 "layers": [s, e],
                 "working_set_gb": round(c.working_set_gb, 2),
                 "weights_gb": round(
@@ -90,6 +83,20 @@ def summary(
     }
 
 
+def rank_row(rank: int, c: Capabilities) -> dict:
+    """A rank's row of a summary as far as its measured capabilities go, in either mode."""
+    return {
+        "rank": rank,
+        "host": c.host,
+        "device": c.device,
+        "memory_gb": round(c.memory_gb, 2),
+        "usable_gb": round(c.usable_gb, 2),
+        "tflops": round(c.tflops, 3),
+        "bandwidth_gbs": round(c.bandwidth_gbs, 1),
+        "capabilities_from": c.source,
+    }
+
+
 def tensor_summary(
     model: ModelSpec,
     caps: list[Capabilities],
@@ -109,14 +116,7 @@ def tensor_summary(
         )
         ranks.append(
             {
-                "rank": r,
-                "host": c.host,
-                "device": c.device,
-                "memory_gb": round(c.memory_gb, 2),
-                "usable_gb": round(c.usable_gb, 2),
-                "tflops": round(c.tflops, 3),
-                "bandwidth_gbs": round(c.bandwidth_gbs, 1),
-                "capabilities_from": c.source,
+                **rank_row(r, c),
                 "layers": [0, plan.n_layers],
                 "share": round(s.layer, 4),
                 "cache_share": round(s.cache, 4),
