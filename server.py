@@ -44,8 +44,8 @@ log = logging.getLogger("server")
 
 
 def setup_logging(cfg: Config, rank: int) -> None:
-    """Every line carries rank and host; rank r also writes `logs/rank{r}.log` on its own
-    machine."""
+    """Every line carries rank and host; rank r also writes `logs/rank{r}.log`
+    on its own machine."""
     host = socket.gethostname()
 
     class Tag(logging.Filter):
@@ -124,9 +124,9 @@ def serve_rank0(
 
 
 def local_model(cfg: Config, rank: int) -> Path:
-    """The slice the launcher sent this host for this rank under this plan (RING_MODEL_ID,
-    RING_PLAN), whatever other slices the cache holds; else the model resolved here (rank 0's own
-    machine)."""
+    """The slice the launcher sent this host for this rank under this plan
+    (RING_MODEL_ID, RING_PLAN), whatever other slices the cache holds; else the model
+    resolved here (rank 0's own machine)."""
     sizes = cfg.plan[1] if cfg.model_id and cfg.plan else ()
     # one stage (tensor mode, or one rank): every layer, or a share of each, and the ends
     if len(sizes) == 1:
@@ -175,8 +175,8 @@ def main() -> None:
     check_agreement(cfg, model_path, world)
     # the model's sizes, read once: for the plan and the prompt cache
     spec = spec_from_folder(model_path)
-    # Tensor mode's all_sum group, formed where the planner first measures over it or the shard
-    # loads.
+    # Tensor mode's all_sum group, formed where the planner first measures over it
+    # or the shard loads.
     sums = functools.cache(lambda: sum_group(world, description))
     plan, caps, predicted = make_plan(cfg, spec, world, model_path, sums)
     if rank == 0:
@@ -194,13 +194,13 @@ def main() -> None:
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it
     # forces a restart.
     RunDir(cfg.log_dir).rank_pid(rank).write_text(str(os.getpid()))
-    # JACCL gives a worker no sockets to wait on: its waits on its neighbours are timed
-    # (ring/deadline.py).
+    # JACCL gives a worker no sockets to wait on: its waits on its neighbours are
+    # timed (ring/deadline.py).
     jaccl = world_backend() == "jaccl"
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
     frame = framed(jaccl, cfg.ring_frames)
-    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header waited for
-    # its GPU.
+    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header
+    # waited for its GPU.
     link = HeaderLink.open(world, description) if plan.tensor > 1 and not (jaccl or frame) else None
     ring = Ring(world, cfg.receive_apart, deadlines, frame, [c.host for c in caps], link)
     if deadlines is not None:

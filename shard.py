@@ -66,9 +66,9 @@ class Shard:
         world: mx.distributed.Group | None = None,
     ):
         self.slice, self.model, self.plan, self.rank, self.world = cut, cut.model, plan, rank, world
-        # Every layer's cache (not only this slice's) is a plain KV cache: it can be saved and
-        # reused by prefix, drop rejected drafts, and take right padding out after a batch's
-        # prefill.
+        # Every layer's cache (not only this slice's) is a plain KV cache: it can be
+        # saved and reused by prefix, drop rejected drafts, and take right padding out
+        # after a batch's prefill.
         self.plain_kv = plain_kv
         self.batches = batches  # the layers take several rows at once (else one row a decode group)
         self.start, self.end = plan.ranges[plan.stage_of(rank)]
@@ -270,8 +270,8 @@ class Shard:
             c.step = step
 
     def count(self, header: Header, took: float) -> None:
-        """A step's `took` seconds on this rank, for the status: busy time, and a forward step's
-        average."""
+        """A step's `took` seconds on this rank, for the status: busy time, and
+        a forward step's average."""
         self.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):
             self.forward_us = 0.9 * self.forward_us + 0.1 * took * 1e6
@@ -326,12 +326,12 @@ class Shard:
 def load_shard(
     model_path: Path, plan: LayerPlan, rank: int, world: mx.distributed.Group | None = None
 ) -> Shard:
-    """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm and
-    head), then materialise what is left: tensors of other ranks are never read from disk. A
-    folder the launcher sent holds only this host's pieces; it must hold all of this rank's. In
-    tensor mode (`plan.tensor` > 1, `world` the ranks sharing the layers) every rank keeps its
-    share of every layer, and the whole embedding and head (rank 0 runs the head; the others only
-    embed)."""
+    """Build the model lazily, keep only this rank's layers (and, on rank 0, embedding, norm
+    and head), then materialise what is left: tensors of other ranks are never read from
+    disk. A folder the launcher sent holds only this host's pieces; it must hold all of this
+    rank's. In tensor mode (`plan.tensor` > 1, `world` the ranks sharing the layers) every
+    rank keeps its share of every layer, and the whole embedding and head (rank 0 runs the
+    head; the others only embed)."""
     start, end = plan.ranges[plan.stage_of(rank)]
     tensor = plan.tensor > 1
     lacking = missing_pieces(model_path, pieces_for(range(start, end), rank == 0 or tensor))

@@ -109,8 +109,8 @@ def check_objects(rows, path: Path, what: str, example: str, known: tuple[str, .
 
 
 def setting_names() -> tuple[str, ...]:
-    """Every setting that shapes a rank: each flag's variable (--max-queue: MAX_QUEUE) and
-    ENV_ONLY."""
+    """Every setting that shapes a rank: each flag's variable
+    (--max-queue: MAX_QUEUE) and ENV_ONLY."""
     return (*names(FLAG), *ENV_ONLY)
 
 
@@ -143,8 +143,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def ring_away(text: str | None) -> dict | None:
-    """RING_AWAY's JSON {"hosts": [...], "since": epoch seconds, "why": "..."}, or None when
-    unset."""
+    """RING_AWAY's JSON {"hosts": [...], "since": epoch seconds, "why": "..."},
+    or None when unset."""
     if text is None:
         return None
     try:

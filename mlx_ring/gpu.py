@@ -71,16 +71,16 @@ GPU_MEMORY_SHARE = 0.9
 
 
 def own_memory(info: dict) -> tuple[int, int] | None:
-    """(total, free) bytes of a GPU with memory of its own, as MLX's `device_info()` reports it
-    on CUDA (`total_memory`, `free_memory`); None where the device shares the host's memory (CPU,
-    Metal)."""
+    """(total, free) bytes of a GPU with memory of its own, as MLX's `device_info()`
+    reports it on CUDA (`total_memory`, `free_memory`); None where the device shares the
+    host's memory (CPU, Metal)."""
     total, free = info.get("total_memory"), info.get("free_memory")
     return (int(total), int(free)) if total and free is not None else None
 
 
 def usable_own(total: int, free: int) -> int:
-    """What a rank may fill on a GPU of its own: what is free now, at most `GPU_MEMORY_SHARE` of
-    it."""
+    """What a rank may fill on a GPU of its own: what is free now, at most
+    `GPU_MEMORY_SHARE` of it."""
     return int(min(free, GPU_MEMORY_SHARE * total))
 
 
@@ -207,8 +207,8 @@ METAL_NAME = re.compile(r"kIOGPUCommandBufferCallbackError(\w+)")
 # the name cut off, or none
 METAL_FAILED = re.compile(r"\[METAL\] Command buffer execution failed: ([^(]+)")
 FOLLOW_ON = ("SubmissionsIgnored", "InnocentVictim")  # they follow an error that is the cause
-# Metal's descriptions of them, for a message whose name was cut off ("... failed: Insufficient
-# Memory").
+# Metal's descriptions of them, for a message whose name was cut off ("...
+# failed: Insufficient Memory").
 DESCRIBED = {
     "Impacting Interactivity": "ImpactingInteractivity",
     "Caused GPU Timeout Error": "Timeout",

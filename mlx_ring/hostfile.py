@@ -184,8 +184,8 @@ def _pairs(entries: list[dict], missing: list[tuple[int, int]]) -> str:
 
 
 def without_ranks(entries: list[dict], keep: list[int]) -> list[dict]:
-    """The entries at `keep`, each one's "rdma" cut to the ranks kept (a ring without some
-    hosts)."""
+    """The entries at `keep`, each one's "rdma" cut to the ranks kept (a
+    ring without some hosts)."""
     out = []
     for i in keep:
         e = dict(entries[i])
@@ -266,8 +266,8 @@ def resolve(name: str) -> str:
 
 
 def owned_here(address: str) -> bool:
-    """Whether this machine owns `address` (binding it is the portable test: no ip or ifconfig to
-    read)."""
+    """Whether this machine owns `address` (binding it is the portable test: no ip
+    or ifconfig to read)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((address, 0))
@@ -293,8 +293,8 @@ def this_machine(
 
 
 def load_hosts(path: Path, starting_port: int, resolver=resolve, here=this_machine) -> list[Host]:
-    """Every rank's host, its resolved ring address and port; ValueError naming the entry if
-    wrong."""
+    """Every rank's host, its resolved ring address and port; ValueError naming
+    the entry if wrong."""
     entries = load_entries(path)
     hosts, port, owner = [], starting_port, {}
     for i, e in enumerate(entries):

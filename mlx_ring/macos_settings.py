@@ -78,8 +78,8 @@ def firewall_enabled() -> bool | None:
 
 
 def allow_line(python: str) -> str:
-    """The command that lets `python` accept incoming connections through the Application
-    Firewall."""
+    """The command that lets `python` accept incoming connections through
+    the Application Firewall."""
     return f"sudo {SOCKETFILTERFW} --add {python} --unblockapp {python}"
 
 
@@ -143,10 +143,10 @@ def parse_pmset(text: str) -> dict[str, str]:
 
 
 def power_advice(settings: dict[str, str]) -> str | None:
-    """What in a Mac's `pmset -g` settings can take it away from the ring (idle sleep: a sleeping
-    Mac answers no ssh; staying off after a power failure; no wake for network access), with the
-    command and the System Settings switches that fix it; None when nothing does, or nothing was
-    read (Linux)."""
+    """What in a Mac's `pmset -g` settings can take it away from the ring (idle sleep: a
+    sleeping Mac answers no ssh; staying off after a power failure; no wake for network access),
+    with the command and the System Settings switches that fix it; None when nothing does, or
+    nothing was read (Linux)."""
     said, fix = [], []
     sleep = settings.get("sleep")
     if sleep not in (None, "0") and settings.get("SleepDisabled") != "1":
@@ -192,8 +192,8 @@ def parse_ibv_devices(text: str) -> list[str]:
 
 
 def parse_ibv_devinfo(text: str) -> dict[str, str]:
-    """Each device `ibv_devinfo` shows (its `hca_id`) and its port's state (PORT_ACTIVE,
-    PORT_DOWN, ...)."""
+    """Each device `ibv_devinfo` shows (its `hca_id`) and its port's state
+    (PORT_ACTIVE, PORT_DOWN, ...)."""
     states, device = {}, None
     for line in text.splitlines():
         if m := re.match(r"\s*hca_id:\s*(\S+)", line):
@@ -211,8 +211,8 @@ def parse_macos_version(text: str) -> tuple[int, ...]:
 
 
 def rdma_devices(devices_out: str, devinfo_out: str) -> dict[str, str]:
-    """Device -> its port's state ("" where `ibv_devinfo` did not say), from both commands'
-    outputs."""
+    """Device -> its port's state ("" where `ibv_devinfo` did not say),
+    from both commands' outputs."""
     states = parse_ibv_devinfo(devinfo_out)
     return {
         d: states.get(d, "")

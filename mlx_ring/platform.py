@@ -143,8 +143,8 @@ def interface_addresses() -> list[tuple[str, str]]:
 
 
 def link_local(address: str) -> bool:
-    """Whether `address` is self-assigned (169.254/16): what cabled Macs get without a DHCP
-    server."""
+    """Whether `address` is self-assigned (169.254/16): what cabled Macs get
+    without a DHCP server."""
     return address.startswith("169.254.")
 
 
@@ -162,8 +162,8 @@ def parse_boot_id(text: str) -> str:
 
 
 def boot_id() -> str | None:
-    """This machine's boot id (shared by its containers and network namespaces), None where
-    unknown."""
+    """This machine's boot id (shared by its containers and network
+    namespaces), None where unknown."""
     try:
         if LINUX:
             return parse_boot_id(Path("/proc/sys/kernel/random/boot_id").read_text())
@@ -176,8 +176,8 @@ def boot_id() -> str | None:
 
 def usable_cores() -> frozenset[int] | None:
     """The cores this process may run on, where the system restricts it to some (Linux's
-    affinity, as `taskset` sets it); None where it may use every core (and always on macOS, which
-    has none)."""
+    affinity, as `taskset` sets it); None where it may use every core (and always on
+    macOS, which has none)."""
     get = getattr(os, "sched_getaffinity", None)
     if get is None:
         return None
@@ -306,10 +306,10 @@ def keep_awake(pid: int) -> subprocess.Popen | None:
 
 
 def local_network_hint(system: str | None = None, mac_version: str | None = None) -> str | None:
-    """What to check when this Mac gets "No route to host" from a machine on its network: macOS
-    15's Local Network privacy can deny a terminal app's programs the local network. None
-    elsewhere. `system` and `mac_version` (platform.system(), platform.mac_ver()[0]) default to
-    this machine's."""
+    """What to check when this Mac gets "No route to host" from a machine on its network:
+    macOS 15's Local Network privacy can deny a terminal app's programs the local network.
+    None elsewhere. `system` and `mac_version` (platform.system(), platform.mac_ver()[0])
+    default to this machine's."""
     system = system or platform.system()
     version = mac_version if mac_version is not None else platform.mac_ver()[0]
     if system != "Darwin" or not version or int(version.split(".")[0]) < 15:

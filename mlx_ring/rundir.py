@@ -8,8 +8,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class LaunchDir:
-    """`logs/launch/`: what `launcher.up up` plans for mlx.launch, and the supervisor's own
-    state."""
+    """`logs/launch/`: what `launcher.up up` plans for mlx.launch, and
+    the supervisor's own state."""
 
     root: Path
 
@@ -45,8 +45,8 @@ class LaunchDir:
 
     @property
     def problems(self) -> Path:
-        """Why the last `up` could not start: problems, and the hosts that did not answer (waited
-        for)."""
+        """Why the last `up` could not start: problems, and the hosts that did
+        not answer (waited for)."""
         return self.root / "problems.json"
 
     @property

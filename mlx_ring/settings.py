@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-# Who reads a setting. FLAG: a flag of server.py (--max-queue for MAX_QUEUE) whose default is the
-# variable; RANK: the ranks read it from the environment only (secrets kept off command lines, and
-# what only tests and multi-GPU hosts set); the launcher forwards both kinds to every rank.
-# LAUNCHER: read by the launcher alone. RUN: the launcher sets it for each rank of a run. MLX: MLX's
-# own (mlx.launch).
+# Who reads a setting. FLAG: a flag of server.py (--max-queue for MAX_QUEUE) whose default is
+# the variable; RANK: the ranks read it from the environment only (secrets kept off command
+# lines, and what only tests and multi-GPU hosts set); the launcher forwards both kinds to every
+# rank. LAUNCHER: read by the launcher alone. RUN: the launcher sets it for each rank of a run.
+# MLX: MLX's own (mlx.launch).
 FLAG, RANK, LAUNCHER, RUN, MLX = "flag", "rank", "launcher", "run", "mlx"
 
 
@@ -331,8 +331,8 @@ def text(
 def read(
     name: str, env: Mapping[str, str] | None = None, dot: Mapping[str, str | None] | None = None
 ):
-    """A setting parsed (None when unset and without a default); ValueError naming it and the
-    fix."""
+    """A setting parsed (None when unset and without a default); ValueError naming
+    it and the fix."""
     s, value = SETTINGS[name], text(name, env, dot)
     if value is None:
         return None

@@ -44,10 +44,10 @@ def templated(served, messages, **kw) -> list[int]:
 
 
 class FakeEngine:
-    """Answers every request with the token ids of `answer` and then the end token, as the real
-    engine ends text (mlx-lm's detokenizer, stop strings, max_tokens); `fail_after` tokens it
-    fails the request with `failure` instead. Each token's logprob is -0.5, its alternatives the
-    next ids."""
+    """Answers every request with the token ids of `answer` and then the end token, as the
+    real engine ends text (mlx-lm's detokenizer, stop strings, max_tokens); `fail_after`
+    tokens it fails the request with `failure` instead. Each token's logprob is -0.5, its
+    alternatives the next ids."""
 
     def __init__(self, tokenizer, answer: str = ANSWER):
         self.tokenizer = tokenizer
@@ -199,9 +199,9 @@ def samples(metrics_text: str) -> dict:
 
 
 class Bridge(httpx.BaseTransport):
-    """An httpx transport (for clients that build their own httpx.Client, as ollama's does) that
-    carries each request through the in-process app's TestClient, which speaks starlette's
-    httpx2, streaming."""
+    """An httpx transport (for clients that build their own httpx.Client, as ollama's does)
+    that carries each request through the in-process app's TestClient, which speaks
+    starlette's httpx2, streaming."""
 
     def __init__(self, test_client: TestClient):
         self.tc = test_client

@@ -48,8 +48,8 @@ def pytest_collection_modifyitems(config, items):
     hosts. Groups start in this order (xdist's own reorder, by number of tests, is off): the
     slowest first, so no worker is left with a long tail."""
 
-    # The folder right under tests/: a tier's subject folders (tests/unit/hosts/) belong to that
-    # tier.
+    # The folder right under tests/: a tier's subject folders (tests/unit/hosts/)
+    # belong to that tier.
     def tier(item):
         return next((t for t in TIERS if f"tests/{t}/" in item.nodeid), "unit")
 

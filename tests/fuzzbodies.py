@@ -69,9 +69,9 @@ HOSTILE = {
     "echo": st.booleans(),
     "suffix": odd_text,
 }
-# Plausible values: the right type and shape, across the documented range and the model's edges, so
-# that a request passes the schema and its values reach the checks behind it (and MLX, if those
-# miss).
+# Plausible values: the right type and shape, across the documented range and the model's
+# edges, so that a request passes the schema and its values reach the checks behind it (and
+# MLX, if those miss).
 PLAUSIBLE = {
     "temperature": st.floats(0, 2),
     "top_p": st.floats(0, 1),

@@ -34,8 +34,8 @@ def _scales_mins(x: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
     q = np.clip(np.round((x + eff_min) / np.where(eff_scale > 0, eff_scale, 1)), 0, levels).astype(
         np.uint8
     )
-    # 12 bytes: the low 6 bits of scales and mins 0-3, then 4-7 split over the top bits and a last
-    # row.
+    # 12 bytes: the low 6 bits of scales and mins 0-3, then 4-7 split over the top bits
+    # and a last row.
     packed = np.concatenate(
         [
             sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
@@ -48,8 +48,8 @@ def _scales_mins(x: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
 
 
 def _low_nibbles(q: np.ndarray) -> np.ndarray:
-    # (blocks, 8, 32) -> 128 bytes: sub-blocks 2c and 2c+1 share bytes 32c..32c+31 (low, high
-    # nibble).
+    # (blocks, 8, 32) -> 128 bytes: sub-blocks 2c and 2c+1 share bytes
+    # 32c..32c+31 (low, high nibble).
     low = q & 15
     return (low[:, 0::2] | (low[:, 1::2] << 4)).reshape(len(q), -1)
 

@@ -39,8 +39,8 @@ def main():
         out = Path(out)
         (out / f"started{world.rank()}").write_text("")
         real = batching.sample_rows, batching.sample_lazy
-        # A rank stuck in a model (waiting on a peer that will never send) says where, and ends the
-        # launch.
+        # A rank stuck in a model (waiting on a peer that will never send) says where,
+        # and ends the launch.
         faulthandler.dump_traceback_later(
             a.stall, exit=True, file=open(out / f"stack{world.rank()}.txt", "w")
         )

@@ -1,9 +1,9 @@
-"""A tiny random model of every text-decoder type mlx-lm ships, its config derived from the type's
-own `ModelArgs`: every field mlx-lm declares gets a small value of its kind (widths, heads, experts,
-latent ranks, windows, state sizes), so experts, latent attention, sliding windows and recurrent or
-convolution states are kept, only small. Types that mlx-lm runs under another's code
-(`MODEL_REMAPPING`: `kimi_k2` as `deepseek_v3`, ...) are types of their own here, as users name
-them.
+"""A tiny random model of every text-decoder type mlx-lm ships, its config derived from the
+type's own `ModelArgs`: every field mlx-lm declares gets a small value of its kind (widths,
+heads, experts, latent ranks, windows, state sizes), so experts, latent attention, sliding
+windows and recurrent or convolution states are kept, only small. Types that mlx-lm runs under
+another's code (`MODEL_REMAPPING`: `kimi_k2` as `deepseek_v3`, ...) are types of their own here,
+as users name them.
 
     python tests/model_zoo.py list                 # every type and the config it gets
     python tests/model_zoo.py make TYPE FOLDER [--bits 4]
@@ -45,8 +45,8 @@ MAX_PARAMETERS = 3_000_000
 
 
 def text_decoder_types() -> list[str]:
-    """Every model type mlx-lm 0.32 loads: its model modules, and the names it remaps to one of
-    them."""
+    """Every model type mlx-lm 0.32 loads: its model modules, and the names it remaps
+    to one of them."""
     mods = sorted(
         m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__) if m.name not in NOT_TYPES
     )
@@ -90,8 +90,8 @@ def _required_default(f) -> object:
 
 
 def tiny_config(kind: str) -> dict:
-    """The config of `kind`'s tiny model: small values for every field of its ModelArgs, then its
-    overrides."""
+    """The config of `kind`'s tiny model: small values for every field of its
+    ModelArgs, then its overrides."""
     args_cls = _args_class(kind)
     text_cls = next(
         (
@@ -150,16 +150,16 @@ def build(config: dict, seed: int = 0):
 def make(
     kind: str, folder: Path, bits: int = 0, changes: dict | None = None, seed: int = 0
 ) -> Path:
-    """Write `kind`'s tiny model to `folder` (config.json and model.safetensors; no tokenizer:
-    tests feed token ids); `bits` 4 or 8: quantized as `mlx_lm.convert` quantizes (groups of 32);
-    `changes`: merged into its config (a variant: other sizes, another layer count), `seed`:
-    other weights."""
+    """Write `kind`'s tiny model to `folder` (config.json and model.safetensors; no
+    tokenizer: tests feed token ids); `bits` 4 or 8: quantized as `mlx_lm.convert` quantizes
+    (groups of 32); `changes`: merged into its config (a variant: other sizes, another layer
+    count), `seed`: other weights."""
     config = _merge(tiny_config(kind), changes or {})
     model = build(config, seed)
     if bits:
         model, config = quantize_model(model, config, group_size=32, bits=bits)
-    # The layer count where the ring's plan reads it, whatever the type names it (n_layers,
-    # text_config, ...).
+    # The layer count where the ring's plan reads it, whatever the type names it
+    # (n_layers, text_config, ...).
     config.setdefault("num_hidden_layers", len(model.layers))
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))

@@ -48,8 +48,8 @@ def launch_cmd(n: int, tmp: Path, argv: list[str]) -> list[str]:
 def launch(
     n: int, tmp: Path, argv: list[str], timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python argv...` on n local ranks under mlx.launch; fail the test with its output on
-    error."""
+    """Run `python argv...` on n local ranks under mlx.launch; fail the test with
+    its output on error."""
     proc = subprocess.Popen(
         launch_cmd(n, tmp, argv),
         cwd=ROOT,
@@ -62,8 +62,8 @@ def launch(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # Every rank too: one left behind holds the pipes open, and the test would wait for it
-        # forever.
+        # Every rank too: one left behind holds the pipes open, and the test would
+        # wait for it forever.
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(
@@ -191,8 +191,8 @@ TINY = {
         "sliding_window": 5,
         "sliding_window_pattern": 3,
     },
-    # Gemma 3 as released from 4B up: the text model inside a vision-language wrapper (images not
-    # served).
+    # Gemma 3 as released from 4B up: the text model inside a vision-language
+    # wrapper (images not served).
     "gemma3": {
         "model_type": "gemma3",
         "vocab_size": 320,

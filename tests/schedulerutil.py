@@ -1,5 +1,5 @@
-"""Driving a scheduler in process, step by step, as rank 0's engine does: the unit tests' shared
-loop."""
+"""Driving a scheduler in process, step by step, as rank 0's engine does: the
+unit tests' shared loop."""
 
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.scheduler import Scheduler, Sequence

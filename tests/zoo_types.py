@@ -4,8 +4,8 @@ patterns, consistent pairs), and the text model inside each vision-language wrap
 
 from zoo_fields import LAYERS, SWA, VOCAB, WINDOW, YARN
 
-# Per type: what a field name alone does not say (layer patterns of LAYERS entries, consistent
-# pairs).
+# Per type: what a field name alone does not say (layer patterns of LAYERS
+# entries, consistent pairs).
 OVERRIDES: dict[str, dict] = {
     "afmoe": {"layer_types": SWA},
     "gear": {"layer_types": SWA},

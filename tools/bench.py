@@ -66,8 +66,8 @@ def bench_target(t: Target, a, model_dir: Path) -> dict:
         cpu0, t0 = t.cpu_seconds(), time.perf_counter()
         r = asyncio.run(run_concurrency(t.urls, model, c, a.max_tokens, round_=c, text=text))
         cpu1, wall = t.cpu_seconds(), time.perf_counter() - t0
-        # each rank's CPU time over the run's wall time, per core it may use: its cores' busy
-        # fraction
+        # each rank's CPU time over the run's wall time, per core it may use:
+        # its cores' busy fraction
         cores = len(a.shares[0].split(",")) if a.pin else 1
         r["busy"] = [
             round((cpu1[k] - cpu0[k]) / wall / cores, 3) for k in sorted(cpu1) if k in cpu0

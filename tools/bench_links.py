@@ -81,8 +81,8 @@ def one(
         ]
     finally:
         launch(env, "stop")
-    # The preflight's prediction, once the hosts are provisioned and the ring's ports are free
-    # again.
+    # The preflight's prediction, once the hosts are provisioned and the ring's
+    # ports are free again.
     check = launch(env, "check", "--json")
     predicted = (
         json.loads(check.stdout.strip().splitlines()[-1])

@@ -1,14 +1,14 @@
-"""Speculative decoding by prompt lookup: per-stream tokens/s of tasks whose answer repeats its
-input (fix a text, edit code, quote), and of one whose answer does not (a story: the cost when
-drafts miss), the ring with and without DRAFT_TOKENS beside single-process mlx_lm.server, in one
-run. Greedy, so the ring's answer with drafts must be the same text as without them (checked,
-reported).
+"""Speculative decoding by prompt lookup: per-stream tokens/s of tasks whose answer repeats
+its input (fix a text, edit code, quote), and of one whose answer does not (a story: the cost
+when drafts miss), the ring with and without DRAFT_TOKENS beside single-process
+mlx_lm.server, in one run. Greedy, so the ring's answer with drafts must be the same text as
+without them (checked, reported).
 
     .venv/bin/python tools/bench_speculative.py --ranks 2 --draft-tokens 6
 
-`--draft-model DIR` adds drafting with a smaller model of the same tokenizer, on the ring
-(DRAFT_MODEL) and on mlx_lm.server (its --draft-model); `tools/early_exit_model.py` makes one
-offline.
+`--draft-model DIR` adds drafting with a smaller model of the same tokenizer, on the
+ring (DRAFT_MODEL) and on mlx_lm.server (its --draft-model);
+`tools/early_exit_model.py` makes one offline.
 
 Writes `speculative.json` and `speculative.md` to `--out`.
 """
@@ -72,8 +72,8 @@ def stream(client: OpenAI, model: str, prompt: str, max_tokens: int) -> dict:
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
     span = times[-1] - times[0]
-    # Tokens after the first over the time from the first: decode alone (the prompt's prefill is
-    # apart).
+    # Tokens after the first over the time from the first: decode alone (the
+    # prompt's prefill is apart).
     return {"tokens": tokens, "decode_tps": (tokens - 1) / span, "text": "".join(parts)}
 
 
@@ -103,9 +103,9 @@ def run(t: Target, model: str, max_tokens: int) -> dict:
 
 
 def table(results: dict, plain: str, ours: list[str], same: dict) -> list[str]:
-    """Markdown rows: tokens/s of every target per task; for each drafting target, its speed over
-    plain decoding's, its drafts kept, and whether its text is plain decoding's (greedy: it
-    should be)."""
+    """Markdown rows: tokens/s of every target per task; for each drafting target, its speed
+    over plain decoding's, its drafts kept, and whether its text is plain decoding's
+    (greedy: it should be)."""
     rows = [
         "| task | "
         + " | ".join(f"{n} tok/s" for n in results)

@@ -1,6 +1,6 @@
-"""Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how long, it
-takes N concurrent greedy sequences to produce their tokens. Run it under mlx.launch like the
-server:
+"""Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how
+long, it takes N concurrent greedy sequences to produce their tokens. Run it under
+mlx.launch like the server:
 
     python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- \\
         python tools/bench_steps.py --model DIR --streams 1,16,64
@@ -40,8 +40,8 @@ from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
 
 
 def draft_ab(sched: Scheduler, n: int, a) -> None:
-    """Plain and drafting runs in turn; each line's tokens/s, then the drafting/plain ratio of
-    the sums."""
+    """Plain and drafting runs in turn; each line's tokens/s, then the drafting/plain
+    ratio of the sums."""
     k, totals = sched.draft_tokens, {0: 0.0, 1: 0.0}
     for r in range(a.rounds):
         for drafting in (0, 1):

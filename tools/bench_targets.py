@@ -122,8 +122,8 @@ class Target:
 
 
 def core_shares(a) -> list[str]:
-    """--pin: the cores of each rank of the largest ring ("0,1"), this process's cores split
-    evenly."""
+    """--pin: the cores of each rank of the largest ring ("0,1"), this
+    process's cores split evenly."""
     cores = sorted(os.sched_getaffinity(0))
     share = len(cores) // a.most
     if share < 1:

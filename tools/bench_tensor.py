@@ -216,8 +216,8 @@ def step_times(ranks: list[list]) -> list[str]:
 
 
 def _between_pings(events: list) -> list:
-    """The events between the two PING steps around the traced run (each PING a few events in a
-    row)."""
+    """The events between the two PING steps around the traced run (each PING a few
+    events in a row)."""
     pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
     end = next(a for a, b in zip(pings, pings[1:]) if b > a + 1)  # the first PING's last event
     return events[end + 1 : pings[pings.index(end) + 1]]

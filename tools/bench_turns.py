@@ -90,8 +90,8 @@ def main():
 
         a.model = str(resolve_model(None, CACHE_DIR, "auto"))
     model_dir = Path(a.model)
-    # What bench_targets.targets reads: the ring sizes and the peers to start, with room for one
-    # stream.
+    # What bench_targets.targets reads: the ring sizes and the peers to start, with
+    # room for one stream.
     a.ranks, a.peers = [int(x) for x in a.ranks.split(",")], [x for x in a.peers.split(",") if x]
     a.concurrency, a.gpu, a.server_args, a.pin, a.shares = [1], False, [], False, []
     a.out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,9 @@ def one_stream(model, prompt: list[int], max_tokens: int) -> tuple[float, str]:
 def many_streams(
     model, n: int, max_tokens: int, prompt: Callable[[int], list[int]]
 ) -> tuple[float, str]:
-    """mlx-lm's `BatchGenerator`: n greedy streams arriving together, each `max_tokens` tokens,
-    every prompt in one prefill batch and every stream in one decode batch (as the ring's one
-    group)."""
+    """mlx-lm's `BatchGenerator`: n greedy streams arriving together, each `max_tokens`
+    tokens, every prompt in one prefill batch and every stream in one decode batch (as
+    the ring's one group)."""
     gen = BatchGenerator(
         model,
         max_tokens=max_tokens,

@@ -50,8 +50,8 @@ def plan_cell(spec, caps: list[Capabilities]) -> str:
 
 
 def table() -> str:
-    """A row per model: its size, and for each ring the lightest precision that fits, with its
-    split."""
+    """A row per model: its size, and for each ring the lightest precision that
+    fits, with its split."""
     head = ["model (`model_type`)", "parameters (active)"] + [r[0] for r in RINGS]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for f in sorted(CONFIGS.glob("*.json")):

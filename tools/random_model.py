@@ -32,8 +32,8 @@ SHAPES = {
         "max_position_embeddings": 8192,
         "tie_word_embeddings": False,
     },
-    # The shape where one GPU's step is bound by reading its weights (cut to --layers 20: 36 GB a
-    # token).
+    # The shape where one GPU's step is bound by reading its weights (cut to --layers 20:
+    # 36 GB a token).
     "llama3-70b": {
         "model_type": "llama",
         "hidden_size": 8192,
@@ -91,12 +91,12 @@ def make_random_model(
     quiet_scale: float = 1.0,
     **overrides,
 ) -> Path:
-    """Write a random `shape` model to `out` with the tokenizer of `tokenizer_from`; `overrides`
-    change config keys (fewer layers, say). Layers from `quiet_after` on have their output
-    projections scaled by `quiet_scale`: they barely change the residual stream, so the model's
-    first `quiet_after` layers (`early_exit_model.py`) agree with it often, a pair of models for
-    timing a draft model where no real pair is offline (the smaller the scale, the more they
-    agree)."""
+    """Write a random `shape` model to `out` with the tokenizer of `tokenizer_from`;
+    `overrides` change config keys (fewer layers, say). Layers from `quiet_after` on have
+    their output projections scaled by `quiet_scale`: they barely change the residual stream,
+    so the model's first `quiet_after` layers (`early_exit_model.py`) agree with it often, a
+    pair of models for timing a draft model where no real pair is offline (the smaller the
+    scale, the more they agree)."""
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = dict(SHAPES[shape], vocab_size=vocab, torch_dtype=dtype, **overrides)
     model_cls, args_cls = model_classes(config)

@@ -65,9 +65,9 @@ def stop_reason(done, calls: list, window: bool) -> dict:
 
 
 def usage(done) -> dict:
-    """Anthropic's usage: `input_tokens` the prompt's tokens after the last cache read, which
-    `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing is counted as
-    written)."""
+    """Anthropic's usage: `input_tokens` the prompt's tokens after the last cache read,
+    which `cache_read_input_tokens` counts (the prompt cache is automatic here: nothing
+    is counted as written)."""
     return prompt_usage(done.prompt_tokens, done.cached_tokens) | {
         "output_tokens": done.completion_tokens
     }

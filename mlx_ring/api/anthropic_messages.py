@@ -29,8 +29,8 @@ class ToolUseBlock(_Block):
 
 
 class MediaBlock(Refused):
-    """Images and documents: recognised only to be refused, with a message that says where and
-    why."""
+    """Images and documents: recognised only to be refused, with a message that
+    says where and why."""
 
     type: Literal["image", "document"]
 

@@ -187,8 +187,8 @@ class MessagesRequest(CountTokensRequest):
         "mcp_servers": "it connects to no MCP servers; send their tools as tools",
         "context_management": "it does not edit the conversation; send it as it should be read",
     }
-    # Clearing thinking blocks asks nothing of a model that writes none (Claude Code sends it by
-    # default).
+    # Clearing thinking blocks asks nothing of a model that writes none (Claude Code
+    # sends it by default).
     harmless: ClassVar[dict[str, object]] = {
         "context_management": lambda v: (
             isinstance(v, dict)

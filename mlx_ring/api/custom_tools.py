@@ -45,9 +45,9 @@ class CustomTool(_Strict):
     format: Annotated[TextInput | GrammarInput, Field(discriminator="type")] | None = None
 
     def function(self, forced: bool) -> dict:
-        """The function the chat template shows: one string parameter, `input`; under `forced`
-        (the answer must call it) the input's schema carries the grammar's pattern, which
-        decoding enforces."""
+        """The function the chat template shows: one string parameter, `input`; under
+        `forced` (the answer must call it) the input's schema carries the grammar's
+        pattern, which decoding enforces."""
         fmt = self.format if isinstance(self.format, GrammarInput) else None
         text = {
             "type": "string",
@@ -79,8 +79,8 @@ class CustomTool(_Strict):
 
 
 class ToolSearchTool(_Strict):
-    """Tool search run by the client (`execution: client`, as Codex sends it): a function to the
-    model."""
+    """Tool search run by the client (`execution: client`, as Codex sends it): a
+    function to the model."""
 
     type: Literal["tool_search"]
     execution: Literal["client"]
@@ -183,8 +183,8 @@ CALL_ITEMS = (
 
 
 def check_forced(tools: list | None, choice) -> None:
-    """A forced custom call's grammar must be one decoding can enforce (raises ValueError if
-    not)."""
+    """A forced custom call's grammar must be one decoding can enforce
+    (raises ValueError if not)."""
     for t in tools or []:
         if isinstance(t, CustomTool) and (
             choice == "required" or (isinstance(choice, ToolChoiceCustom) and choice.name == t.name)
@@ -277,8 +277,8 @@ def custom_input(arguments: str) -> str:
 
 
 def output_item(call: dict, tool: CustomTool | ToolSearchTool, status: str = "completed") -> dict:
-    """A parsed call (OpenAI's chat shape) of a custom or tool_search tool as the Responses API's
-    item."""
+    """A parsed call (OpenAI's chat shape) of a custom or tool_search tool as
+    the Responses API's item."""
     done, args = status == "completed", call["function"]["arguments"]
     if isinstance(tool, CustomTool):
         return {

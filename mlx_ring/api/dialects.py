@@ -1,8 +1,8 @@
-"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their request
-turned into the one internal chat request, which the front (front.py) checks, templates and
-queues exactly as chat completions (same sampling, template, grammar, tool-call parsing and
-prompt cache), their answer collected from its events, and errors reshaped into the dialect's own
-error body."""
+"""What the agents' dialects (Anthropic Messages, OpenAI Responses, Ollama) share: their
+request turned into the one internal chat request, which the front (front.py) checks,
+templates and queues exactly as chat completions (same sampling, template, grammar, tool-call
+parsing and prompt cache), their answer collected from its events, and errors reshaped into
+the dialect's own error body."""
 
 import json
 from typing import AsyncIterator, Callable
@@ -87,8 +87,8 @@ def chat_request(fields: dict, kind: type = ChatCompletionRequest, names: dict |
 
 
 def _named(e: ValidationError, names: dict[str, str]) -> ApiError:
-    """The 400 for the first problem of the internal request's sampling fields, in the client's
-    words."""
+    """The 400 for the first problem of the internal request's sampling fields,
+    in the client's words."""
     errors = e.errors(include_url=False, include_context=False, include_input=False)
     first = validation_message(errors[:1])
     ours, message = first["param"], first["message"]
@@ -199,6 +199,6 @@ def dialect_router(shape: Callable[[int, dict], dict], schema: dict) -> APIRoute
 
 
 def named_sse(event: dict) -> str:
-    """A server-sent event named for its `type`, as Anthropic's and the Responses API's streams
-    send them."""
+    """A server-sent event named for its `type`, as Anthropic's and the Responses
+    API's streams send them."""
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

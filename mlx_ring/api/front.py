@@ -107,8 +107,8 @@ class Reply:
 
 
 class Front:
-    """Check, tokenize, reserve, submit: the only way a request of any dialect reaches the
-    engine."""
+    """Check, tokenize, reserve, submit: the only way a request of any
+    dialect reaches the engine."""
 
     def __init__(self, engine: EnginePort, served: ServedModel, metrics: RingMetrics):
         self.engine, self.served, self.metrics = engine, served, metrics
@@ -180,8 +180,8 @@ class Front:
         return answer.prompt_tokens, answer.events()
 
     def _submit(self, body, prompt: Prompt, limit: int) -> tuple[list[Request], asyncio.Queue]:
-        """The request's choices, queued together; their events arrive on one asyncio queue as
-        (index, event)."""
+        """The request's choices, queued together; their events arrive on one asyncio
+        queue as (index, event)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         top, reqs = body.logprob_count() or 0, []
@@ -216,8 +216,8 @@ class Front:
         return reqs, events
 
     def _reserve(self, http: HttpRequest, body, prompt: list[int], limit: int) -> list | None:
-        """The request's tokens (prompt + n x its completion limit) against its key's tokens per
-        minute."""
+        """The request's tokens (prompt + n x its completion limit) against its
+        key's tokens per minute."""
         key = getattr(http.state, "key", None)
         if key is None:
             return None

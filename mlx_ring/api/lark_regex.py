@@ -170,8 +170,8 @@ class _Inline:
 
 
 def _escape(text: str) -> str:
-    """`text` matched literally: Rust's regex syntax refuses escapes of characters that are not
-    its own."""
+    """`text` matched literally: Rust's regex syntax refuses escapes of characters that
+    are not its own."""
     return "".join("\\" + c if c in META else c for c in text)
 
 

@@ -69,8 +69,8 @@ class RingMetrics:
         r.register(_Ranks(self))
 
     def render(self, stats: Stats, ranks: list[dict]) -> bytes:
-        """The text format, with the engine's snapshot and the ranks' rows (none when the ring is
-        down)."""
+        """The text format, with the engine's snapshot and the ranks' rows (none when
+        the ring is down)."""
         self.stats, self.ranks = stats, ranks
         return generate_latest(self.registry)
 
@@ -223,8 +223,8 @@ class CountRequests:
         self.routes = [(r.path_regex, r.path_format) for r in routes if hasattr(r, "path_regex")]
 
     def endpoint(self, path: str) -> str:
-        """The route `path` reaches, named by its template: a bounded set of labels, whatever the
-        paths sent."""
+        """The route `path` reaches, named by its template: a bounded set of labels,
+        whatever the paths sent."""
         return next((name for regex, name in self.routes if regex.match(path)), "other")
 
     async def __call__(self, scope, receive, send):

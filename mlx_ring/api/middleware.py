@@ -46,8 +46,8 @@ class BodyLimit:
 
 
 def _replay(chunks: list[bytes], last: dict | None, receive):
-    """An ASGI receive that gives the body read already (or the message that ended it), then the
-    real one's."""
+    """An ASGI receive that gives the body read already (or the message that ended it),
+    then the real one's."""
     pending = (
         [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
         if last is None

@@ -10,8 +10,8 @@ from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 from mlx_ring.api.openai_request import Tool
 from mlx_ring.api.schema import _Strict, bounds_of, only_with
 
-# Ollama option -> the internal request's field; other options (num_ctx, num_gpu, mirostat...) are
-# ignored.
+# Ollama option -> the internal request's field; other options (num_ctx, num_gpu,
+# mirostat...) are ignored.
 OPTIONS = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -109,8 +109,8 @@ class _Generating(_Strict):
         return self
 
     def unloads(self) -> bool:
-        """keep_alive 0 (as a number or a Go duration such as "0s"): with nothing to answer,
-        Ollama unloads."""
+        """keep_alive 0 (as a number or a Go duration such as "0s"): with nothing
+        to answer, Ollama unloads."""
         k = self.keep_alive
         return (
             k == 0
@@ -207,9 +207,9 @@ class ShowRequest(_Strict):
 
 
 def chat_messages(messages: list[Message]) -> list[dict]:
-    """Ollama's messages as chat messages: its tool calls and results carry no ids, so each call
-    gets one and each tool result takes the id of the first open call of its name (else the first
-    open)."""
+    """Ollama's messages as chat messages: its tool calls and results carry no ids, so each
+    call gets one and each tool result takes the id of the first open call of its name
+    (else the first open)."""
     out, open_calls = [], []
     for n, m in enumerate(messages):
         msg = {"role": m.role, "content": m.content}

@@ -74,8 +74,8 @@ def architecture(served: ServedModel) -> str:
 
 
 def details(served: ServedModel) -> dict:
-    """Ollama's `details` of a model held as MLX safetensors: family the architecture, size and
-    weights."""
+    """Ollama's `details` of a model held as MLX safetensors: family the
+    architecture, size and weights."""
     arch = architecture(served)
     return {
         "parent_model": "",

@@ -59,8 +59,8 @@ def openai_routes(front: Front, bodies: Bodies) -> APIRouter:
 
 
 async def respond(front: Front, body, answer: Reply, chat: bool):
-    """OpenAI's answer to a queued request: a chat completion or a text completion, whole or
-    streamed."""
+    """OpenAI's answer to a queued request: a chat completion or a text
+    completion, whole or streamed."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     head = {"id": rid, "created": int(time.time()), "model": front.served.id}
 

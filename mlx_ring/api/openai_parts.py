@@ -1,5 +1,5 @@
-"""Pieces of OpenAI's chat and text completions built from the engine's events: logprobs, usage,
-server-sent events."""
+"""Pieces of OpenAI's chat and text completions built from the engine's events: logprobs,
+usage, server-sent events."""
 
 import json
 import math
@@ -52,9 +52,9 @@ def completion_logprobs(tokens, top: int | None, token_text: Callable[[int], str
 
 
 def usage(done: list[Done]) -> dict:
-    """The prompt once (the choices of a request share its prefill), the completions of every
-    choice; of the prompt, the tokens the prompt cache held (`cached_tokens`, as OpenAI reports
-    them)."""
+    """The prompt once (the choices of a request share its prefill), the completions
+    of every choice; of the prompt, the tokens the prompt cache held (`cached_tokens`,
+    as OpenAI reports them)."""
     p, c = done[0].prompt_tokens, sum(d.completion_tokens for d in done)
     return {
         "prompt_tokens": p,

@@ -183,8 +183,8 @@ class ChatCompletionRequest(_Sampling):
     _call_grammar: object = PrivateAttr(None)
 
     def constrain_calls(self, grammar) -> None:
-        """Decode this answer under `grammar(start, end)` (text, and tool calls between those
-        markers)."""
+        """Decode this answer under `grammar(start, end)` (text, and tool
+        calls between those markers)."""
         self._call_grammar = grammar
 
     @model_validator(mode="after")
@@ -228,8 +228,8 @@ class ChatCompletionRequest(_Sampling):
         return [] if self.tool_choice == "none" else list(self.tools or [])
 
     def max_tokens_asked(self) -> int | None:
-        """The completion limit the client asked for (max_completion_tokens, else max_tokens), if
-        any."""
+        """The completion limit the client asked for (max_completion_tokens,
+        else max_tokens), if any."""
         return self.max_completion_tokens or self.max_tokens
 
     def logprob_count(self) -> int | None:

@@ -1,9 +1,9 @@
-"""OpenAI's Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`) as a thin adapter: its
-typed request (input text or items, instructions, function tools and their outputs, text.format;
-responses_request.py) becomes the one internal chat request; the engine's events become a response
-object or its stream of named events. `previous_response_id` continues a conversation kept on rank
-0, in a bounded store: the prompt cache then finds the shared prefix, so only the new turn is
-prefilled."""
+"""OpenAI's Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`) as a thin adapter:
+its typed request (input text or items, instructions, function tools and their outputs,
+text.format; responses_request.py) becomes the one internal chat request; the engine's events
+become a response object or its stream of named events. `previous_response_id` continues a
+conversation kept on rank 0, in a bounded store: the prompt cache then finds the shared prefix,
+so only the new turn is prefilled."""
 
 import time
 import uuid
@@ -85,8 +85,8 @@ class ResponseDraft:
         }
 
     def item(self, call: dict, status: str = "completed") -> dict:
-        """A parsed call as its output item: a function_call, or a custom or tool_search tool's
-        own item."""
+        """A parsed call as its output item: a function_call, or a custom or
+        tool_search tool's own item."""
         f = call["function"]
         if f["name"] in self.clients:
             return custom_tools.output_item(call, self.clients[f["name"]], status)

@@ -12,16 +12,16 @@ READ_BY_ROUTES: dict[str, type] = {}
 
 
 def body_of(model) -> dict:
-    """The OpenAPI request body of a route that reads `model` itself (bodies.py); `document` adds
-    its schema."""
+    """The OpenAPI request body of a route that reads `model` itself (bodies.py);
+    `document` adds its schema."""
     READ_BY_ROUTES[model.__name__] = model
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 def document(app, served: ServedModel) -> dict:
-    """The app's OpenAPI schema with what only this server knows: 400 in OpenAI's shape, SSE,
-    run-time limits."""
+    """The app's OpenAPI schema with what only this server knows: 400 in OpenAI's
+    shape, SSE, run-time limits."""
     # FastAPI documents validation failures as 422; this server answers 400 in OpenAI's shape.
     if app.openapi_schema is None:
         schema = get_openapi(

@@ -1,6 +1,6 @@
-"""The Responses API's kept responses: the last few conversations and response objects on rank 0,
-for `previous_response_id` (the prompt cache then finds the shared prefix) and `GET
-/v1/responses/{id}`."""
+"""The Responses API's kept responses: the last few conversations and response objects on
+rank 0, for `previous_response_id` (the prompt cache then finds the shared prefix) and
+`GET /v1/responses/{id}`."""
 
 from collections import OrderedDict
 
@@ -10,8 +10,8 @@ KEPT = 256  # responses kept for previous_response_id, the oldest forgotten firs
 
 
 class Kept:
-    """The last `size` responses (their conversations and bodies), for previous_response_id and
-    GET."""
+    """The last `size` responses (their conversations and bodies), for
+    previous_response_id and GET."""
 
     def __init__(self, size: int = KEPT):
         self.size, self.items = size, OrderedDict()

@@ -17,9 +17,9 @@ class _Strict(BaseModel):
     # Strict types: `false` is not 0 and "1" is not 1.
     model_config = ConfigDict(extra="forbid", strict=True)
     # Fields of the real API that would change the answer and that this server cannot honour:
-    # refused by name and why ("Extra inputs are not permitted" is left for typos). `harmless`:
-    # values that ask for nothing this server does not do (modalities ["text"]), or a test of the
-    # value.
+    # refused by name and why ("Extra inputs are not permitted" is left for typos).
+    # `harmless`: values that ask for nothing this server does not do (modalities ["text"]),
+    # or a test of the value.
     unsupported: ClassVar[dict[str, str]] = {}
     harmless: ClassVar[dict[str, object]] = {}
 
@@ -215,9 +215,9 @@ class _Sampling(_Strict):
         return self
 
     def clamp_tokens(self):
-        """This request's max_tokens over the room its prompt leaves in the context is cut to
-        that room, not refused (the agent dialects' choice, as Ollama's and LM Studio's); returns
-        self."""
+        """This request's max_tokens over the room its prompt leaves in the context
+        is cut to that room, not refused (the agent dialects' choice, as Ollama's and
+        LM Studio's); returns self."""
         self._clamp = True
         return self
 
@@ -232,8 +232,8 @@ class _Sampling(_Strict):
     def sampling(
         self, top_logprobs: int, choice: int = 0, grammar: str | None = None
     ) -> SamplingParams:
-        """The engine's parameters for choice `choice` (each choice its own seed, so they
-        differ)."""
+        """The engine's parameters for choice `choice` (each choice its own
+        seed, so they differ)."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,

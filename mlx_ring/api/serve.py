@@ -103,9 +103,9 @@ def serve(cfg: Config, engine, served: ServedModel, ranks: int, plan: str) -> No
         engine.stop()  # HTTP stays up meanwhile, answering 503 to new requests
 
     def on_peer_lost(_signum, _frame):
-        # The launcher saw a rank's host go (its ssh session ended): fail the requests now, naming
-        # it, rather than after STEP_TIMEOUT. Off this thread: the engine may hold its lock right
-        # now.
+        # The launcher saw a rank's host go (its ssh session ended): fail the requests now,
+        # naming it, rather than after STEP_TIMEOUT. Off this thread: the engine may hold
+        # its lock right now.
         try:
             why = RunDir(cfg.log_dir).broken.read_text().strip()
         except OSError:

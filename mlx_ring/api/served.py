@@ -13,9 +13,9 @@ from mlx_ring.planning.cluster import Cluster
 
 def served_name(setting: str | None, model: str | None, default: str) -> str:
     """The one name the model is served under: SERVED_MODEL_NAME when set, else the MODEL
-    setting's last part (a folder's name, a .gguf file's name without `.gguf`), a Hugging Face
-    repo id as it is (as vLLM names it), or `default` (the default model's name) when MODEL is
-    unset."""
+    setting's last part (a folder's name, a .gguf file's name without `.gguf`), a Hugging
+    Face repo id as it is (as vLLM names it), or `default` (the default model's name)
+    when MODEL is unset."""
     if setting:
         return setting
     if not model:
@@ -61,23 +61,23 @@ class ServedModel:
         ]
 
     def answers_to(self, name: str | None) -> bool:
-        """A request naming `name` is for this model: no name, `default`, the served name or an
-        alias."""
+        """A request naming `name` is for this model: no name, `default`, the served
+        name or an alias."""
         return name in (None, "", self.id, "default") or any(
             fnmatch.fnmatchcase(name, a) for a in self.aliases
         )
 
     @cached_property
     def max_prompt_chars(self) -> int:
-        """Text longer than this cannot fit the context: no token covers more characters than its
-        vocabulary entry has (byte-level entries: one a byte), so such text is refused
-        untokenized."""
+        """Text longer than this cannot fit the context: no token covers more
+        characters than its vocabulary entry has (byte-level entries: one a byte), so
+        such text is refused untokenized."""
         return self.context_length * max(map(len, self.tokenizer.get_vocab()))
 
 
 def check_text_length(served: ServedModel, field: str, chars: int) -> None:
-    """A 400 for text that cannot fit the context, before tokenizing it (which takes seconds a
-    MB)."""
+    """A 400 for text that cannot fit the context, before tokenizing it (which
+    takes seconds a MB)."""
     if chars > served.max_prompt_chars:
         raise ApiError(
             400,
@@ -140,14 +140,14 @@ def _held(served: ServedModel) -> tuple[int, str]:
 
 
 def context_room(served: ServedModel, prompt_tokens: int) -> int:
-    """Completion tokens the context (or the ring's memory for its KV cache) leaves after the
-    prompt."""
+    """Completion tokens the context (or the ring's memory for its KV cache)
+    leaves after the prompt."""
     return _held(served)[0] - prompt_tokens
 
 
 def context_cuts(served: ServedModel, prompt_tokens: int, asked: int) -> bool:
-    """Whether the room the context leaves, not `asked` nor the server's limit, bounds a clamped
-    answer."""
+    """Whether the room the context leaves, not `asked` nor the server's limit,
+    bounds a clamped answer."""
     return context_room(served, prompt_tokens) < min(
         asked, served.max_tokens_limit or served.context_length
     )

@@ -1,8 +1,8 @@
-"""Tool calls out of one choice's generated text, as it streams: the text between the markers of
-the model's chat template goes to mlx-lm's own parser for that family
-(`TokenizerWrapper.tool_parser`), and comes out in OpenAI's shape. Calls in mlx-lm's JSON format
-can also be read as they are generated, their arguments handed out in fragments (`JsonCall`). No
-MLX here."""
+"""Tool calls out of one choice's generated text, as it streams: the text between the markers
+of the model's chat template goes to mlx-lm's own parser for that family
+(`TokenizerWrapper.tool_parser`), and comes out in OpenAI's shape. Calls in mlx-lm's JSON
+format can also be read as they are generated, their arguments handed out in fragments
+(`JsonCall`). No MLX here."""
 
 import json
 import logging
@@ -112,8 +112,8 @@ class ToolCallText:
         return parts + [("end", self.calls - 1, call)]
 
     def _compare(self, reading: "JsonCall", call: dict) -> None:
-        """A warning where the streamed call is not what the whole text parses to: what was sent
-        stays."""
+        """A warning where the streamed call is not what the whole text parses to:
+        what was sent stays."""
         try:
             parsed = self._parse_one(reading.raw)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -217,8 +217,8 @@ class JsonCall:
             self.pending.append(text)
 
     def _step(self) -> bool:
-        """Read one token if it is complete; False when more text is needed or the reading
-        stopped."""
+        """Read one token if it is complete; False when more text is needed
+        or the reading stopped."""
         if self.string is not None:
             return self._string()
         raw, i = self.raw, self.at
@@ -277,8 +277,8 @@ class JsonCall:
         return True
 
     def _token(self, kind: str, value=None) -> bool:
-        """One token against JSON's grammar: what the call's fields are, what the arguments' text
-        is."""
+        """One token against JSON's grammar: what the call's fields are, what
+        the arguments' text is."""
         if not self.stack:
             self.stack.append(["{", "key_or_end", None])
             return True

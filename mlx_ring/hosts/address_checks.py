@@ -33,9 +33,9 @@ def hostfile_warnings(
             f"on Wi-Fi, so ring traffic can leave by the wrong port; {FIX}"
         )
     if len(hosts) >= 3 and interfaces:
-        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop protection:
-        # three or more Macs cabled in a ring with bridge0 up forward broadcasts round forever (a
-        # broadcast storm).
+        # Every Thunderbolt port is a bridge0 member and macOS's bridge has no loop
+        # protection: three or more Macs cabled in a ring with bridge0 up forward broadcasts
+        # round forever (a broadcast storm).
         bridge = {h.ssh: interfaces.get(h.ssh, {}).get("bridge0") for h in hosts}
         on_bridge = [h for h in hosts if bridge[h.ssh] and h.address in bridge[h.ssh].addresses]
         looped = all(b and b.up and len(b.members) > 1 for b in bridge.values())

@@ -10,8 +10,8 @@ from pathlib import Path
 from mlx_ring.config import ROOT
 
 # What a host needs to run a rank: the entry points, the lock and the pinned Python, and the
-# package. Configuration (hosts.json, .env) is not code: each host keeps its own, and editing it
-# restarts nothing.
+# package. Configuration (hosts.json, .env) is not code: each host keeps its own, and
+# editing it restarts nothing.
 CODE = (
     "server.py",
     "shard.py",

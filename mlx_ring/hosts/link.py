@@ -75,8 +75,8 @@ else:
 """
 
 
-# $1 the environment's Python, then its arguments; a host without it answers in the probe's own
-# JSON.
+# $1 the environment's Python, then its arguments; a host without it answers in
+# the probe's own JSON.
 RUN = (
     'py=$1; shift; [ -x "$py" ] || { printf \'{"error": "no project environment at %s (./launch.sh '
     'setup there)"}\\n\' "$py"; '
@@ -87,9 +87,9 @@ RUN = (
 def measure_pair(
     conf, sender, receiver, mb: int = BLOCK_MB, root: Path = ROOT, seconds: float = SECONDS
 ) -> dict:
-    """{rtt_ms, gbit_s, mb} from `sender`'s host to `receiver`'s ring address, or {error}; the
-    probes run under the project's environment at `root` on each host, for about `seconds` at
-    most."""
+    """{rtt_ms, gbit_s, mb} from `sender`'s host to `receiver`'s ring address, or
+    {error}; the probes run under the project's environment at `root` on each host, for
+    about `seconds` at most."""
     result, python = {}, ssh.env_python(root)
 
     def run(node, *args, timeout):

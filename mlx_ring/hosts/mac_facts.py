@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from mlx_ring.hosts import netsetup
 from mlx_ring.platform import Interface, parse_ifconfig_interfaces
 
-# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and the check
-# after --apply.
+# What MLX's extract_connectivity reads on each Mac, plus ifconfig for the warnings and
+# the check after --apply.
 SCRIPT = r"""
 PATH=$PATH:/usr/sbin:/sbin
 echo "system=$(uname -s)"

@@ -32,9 +32,9 @@ class Service:
 
 
 def parse_service_order(text: str) -> list[Service]:
-    """`networksetup -listnetworkserviceorder`: each service's name, hardware port, device and
-    whether it is enabled ("(*) Name", also printed "(3) *Name" by some macOS versions, is
-    disabled)."""
+    """`networksetup -listnetworkserviceorder`: each service's name, hardware port,
+    device and whether it is enabled ("(*) Name", also printed "(3) *Name" by some
+    macOS versions, is disabled)."""
     out, current = [], None
     for line in map(str.strip, text.splitlines()):
         if line.startswith("(Hardware Port: ") and current:
@@ -84,10 +84,10 @@ def setup_commands(
 
 
 def detached(cmds: list[str], host: str, interactive: bool) -> str:
-    """A sh command that runs `cmds` as root, detached (nohup, in the background) so that taking
-    bridge0 down cannot end it with the ssh session that started it; they write LOG, ending with
-    DONE and the status of the first that failed. `interactive`: sudo may ask for the password on
-    the terminal."""
+    """A sh command that runs `cmds` as root, detached (nohup, in the background) so that
+    taking bridge0 down cannot end it with the ssh session that started it; they write LOG,
+    ending with DONE and the status of the first that failed. `interactive`: sudo may ask for
+    the password on the terminal."""
     body = (
         "st=0\n"
         + "".join(f"{c} || {{ s=$?; [ $st = 0 ] && st=$s; }}\n" for c in cmds)

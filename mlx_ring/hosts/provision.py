@@ -1,7 +1,7 @@
-"""Bringing a host up to date from rank 0's machine, over ssh: the project's tracked files (only
-those that differ), uv and the locked environment, and the weight pieces of its slice (only those
-it lacks, checked against their hashes on arrival). Every step is a no-op when the host is
-already current."""
+"""Bringing a host up to date from rank 0's machine, over ssh: the project's tracked files
+(only those that differ), uv and the locked environment, and the weight pieces of its slice
+(only those it lacks, checked against their hashes on arrival). Every step is a no-op when the
+host is already current."""
 
 import hashlib
 import io
@@ -21,8 +21,8 @@ log = logging.getLogger("provision")
 
 UV_INSTALLER = "curl -LsSf https://astral.sh/uv/install.sh | sh"
 
-# $1 cache folder (empty: the host's default), $2 the slice's folder name; stdin: a tar of blobs/
-# and hosted/<name>/.
+# $1 cache folder (empty: the host's default), $2 the slice's folder name; stdin: a tar of
+# blobs/ and hosted/<name>/.
 RECEIVE = r"""
 set -e
 cache=${1:-$HOME/.cache/mlx-ring}; id=$2
@@ -81,8 +81,8 @@ class Chunks(io.RawIOBase):
 def _send_tar(
     conf: Path, host: str, script: str, args: tuple, add, progress=None, via: str | None = None
 ) -> int:
-    """Stream a tar that `add(tar)` fills into `script` on `host` (over `via`, an address); the
-    bytes sent."""
+    """Stream a tar that `add(tar)` fills into `script` on `host` (over `via`, an
+    address); the bytes sent."""
     p = subprocess.Popen(
         ssh.argv(conf, host, script, args, via),
         stdin=subprocess.PIPE,
@@ -115,8 +115,8 @@ tar -xf - -C "$1"
 
 
 def closed_to_ssh_on_macos(root: Path) -> bool:
-    """Whether a Mac refuses ssh sessions access to `root` (TCC protects these folders of every
-    account)."""
+    """Whether a Mac refuses ssh sessions access to `root` (TCC protects these
+    folders of every account)."""
     parts = Path(root).parts
     return (
         len(parts) > 3 and parts[1] == "Users" and parts[3] in ("Documents", "Desktop", "Downloads")
@@ -133,8 +133,8 @@ def location_advice(root: Path) -> str:
 
 
 def send_code(conf: Path, facts: Facts, root: Path, sums: dict[str, str]) -> tuple[int, list[str]]:
-    """The runtime files whose contents differ on the host: (bytes sent, the files it had that
-    were replaced)."""
+    """The runtime files whose contents differ on the host: (bytes sent, the files it
+    had that were replaced)."""
     stale = [f for f, digest in sums.items() if facts.sums.get(f) != digest]
     if not stale:
         return 0, []
@@ -185,8 +185,8 @@ def ensure_uv(conf: Path, facts: Facts, here_system: str) -> None:
 
 
 def sync_env(conf: Path, facts: Facts, root: Path) -> None:
-    """The locked runtime environment (and, on Linux, OpenBLAS) through the host's own
-    `./launch.sh setup`."""
+    """The locked runtime environment (and, on Linux, OpenBLAS) through the
+    host's own `./launch.sh setup`."""
     p = ssh.run(conf, facts.host, 'cd "$1" && ./launch.sh setup', (root,), timeout=900)
     if p.returncode:
         tail = " ".join(p.stderr.strip().splitlines()[-2:])[-300:]

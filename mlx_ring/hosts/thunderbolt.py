@@ -146,9 +146,9 @@ def taken_networks(macs: list[MacFacts]) -> list[ipaddress.IPv4Network]:
 
 def subnet_base(cables: int, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Address:
     """Where to number the cables' /30s from (4 addresses each, as MLX lays them out from
-    192.168.0.0): MLX's own start when no Mac is on a network there, else the first /24 step that
-    overlaps none (a home network on 192.168.0.0/24 would otherwise lose its router's address to
-    a cable)."""
+    192.168.0.0): MLX's own start when no Mac is on a network there, else the first /24 step
+    that overlaps none (a home network on 192.168.0.0/24 would otherwise lose its router's
+    address to a cable)."""
     starts = [ipaddress.IPv4Address(f"192.168.{k}.0") for k in range(256)]
     starts += [ipaddress.IPv4Address(f"172.{16 + k // 256}.{k % 256}.0") for k in range(16 * 256)]
     for base in starts:
@@ -239,8 +239,8 @@ def read_interfaces(conf: Path, host: str, local: bool) -> dict[str, Interface]:
 
 
 def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:
-    """Every hosts.json entry's facts at once; ValueError naming each host that could not be
-    read."""
+    """Every hosts.json entry's facts at once; ValueError naming each host that
+    could not be read."""
 
     def one(e: dict) -> MacFacts:
         local = this_machine(e["ssh"], e["ips"][0])  # this Mac: read here, not over ssh
@@ -256,9 +256,9 @@ def gather(conf: Path, entries: list[dict]) -> list[MacFacts]:
 
 
 def apply(conf: Path, p: Proposal) -> list[str]:
-    """Run each Mac's commands as root, detached (netsetup.start: sudo asks in this terminal,
-    over `ssh -t` for the other Macs), wait for each to finish, then read ifconfig back; problems
-    as sentences."""
+    """Run each Mac's commands as root, detached (netsetup.start: sudo asks in this
+    terminal, over `ssh -t` for the other Macs), wait for each to finish, then read ifconfig
+    back; problems as sentences."""
     problems = []
     # Other Macs first: a .local name may resolve to a bridge0 address, which this Mac's bridge0
     # going down would cut off.

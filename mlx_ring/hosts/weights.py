@@ -37,8 +37,8 @@ def _header(path: Path) -> tuple[int, dict]:
 
 
 def _piece_header(tensors: list[list]) -> bytes:
-    """The safetensors header of a piece: its tensors back to back, padded to 8 bytes as the
-    format asks."""
+    """The safetensors header of a piece: its tensors back to back, padded to 8 bytes
+    as the format asks."""
     head, at = {}, 0
     for _, name, dtype, shape, begin, end in tensors:
         head[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + end - begin]}
@@ -133,8 +133,8 @@ def manifest(folder: Path, cache_dir: Path) -> dict:
 
 
 def missing_pieces(folder: Path, needed: list[str]) -> list[str]:
-    """Pieces of `needed` a hosted folder lacks (none for an ordinary model folder: it holds
-    all)."""
+    """Pieces of `needed` a hosted folder lacks (none for an ordinary model
+    folder: it holds all)."""
     own = Path(folder) / MANIFEST
     if not own.is_file():
         return []

@@ -93,9 +93,9 @@ def tell_rank0(s: LaunchSettings, reason: str) -> None:
 def mlx_launch_argv(
     planned: LaunchDir, ring_port: int, envs: list[str], command: list[str]
 ) -> list[str]:
-    """mlx.launch over the planned hostfile, on the backend `up` chose (ring, jaccl or
-    jaccl-ring; the ring's ports, or JACCL's coordinator on rank 0's address, start at
-    `ring_port`)."""
+    """mlx.launch over the planned hostfile, on the backend `up` chose (ring,
+    jaccl or jaccl-ring; the ring's ports, or JACCL's coordinator on rank 0's
+    address, start at `ring_port`)."""
     backend = planned.backend.read_text().strip() if planned.backend.is_file() else "ring"
     return [
         str(Path(PYTHON).parent / "mlx.launch"),
@@ -120,8 +120,8 @@ def run_ring(
     stopping: threading.Event,
     away: dict | None = None,
 ) -> tuple[dict, str]:
-    """One attempt: mlx.launch over the planned hostfile until it exits; ({rank: exit code}, its
-    output)."""
+    """One attempt: mlx.launch over the planned hostfile until it exits; ({rank:
+    exit code}, its output)."""
     planned, attempt = s.run.launch, s.run.attempt_log
     envs = [x for line in planned.env.read_text().splitlines() if line for x in ("--env", line)]
     envs += ["--env", f"RING_RESTARTS={restarts}"]  # /metrics reports it
@@ -138,8 +138,8 @@ def run_ring(
     hosts, codes, seen = rank_hosts(s), {}, 0
     s.run.broken.unlink(missing_ok=True)
     with open(attempt, "wb") as out:
-        # A process group of its own, so a ring that cannot exit is killed whole, local ranks
-        # included.
+        # A process group of its own, so a ring that cannot exit is killed
+        # whole, local ranks included.
         p = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -173,8 +173,8 @@ def run_ring(
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code
-            # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped or hung):
-            # force it.
+            # Rank 0 gone, yet mlx.launch still waits on a rank that cannot exit (stopped
+            # or hung): force it.
             r0 = read_pid(s.run.rank_pid(0))
             if r0 and not alive(r0):
                 gone_since = gone_since or time.monotonic()
@@ -193,9 +193,9 @@ def run_ring(
 
 def sweep_hosts(s: LaunchSettings, kill: bool = False) -> None:
     """mlx.launch's temporary files of the ranks that are gone, removed on every host
-    (ring/leftovers.py); a host that does not answer is swept by its next rank instead. `kill`:
-    before a ring starts, stale ranks of an earlier ring (on a host that was cut off) are killed
-    too."""
+    (ring/leftovers.py); a host that does not answer is swept by its next rank instead.
+    `kill`: before a ring starts, stale ranks of an earlier ring (on a host that was cut
+    off) are killed too."""
     notes = s.run.tempfiles
     sweep(notes, wait=5, kill=kill)
     remote = sorted({h for h in rank_hosts(s) if h != "127.0.0.1"})

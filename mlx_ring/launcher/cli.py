@@ -47,8 +47,8 @@ def pytest_argv(args: list[str]) -> list[str]:
 
 
 def run_python(argv: list[str]) -> None:
-    """Replace this process with the environment's Python running `argv` (OpenBLAS preloaded for
-    MLX)."""
+    """Replace this process with the environment's Python running `argv`
+    (OpenBLAS preloaded for MLX)."""
     os.chdir(ROOT)
     os.execve(sys.executable, [sys.executable, *argv], environment.rank_env())
 
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cmd, args = (argv[0], argv[1:]) if argv else ("start", [])
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    # Started on every host by mlx.launch (rank) or the launcher (probe): this host's BLAS, then
-    # Python.
+    # Started on every host by mlx.launch (rank) or the launcher (probe): this
+    # host's BLAS, then Python.
     if cmd == "rank":
         run_python(["server.py", *args])
     if cmd == "probe":

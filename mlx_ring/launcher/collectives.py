@@ -34,8 +34,8 @@ TIMEOUT_S = 120  # the ranks start (over ssh), connect, then time 80 all_sums ea
 
 
 def probe_command(hostfile: Path, port: int, hidden: int, dtype: str) -> list[str]:
-    """mlx.launch running the all_sum probe on every host of `hostfile`, from the project's
-    checkout."""
+    """mlx.launch running the all_sum probe on every host of `hostfile`,
+    from the project's checkout."""
     launcher = str(Path(sys.executable).parent / "mlx.launch")
     return [
         launcher,
@@ -70,8 +70,8 @@ def measure_ring(
     with tempfile.TemporaryDirectory() as d:
         hostfile = Path(d) / "hosts.json"
         hostfile.write_text(json.dumps(mlx_hostfile(hosts)))
-        # A process group of its own: a rank that hangs is ended with mlx.launch, on this host's
-        # side.
+        # A process group of its own: a rank that hangs is ended with mlx.launch,
+        # on this host's side.
         p = subprocess.Popen(
             under_feed(probe_command(hostfile, port, hidden, dtype)),
             cwd=ROOT,

@@ -59,8 +59,8 @@ def sync(*, dev: bool = False, cuda: bool = False) -> None:
 
 
 def install_openblas() -> None:
-    """Debian's OpenBLAS where we may install it (Linux, root, apt-get); quietly nothing
-    otherwise."""
+    """Debian's OpenBLAS where we may install it (Linux, root, apt-get);
+    quietly nothing otherwise."""
     if (
         platform.system() != "Linux"
         or OPENBLAS.exists()

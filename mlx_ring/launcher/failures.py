@@ -70,8 +70,8 @@ def jaccl_join_failure(output: str) -> str | None:
     )
 
 
-# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which rank it waited
-# on.
+# A JACCL worker that timed out a wait on its neighbour (ring/deadline.py) says which
+# rank it waited on.
 DEADLINE = re.compile(r"ring deadline: (?P<why>[^\n]*?); leaving")
 
 

@@ -1,7 +1,7 @@
 """Bringing the hosts back before a restart: a host that went away (or a Mac whose Thunderbolt
-addresses were reset) is waited for as long as the supervisor runs; with FAILOVER_AFTER set, the
-ring serves without it meanwhile (when the others can hold the model), and takes it back once it
-is back."""
+addresses were reset) is waited for as long as the supervisor runs; with FAILOVER_AFTER set,
+the ring serves without it meanwhile (when the others can hold the model), and takes it back
+once it is back."""
 
 import contextlib
 import logging
@@ -47,8 +47,8 @@ class Away:
 
 
 def is_back(conf: Path, host: str, address: str | None = None) -> bool:
-    """Whether `host` answers over ssh again, or, given the ring `address` it lost, holds it
-    again."""
+    """Whether `host` answers over ssh again, or, given the ring `address` it
+    lost, holds it again."""
     if address is None:
         return reachable(conf, host)
     try:
@@ -65,8 +65,8 @@ def is_back(conf: Path, host: str, address: str | None = None) -> bool:
 
 
 def hosts_up(s: LaunchSettings, args: list[str], hostfile: Path | None = None) -> int:
-    """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and write
-    mlx.launch's inputs."""
+    """Check and provision every host (of `hostfile`, else HOSTFILE), plan, and
+    write mlx.launch's inputs."""
     env = {**os.environ, **({"HOSTFILE": str(hostfile)} if hostfile else {})}
     return subprocess.run(
         [

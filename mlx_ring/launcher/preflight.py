@@ -165,9 +165,9 @@ def warnings(ring: Preflight) -> list[str]:
 
 
 def compare(ring: Preflight, sums: dict[str, str], found: list[str], setup: bool = False) -> None:
-    """Into `found`, where a remote host's code or environment differs from this machine's: as a
-    problem, or (`setup`: a check before a start that provisions) as what `./launch.sh start`
-    does there."""
+    """Into `found`, where a remote host's code or environment differs from this
+    machine's: as a problem, or (`setup`: a check before a start that provisions) as what
+    `./launch.sh start` does there."""
     mine = " ".join(versions().values())
     for name, f in sorted(ring.facts.items()):
         if name == "127.0.0.1":

@@ -25,8 +25,8 @@ def healthy(url: str) -> bool:
 
 
 def wait_ready(url: str, log: Path, hostfile: Path, alive, timeout: float) -> int:
-    """READY once /health answers, EXITED as soon as `alive()` (the supervisor) is false, else
-    TIMED_OUT."""
+    """READY once /health answers, EXITED as soon as `alive()` (the supervisor)
+    is false, else TIMED_OUT."""
     n = len(json.loads(hostfile.read_text()))
     deadline = time.monotonic() + timeout
     with tqdm(

@@ -1,5 +1,5 @@
-"""`./launch.sh status`: is the ring up, and each rank's layers and memory (rank 0's
-/cluster/status)."""
+"""`./launch.sh status`: is the ring up, and each rank's layers and memory
+(rank 0's /cluster/status)."""
 
 import json
 import ssl

@@ -210,8 +210,8 @@ def start(s: LaunchSettings, args: list[str]) -> int:
 
 
 def stop(s: LaunchSettings) -> int:
-    """SIGTERM to the supervisor (it drains rank 0, which shuts every rank down), then anything
-    left."""
+    """SIGTERM to the supervisor (it drains rank 0, which shuts every rank
+    down), then anything left."""
     pidfile = s.run.launcher_pid
     pid = supervisor_pid(s)
     if pid is None:

@@ -76,8 +76,8 @@ def bring_up(ring: Preflight, sums: dict[str, str], here: str) -> None:
         (sent, replaced), t = provision.timed(provision.send_code, ring.conf, f, ROOT, sums)
         provision.ensure_uv(ring.conf, f, here)
         _, t_env = provision.timed(provision.sync_env, ring.conf, f, ROOT)
-        # A file edited on the host is overwritten: say which, so nobody's change goes without a
-        # word.
+        # A file edited on the host is overwritten: say which, so nobody's change
+        # goes without a word.
         edited = (
             f" (replaced there: {', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})"
             if replaced
@@ -230,8 +230,8 @@ def run(a, cfg: Config, opts: Launch) -> Preflight:
     for warning in [*warned, *warnings(ring)]:
         log.warning("warning: %s", warning)
     if not ring.problems:
-        # Before the first start, hosts without the project are what `start` sets up: not a problem
-        # to `check`.
+        # Before the first start, hosts without the project are what `start` sets up: not
+        # a problem to `check`.
         setup = a.command == "check" and opts.provision
         compare(ring, sums, ring.pending if setup else ring.problems, setup)
     if not ring.problems and not ring.pending:
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(exits.refusal(str(e)), file=sys.stderr)
         return exits.REFUSED
-    # for the supervisor: a host that did not answer, or lost its address, is waited for; others are
-    # not
+    # for the supervisor: a host that did not answer, or lost its address, is waited
+    # for; others are not
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         LaunchDir(a.out).problems.write_text(

@@ -18,8 +18,8 @@ log = logging.getLogger("launcher")
 
 
 def write_state(path: Path, state: str, **facts) -> dict:
-    """The supervisor's state (serving, waiting, stopped, ...) with `since` and whatever else it
-    knows."""
+    """The supervisor's state (serving, waiting, stopped, ...) with `since` and
+    whatever else it knows."""
     row = {"state": state, "since": time.time(), **facts}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(row))

@@ -1,7 +1,7 @@
 """State a model's layers take beside the hidden states, made before the first layer or by an
-earlier layer (Talkie's normalized token embeddings, RWKV-7's first layer's values): a rank after
-the first cannot make it, so it crosses ranks with the hidden states, packed after them on the last
-axis.
+earlier layer (Talkie's normalized token embeddings, RWKV-7's first layer's values): a rank
+after the first cannot make it, so it crosses ranks with the hidden states, packed after them
+on the last axis.
 
 Which arguments those are, a dry run of the model's whole forward says (lazy: graphs are built,
 nothing is computed): the arguments of its second layer, other than the hidden states, that are
@@ -91,8 +91,8 @@ def find_carry(model: nn.Module, owner: nn.Module, key: str) -> Carry | None:
 
 
 class _Watch(StandIn):
-    """A layer in the dry run: runs it (lazily), noting the arguments it got and what it
-    returned."""
+    """A layer in the dry run: runs it (lazily), noting the arguments it got
+    and what it returned."""
 
     def __init__(self, layer: nn.Module, seen: list):
         super().__init__(layer)

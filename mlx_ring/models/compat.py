@@ -10,8 +10,8 @@ from mlx_lm.utils import _get_classes
 
 
 def merge_caches(caches: list[list]) -> list:
-    """Several prompts' per-layer caches as one batch cache per layer (mlx-lm's batch
-    generator's)."""
+    """Several prompts' per-layer caches as one batch cache per layer
+    (mlx-lm's batch generator's)."""
     return _merge_caches(caches)
 
 
@@ -67,9 +67,9 @@ def model_classes(config: dict) -> tuple[type, type]:
 
 def plain_kv_caches(caches: list) -> bool:
     """Whether these per-layer caches are all plain KV caches, whose first n positions hold
-    exactly the first n tokens: they can be saved and reused by prefix (`shard.Shard`'s SAVE and
-    LOAD steps), trimmed, and right-padded in a batch's prefill (the padding is rolled out after
-    it)."""
+    exactly the first n tokens: they can be saved and reused by prefix (`shard.Shard`'s
+    SAVE and LOAD steps), trimmed, and right-padded in a batch's prefill (the padding is
+    rolled out after it)."""
     return bool(caches) and all(type(c) is KVCache for c in caches)
 
 

@@ -48,8 +48,8 @@ BLOCK_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
-# GGUF architectures read -> (mlx_lm model_type, Hugging Face class). llama.cpp writes Mistral as
-# llama.
+# GGUF architectures read -> (mlx_lm model_type, Hugging Face class). llama.cpp
+# writes Mistral as llama.
 ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
@@ -115,9 +115,9 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> dict:
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
     if arch == "gemma3":
-        # What llama.cpp's gemma3 graph assumes where the file does not say: local layers' RoPE
-        # base, every sixth layer global, and the query scale (27B, 62 layers, scales by hidden /
-        # heads).
+        # What llama.cpp's gemma3 graph assumes where the file does not say: local layers'
+        # RoPE base, every sixth layer global, and the query scale (27B, 62 layers, scales
+        # by hidden / heads).
         config.update(
             rope_local_base_freq=10000.0,
             sliding_window=key("attention.sliding_window", 512),
@@ -165,16 +165,16 @@ def _end_tokens(meta: dict) -> int | list[int]:
 
 
 def _unpermute_rows(x: mx.array, n_head: int) -> mx.array:
-    # llama.cpp reorders q/k rows per head for its interleaved RoPE: (n_head, 2, hd/2) -> (n_head,
-    # hd/2, 2). Undo it: rows of weight, scales and biases alike, since quantization groups run
-    # along columns.
+    # llama.cpp reorders q/k rows per head for its interleaved RoPE: (n_head, 2, hd/2) ->
+    # (n_head, hd/2, 2). Undo it: rows of weight, scales and biases alike, since quantization
+    # groups run along columns.
     shape = x.shape
     return x.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[dict, dict | None]:
-    """Rename, un-permute and optionally dequantize GGUF tensors; returns (weights,
-    quantization)."""
+    """Rename, un-permute and optionally dequantize GGUF tensors;
+    returns (weights, quantization)."""
     arch = {v[0]: k for k, v in ARCHITECTURES.items()}[config["model_type"]]
     names = BLOCK_NAMES[arch]
     out = {}
@@ -192,8 +192,8 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
                 )
             path = f"model.layers.{parts[1]}.{names[parts[2]]}"
             if parts[2] in ("attn_q", "attn_k") and arch == "llama" and leaf != "bias":
-                # only llama.cpp's llama converter permutes (for its RoPE); the others keep Hugging
-                # Face's order
+                # only llama.cpp's llama converter permutes (for its RoPE); the others
+                # keep Hugging Face's order
                 heads = config[
                     "num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"
                 ]
@@ -231,8 +231,8 @@ def gguf_weights_to_mlx(weights: dict, config: dict, dequantize: bool) -> tuple[
 
 
 def save_gguf_tokenizer(meta: dict, out: Path) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the chat template) built from GGUF
-    metadata."""
+    """Write tokenizer.json and tokenizer_config.json (with the chat template)
+    built from GGUF metadata."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_TOKENIZER_MAPPING,

@@ -1,10 +1,10 @@
 """A GGUF file's tensors as MLX arrays, at MLX's own quantization.
 
-Files whose tensors MLX reads itself (F32, F16, Q4_0, Q4_1, Q8_0) keep their blocks exactly as MLX's
-quantization (`mx.load`); any other file (K-quants: Q4_K_M, Q5_K_M, Q6_K...) is read tensor by
-tensor with `gguf.quants.dequantize` and stored as MLX's own quantization (`MLX_BITS`): exactly
-where the type is MLX's affine form over 32 values (value = scale * q + bias), requantized where it
-is not.
+Files whose tensors MLX reads itself (F32, F16, Q4_0, Q4_1, Q8_0) keep their blocks exactly as
+MLX's quantization (`mx.load`); any other file (K-quants: Q4_K_M, Q5_K_M, Q6_K...) is read
+tensor by tensor with `gguf.quants.dequantize` and stored as MLX's own quantization
+(`MLX_BITS`): exactly where the type is MLX's affine form over 32 values (value = scale * q +
+bias), requantized where it is not.
 """
 
 from pathlib import Path
@@ -35,10 +35,10 @@ MLX_BITS = {
     T.Q6_K: 8,
     T.Q8_0: 8,
 }
-# Types whose 32-value sub-blocks are exactly MLX's affine groups -> the bytes of a block holding
-# the quantized values, as (start, end, byte for q = 0, byte for q = 1). Blocks with these bytes
-# filled and dequantized by gguf give each group's bias and bias + scale, so no layout of scales is
-# rewritten here.
+# Types whose 32-value sub-blocks are exactly MLX's affine groups -> the bytes of a block
+# holding the quantized values, as (start, end, byte for q = 0, byte for q = 1). Blocks with
+# these bytes filled and dequantized by gguf give each group's bias and bias + scale, so no
+# layout of scales is rewritten here.
 _AFFINE = {
     T.Q4_0: [(2, 18, 0x00, 0x11)],
     T.Q4_1: [(4, 20, 0x00, 0x11)],
@@ -71,8 +71,8 @@ def read_tensors(path: Path, tensors: list, to_float32: bool) -> dict:
                 for i in range(0, len(t.data), rows)
             ]
             q, scales, biases = (mx.concatenate(p) for p in zip(*parts))
-            # float16 scales and biases, as GGUF's own blocks and mx.load's quantized tensors have
-            # them
+            # float16 scales and biases, as GGUF's own blocks and mx.load's
+            # quantized tensors have them
             new = {
                 t.name: q,
                 f"{stem}.scales": scales.astype(mx.float16),

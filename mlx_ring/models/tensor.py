@@ -40,8 +40,8 @@ HEAD_ATTRS = (
 # query heads per KV head, where kept
 GROUP_ATTRS = ("num_key_value_groups", "n_kv_groups", "n_rep", "repeats")
 OUT_NAMES = ("o_proj", "out_proj", "dense")
-# MLPs: the layers that make the columns (gate and up, or one of them), then the one that takes
-# them.
+# MLPs: the layers that make the columns (gate and up, or one of them), then the
+# one that takes them.
 MLP_NAMES = (
     ("gate_proj", "up_proj", "down_proj"),
     ("w1", "w3", "w2"),
@@ -53,8 +53,8 @@ MLP_NAMES = (
 EXPERT_NAMES = ("switch_mlp", "experts")
 SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")
 PER_HEAD = ("sinks",)  # attention parameters with one entry per query head
-# a layer whose split parts hold less of its matrices than this is refused: it would be mostly
-# replicated
+# a layer whose split parts hold less of its matrices than this is refused: it
+# would be mostly replicated
 ENOUGH = 0.75
 
 

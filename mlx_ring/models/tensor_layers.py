@@ -18,8 +18,8 @@ def is_linear(m) -> bool:
 
 
 def in_width(layer: nn.Module) -> tuple[int, int]:
-    """A linear (or switch) layer's input width and the unit it can be cut in (its quantization
-    group)."""
+    """A linear (or switch) layer's input width and the unit it can be cut in
+    (its quantization group)."""
     if hasattr(layer, "bits"):
         return layer.weight.shape[-1] * 32 // layer.bits, layer.group_size
     return layer.weight.shape[-1], 1
@@ -58,8 +58,8 @@ def slice_columns(layer: nn.Module, a: int, b: int, keep_bias: bool = True) -> N
 def rows(layer, ranges: list[tuple[int, int]], group: mx.distributed.Group) -> nn.Module:
     """An all-to-sharded layer holding output rows `ranges` of `layer`."""
     n, bias, width = group.size(), "bias" in layer, sum(b - a for a, b in ranges)
-    # Built for width * n outputs, so MLX's even-split check passes; its parameters are this rank's
-    # below.
+    # Built for width * n outputs, so MLX's even-split check passes; its parameters
+    # are this rank's below.
     if isinstance(layer, nn.QuantizedLinear):
         out = QuantizedAllToShardedLinear(
             in_width(layer)[0],
@@ -78,8 +78,8 @@ def rows(layer, ranges: list[tuple[int, int]], group: mx.distributed.Group) -> n
 
 
 def columns(layer, a: int, b: int, group: mx.distributed.Group) -> nn.Module:
-    """A sharded-to-all layer holding input columns [a, b) of `layer`; it all_sums, then adds the
-    bias."""
+    """A sharded-to-all layer holding input columns [a, b) of `layer`; it all_sums,
+    then adds the bias."""
     n, bias = group.size(), "bias" in layer
     if isinstance(layer, nn.QuantizedLinear):
         out = QuantizedShardedToAllLinear(

@@ -145,9 +145,9 @@ def head_split(heads: int, kv: int, n: int) -> list[Heads]:
 
 
 def _reading(a: int, b: int, g: int) -> Heads:
-    """Query heads [a, b) with the KV heads they read (`g` query heads to a KV head): runs of
-    unequal length repeat their KV head, in runs of their greatest common divisor, so the groups
-    are equal."""
+    """Query heads [a, b) with the KV heads they read (`g` query heads to a KV head): runs
+    of unequal length repeat their KV head, in runs of their greatest common divisor, so
+    the groups are equal."""
     runs = [(j, min(b, (j + 1) * g) - max(a, j * g)) for j in range(a // g, (b - 1) // g + 1)]
     unit = math.gcd(*(length for _, length in runs))
     return Heads(a, b, tuple(j for j, length in runs for _ in range(length // unit)))
@@ -192,8 +192,8 @@ def tensor_shares(config: dict, n: int) -> list[Share]:
             f"its {kv} KV heads are fewer than {n} ranks, and no test has kept a KV head on "
             "several ranks for it",
         )
-    # Parameter counts of the standard layout, to weigh heads against columns against what every
-    # rank holds.
+    # Parameter counts of the standard layout, to weigh heads against columns against
+    # what every rank holds.
     attn_q = 2 * hidden * head_dim  # a query head's rows in q and columns in o
     attn_kv = 2 * hidden * head_dim  # a KV head's rows in k and v
     mlp_col = 3 * hidden  # a column's row in gate and up, column in down

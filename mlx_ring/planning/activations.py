@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 CHUNK = 512  # prompt tokens per prefill step where PREFILL_CHUNK is auto: the most any device takes
 SCORE_BYTES = 4  # attention computed unfused (a CPU always) keeps its scores and softmax in float32
-# On CUDA a prefill chunk attends unfused only over at most this many keys: models/compat.py's
-# UNFUSED_PREFILL_KEYS, which says why (kept apart so planning reads no MLX; a test holds them
-# equal).
+# On CUDA a prefill chunk attends unfused only over at most this many keys:
+# models/compat.py's UNFUSED_PREFILL_KEYS, which says why (kept apart so planning reads no
+# MLX; a test holds them equal).
 UNFUSED_KEYS = 2048
 # A CUDA rank's prefill steps may hold this share of the memory its plan leaves beside weights and
 # the KV_TOKENS reserve: big enough for several prompts' chunks a step, the rest stays KV room.
@@ -32,8 +32,8 @@ def holds_graph(cap: "Capabilities") -> bool:
 
 
 def metal(cap: "Capabilities") -> bool:
-    """A Mac, probed (a recommended working set) or declared in hosts.json (an Apple device, or
-    none named)."""
+    """A Mac, probed (a recommended working set) or declared in hosts.json (an Apple
+    device, or none named)."""
     return bool(cap.working_set_gb) or cap.device.startswith("Apple") or not cap.device
 
 
@@ -81,8 +81,8 @@ def activation_bytes(
 
 
 def _score_bytes(model: "ModelSpec", cap: "Capabilities", n: int, context: int) -> float:
-    """One layer's attention scores and softmax for one query token, where attention may run
-    unfused."""
+    """One layer's attention scores and softmax for one query token, where
+    attention may run unfused."""
     # Metal attends in one fused kernel; elsewhere a prompt's may run unfused (a CPU's always)
     if not n or metal(cap):
         return 0.0
@@ -113,6 +113,6 @@ def prefill_step(
 def least_step_tokens(
     model: "ModelSpec", caps: list["Capabilities"], layers: list[int], context: int
 ) -> int:
-    """The fewest `step_tokens` any rank of the ring (rank r: `caps[r]`, `layers[r]` layers)
-    holds."""
+    """The fewest `step_tokens` any rank of the ring (rank r: `caps[r]`,
+    `layers[r]` layers) holds."""
     return min(step_tokens(model, c, r, n, context) for r, (c, n) in enumerate(zip(caps, layers)))

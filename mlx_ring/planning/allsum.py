@@ -1,13 +1,13 @@
-"""What an all_sum costs over the ring's own links, measured: every rank sums a small `(1, hidden)`
-and a larger `(64, hidden)` array, all_sums chained in one graph as a model's layers issue them; the
-lower quartile of each size's rounds gives a latency and a bandwidth (a line through the two),
-cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds. PARALLEL=auto reads it;
-`./launch.sh check` measures it under mlx.launch on every host (`./launch.sh probe allsum`), and a
-ring that starts without one (or with one `implausible` says to measure again) measures it once at
-startup.
+"""What an all_sum costs over the ring's own links, measured: every rank sums a small `(1,
+hidden)` and a larger `(64, hidden)` array, all_sums chained in one graph as a model's layers
+issue them; the lower quartile of each size's rounds gives a latency and a bandwidth (a line
+through the two), cached per ring in `CACHE_DIR/allsum.json` beside the probe's speeds.
+PARALLEL=auto reads it; `./launch.sh check` measures it under mlx.launch on every host
+(`./launch.sh probe allsum`), and a ring that starts without one (or with one `implausible` says
+to measure again) measures it once at startup.
 
-Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh probe allsum HIDDEN
-DTYPE`.
+Run by hand: `mlx.launch --backend ring --hostfile hosts.json -- ./launch.sh
+probe allsum HIDDEN DTYPE`.
 """
 
 import json
@@ -26,11 +26,11 @@ ROUNDS = 12  # timed rounds of each size, the two sizes taking turns
 WARMUP = 2  # untimed rounds first: the rounds right after connecting run far slower
 # all_sums in one graph, one after the other, of each size: latency needs the longer chain
 CHAIN = (16, 4)
-# past this (warm-up included), the timing stops after the round in hand: `check` on a slow link
-# stays quick
+# past this (warm-up included), the timing stops after the round in hand: `check` on a
+# slow link stays quick
 BUDGET_S = 1.5
-# this way of timing; a figure cached by an older way (a median of 5 rounds, no warm-up) is measured
-# again
+# this way of timing; a figure cached by an older way (a median of 5 rounds, no
+# warm-up) is measured again
 PROBE = 2
 TRANSPORTS = {
     "ring": "ring (TCP)",
@@ -204,16 +204,16 @@ def ring_allsum(cache_dir: Path, entries: list[dict], backend: str = "") -> AllS
 
 
 def main(argv: list[str]) -> None:
-    """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0 prints
-    `{"allsum": {...}}`."""
+    """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0
+    prints `{"allsum": {...}}`."""
     from mlx_ring.ring.leftovers import drop_hostfile
     from mlx_ring.ring.sums import sum_group
     from mlx_ring.ring.world import init_world, ring_description
 
     hidden, dtype = int(argv[0]), argv[1]
-    # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch spins a
-    # core watching it, and on 2 cores the all_sums then timed the ranks' waits for a core, not the
-    # link.
+    # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch
+    # spins a core watching it, and on 2 cores the all_sums then timed the ranks' waits for a
+    # core, not the link.
     world = init_world()
     description = ring_description()  # NCCL's group forms from it on CUDA GPUs, as a server's does
     # mlx.launch's temporary hostfile, read by now, as the ranks of a ring drop theirs

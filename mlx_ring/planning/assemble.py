@@ -11,8 +11,8 @@ from mlx_ring.planning.strategies import plan_layers
 
 
 def serving(spec: ModelSpec, prefill_chunk: int, max_active: int) -> ModelSpec:
-    """`spec` with the settings its activations are estimated for (PREFILL_CHUNK, 0 for auto;
-    MAX_ACTIVE)."""
+    """`spec` with the settings its activations are estimated for (PREFILL_CHUNK,
+    0 for auto; MAX_ACTIVE)."""
     return replace(spec, prefill_chunk=prefill_chunk, max_active=max_active)
 
 

@@ -1,7 +1,7 @@
 """PARALLEL: the mode a ring runs in (pipeline or tensor), chosen (`auto`) from each mode's
-predictions and whether it fits, with the sentence that says why; and the plan of that mode.
-Pure, no MLX: the dry run, the launcher and the ranks at startup each decide the same from the
-same inputs."""
+predictions and whether it fits, with the sentence that says why; and the plan of that
+mode. Pure, no MLX: the dry run, the launcher and the ranks at startup each decide the same
+from the same inputs."""
 
 from dataclasses import dataclass
 
@@ -153,9 +153,9 @@ def plan_mode(
     links: list[tuple[float, float]] | None = None,
 ) -> tuple[LayerPlan, list[Capabilities], list[float], ModeChoice]:
     """(plan, each rank's capabilities as planned with, GB kept for the prompt cache, the
-    choice): the pipeline's plan as `plan_for` makes it or every rank's share of every layer, as
-    PARALLEL says. A `provisioned` plan of one stage on several ranks is a tensor plan the
-    launcher chose."""
+    choice): the pipeline's plan as `plan_for` makes it or every rank's share of every
+    layer, as PARALLEL says. A `provisioned` plan of one stage on several ranks is a tensor
+    plan the launcher chose."""
     allsum = allsum or DEFAULT_ALLSUM["ring"]
     caps, kept = ring_caps(measured, host_keys, prompt_cache_gb)
     n = len(caps)

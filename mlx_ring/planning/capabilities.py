@@ -119,8 +119,8 @@ def compute_units(caps: list[Capabilities]) -> int:
 
 
 def set_aside(caps: list[Capabilities], gb: float) -> tuple[list[Capabilities], list[float]]:
-    """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at most a
-    quarter of what the rank may fill, so a small host still takes layers): (caps, GB kept per
-    rank)."""
+    """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at
+    most a quarter of what the rank may fill, so a small host still takes layers): (caps,
+    GB kept per rank)."""
     kept = [min(gb, c.usable_gb / 4) for c in caps]
     return [replace(c, usable_gb=c.usable_gb - k) for c, k in zip(caps, kept)], kept

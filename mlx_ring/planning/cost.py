@@ -45,16 +45,16 @@ def host_seconds(
 
 
 def bottleneck(model: ModelSpec, caps: list[Capabilities], sizes: list[int]) -> float:
-    """The slowest stage (the busiest machine): it bounds decode throughput with the ring kept
-    full."""
+    """The slowest stage (the busiest machine): it bounds decode throughput with
+    the ring kept full."""
     return max(host_seconds(model, caps, sizes).values())
 
 
 def runtime_bytes(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
     """Memory a rank with `n` layers needs beside weights and caches: its activations as
-    estimated (`activation_bytes`, the prefill work the scheduler lets it hold at once, against
-    `kv_tokens` keys). The warm-up measures them, and what it finds beyond this comes out of the
-    KV room."""
+    estimated (`activation_bytes`, the prefill work the scheduler lets it hold at once,
+    against `kv_tokens` keys). The warm-up measures them, and what it finds beyond this comes
+    out of the KV room."""
     return activation_bytes(model, cap, rank, n, kv_tokens)
 
 
@@ -76,8 +76,8 @@ def per_layer_bytes(model: ModelSpec, kv_tokens: int) -> float:
 
 
 def memory_need(model: ModelSpec, cap: Capabilities, rank: int, n: int, kv_tokens: int) -> float:
-    """Bytes rank `rank` needs for `n` layers: weights, KV reserve, runtime, and on rank 0 the
-    ends."""
+    """Bytes rank `rank` needs for `n` layers: weights, KV reserve, runtime, and on
+    rank 0 the ends."""
     return fixed_bytes(model, cap, rank, n, kv_tokens) + n * per_layer_bytes(model, kv_tokens)
 
 

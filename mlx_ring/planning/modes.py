@@ -39,9 +39,9 @@ CPU_HOST_LAYER_S = 0.22e-3
 
 @dataclass(frozen=True)
 class AllSum:
-    """What one all_sum costs over a ring's links: `latency_ms` for a small array plus its bytes
-    at `gbytes_s` (10**9 bytes/s), as measured on a ring of `ranks` (a default: 2, scaled to the
-    ring)."""
+    """What one all_sum costs over a ring's links: `latency_ms` for a small array plus its
+    bytes at `gbytes_s` (10**9 bytes/s), as measured on a ring of `ranks` (a default: 2,
+    scaled to the ring)."""
 
     latency_ms: float
     gbytes_s: float
@@ -50,9 +50,9 @@ class AllSum:
     source: str = "default"
 
     def seconds(self, nbytes: float, n: int) -> float:
-        """One all_sum of `nbytes` on `n` ranks. A ring all-reduce takes (n-1) steps each way and
-        moves 2(n-1)/n of the array through every link: scaled from the `ranks` it was measured
-        on."""
+        """One all_sum of `nbytes` on `n` ranks. A ring all-reduce takes (n-1) steps each
+        way and moves 2(n-1)/n of the array through every link: scaled from the `ranks`
+        it was measured on."""
         if n < 2:
             return 0.0
         m = max(2, self.ranks)
@@ -92,8 +92,8 @@ def _head_seconds(model: ModelSpec, cap: Capabilities, rows: int) -> float:
 
 
 def embed_bytes(model: ModelSpec) -> float:
-    """What every rank of a tensor ring holds of the ends: the embedding (the head too where
-    tied)."""
+    """What every rank of a tensor ring holds of the ends: the embedding (the
+    head too where tied)."""
     untied = model.ends_bytes - model.head_read_bytes
     return untied if untied >= model.head_read_bytes / 2 else model.ends_bytes
 
@@ -144,9 +144,9 @@ def pipeline_first_token(
     prompt: int = PROMPT,
     links: list[tuple[float, float]] | None = None,
 ) -> float:
-    """Seconds to the first token of a `prompt`-token prompt: its chunks follow each other
-    through the stages, so after the first chunk's whole pass each next one adds the busiest
-    device's share."""
+    """Seconds to the first token of a `prompt`-token prompt: its chunks follow each
+    other through the stages, so after the first chunk's whole pass each next one adds
+    the busiest device's share."""
     chunk = min(prompt, model.prefill_chunk or CHUNK)
     k = math.ceil(prompt / chunk)
     stages = [
@@ -199,8 +199,8 @@ def hides_host(caps: list[Capabilities], allsum: AllSum) -> bool:
 
 
 def host_layer_seconds(cap: Capabilities) -> float:
-    """A tensor rank's host work per layer and step that its step does not hide, where it hides
-    none."""
+    """A tensor rank's host work per layer and step that its step does not hide,
+    where it hides none."""
     return GPU_HOST_LAYER_S if holds_graph(cap) or metal(cap) else CPU_HOST_LAYER_S
 
 
@@ -267,8 +267,8 @@ def tensor_kv_room(
     kv_tokens: int,
     most: int = 1 << 24,
 ) -> int:
-    """Tokens of KV cache every rank of a tensor ring has room for beside its share of the
-    weights."""
+    """Tokens of KV cache every rank of a tensor ring has room for beside its
+    share of the weights."""
     tokens = most
     for r, (c, s) in enumerate(zip(caps, shares)):
         room = (

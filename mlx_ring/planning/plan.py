@@ -1,10 +1,10 @@
 """The layer plan: which contiguous, half-open range of decoder layers each rank holds, and why.
 
-Pure data and pure functions, no MLX: every rank computes the same plan from the same inputs (the
-model's sizes, every rank's capabilities, the strategy), so the plan itself never crosses the ring.
-What a slice costs is `cost.py`; each strategy's layer counts, checked against memory,
-`strategies.py`. Memory is counted in GiB (2**30 bytes, as Apple counts RAM), bandwidth in 10**9
-bytes/s.
+Pure data and pure functions, no MLX: every rank computes the same plan from the same inputs
+(the model's sizes, every rank's capabilities, the strategy), so the plan itself never crosses
+the ring. What a slice costs is `cost.py`; each strategy's layer counts, checked against
+memory, `strategies.py`. Memory is counted in GiB (2**30 bytes, as Apple counts RAM),
+bandwidth in 10**9 bytes/s.
 """
 
 import math
@@ -80,10 +80,10 @@ class ModelSpec:
     dtype: str = "float16"
     name: str = ""
     hidden_bytes: float = 0.0  # one token's hidden state as it crosses a hop between ranks
-    # The kinds of cache the layers keep (from the caches mlx-lm makes for them): the share that
-    # keeps at most a sliding window of `kv_window` tokens, the share that keeps a fixed state of
-    # `state_bytes` (a convolution's or an SSM's, one sequence's) instead; the rest keep every
-    # token.
+    # The kinds of cache the layers keep (from the caches mlx-lm makes for them): the share
+    # that keeps at most a sliding window of `kv_window` tokens, the share that keeps a
+    # fixed state of `state_bytes` (a convolution's or an SSM's, one sequence's) instead;
+    # the rest keep every token.
     kv_window_share: float = 0.0
     kv_window: int = 0
     state_share: float = 0.0
@@ -142,8 +142,8 @@ def plan_from_sizes(n_layers: int, sizes: list[int], strategy: str = "custom") -
 
 
 def proportional_sizes(n_layers: int, weights: list[float]) -> list[int]:
-    """Layer counts proportional to `weights`, each at least 1 (largest remainder; ties to low
-    ranks)."""
+    """Layer counts proportional to `weights`, each at least 1 (largest remainder;
+    ties to low ranks)."""
     n = len(weights)
     if n_layers < n:
         uniform_plan(n_layers, n)  # raises the usual message

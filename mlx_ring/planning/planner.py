@@ -96,9 +96,9 @@ def plan_ring(
     )
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
-    # Nothing to measure where tensor mode is out whatever its links cost: a model that does not
-    # split, or ranks that take turns on one device (each would do the whole model's work, and the
-    # all_sums too).
+    # Nothing to measure where tensor mode is out whatever its links cost: a model that does
+    # not split, or ranks that take turns on one device (each would do the whole model's work,
+    # and the all_sums too).
     splits = (
         isinstance(lead["split"], list)
         and compute_units([Capabilities(**r["caps"]) for r in rows]) > 1

@@ -45,8 +45,8 @@ CAP_KEYS = (
 )
 PROBE_SECONDS = 0.25  # per measurement; with warm-up the probe stays well under 2 s
 ROUNDS = 5  # each measurement's rounds; the fastest is kept
-# this way of timing; a speed cached by an older way (one mean over the whole time) is measured
-# again
+# this way of timing; a speed cached by an older way (one mean over the whole
+# time) is measured again
 SPEED_PROBE = 2
 
 
@@ -65,8 +65,8 @@ def device_info() -> dict:
 
 
 def os_memory() -> tuple[float, float]:
-    """(total, available) bytes from the OS (mlx_ring.platform: /proc/meminfo, or sysctl and
-    vm_stat)."""
+    """(total, available) bytes from the OS (mlx_ring.platform: /proc/meminfo,
+    or sysctl and vm_stat)."""
     return host_memory()
 
 
@@ -90,8 +90,8 @@ def _timed(fn, seconds: float) -> float:
 
 
 def measure_speed(dtype: str) -> tuple[float, float]:
-    """(TFLOP/s of a square matmul in `dtype`, GB/s of reading a large array) on the default
-    device."""
+    """(TFLOP/s of a square matmul in `dtype`, GB/s of reading a large array)
+    on the default device."""
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
     gpu = mx.default_device() != mx.cpu
     size = 2048 if gpu else 512
@@ -103,9 +103,9 @@ def measure_speed(dtype: str) -> tuple[float, float]:
 
 
 def blas() -> str:
-    """The BLAS MLX's CPU backend runs on: a figure measured under MLX's slow reference BLAS (a
-    rank started without launch.sh's OpenBLAS preload) must never stand for the same host set up
-    right."""
+    """The BLAS MLX's CPU backend runs on: a figure measured under MLX's slow reference
+    BLAS (a rank started without launch.sh's OpenBLAS preload) must never stand for the
+    same host set up right."""
     if mx.default_device() != mx.cpu or platform.system() != "Linux":
         return ""
     maps = Path("/proc/self/maps").read_text()
@@ -127,9 +127,9 @@ def compute_unit() -> str:
 
 @contextmanager
 def _one_at_a_time(path: Path):
-    """Held while a rank reads or measures the speed cached in `path`: the ranks of one machine
-    measure in turn, since at once they slow each other, and those after the first read its
-    figure."""
+    """Held while a rank reads or measures the speed cached in `path`: the ranks of one
+    machine measure in turn, since at once they slow each other, and those after the
+    first read its figure."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a")

@@ -250,9 +250,9 @@ def spec_from_config(c: dict, name: str = "") -> ModelSpec:
 
 
 def safetensors_sizes(folder: Path) -> dict[str, tuple[str, int]]:
-    """`name -> (dtype, bytes)` of every tensor in the folder's *.safetensors files, headers
-    only; in a folder holding one host's slice, the whole model's, from the manifest sent with
-    it."""
+    """`name -> (dtype, bytes)` of every tensor in the folder's *.safetensors files,
+    headers only; in a folder holding one host's slice, the whole model's, from the
+    manifest sent with it."""
     sent = folder / "ring-manifest.json"  # hosts/weights.py MANIFEST
     if sent.is_file():
         return {k: tuple(v) for k, v in json.loads(sent.read_text())["tensors"].items()}

@@ -13,8 +13,8 @@ class ShareSize:
     """How much of every layer one rank holds in tensor mode: the size of its `Share`."""
 
     layer: float  # of the layer's weights: what the rank reads and computes in a step
-    # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or latent
-    # attention's whole)
+    # of the layer's KV cache (more than `layer` where ranks keep a KV head each, or
+    # latent attention's whole)
     cache: float
 
 

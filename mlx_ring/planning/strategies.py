@@ -87,8 +87,8 @@ def plan_layers(
 
 
 def custom_sizes(n_layers: int, caps: list[Capabilities]) -> list[int]:
-    """Hosts with `layers` get exactly that many; the rest share what is left by `weight`
-    (default 1)."""
+    """Hosts with `layers` get exactly that many; the rest share what is left
+    by `weight` (default 1)."""
     fixed = sum(c.layers for c in caps if c.layers is not None)
     free = [r for r, c in enumerate(caps) if c.layers is None]
     left = n_layers - fixed

@@ -63,8 +63,8 @@ class Deadlines:
             self.wait = outer
 
     def terminate(self, quiet: float) -> None:
-        """A SIGTERM came: any wait may now last `quiet` seconds from now (or from its start, if
-        later)."""
+        """A SIGTERM came: any wait may now last `quiet` seconds from now (or from
+        its start, if later)."""
         if self.term is None:
             self.term = (time.monotonic(), quiet)
 

@@ -24,9 +24,9 @@ HEADER_BYTES = HEADER_LEN * 4  # int32s
 
 
 def framed(jaccl: bool, value: str | None = None) -> int:
-    """The frame size a ring uses (0: none): RING_FRAMES (`value`, else the environment) auto
-    (framed on JACCL only), on, off, or a frame size in bytes (tests make steps span several
-    frames)."""
+    """The frame size a ring uses (0: none): RING_FRAMES (`value`, else the
+    environment) auto (framed on JACCL only), on, off, or a frame size in bytes (tests
+    make steps span several frames)."""
     value = value if value is not None else settings.text("RING_FRAMES")
     if value.isdigit() and int(value) >= 2 * HEADER_BYTES:
         return int(value)
@@ -48,8 +48,8 @@ def frame_count(header: Header, frame: int) -> int:
 
 
 def pack(header: Header, payload: mx.array | None, frame: int) -> mx.array:
-    """`header` (its shape and dtype already `payload`'s) and `payload` as (n, frame) bytes,
-    lazily."""
+    """`header` (its shape and dtype already `payload`'s) and `payload` as
+    (n, frame) bytes, lazily."""
     parts = [mx.view(header.encode(), mx.uint8)]
     if payload is not None and payload.ndim:
         parts.append(mx.view(payload, mx.uint8).reshape(-1))

@@ -39,8 +39,8 @@ class HeaderLink:
         with listener:
             listener.bind((host, 0))
             listener.listen(1)
-            # Every rank listens before any connects: the all_gather returns only once all have
-            # bound.
+            # Every rank listens before any connects: the all_gather returns only
+            # once all have bound.
             port = mx.array([listener.getsockname()[1]], dtype=mx.int32)
             ports = (mx.distributed.all_gather(port, group=world) if size > 1 else port).tolist()
             address = (split_address(description[nxt][0])[0], ports[nxt])

@@ -1,5 +1,5 @@
-"""Starting ranks with mlx.launch from Python (benchmarks and tests; `launch.sh` does the same in
-bash)."""
+"""Starting ranks with mlx.launch from Python (benchmarks and tests; `launch.sh` does
+the same in bash)."""
 
 import random
 import socket

@@ -17,8 +17,8 @@ from mlx_ring import settings
 
 
 def own_files(pid: int | None = None, hostfile: str | None = None) -> list[Path]:
-    """This rank's files from mlx.launch: the hostfile, and the temporary file holding just its
-    pid."""
+    """This rank's files from mlx.launch: the hostfile, and the temporary file
+    holding just its pid."""
     pid = pid or os.getpid()
     hostfile = hostfile if hostfile is not None else _launch_file()
     folder = Path(hostfile).parent if hostfile else Path(tempfile.gettempdir())
@@ -48,8 +48,8 @@ def _alive(pid: int) -> bool:
 
 
 def _rank(pid: int) -> bool:
-    """Whether `pid` is still one of our ranks (a noted pid may have been reused by another
-    program)."""
+    """Whether `pid` is still one of our ranks (a noted pid may have been
+    reused by another program)."""
     p = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
     return "server.py" in p.stdout
 
@@ -90,8 +90,8 @@ def _launch_file() -> str:
 
 
 def drop_hostfile() -> None:
-    """Once MLX has read it (at init), the ring's hostfile (or JACCL's devices file) is of no
-    more use."""
+    """Once MLX has read it (at init), the ring's hostfile (or JACCL's devices file) is
+    of no more use."""
     if _launch_file():
         Path(_launch_file()).unlink(missing_ok=True)
 

@@ -95,13 +95,13 @@ class Lockstep(SharedSteps):
             self.settle()  # the last step, now that this one is queued behind it: the wait is timed
 
     def prefetch(self, *arrays: mx.array) -> None:
-        """Start computing `arrays`, which the caller reads after submitting a step built on
-        them."""
+        """Start computing `arrays`, which the caller reads after submitting a
+        step built on them."""
         mx.async_eval(*arrays)
 
     def settle(self) -> None:
-        """Evaluate the last DECODE output, if that is still to do: the wait inside its all_sums
-        is timed."""
+        """Evaluate the last DECODE output, if that is still to do: the wait inside
+        its all_sums is timed."""
         if self.unread is not None:
             self._wait(*self.unread)
             self.unread = None
@@ -133,25 +133,25 @@ class Lockstep(SharedSteps):
 
 
 def summed_ids(header: Header, ids: mx.array | None, group: mx.distributed.Group) -> mx.array:
-    """A `summed` step's token ids `header.shape` on every rank: rank 0's `ids` (int32, maybe
-    still being sampled), zeros from the others, joined by an all_sum that runs in the step's own
-    graph."""
+    """A `summed` step's token ids `header.shape` on every rank: rank 0's `ids` (int32,
+    maybe still being sampled), zeros from the others, joined by an all_sum that runs in
+    the step's own graph."""
     share = ids if ids is not None else mx.zeros(header.shape, dtype=mx.int32)
     return mx.distributed.all_sum(share, group=group)
 
 
 class RankLeft(RuntimeError):
-    """A tensor rank's step failed with the ring: the ring must restart (the process exits
-    non-zero)."""
+    """A tensor rank's step failed with the ring: the ring must restart
+    (the process exits non-zero)."""
 
 
 class StepWatch:
     """A tensor rank's watch on the ring. MLX's all_sum has no deadline, and a rank whose
-    neighbour is gone may wait in it forever (rank 0 did, a stopped peer's socket closed under
-    it). Every quarter second this looks for a neighbour's closed socket, and (with `timeout`)
-    for a step running past it; either ends in `lost(why)`: by default the rank names it and
-    exits (RING_BROKEN, as rank 0 does), so mlx.launch stops the ring and the launcher restarts
-    it."""
+    neighbour is gone may wait in it forever (rank 0 did, a stopped peer's socket closed
+    under it). Every quarter second this looks for a neighbour's closed socket, and (with
+    `timeout`) for a step running past it; either ends in `lost(why)`: by default the
+    rank names it and exits (RING_BROKEN, as rank 0 does), so mlx.launch stops the ring
+    and the launcher restarts it."""
 
     def __init__(self, rank: int, timeout: float | None = None, lost=None):
         self.rank, self.timeout, self.lost = rank, timeout, lost or self._exit

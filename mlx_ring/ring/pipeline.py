@@ -15,16 +15,16 @@ from mlx_ring.ring.transport import Ring
 
 
 class Pipeline(SharedSteps):
-    """Submit steps (rank 0 applies its own stage at once), collect them as they come home, in
-    order. The watchdog times the waits on the other ranks only: a slow stage of rank 0's is no
-    hung peer."""
+    """Submit steps (rank 0 applies its own stage at once), collect them as they come home,
+    in order. The watchdog times the waits on the other ranks only: a slow stage of rank 0's
+    is no hung peer."""
 
     def __init__(self, stage: Stage, ring: Ring):
         assert ring.rank == 0, "only rank 0 drives the ring"
         self.stage, self.ring = stage, ring
-        # Every rank alternates one blocking recv and one blocking send. With at most N-1 steps on
-        # the ring when rank 0 sends, some rank is always receiving, so no cycle of blocked sends
-        # can form.
+        # Every rank alternates one blocking recv and one blocking send. With at most N-1
+        # steps on the ring when rank 0 sends, some rank is always receiving, so no cycle of
+        # blocked sends can form.
         self.limit = max(1, ring.size - 1)
         # sent, not yet back (with their tags)
         self.inflight: deque[tuple[Header, object]] = deque()
@@ -64,10 +64,10 @@ class Pipeline(SharedSteps):
         self._send_ready()
 
     def prefetch(self, *arrays: mx.array) -> None:
-        """Start computing `arrays`, which the caller reads after submitting a step built on
-        them. On a ring, that step's send computes them; alone, they would sit in the step's own
-        graph and be read only when the whole step is done (the GPU idle while rank 0 handles
-        their tokens)."""
+        """Start computing `arrays`, which the caller reads after submitting a step built
+        on them. On a ring, that step's send computes them; alone, they would sit in the
+        step's own graph and be read only when the whole step is done (the GPU idle while
+        rank 0 handles their tokens)."""
         if self.ring.size == 1:
             mx.async_eval(*arrays)
 

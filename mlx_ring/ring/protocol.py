@@ -26,19 +26,19 @@ class Kind(IntEnum):
     # move prefill batch `batch`'s cache (payload: its rows' right padding) into group `group`, as
     # its last rows
     JOIN = 2
-    # drop every row's last `offset` positions, then run local layers on group `group`'s batch `(B,
-    # L, H)`
+    # drop every row's last `offset` positions, then run local layers on group `group`'s
+    # batch `(B, L, H)`
     DECODE = 3
     FILTER = 4  # keep only the rows of group `group` listed in the int32 payload `(k,)`
     FREE = 5  # drop the cache of prefill batch `batch` (it will not join)
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
-    # start prefill batch `batch`'s cache, row i as the first `offset` tokens of prompt-cache entry
-    # payload[i]
+    # start prefill batch `batch`'s cache, row i as the first `offset` tokens of
+    # prompt-cache entry payload[i]
     LOAD = 9
-    # for each payload line (row, entry, n): keep row `row` of prefill batch `batch` (its first n
-    # tokens) as
+    # for each payload line (row, entry, n): keep row `row` of prefill batch `batch` (its
+    # first n tokens) as
     SAVE = 10
     # prompt-cache entry `entry`, or drop entry `entry` where row is -1; line by line
     SAVE_ROW = 11  # the same for rows of decode group `group` (sequences leaving it)
@@ -61,8 +61,8 @@ class Header:
     dtype: int = 0  # index into DTYPES
     # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on
     group: int = 0
-    # DECODE in tensor mode: the token ids `shape` come in an all_sum within the step, not on the
-    # wire
+    # DECODE in tensor mode: the token ids `shape` come in an all_sum within the step,
+    # not on the wire
     summed: int = 0
 
     @property
@@ -89,8 +89,8 @@ class Header:
 
     @staticmethod
     def decode(a: mx.array) -> "Header":
-        """A header another rank sent; ProtocolError when it cannot be one (checked under `python
-        -O` too)."""
+        """A header another rank sent; ProtocolError when it cannot be one (checked
+        under `python -O` too)."""
         return Header.parse(tuple(a.tolist()))
 
     @staticmethod
@@ -130,8 +130,8 @@ class Header:
 
 @dataclass(frozen=True)
 class StatusRow:
-    """One rank's live figures, as an int32 row of the STATUS step's table (KiB keep bytes in
-    int32)."""
+    """One rank's live figures, as an int32 row of the STATUS step's table (KiB
+    keep bytes in int32)."""
 
     rank: int
     mlx_active_memory_kib: int

@@ -25,10 +25,10 @@ _WHOLE_SUM = mx.distributed.all_sum
 
 
 def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
-    """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description (per
-    rank, the "ip:port" addresses it listens on): rank 0's first address, and the port after the
-    highest ring port (so it never meets one of the ring's), as mlx.launch --backend nccl would
-    set them."""
+    """What MLX's NCCL backend reads to form its group, from mlx.launch's ring description
+    (per rank, the "ip:port" addresses it listens on): rank 0's first address, and the port
+    after the highest ring port (so it never meets one of the ring's), as mlx.launch --backend
+    nccl would set them."""
     ip = split_address(description[0][0])[0]
     port = max(split_address(a)[1] for rank in description for a in rank) + 1
     return {"NCCL_HOST_IP": ip, "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(size)}

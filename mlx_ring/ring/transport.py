@@ -125,8 +125,8 @@ class Ring:
         # the header tells the payload actually sent (the last rank trims a prefill's)
         if payload is not None:
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
-        # Evaluated on its own, before the payload: two independent sends in one graph have no
-        # order.
+        # Evaluated on its own, before the payload: two independent sends in one
+        # graph have no order.
         if self.link is not None:
             self.link.send(header.ints())
             return
@@ -248,10 +248,10 @@ class Ring:
             self.deadlines.terminate(quiet)
 
     def _wait_for_data(self) -> None:
-        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per waiting
-        # rank (for a whole stage of the previous rank, when a header came and its payload is still
-        # being computed); wait for data, or a closed peer, in the kernel first, at no cost. Only
-        # the previous rank's sockets: the next rank's, once that rank is gone, would wake this at
-        # once.
+        # MLX's ring thread busy-polls its sockets while a recv is pending, a whole core per
+        # waiting rank (for a whole stage of the previous rank, when a header came and its payload
+        # is still being computed); wait for data, or a closed peer, in the kernel first, at no
+        # cost. Only the previous rank's sockets: the next rank's, once that rank is gone, would
+        # wake this at once.
         if prev_fds():
             wait_readable(prev_fds(), lambda: self.term, self.prev)

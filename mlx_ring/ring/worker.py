@@ -46,10 +46,10 @@ def serve_worker(
     if shard.tensor:
         return _serve_tensor(shard, ring, step_timeout)
     while True:
-        # The next step, from the previous rank; a forward step's payload arrives within the graph
-        # that computes on it and sends the result on (one sync per step instead of two; every
-        # payload is consumed), except where the ring receives it apart first (every forward step on
-        # Metal: Ring.apart).
+        # The next step, from the previous rank; a forward step's payload arrives within the
+        # graph that computes on it and sends the result on (one sync per step instead of two;
+        # every payload is consumed), except where the ring receives it apart first (every
+        # forward step on Metal: Ring.apart).
         try:
             header, payload = ring.recv(lazy=True)
         except PeerSilent as e:
@@ -68,10 +68,10 @@ WORKER_GRACE_S = 5.0
 
 
 def _serve_tensor(shard: WorkerStage, ring: Ring, step_timeout: float) -> None:
-    """A tensor rank's loop: the step (header and input: token ids or a small table) comes from
-    the previous rank, on the host, and goes on to the next (the last keeps it) before this rank
-    runs it: every rank then meets the step's all_sums, and every socket carries the same order
-    of messages."""
+    """A tensor rank's loop: the step (header and input: token ids or a small table) comes
+    from the previous rank, on the host, and goes on to the next (the last keeps it) before
+    this rank runs it: every rank then meets the step's all_sums, and every socket carries the
+    same order of messages."""
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)

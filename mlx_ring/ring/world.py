@@ -142,8 +142,8 @@ def _hold_own_ports() -> list[socket.socket]:
 
 
 def _ring_sockets(fds: set[int], buffer: int) -> list[tuple[int, int, int]]:
-    """(fd, local port, peer port) of each connected socket among `fds`; sets its buffers if
-    `buffer`."""
+    """(fd, local port, peer port) of each connected socket among `fds`; sets
+    its buffers if `buffer`."""
     out = []
     for fd in sorted(fds):
         with socket.socket(fileno=os.dup(fd)) as s:  # a duplicate: closing it leaves `fd` open
@@ -169,8 +169,8 @@ def ring_description() -> list[list[str]] | None:
 
 
 def split_address(address: str) -> tuple[str, int]:
-    """An "ip:port" address of mlx.launch's ring description as (ip, port), an IPv6 address's
-    brackets dropped."""
+    """An "ip:port" address of mlx.launch's ring description as (ip, port), an IPv6
+    address's brackets dropped."""
     ip, port = address.rsplit(":", 1)
     return ip.strip("[]"), int(port)
 
@@ -190,8 +190,8 @@ EXCHANGE_BYTES = 16384  # fixed row width of the startup exchange; plenty for a 
 
 
 def exchange(mine: dict, world: mx.distributed.Group) -> list[dict]:
-    """Every rank's `mine` (plain JSON data), on every rank: one all_gather of fixed-width byte
-    rows."""
+    """Every rank's `mine` (plain JSON data), on every rank: one all_gather
+    of fixed-width byte rows."""
     data = json.dumps(mine, sort_keys=True).encode()
     if len(data) > EXCHANGE_BYTES:
         raise ValueError(
@@ -236,8 +236,8 @@ def cores_each() -> int:
 
 # The sockets the ring backend opened from the previous rank (see Ring.recv). Filled by init_world.
 _PREV_FDS: list[int] = []
-# Every socket to a ring neighbour, and that neighbour's rank (see `closed_peer`). Filled by
-# init_world.
+# Every socket to a ring neighbour, and that neighbour's rank (see
+# `closed_peer`). Filled by init_world.
 _PEER_FDS: dict[int, int] = {}
 
 

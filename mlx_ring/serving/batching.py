@@ -107,9 +107,9 @@ class Batching:
         return (entry, n) if n >= self.least_reuse else (0, 0)
 
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
-        # A waiting prompt that shares a longer start with one of `rows` than the cache holds for it
-        # waits for that row's prefill, then starts from its saved prompt: the shared part is
-        # computed once.
+        # A waiting prompt that shares a longer start with one of `rows` than the cache holds
+        # for it waits for that row's prefill, then starts from its saved prompt: the shared
+        # part is computed once.
         starts = [(r, tuple(r.prompt)) for r in rows]
         for s in self.waiting:
             if s.after is not None or s.removed:

@@ -58,10 +58,10 @@ class Chooser(Batching):
     ):
         self.pipe, self.ends, self.chunk = pipe, ends, chunk
         # Prompt tokens (rows x chunk, over every prefill batch) on a rank's device at once: the
-        # activations the plan counts (planning/activations.step_tokens), so a burst of prompts is
-        # prefilled a few chunks at a time, never all queued at once; the caller counts the ring's
-        # stages in (a pipeline's steps out are each on another rank). One chunk always may go. 0:
-        # no bound.
+        # activations the plan counts (planning/activations.step_tokens), so a burst of prompts
+        # is prefilled a few chunks at a time, never all queued at once; the caller counts the
+        # ring's stages in (a pipeline's steps out are each on another rank). One chunk always
+        # may go. 0: no bound.
         self.prefill_budget, self.prefill_out = prefill_budget, 0
         # Prompt tokens of one prefill step (rows x chunk): prompts longer than a chunk are
         # prefilled several at once where this allows more than one chunk (as mlx-lm's batch
@@ -79,10 +79,10 @@ class Chooser(Batching):
         self.streak = Streak()
         # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.prefix = prefix
-        # The fewest cached tokens a prompt starts from, or waits for another's prefill to save:
-        # fewer are prefilled again, in a batch with others. A short shared start such as a chat
-        # template's costs less to recompute than to load (on a GPU, with 512-token chunks: under 64
-        # tokens).
+        # The fewest cached tokens a prompt starts from, or waits for another's prefill to
+        # save: fewer are prefilled again, in a batch with others. A short shared start such as
+        # a chat template's costs less to recompute than to load (on a GPU, with 512-token
+        # chunks: under 64 tokens).
         self.least_reuse = max(1, chunk // 8)
         # callers pass 1 in tensor mode
         self.groups = [Group(g) for g in range(groups or pipe.ring.size)]
@@ -96,8 +96,8 @@ class Chooser(Batching):
 
     # -- what the caller does -------------------------------------------------------------------
     def set_groups(self, n: int) -> None:
-        """Decode in `n` groups from now on (while idle: every group's cache is gone on every
-        rank)."""
+        """Decode in `n` groups from now on (while idle: every group's cache is
+        gone on every rank)."""
         assert self.idle() and n >= 1
         self.groups = [Group(g) for g in range(n)]
 
@@ -196,9 +196,9 @@ class Chooser(Batching):
         return room and first is not None and self._kv_fits(self._group_for(), [first])
 
     def _next_tokens(self) -> int:
-        """Prompt tokens of the next prefill step: the filling batch's next chunk (none for its
-        LOAD), else a whole step's: a new batch waits for room to take as many rows as a step
-        holds."""
+        """Prompt tokens of the next prefill step: the filling batch's next chunk (none
+        for its LOAD), else a whole step's: a new batch waits for room to take as many
+        rows as a step holds."""
         b = self.filling
         if b is None:
             return min(self.prefill_step, self.prefill_budget or self.prefill_step)
@@ -243,8 +243,8 @@ class Chooser(Batching):
         width = max(map(len, drafts))
         if not width:
             return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
-        # Every row feeds its last token and its drafts, padded to one width (padding is never
-        # kept).
+        # Every row feeds its last token and its drafts, padded to one width
+        # (padding is never kept).
         tokens = mx.array(
             [[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)]
         )
@@ -311,8 +311,8 @@ class Chooser(Batching):
 
     @staticmethod
     def _trim(g: Group, drops: list[int] | None = None) -> tuple[Header, mx.array]:
-        """The TRIM step that drops `drops` (else the group's pending `drop`) from the group's
-        rows."""
+        """The TRIM step that drops `drops` (else the group's pending `drop`)
+        from the group's rows."""
         payload = mx.array(drops or [g.drop] * len(g.rows), dtype=mx.int32)
         g.drop = 0
         return Header.for_payload(Kind.TRIM, payload, group=g.id), payload

@@ -48,8 +48,8 @@ class _Active:
 
 
 class Engine:
-    """Rank 0's engine; the HTTP side sees it through `port.EnginePort` (submit, cancel, stats,
-    ping)."""
+    """Rank 0's engine; the HTTP side sees it through `port.EnginePort`
+    (submit, cancel, stats, ping)."""
 
     def __init__(
         self,
@@ -72,9 +72,9 @@ class Engine:
         self.step_timeout, self.drain_timeout = step_timeout, drain_timeout
         self.broken: str | None = None  # why the ring is unusable; the process exits soon after
         self.finished = False  # the ring has shut down: pings are answered at once
-        # Closing and submitting take this lock, so a request is either queued before the engine
-        # closes (and then answered by `_close`) or refused; none slips in between and waits
-        # forever.
+        # Closing and submitting take this lock, so a request is either queued before
+        # the engine closes (and then answered by `_close`) or refused; none slips in
+        # between and waits forever.
         self._gate = threading.Lock()
         self.closed: str | None = None  # why no request is taken any more
         self.exit = exit_after_grace  # how a broken ring ends the process (tests replace it)

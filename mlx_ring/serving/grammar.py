@@ -28,8 +28,8 @@ class Grammars:
         )
 
     def check(self, grammar: str) -> str:
-        """'' when the grammar can be enforced, else why not (the keyword, as llguidance names
-        it)."""
+        """'' when the grammar can be enforced, else why not (the keyword,
+        as llguidance names it)."""
         try:
             return LLMatcher.validate_grammar(grammar, self.tokenizer)
         except Exception as e:  # a grammar that does not even parse

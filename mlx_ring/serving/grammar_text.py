@@ -1,7 +1,7 @@
-"""The text of the grammars a constrained answer is decoded under (JSON, a JSON schema, a forced
-tool call, tool calls within free text), in llguidance's format. No MLX here: the HTTP side
-builds them (api/chat.py, api/custom_tools.py), and serving/grammar.py enforces them on the
-engine thread."""
+"""The text of the grammars a constrained answer is decoded under (JSON, a JSON schema, a
+forced tool call, tool calls within free text), in llguidance's format. No MLX here: the
+HTTP side builds them (api/chat.py, api/custom_tools.py), and serving/grammar.py enforces
+them on the engine thread."""
 
 import json
 

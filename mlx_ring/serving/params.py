@@ -1,5 +1,5 @@
-"""A request's sampling settings as the engine takes them: plain data, no MLX (the HTTP schema
-builds them)."""
+"""A request's sampling settings as the engine takes them: plain data, no MLX (the
+HTTP schema builds them)."""
 
 from dataclasses import dataclass
 
@@ -22,8 +22,8 @@ class SamplingParams:
     logprobs: bool = True
 
     def plain(self) -> bool:
-        """No processors, no seed, no alternatives: rows with equal plain params sample in one
-        call."""
+        """No processors, no seed, no alternatives: rows with equal plain params
+        sample in one call."""
         return self.speculable() and self.seed is None
 
     def speculable(self) -> bool:

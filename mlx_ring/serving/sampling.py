@@ -50,8 +50,8 @@ class SequenceSampler:
         if constraint is not None:
             self.processors.append(constraint)
         self.history = list(prompt)
-        # Every setting in one tuple, compared without a call: rows whose tuples are equal sample
-        # together.
+        # Every setting in one tuple, compared without a call: rows whose tuples
+        # are equal sample together.
         self.settings = tuple(getattr(params, f.name) for f in fields(params))
         self.step = 0
         bias = params.logit_bias or {}
@@ -141,9 +141,9 @@ def sample_rows(samplers: list[SequenceSampler], logits: mx.array) -> list[Token
 
 
 def read_rows(built: list, readers: list[Callable]) -> list:
-    """Evaluate rows' lazy arrays (`built`: a tuple a row, or the error building it raised) in
-    one go, then read each row with its reader; a row that fails gets its error and the others go
-    on."""
+    """Evaluate rows' lazy arrays (`built`: a tuple a row, or the error building it
+    raised) in one go, then read each row with its reader; a row that fails gets its error
+    and the others go on."""
     try:
         mx.eval([b for b in built if not isinstance(b, Exception)])
     except Exception:  # find the row at fault: each alone
@@ -152,8 +152,8 @@ def read_rows(built: list, readers: list[Callable]) -> list:
 
 
 def attempt(fn, *args):
-    """`fn(*args)`, or the error it raised (MLX's random state mended after a failed compiled
-    sampler)."""
+    """`fn(*args)`, or the error it raised (MLX's random state mended after a
+    failed compiled sampler)."""
     try:
         return fn(*args)
     except Exception as e:
@@ -161,9 +161,9 @@ def attempt(fn, *args):
 
 
 def _heal(e: Exception) -> Exception:
-    # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises while
-    # traced leaves that state a placeholder, and every later sampling would fail. A new seed mends
-    # it.
+    # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises
+    # while traced leaves that state a placeholder, and every later sampling would fail. A
+    # new seed mends it.
     mx.random.seed(secrets.randbits(63))
     return e
 

@@ -16,8 +16,8 @@ from mlx_ring.serving.sampling import Token
 
 
 class Scheduler(Chooser):
-    """The chooser's lanes, with rank 0's runner for the steps that come home; the keyword arguments
-    are `Chooser`'s."""
+    """The chooser's lanes, with rank 0's runner for the steps that come home; the keyword
+    arguments are `Chooser`'s."""
 
     def __init__(self, pipe: RingHandle, ends: Ends, **lanes):
         super().__init__(pipe, ends, **lanes)
@@ -98,9 +98,9 @@ class Scheduler(Chooser):
         return [(s, t) for s, t in ran.tokens if not s.removed]
 
     def _verified(self, step: Step, ran: Ran) -> None:
-        # Every rank then drops the positions rows did not keep: with the group's next step when
-        # every row drops the same, else by a TRIM step queued before anything else touches the
-        # group.
+        # Every rank then drops the positions rows did not keep: with the group's next
+        # step when every row drops the same, else by a TRIM step queued before anything
+        # else touches the group.
         g, drops = step.group, ran.drops
         self.drafted, self.accepted = (
             self.drafted + sum(map(len, step.drafts)),

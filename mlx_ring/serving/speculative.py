@@ -70,10 +70,10 @@ class Drafter:
         return drafts
 
     def may_propose_next(self, history: list[int]) -> bool:
-        """Whether a lookup one token from now can find anything, before that token is read: only
-        if the history's last token occurred before it (every n-gram to match would start there).
-        When it cannot, the next step goes out before this one's token is read, as without
-        drafts."""
+        """Whether a lookup one token from now can find anything, before that token is read:
+        only if the history's last token occurred before it (every n-gram to match would
+        start there). When it cannot, the next step goes out before this one's token is
+        read, as without drafts."""
         self.earlier.update(history[self.counted : len(history) - 1])
         self.counted = max(self.counted, len(history) - 1)
         return history[-1] in self.earlier

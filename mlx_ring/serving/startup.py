@@ -47,11 +47,11 @@ class Rank0:
 
 
 def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
-    """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only between
-    steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU). Fewer where a
-    Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`), from each Mac's
-    measured speed (`cluster`: ranks with a recommended working set) and a layer's FLOPs per
-    token."""
+    """PREFILL_CHUNK, else by device: the engine takes in requests and cancellations only
+    between steps, and 512 prompt tokens take seconds on a CPU (milliseconds on a big GPU).
+    Fewer where a Mac's stage of a chunk would near Metal's watchdog (`gpu.watchdog_chunk`),
+    from each Mac's measured speed (`cluster`: ranks with a recommended working set) and a
+    layer's FLOPs per token."""
     if cfg.prefill_chunk:
         return cfg.prefill_chunk
     cap = 128 if mx.default_device() == mx.cpu else 512
@@ -75,10 +75,10 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
 
 
 def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | None:
-    """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in the
-    memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the budget in
-    tokens is what the tightest rank holds. None when off or when the caches are not plain KV
-    caches."""
+    """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in
+    the memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the
+    budget in tokens is what the tightest rank holds. None when off or when the caches are
+    not plain KV caches."""
     if not cfg.prompt_cache_gb or not shard.plain_kv:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
@@ -102,8 +102,8 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | No
 
 
 def draft_model(cfg: Config, vocab: int):
-    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits over the same
-    vocabulary."""
+    """DRAFT_MODEL, loaded whole on rank 0, or None; it must give logits
+    over the same vocabulary."""
     if not cfg.draft_model:
         return None
     path = resolve_model(cfg.draft_model, cfg.cache_dir, cfg.weights)

@@ -25,9 +25,9 @@ class Piece:
 
 
 class TextStream:
-    """Feed tokens with `add`; each call returns what may be sent now. `end()` closes the text at
-    the end of a sequence (end token, length limit): the detokenizer hands over what it still
-    holds."""
+    """Feed tokens with `add`; each call returns what may be sent now. `end()` closes the
+    text at the end of a sequence (end token, length limit): the detokenizer hands over
+    what it still holds."""
 
     def __init__(self, detokenizer, stop: list[str]):
         self.detok = detokenizer

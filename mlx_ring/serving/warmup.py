@@ -67,9 +67,9 @@ def warm(
     sampling settings first requests use, prompts of every length on CUDA (`warm_lengths`: a
     whole chunk only where tensor mode sums over NCCL, `nccl`), the prompt cache seeded with
     `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU,
-    the faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a dict)
-    after it: the warm-up runs the largest batch and the longest chunk, so their peaks are the
-    working peaks."""
+    the faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a
+    dict) after it: the warm-up runs the largest batch and the longest chunk, so their peaks
+    are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
     log.info(
         "warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX "
@@ -207,8 +207,8 @@ def count_measured(
 
 
 def peak_gib() -> float:
-    """This process's MLX peak memory so far (the warm-up sets it on a GPU: it runs the largest
-    batch)."""
+    """This process's MLX peak memory so far (the warm-up sets it on a GPU: it
+    runs the largest batch)."""
     return mx.get_peak_memory() / 2**30
 
 

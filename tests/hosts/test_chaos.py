@@ -1,9 +1,9 @@
-"""Chaos on the test hosts: a ring of three (rank 0 here, ranks 1 and 2 on two namespace hosts
-over real ssh) while 4 clients stream, faults in a seeded random order: a host's link cut and
-restored, a rank killed with SIGKILL, a rank stopped with SIGSTOP and continued. Every stream
-ends with tokens or a clear error naming the host, in bounded time; the ring answers again by
-itself, with the same greedy answer as before; nothing is left running and no temporary file is
-left behind."""
+"""Chaos on the test hosts: a ring of three (rank 0 here, ranks 1 and 2 on two namespace
+hosts over real ssh) while 4 clients stream, faults in a seeded random order: a host's link
+cut and restored, a rank killed with SIGKILL, a rank stopped with SIGSTOP and continued.
+Every stream ends with tokens or a clear error naming the host, in bounded time; the ring
+answers again by itself, with the same greedy answer as before; nothing is left running and
+no temporary file is left behind."""
 
 import json
 import os
@@ -28,8 +28,8 @@ QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 STEP_TIMEOUT = 5
 # seconds from the fault to every stream's end
 BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}
-# seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must wait for the
-# host
+# seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must
+# wait for the host
 CUT_FOR = 15
 # seconds from the host's return to an answer (ring restart and model load on 2 cores)
 RECOVER_WITHIN = 90
@@ -107,8 +107,8 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
 
 
 def rank_pid(hosts: NetnsHosts, h) -> int:
-    """The pid of the rank (server.py) on host `h`: exactly one, no stale rank of an earlier ring
-    beside it."""
+    """The pid of the rank (server.py) on host `h`: exactly one, no stale rank of an
+    earlier ring beside it."""
     ranks = []
     for pid in hosts.pids(h, but_sshd=True):
         try:

@@ -1,7 +1,7 @@
-"""The ring across hosts that share nothing: every rank in its own network namespace with its own
-sshd, home and project folder (tools/testhosts.py), started over real ssh by `./launch.sh` from
-this machine, which provisions each host (code, environment, its slice of the weights) as a
-user's Macs."""
+"""The ring across hosts that share nothing: every rank in its own network namespace with its
+own sshd, home and project folder (tools/testhosts.py), started over real ssh by
+`./launch.sh` from this machine, which provisions each host (code, environment, its slice of
+the weights) as a user's Macs."""
 
 import json
 import os
@@ -129,11 +129,11 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
     assert ring.answer() == reference
     st = ring.status()
     assert [x["host"] for x in st["ranks"]] == [a.name, b.name]  # each rank on its own machine
-    # Set up there as here: the ssh ranks measured themselves with OpenBLAS preloaded (launch.sh
-    # rank).
+    # Set up there as here: the ssh ranks measured themselves with OpenBLAS
+    # preloaded (launch.sh rank).
     assert "|openblas" in hosts.ssh(b, "cat ~/.cache/mlx-ring/probe.json").stdout
-    # A host gets the runtime: no tests, tools or docs, no dev packages, and no configuration of
-    # ours.
+    # A host gets the runtime: no tests, tools or docs, no dev packages, and
+    # no configuration of ours.
     held = hosts.ssh(b, f"cd {ROOT} && ls -a && ls .venv/lib/python3*/site-packages").stdout.split()
     assert "server.py" in held and "mlx_lm" in held and ".python-version" in held, held
     assert not {"tests", "tools", "docs", "hosts.json", "pytest", "playwright"} & set(held), held
@@ -199,8 +199,8 @@ def test_ring_across_hosts_answers_like_mlx_lm_and_follows_hosts_json(hosts, ref
 
 
 def failure(hosts: NetnsHosts, tmp: Path, entries: list[dict], **env) -> str:
-    """Start a ring that must not start: within 20 s, a sentence per problem, nothing left
-    running."""
+    """Start a ring that must not start: within 20 s, a sentence per
+    problem, nothing left running."""
     ring = Ring(tmp, hosts, **env)
     ring.write(entries)
     r = ring.sh("start")
@@ -249,9 +249,9 @@ def test_hosts_that_differ_are_refused_when_provisioning_is_off(hosts, tmp_path)
         ring = Ring(tmp_path / "ok", hosts)
         ring.write([a.entry(), c.entry()])
         assert ring.sh("start").returncode == 0 and ring.sh("stop").returncode == 0
-    # c as a new machine (its project folder empty, as wipe() leaves it), then as it was: a ring
-    # start that provisions a new host is the first test's; here only what is refused without
-    # provisioning.
+    # c as a new machine (its project folder empty, as wipe() leaves it), then as it was:
+    # a ring start that provisions a new host is the first test's; here only what is
+    # refused without provisioning.
     project, hidden = c.folder / "project", c.folder / "hidden"
     hidden.mkdir()
     for p in list(project.iterdir()):
@@ -310,8 +310,8 @@ def test_a_rank_that_dies_by_a_signal_is_told_apart_from_a_host_gone(hosts, tmp_
 
     a = hosts.hosts[0]
     conf = ssh.write_config(tmp_path / "ssh_config", str(hosts.ssh_config))
-    # ssh's exit code when the command it ran died by a signal: the code mlx.launch reports for the
-    # rank.
+    # ssh's exit code when the command it ran died by a signal: the code mlx.launch
+    # reports for the rank.
     died = subprocess.run(ssh.argv(conf, a.name, "kill -9 $$"), capture_output=True, timeout=60)
     assert died.returncode == 255, died.stderr
 

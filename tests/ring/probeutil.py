@@ -31,11 +31,11 @@ def run_probe(
     parallel="pipeline",
     cases=None,
 ):
-    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence, status,
-    rank infos). `model` a list (and `outs` a folder for each): the models one after another in
-    one launch; returns the first one's results (read the others with `read_probe`); `cases`:
-    each model's own settings over the arguments (ring_driver's --case: a dict of its flags'
-    names)."""
+    """Run the scheduler on n ranks; returns (tokens per sequence, logits per sequence,
+    status, rank infos). `model` a list (and `outs` a folder for each): the models one after
+    another in one launch; returns the first one's results (read the others with
+    `read_probe`); `cases`: each model's own settings over the arguments (ring_driver's
+    --case: a dict of its flags' names)."""
     models, outs = (model, outs) if isinstance(model, list) else ([model], [tmp_path])
     argv = [
         DRIVER,

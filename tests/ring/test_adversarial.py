@@ -280,9 +280,9 @@ def gone(pid: int) -> bool:
     reason="reads process states from /proc, which only Linux has",
 )
 def test_a_sigtermed_worker_leaves_a_predecessor_that_went_silent(tmp_path, default_model):
-    # Rank 0 stopped holds its sockets open and sends nothing, as a host that lost power would: its
-    # successor, asked to stop, leaves after DRAIN_TIMEOUT seconds of silence instead of waiting for
-    # a SIGKILL.
+    # Rank 0 stopped holds its sockets open and sends nothing, as a host that lost power would:
+    # its successor, asked to stop, leaves after DRAIN_TIMEOUT seconds of silence instead of
+    # waiting for a SIGKILL.
     quiet = 6
     with running_server(tmp_path, n_ranks=2, extra_args=["--drain-timeout", str(quiet)]) as (
         url,

@@ -81,15 +81,15 @@ def test_auto_measures_the_all_sum_once_and_every_rank_chooses_alike(tmp_path):
     plans = [json.loads((tmp_path / f"plan{r}.json").read_text())["predicted"] for r in range(2)]
     assert plans[0] == plans[1], "every rank must choose the same mode for the same reason"
     p = plans[0]
-    # Two "machines" (MLX_RING_CAPS) with tiny layers: the all_sums cost more than sharing them
-    # saves.
+    # Two "machines" (MLX_RING_CAPS) with tiny layers: the all_sums cost more
+    # than sharing them saves.
     assert p["mode"] == "pipeline" and p["mode_reason"].startswith("pipeline: all_sum ")
     assert p["modes"]["tensor"]["allsum_from"].startswith("measured on this ring")
     hosts = [e["ssh"] for e in json.loads((ROOT / "hosts.json").read_text())]
     row = json.loads((tmp_path / "cache" / "allsum.json").read_text())[ring_key(hosts)]
     assert row["ranks"] == 2 and row["probe"] == PROBE
-    # The next start reads it instead of measuring, unless this loaded machine timed stalls (then it
-    # measures again).
+    # The next start reads it instead of measuring, unless this loaded machine timed stalls
+    # (then it measures again).
     kept = cached(tmp_path / "cache", ring_key(hosts))
     assert (
         kept is not None and kept.source.startswith("measured") and kept.ranks == 2
@@ -113,8 +113,8 @@ def test_checks_probe_runs_the_launcher_on_every_host_and_caches_it(tmp_path):
     key = ring_key(["127.0.0.1", "127.0.0.1"])
     row = json.loads((tmp_path / "cache" / "allsum.json").read_text())[key]
     assert row["ranks"] == 2 and row["probe"] == PROBE
-    # Read back as measured, unless this loaded machine timed stalls (then the next start measures
-    # again).
+    # Read back as measured, unless this loaded machine timed stalls (then the
+    # next start measures again).
     kept = cached(tmp_path / "cache", key)
     assert (kept is not None and kept.latency_ms == allsum.latency_ms) or implausible(row)
     assert measure_ring(hosts[:1], conf, hosts[0].port, 576, "float32", tmp_path / "cache") == (

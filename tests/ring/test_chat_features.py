@@ -57,8 +57,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def served(tmp_path_factory, default_model):
     tmp = tmp_path_factory.mktemp("chat")
     model = tool_model(tmp / "model", default_model)
-    # Drafts on (prompt lookup): every answer below goes through verify passes where a draft is
-    # found.
+    # Drafts on (prompt lookup): every answer below goes through verify passes where
+    # a draft is found.
     with running_server(
         tmp, n_ranks=2, extra_args=["--model", str(model), "--draft-tokens", "6"]
     ) as (url, _):

@@ -55,9 +55,9 @@ def each_rank_holds_exactly_its_slice(default_model, ranks):
 
 
 def test_default_model_batched_and_long_prompt_cannot_hang(tmp_path, default_model):
-    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2 ranks:
-    the ring must neither deadlock on send/recv ordering (the launch has a timeout) nor change
-    tokens."""
+    """Big prefill chunks (1.2 MB of hidden states each) overlapping decode groups on 2
+    ranks: the ring must neither deadlock on send/recv ordering (the launch has a
+    timeout) nor change tokens."""
     tokenizer = load_tokenizer(default_model)
 
     def chat(q):

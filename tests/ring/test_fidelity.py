@@ -1,7 +1,7 @@
-"""The core promise: the ring computes exactly what single-process mlx-lm computes. Tiny models of
-the families whose forwards differ most, split unevenly on 2 and 3 ranks: their logits alone, in
-batches, with 1 or 2 groups in flight, and from the prompt cache, all from one launch per rank
-count."""
+"""The core promise: the ring computes exactly what single-process mlx-lm computes. Tiny
+models of the families whose forwards differ most, split unevenly on 2 and 3 ranks: their
+logits alone, in batches, with 1 or 2 groups in flight, and from the prompt cache, all from
+one launch per rank count."""
 
 import json
 
@@ -90,8 +90,8 @@ def tiny_cases() -> dict:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """{case name: (its output folder, its model)}, run as tiny_cases() says: one launch per rank
-    count."""
+    """{case name: (its output folder, its model)}, run as tiny_cases() says: one
+    launch per rank count."""
     tmp, models, outs = tmp_path_factory.mktemp("tiny"), {}, {}
     cases = tiny_cases()
     for n in sorted({c[0] for c in cases.values()}):
@@ -135,8 +135,8 @@ def test_tiny_models_logits_match_single_process(tiny, n):
             ], case
 
 
-# Sequences of different lengths arriving and leaving mid-flight (`at`: the scheduler step it
-# joins).
+# Sequences of different lengths arriving and leaving mid-flight (`at`: the
+# scheduler step it joins).
 MIXED = [
     {"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 12, "at": 0},
     {"prompt": [8, 1], "max_tokens": 16, "at": 0},
@@ -240,8 +240,8 @@ PROMPT_CACHE = [
         50 + 7 + 3,
         1,
     ),
-    # A budget of 60 tokens: each new prompt evicts the last, so nothing hits and answers stay
-    # exact.
+    # A budget of 60 tokens: each new prompt evicts the last, so nothing hits
+    # and answers stay exact.
     (
         3,
         "2,3,2",
@@ -271,9 +271,9 @@ FOLLOW = [
 def test_prompt_cache_prefills_only_new_tokens_and_changes_no_logit(
     tiny, n, layers, budget, spec, prefilled, hits
 ):
-    """A prompt that starts like a cached one starts from that cache on every rank: each rank
-    prefills only the new tokens, and the logits equal single-process mlx-lm's for the whole
-    prompt."""
+    """A prompt that starts like a cached one starts from that cache on every rank:
+    each rank prefills only the new tokens, and the logits equal single-process
+    mlx-lm's for the whole prompt."""
     out, model = tiny[f"prompt cache {n} {layers} {budget}"]
     tokens, logits, status, _ = read_probe(out, n, spec)
     for i, s in enumerate(spec):

@@ -16,8 +16,8 @@ DRIVER = str(ROOT / "tests" / "frames_driver.py")
     "mode", [["--layers", "2,3"], ["--parallel", "tensor"]], ids=["pipeline", "tensor"]
 )
 def test_framed_steps_match_mlx_lm_and_every_message_is_one_frame(tmp_path, mode):
-    """In tensor mode a decode step on ids still being sampled sends its header alone (one
-    frame)."""
+    """In tensor mode a decode step on ids still being sampled sends its
+    header alone (one frame)."""
     model = make_tiny_model(tmp_path / "model", "qwen3", n_layers=5)
     spec = [
         {"prompt": [5, 17, 42, 99, 3, 250, 7], "max_tokens": 6, "at": 0},
@@ -46,8 +46,8 @@ def test_framed_steps_match_mlx_lm_and_every_message_is_one_frame(tmp_path, mode
     result = json.loads((tmp_path / "result.json").read_text())
     for i, s in enumerate(spec):
         want, want_tokens = reference_logits(model, s["prompt"], steps=s["max_tokens"])
-        # Several chunks: float rounding of other shapes, as in test_fidelity; tensor mode sums in
-        # another order.
+        # Several chunks: float rounding of other shapes, as in test_fidelity; tensor mode
+        # sums in another order.
         tol = 1e-5 if i == 0 and mode[0] == "--layers" else 1e-4
         np.testing.assert_allclose(
             np.load(tmp_path / f"logits{i}.npy"), want, rtol=tol, atol=tol, err_msg=f"sequence {i}"
@@ -55,9 +55,9 @@ def test_framed_steps_match_mlx_lm_and_every_message_is_one_frame(tmp_path, mode
         assert result["tokens"][i] == want_tokens, f"sequence {i}"
     for r in range(2):
         seen = json.loads((tmp_path / f"frames{r}.json").read_text())
-        # Besides MLX's own all_gathers at startup (not sends), one size only, whatever the step; in
-        # tensor mode steps go from rank 0 to the last rank only (the all_sums give everyone the
-        # output).
+        # Besides MLX's own all_gathers at startup (not sends), one size only, whatever the
+        # step; in tensor mode steps go from rank 0 to the last rank only (the all_sums
+        # give everyone the output).
         tensor = mode[0] == "--parallel"
         want = {
             "sent": [] if tensor and r == 1 else [256],

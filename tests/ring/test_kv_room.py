@@ -96,8 +96,8 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
             "the second request started while the first still held its room"
         )
 
-        # prompt + max_tokens beyond what the ring holds for one request (800 / 2 - 256): a 400, and
-        # nothing runs.
+        # prompt + max_tokens beyond what the ring holds for one request (800 / 2 - 256): a
+        # 400, and nothing runs.
         r = httpx.post(
             f"{url}/v1/chat/completions",
             timeout=60,

@@ -172,8 +172,8 @@ def screen(tmp: Path, cases: list) -> dict:
 
 
 def run_launches(tmp: Path, n: int, cases: list, alone: dict) -> dict:
-    """{case: None, or why it failed} for cases on n ranks, as few launches as the failures
-    allow."""
+    """{case: None, or why it failed} for cases on n ranks, as few launches
+    as the failures allow."""
     tmp.mkdir(parents=True)
     left, out = list(cases), {}
     while left:
@@ -230,8 +230,8 @@ def run_launches(tmp: Path, n: int, cases: list, alone: dict) -> dict:
 
 
 def _wait(proc, outs: list, n: int) -> str:
-    """The launch's output once it ends, or once it finishes no model for STALL_S (then it is
-    killed)."""
+    """The launch's output once it ends, or once it finishes no model for STALL_S
+    (then it is killed)."""
     done, last = 0, time.monotonic()
     while proc.poll() is None:
         now_done = sum((o / f"done{r}").exists() for o in outs for r in range(n))
@@ -248,8 +248,8 @@ def _wait(proc, outs: list, n: int) -> str:
 
 
 def judge(out: Path, alone: Path, n: int) -> str | None:
-    """Why this run differs from single-process mlx-lm (its logits, written by the alone run), or
-    None."""
+    """Why this run differs from single-process mlx-lm (its logits, written by the
+    alone run), or None."""
     result = json.loads((out / "result.json").read_text())
     want_all = json.loads((alone / "want.json").read_text())
     for i, s in enumerate(SPEC):

@@ -1,8 +1,8 @@
 """The real `openai` client against the real server: 2 ranks under mlx.launch, default model.
-What the ring does end to end: answers as mlx-lm's, limits, stop strings, logprobs, seeds, every
-rank's figures. The other dialects (Anthropic Messages, OpenAI Responses, Ollama) through their
-own clients: the same greedy text. (Request checks and response shapes: tests/unit/api/, in
-process.)"""
+What the ring does end to end: answers as mlx-lm's, limits, stop strings, logprobs, seeds,
+every rank's figures. The other dialects (Anthropic Messages, OpenAI Responses, Ollama)
+through their own clients: the same greedy text. (Request checks and response shapes:
+tests/unit/api/, in process.)"""
 
 import socket
 import time
@@ -80,8 +80,8 @@ def test_completions_with_logprobs(client):
         temperature=0,
         logprobs=2,
     )
-    # single-process mlx-lm's greedy tokens, through its streaming detokenizer (which drops the
-    # leading space)
+    # single-process mlx-lm's greedy tokens, through its streaming detokenizer (which
+    # drops the leading space)
     assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == (
         "Paris.\n\n",
         "length",

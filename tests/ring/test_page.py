@@ -1,7 +1,7 @@
-"""The web page at `/` in a real browser (Debian's Chromium, driven by Playwright) against a real
-2-rank server: it loads, shows every rank of the ring, streams a chat answer, and its Stop button
-cancels a request on the server. `SCREENSHOTS_DIR` keeps the screenshots (the README's come from
-it)."""
+"""The web page at `/` in a real browser (Debian's Chromium, driven by Playwright) against a
+real 2-rank server: it loads, shows every rank of the ring, streams a chat answer, and its
+Stop button cancels a request on the server. `SCREENSHOTS_DIR` keeps the screenshots (the
+README's come from it)."""
 
 import os
 import shutil

@@ -1,6 +1,6 @@
 """Receiving prefill and decode payloads apart, before the stage is built on them (what a rank
-does on Metal, forced here on a CPU with RECEIVE_APART=on), computes exactly what single-process
-mlx-lm computes."""
+does on Metal, forced here on a CPU with RECEIVE_APART=on), computes exactly what
+single-process mlx-lm computes."""
 
 import json
 
@@ -46,8 +46,8 @@ def test_prefill_and_decode_received_apart_match_mlx_lm(tmp_path):
         np.testing.assert_allclose(logits, want, rtol=tol, atol=tol, err_msg=f"sequence {i}")
         assert result["tokens"][i] == want_tokens, f"sequence {i}"
     seen = [json.loads((tmp_path / f"apart{r}.json").read_text()) for r in range(2)]
-    # rank 1 received every prefill chunk and every decode step apart, and rank 0 each decode step
-    # back
+    # rank 1 received every prefill chunk and every decode step apart, and rank 0
+    # each decode step back
     assert seen[1].get("PREFILL apart", 0) == len(result["prefill_rows"]) >= 4, seen
     assert seen[1].get("DECODE apart", 0) == len(result["decode_rows"]) > 0, seen
     assert not any(k.endswith("in graph") for k in seen[0] | seen[1]), seen

@@ -68,9 +68,9 @@ class Launcher:
 
 @pytest.fixture(scope="module")
 def house(tmp_path_factory, default_model):
-    """One ring for the launcher's own behaviours: a start piped and on a terminal, keys, a full
-    queue and bad input, then a SIGTERM's drain, which ends it (so that test comes last of its
-    users)."""
+    """One ring for the launcher's own behaviours: a start piped and on a terminal, keys, a
+    full queue and bad input, then a SIGTERM's drain, which ends it (so that test comes
+    last of its users)."""
     ln = Launcher(
         tmp_path_factory.mktemp("house"),
         API_KEY="s3cret",

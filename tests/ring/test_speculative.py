@@ -61,9 +61,9 @@ def two_ranks(tmp_path_factory, default_model) -> dict:
     """The 2-rank runs below, one after another in one launch (startup and loads are most of a run):
     {name: (its output folder, its spec)}."""
     tmp, tokenizer = tmp_path_factory.mktemp("two"), load_tokenizer(default_model)
-    # No prompt cache: a row leaving or joining is the first thing after a verify pass whose
-    # rejected drafts wait to be dropped (folded into the next DECODE when every row drops the
-    # same).
+    # No prompt cache: a row leaving or joining is the first thing after a verify pass
+    # whose rejected drafts wait to be dropped (folded into the next DECODE when every
+    # row drops the same).
     rows = [
         {
             "prompt": chat(tokenizer, f"Repeat this text exactly, word for word:\n\n{TEXT}"),

@@ -24,8 +24,8 @@ def chat(tokenizer, content):
 
 
 def share_bytes(model_path, n: int) -> int:
-    """The bytes a tensor rank holds: a 1/n share of every projection, the rest (embedding, head,
-    norms) whole."""
+    """The bytes a tensor rank holds: a 1/n share of every projection, the rest
+    (embedding, head, norms) whole."""
     model, _ = load_model(model_path)
     return sum(
         v.nbytes // (n if name.endswith("proj.weight") else 1)
@@ -91,8 +91,8 @@ def two_ranks(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("two")
     models = {kind: make_tiny_model(tmp / kind, kind) for kind in KINDS}
     runs = {kind: (models[kind], {"spec": BATCH, "prompt_cache": 4096}) for kind in KINDS}
-    # Drafts from a model on rank 0 (here the target itself, so most are kept), verified on both
-    # ranks.
+    # Drafts from a model on rank 0 (here the target itself, so most are kept),
+    # verified on both ranks.
     runs["draft"] = (
         models["llama"],
         {"spec": DRAFTED, "draft": 3, "draft_model": str(models["llama"])},
@@ -116,9 +116,9 @@ def two_ranks(tmp_path_factory) -> dict:
 
 def test_tensor2_tiny_models_match_single_process(two_ranks):
     """Random llama and qwen3 models (4 heads, 2 KV heads) on 2 ranks: a lone prompt's logits
-    within 1e-4 of mlx-lm's (each rank sums its heads' and columns' share, then the all_sum adds
-    the shares: float32 sums in another order), then prompts batched and a next turn from the
-    prompt cache."""
+    within 1e-4 of mlx-lm's (each rank sums its heads' and columns' share, then the all_sum
+    adds the shares: float32 sums in another order), then prompts batched and a next turn
+    from the prompt cache."""
     for kind in KINDS:
         out, model = two_ranks[kind]
         tokens, logits, status, ranks = read_probe(out, 2, BATCH)
@@ -135,8 +135,8 @@ def test_tensor2_tiny_models_match_single_process(two_ranks):
 
 
 def test_tensor2_draft_model_keeps_greedy_output_exact(two_ranks):
-    """Drafts from a model on rank 0 (here the target itself, so most are kept), verified on both
-    ranks."""
+    """Drafts from a model on rank 0 (here the target itself, so most are kept),
+    verified on both ranks."""
     out, model = two_ranks["draft"]
     tokens, _, status, _ = read_probe(out, 2, DRAFTED)
     result = json.loads((out / "result.json").read_text())
@@ -147,11 +147,11 @@ def test_tensor2_draft_model_keeps_greedy_output_exact(two_ranks):
 
 
 def test_tensor3_ranks_keep_a_shared_kv_head_and_match_single_process(tmp_path):
-    """A random qwen3 (4 heads over 2 KV heads, q/k norms per head) on 3 ranks, more ranks than
-    KV heads: query heads 2 + 1 + 1, ranks 1 and 2 each keeping KV head 1 and its cache. In one
-    launch: a lone prompt's logits within 1e-4 of mlx-lm's, then prompts batched and a next turn
-    from the prompt cache; then drafts by prompt lookup; greedy tokens exact, every rank's caches
-    freed."""
+    """A random qwen3 (4 heads over 2 KV heads, q/k norms per head) on 3 ranks, more ranks
+    than KV heads: query heads 2 + 1 + 1, ranks 1 and 2 each keeping KV head 1 and its
+    cache. In one launch: a lone prompt's logits within 1e-4 of mlx-lm's, then prompts
+    batched and a next turn from the prompt cache; then drafts by prompt lookup; greedy
+    tokens exact, every rank's caches freed."""
     model = make_tiny_model(tmp_path / "qwen3", "qwen3")
     outs = [tmp_path / "batch", tmp_path / "drafts"]
     for o in outs:

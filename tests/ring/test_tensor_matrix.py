@@ -127,8 +127,8 @@ def test_every_supported_type_splits_for_tensor_mode_exactly_when_its_runs_pass(
         cases += [(kind, n, bits, folders[bits]) for n, bits in [*RUNS, (SHARED, 0)]]
     prompt = load_tokenizer(default_model).encode("The capital of France is")
     for n in sorted({n for n, _ in RUNS} | {SHARED}):
-        # A type already refused on fewer ranks runs no more; only a type the layouts split shares
-        # KV heads.
+        # A type already refused on fewer ranks runs no more; only a type the layouts
+        # split shares KV heads.
         mine = [
             c
             for c in cases
@@ -279,8 +279,8 @@ def judge(o: Path, n: int) -> tuple[str | None, str]:
                 f"rank {r}'s logits differ from the whole model's by {err:.3g} (bound {bound:.3g})",
                 how,
             )
-        # Tokens must agree up to the first step whose two best logits lie within the bound (a tie
-        # either way).
+        # Tokens must agree up to the first step whose two best logits lie within the bound
+        # (a tie either way).
         top2 = -np.sort(-want, axis=1)[:, :2]
         sure = next((i for i, (a, b) in enumerate(top2) if a - b <= 2 * bound), len(want))
         # the split model's own greedy tokens, while they agree

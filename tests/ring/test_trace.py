@@ -1,6 +1,6 @@
-"""bench_steps --trace on a real 2-rank ring: every rank records the same steps, in ring order,
-and the decode timeline is computed from them (mlx_ring/ring/timeline.py; its arithmetic:
-tests/unit)."""
+"""bench_steps --trace on a real 2-rank ring: every rank records the same steps, in
+ring order, and the decode timeline is computed from them (mlx_ring/ring/timeline.py;
+its arithmetic: tests/unit)."""
 
 import json
 

@@ -1,5 +1,5 @@
-"""What the OpenAI API tests ask and read: the question, a get_weather tool, and a stream's
-server-sent events."""
+"""What the OpenAI API tests ask and read: the question, a get_weather tool, and a
+stream's server-sent events."""
 
 import json
 

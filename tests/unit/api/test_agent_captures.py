@@ -39,8 +39,8 @@ def test_codex_as_it_sends_namespace_tools_and_web_search(tool_served):
         done = out[-1]["response"]
         assert done["status"] == "completed"
         [call] = done["output"]
-        # the model saw the namespaced function under one flat name; Codex reads name and namespace
-        # apart
+        # the model saw the namespaced function under one flat name; Codex reads
+        # name and namespace apart
         assert (call["type"], call["name"], call["namespace"], json.loads(call["arguments"])) == (
             "function_call",
             "spawn_agent",
@@ -157,8 +157,8 @@ def test_codex_with_an_openai_model_name_sends_custom_and_tool_search_tools(tool
             and '"name": "tool_search"' in prompt
             and "web_search" not in prompt
         )
-        # tool_choice auto: the answer is free, and an apply_patch call in it holds to the patch
-        # grammar
+        # tool_choice auto: the answer is free, and an apply_patch call in it holds
+        # to the patch grammar
         matcher = LLMatcher(
             tool_served.grammars.tokenizer, engine.submitted[0][0].params.grammar, log_level=0
         )

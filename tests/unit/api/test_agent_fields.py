@@ -1,9 +1,9 @@
-"""The fields agents send that a model may not use, in every dialect, in process: accepted and
-ignored where they change nothing (reasoning effort, thinking off, cache_control), honoured where
-they can be (output_config.format), refused by name where they would change the answer ("not
-supported by this server/model"); max_tokens over the room the context leaves (cut to it in the
-agent dialects, a 400 in chat completions); Anthropic's stop_sequence; images where only text
-fits."""
+"""The fields agents send that a model may not use, in every dialect, in process: accepted
+and ignored where they change nothing (reasoning effort, thinking off, cache_control),
+honoured where they can be (output_config.format), refused by name where they would change
+the answer ("not supported by this server/model"); max_tokens over the room the context
+leaves (cut to it in the agent dialects, a 400 in chat completions); Anthropic's
+stop_sequence; images where only text fits."""
 
 import anthropic
 import openai

@@ -244,8 +244,8 @@ def test_cached_tokens_are_read_from_the_cache_and_not_input(ant, engine):
     with ant.messages.stream(model=MODEL, max_tokens=100, messages=QUESTION) as s:
         final = s.get_final_message()
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (prompt - 9, 9)
-    # message_start already splits the prompt as Anthropic's does (its input_tokens are not cache
-    # reads)
+    # message_start already splits the prompt as Anthropic's does (its input_tokens
+    # are not cache reads)
     events = list(ant.messages.create(model=MODEL, max_tokens=100, messages=QUESTION, stream=True))
     start, delta = events[0], next(e for e in events if e.type == "message_delta")
     assert start.type == "message_start"

@@ -1,7 +1,7 @@
-"""Claude Code's own requests, replayed in process against the stand-in engine: its Messages body
-with its headers (`?beta=true`, `anthropic-beta`, `x-api-key`, `max_tokens: 32000`, cached system
-blocks, `thinking`, `metadata.user_id`). Each must answer as the same conversation does through
-chat completions."""
+"""Claude Code's own requests, replayed in process against the stand-in engine: its Messages
+body with its headers (`?beta=true`, `anthropic-beta`, `x-api-key`, `max_tokens: 32000`, cached
+system blocks, `thinking`, `metadata.user_id`). Each must answer as the same conversation does
+through chat completions."""
 
 import copy
 import json

@@ -123,8 +123,8 @@ def test_codex_turns_as_codex_sends_them(tool_served):
             "shell",
             {"command": ["ls"]},
         )
-        # the next turn: the call and its output appended to the input, as Codex keeps its history
-        # (store: false)
+        # the next turn: the call and its output appended to the input, as Codex keeps
+        # its history (store: false)
         engine.answer = "Two files: README.md and src."
         turn = copy.deepcopy(CODEX)
         turn["input"] += [

@@ -85,8 +85,8 @@ def test_a_custom_tool_call_whole_streamed_and_its_output(tool_served):
             "completed",
         )
         assert call.call_id.startswith("call_") and r.tools[0].type == "custom"
-        # the template shows a function taking one string, its grammar in the parameter's
-        # description
+        # the template shows a function taking one string, its grammar in
+        # the parameter's description
         prompt = tool_served.tokenizer.decode(engine.submitted[0][0].prompt)
         assert (
             '"name": "apply_patch"' in prompt
@@ -187,8 +187,8 @@ def test_with_tool_choice_auto_a_call_is_decoded_under_its_grammar(tool_served):
             == PATCH
         )
         grammar = engine.submitted[-1][0].params.grammar
-        # words, calls, words and calls: the model chooses; a call it opens is whole, its input in
-        # the grammar
+        # words, calls, words and calls: the model chooses; a call it opens is whole, its
+        # input in the grammar
         for fine in [
             engine.answer,
             "I cannot edit files.",
@@ -251,8 +251,8 @@ def test_a_forced_custom_call_is_decoded_under_its_grammar(tool_served):
             tool_served, grammar, engine.answer
         )
         assert not accepts(tool_served, grammar, call_text("version", {"input": "v1.2 or so"}))
-        # a grammar decoding cannot hold inside the call's JSON is refused when the call is forced,
-        # by name
+        # a grammar decoding cannot hold inside the call's JSON is refused when the call
+        # is forced, by name
         recursive = TOOL | {
             "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "(" start? ")"'}
         }

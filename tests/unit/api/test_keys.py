@@ -1,5 +1,5 @@
-"""API keys: the file's checks, constant-time lookup, and the per-minute request and token
-windows."""
+"""API keys: the file's checks, constant-time lookup, and the per-minute
+request and token windows."""
 
 import json
 

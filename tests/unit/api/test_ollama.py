@@ -1,7 +1,7 @@
-"""Ollama's API in process, through the official `ollama` Python client (its httpx client carries
-the in-process app's transport), against the stand-in engine with the default model's real
-tokenizer: chat and generate whole and streamed, options as sampling parameters, tools, formats,
-listings, errors."""
+"""Ollama's API in process, through the official `ollama` Python client (its httpx client
+carries the in-process app's transport), against the stand-in engine with the default model's
+real tokenizer: chat and generate whole and streamed, options as sampling parameters, tools,
+formats, listings, errors."""
 
 import json
 

@@ -1,6 +1,6 @@
-"""Tool calls through the OpenAI API in process, under a chat template with tools: a call in
-OpenAI's shape whole and streamed, a named tool forced by a grammar, and a tool's result reaching
-the template."""
+"""Tool calls through the OpenAI API in process, under a chat template with tools: a call
+in OpenAI's shape whole and streamed, a named tool forced by a grammar, and a tool's
+result reaching the template."""
 
 from apiutil import ANSWER, CALL, MODEL, FakeEngine, client
 from openaiutil import QUESTION, TOOLS, events

@@ -21,8 +21,8 @@ ARGS = {
     "note": 'say "hi"\n😀 \u00e9',
     "deep": {"x": [], "y": {}},
 }
-# How a model may write the call: its own spacing, escapes (a surrogate pair), a number json.dumps
-# writes otherwise.
+# How a model may write the call: its own spacing, escapes (a surrogate pair), a number
+# json.dumps writes otherwise.
 CALL_TEXT = (
     '{"name":"get_weather" ,"arguments" : {"city": "S\\u00e3o Paulo", '
     '"days":[1,2.5,-0.0, 1E3],"unit":null,'
@@ -43,8 +43,8 @@ def read(pieces, **kw) -> list[tuple]:
 
 
 def check_streamed(parts, text: str, args: str, name: str = "get_weather"):
-    """The parts of one streamed call: text, its head, argument fragments joining to `args`, its
-    end."""
+    """The parts of one streamed call: text, its head, argument fragments joining
+    to `args`, its end."""
     kinds = [k for k, _, _ in parts]
     assert [k for k in kinds if k != "text" and k != "args"] == ["begin", "end"]
     begin, end = kinds.index("begin"), kinds.index("end")

@@ -85,8 +85,8 @@ def test_no_issue_numbers_in_user_docs(page):
 
 
 def named_in_where_things_live(text: str) -> set[str]:
-    """Every path "Where things live" names: a backticked path, or a file's name in the row of
-    its folder."""
+    """Every path "Where things live" names: a backticked path, or a file's name in the
+    row of its folder."""
     section = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     named = set()
     for line in section.splitlines():

@@ -61,8 +61,8 @@ def test_mlx_distributed_configs_hostfile_is_taken_as_mlx_writes_it(tmp_path):
 
     from mlx_ring.hostfile import read_hostfile
 
-    # What `mlx.distributed_config --backend ring --output-hostfile` writes (its configure_ring does
-    # this).
+    # What `mlx.distributed_config --backend ring --output-hostfile` writes (its
+    # configure_ring does this).
     written = Hostfile(
         [Host(0, "mac-a", ["192.168.0.5"], []), Host(1, "mac-b", ["192.168.0.2"], [])],
         "ring",

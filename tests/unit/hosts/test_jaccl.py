@@ -185,8 +185,8 @@ def test_a_ring_without_a_mac_keeps_rdma_where_the_rest_are_cabled(tmp_path):
         [None, "rdma_en4"],
         ["rdma_en2", None],
     ]
-    # Four Macs in a JACCL ring less one: the two either side of it have no cable, so it heals over
-    # TCP.
+    # Four Macs in a JACCL ring less one: the two either side of it have no cable, so
+    # it heals over TCP.
     four = mesh(4)
     for i, j in ((0, 2), (2, 0), (1, 3), (3, 1)):
         four[i]["rdma"][j] = None
@@ -331,8 +331,8 @@ def test_a_rank_that_cannot_start_jaccl_names_its_devices_and_the_launcher_says_
 
     from mlx_ring.launcher.failures import explain
 
-    # This Linux wheel has no JACCL: MLX's own init fails as it would on a Mac whose device cannot
-    # open.
+    # This Linux wheel has no JACCL: MLX's own init fails as it would on a Mac
+    # whose device cannot open.
     devices = tmp_path / "devices.json"
     devices.write_text(json.dumps([[None, "rdma_en2"], ["rdma_en3", None]]))
     env = {

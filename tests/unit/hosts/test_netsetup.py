@@ -53,8 +53,8 @@ def test_a_second_run_reuses_the_services_and_keeps_the_addresses():
     again = tb.propose(entries_for(THREE), list(done.values()))
     # Its own /30s on the Thunderbolt ports do not push the ring to another range.
     assert again.entries == first.entries and again.addresses == first.addresses
-    # mini-b's bridge service is off already, and its ports have their services: only the addresses
-    # are set.
+    # mini-b's bridge service is off already, and its ports have their services: only
+    # the addresses are set.
     assert again.commands["mini-b.local"] == [
         "ifconfig bridge0 down",
         "networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.2 255.255.255.252",
@@ -152,8 +152,8 @@ def shims(tmp_path: Path, sudo: str = SUDO) -> Path:
 
 
 def fake_macs(tmp_path, monkeypatch, sudo: str = SUDO):
-    """Three Macs behind the shims, and the proposal for them; ifconfig then shows the addresses
-    set."""
+    """Three Macs behind the shims, and the proposal for them; ifconfig then
+    shows the addresses set."""
     shims(tmp_path, sudo)
     # macOS's sh, which runs the launcher and the change there: bash 3.2 in POSIX mode
     if BASH_32.exists():
@@ -173,8 +173,8 @@ def test_apply_runs_each_macs_commands_under_sudo_detached(tmp_path, monkeypatch
     monkeypatch.setattr(sys.stdin, "isatty", lambda: terminal)
     assert tb.apply(tmp_path / "ssh_config", p) == []
     calls = (tmp_path / "calls").read_text().splitlines()
-    # The other Macs first, over `ssh -t` where there is a terminal for sudo's prompt; this Mac
-    # last.
+    # The other Macs first, over `ssh -t` where there is a terminal for sudo's
+    # prompt; this Mac last.
     started = [c.rstrip() for c in calls if c.startswith("sudo ")]
 
     def prompt(h):

@@ -31,8 +31,8 @@ def facts(
     services: str = "services",
     edit=lambda text: text,
 ) -> mac_facts.MacFacts:
-    """`stem`'s recordings as the facts script prints them on that Mac (`edit`: a change to its
-    ifconfig)."""
+    """`stem`'s recordings as the facts script prints them on that Mac (`edit`: a
+    change to its ifconfig)."""
 
     def read(suffix):
         return (DATA / f"{stem}.{suffix}").read_text()
@@ -93,15 +93,15 @@ def test_two_macs_one_cable_gets_one_subnet():
 
 def test_three_macs_in_a_triangle_keep_hosts_json_order():
     p = tb.propose(entries_for(THREE), [facts(n, s) for n, s in THREE.items()])
-    # a.r1-b.r2, b.r1-c.r2, c.r1-a.r2 (en2 = receptacle 1, en3 = 2): MLX numbers cables in port
-    # order.
+    # a.r1-b.r2, b.r1-c.r2, c.r1-a.r2 (en2 = receptacle 1, en3 = 2): MLX numbers
+    # cables in port order.
     assert p.addresses["127.0.0.1"] == [("en2", "192.168.0.1"), ("en3", "192.168.0.5")]
     assert p.commands["127.0.0.1"][-2:] == [
         "networksetup -createnetworkservice 'mlx-ring Thunderbolt 2' 'Thunderbolt 2'",
         "networksetup -setmanual 'mlx-ring Thunderbolt 2' 192.168.0.5 255.255.255.252",
     ]
-    # Each rank's address is its end of the cable from the rank before it: mini-c reaches rank 0 at
-    # .5.
+    # Each rank's address is its end of the cable from the rank before it: mini-c reaches
+    # rank 0 at .5.
     assert [(e["ssh"], e["ips"]) for e in p.entries] == [
         ("127.0.0.1", ["192.168.0.5"]),
         ("mini-b.local", ["192.168.0.2"]),

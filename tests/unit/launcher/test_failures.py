@@ -9,8 +9,8 @@ from mlx_ring.launcher.failures import explain, ring_connect_failure
 MAC = Path(__file__).resolve().parents[2] / "data" / "macos"
 
 # Captured on this Linux machine with MLX 0.32.4: rank 1 of a ring of two whose rank 0 never
-# listened (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import init_world;
-# init_world()"`).
+# listened (`MLX_RANK=1 MLX_HOSTFILE=... python -c "from mlx_ring.ring.world import
+# init_world; init_world()"`).
 REFUSED_HERE = """Traceback (most recent call last):
   File "/work/wt/ringmac/mlx_ring/ring/transport.py", line 41, in init_world
     world = mx.distributed.init(backend="ring")
@@ -59,8 +59,8 @@ def test_out_of_memory_and_a_follow_on_error_name_the_first_cause():
 
 
 def test_a_message_cut_before_its_name_is_known_by_its_description():
-    # jjang-ai/vmlx issue #58 (vMLX's log of MLX's abort, 2026-04-09), complete as the issue shows
-    # it
+    # jjang-ai/vmlx issue #58 (vMLX's log of MLX's abort, 2026-04-09), complete as
+    # the issue shows it
     said = metal_failure(
         "[error] libc++abi: terminating due to uncaught exception of type std::runtime_error: "
         "[METAL] Command buffer execution failed: Insufficient Memory\n"
@@ -85,9 +85,9 @@ def test_a_refused_ring_connect_names_the_rank_the_address_and_the_fix():
 
 
 def test_no_route_on_a_mac_gets_the_local_network_hint_and_on_linux_not():
-    # MLX's wording (mlx/distributed/utils.cpp: `tag << " " << action << " (error: " << errno <<
-    # ")"`), with macOS's EHOSTUNREACH (65), which Local Network privacy gives; Linux numbers it
-    # 113.
+    # MLX's wording (mlx/distributed/utils.cpp: `tag << " " << action << " (error: " <<
+    # errno << ")"`), with macOS's EHOSTUNREACH (65), which Local Network privacy gives;
+    # Linux numbers it 113.
     mac = ring_connect_failure("RuntimeError: [ring] Couldn't connect (error: 65)\n")
     assert mac.startswith("a rank could not connect to the next rank (no route to host;")
     assert "Local Network privacy" in mac and "keep Terminal running" in mac

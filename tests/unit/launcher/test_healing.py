@@ -31,8 +31,8 @@ def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, 
 
     from mlx_ring.launcher import preflight
 
-    # This Mac after a restart, as its commands answer: bridge0 back, no /30 on its Thunderbolt
-    # ports.
+    # This Mac after a restart, as its commands answer: bridge0 back, no /30
+    # on its Thunderbolt ports.
     macos, stem = DATA.parent, DATA / THREE["mini-b.local"]
     answers = {
         "uname": 'case "$1" in -m) echo arm64;; *) echo Darwin;; esac',
@@ -73,8 +73,8 @@ def test_up_names_the_reset_and_its_fix_and_marks_the_mac_to_wait_for(tmp_path, 
 
 
 def test_restart_waits_for_a_mac_to_hold_its_ring_address_again(tmp_path, monkeypatch):
-    # This Mac's ifconfig, before and after `hosts --over thunderbolt --apply` sets the address
-    # again.
+    # This Mac's ifconfig, before and after `hosts --over thunderbolt --apply`
+    # sets the address again.
     stem = DATA / THREE["mini-b.local"]
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "ifconfig").write_text(

@@ -61,8 +61,8 @@ def test_launch_sh_runs_under_every_shell(shell):
 
 
 def test_ring_ssh_wrapper_under_every_shell(shell, tmp_path):
-    """mlx.launch's `ssh`: the ring's config first, every "\\r" dropped from the arguments, no
-    stdin."""
+    """mlx.launch's `ssh`: the ring's config first, every "\\r" dropped from
+    the arguments, no stdin."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "ssh").write_text("#!/bin/sh\nfor a; do printf '[%s]' \"$a\"; done; cat; echo\n")
@@ -120,8 +120,8 @@ def test_uv_installed_as_on_a_stock_mac(tmp_path):
         stock,
         extra={
             "uname": "#!/bin/sh\n[ \"${1:-}\" = -s ] && echo Darwin || echo 'Darwin arm64'\n",
-            # astral.sh is out of reach here: this curl hands over an installer that puts uv where
-            # uv's does.
+            # astral.sh is out of reach here: this curl hands over an installer that puts
+            # uv where uv's does.
             "curl": f"#!/bin/sh\necho '{installer}' \n",
         },
     )
@@ -185,8 +185,8 @@ def test_uv_uses_only_its_own_pythons_on_a_mac(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(ROOT / "launch.sh", project)
-    # launch.sh's first `uv sync`, on a checkout without an environment: which preference does uv
-    # get?
+    # launch.sh's first `uv sync`, on a checkout without an environment: which
+    # preference does uv get?
     fake_uv = (
         f'#!/bin/sh\necho "${{UV_PYTHON_PREFERENCE:-default}}" > '
         f"'{tmp_path}/asked'\nmkdir -p .venv/bin\n"
@@ -205,9 +205,9 @@ def test_uv_uses_only_its_own_pythons_on_a_mac(tmp_path):
             timeout=60,
         )
         assert p.returncode == 0 and (tmp_path / "asked").read_text().strip() == asked, p.stderr
-    # What the setting does, with the real uv: a stub python3 first on PATH (as a stock Mac's), no
-    # Python of uv's own and no downloads. By default uv runs the stub; with only-managed it never
-    # does.
+    # What the setting does, with the real uv: a stub python3 first on PATH (as a stock
+    # Mac's), no Python of uv's own and no downloads. By default uv runs the stub; with
+    # only-managed it never does.
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "pyproject.toml").write_text(
         '[project]\nname = "app"\nversion = "0"\nrequires-python = ">=3.11"\n'

@@ -135,8 +135,8 @@ def _typed(gguf: dict, types: dict) -> dict:
 
 
 def _held_as_params(held: dict, gguf: dict, config: dict, arch: str) -> list:
-    """The values the file holds, under mlx-lm's names (q/k rows back in order, Gemma's norms
-    less 1)."""
+    """The values the file holds, under mlx-lm's names (q/k rows back in order,
+    Gemma's norms less 1)."""
     out = []
     for name, (k, _) in gguf.items():
         v = mx.array(held[name])

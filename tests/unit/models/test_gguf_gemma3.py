@@ -75,8 +75,8 @@ def test_gemma3_q4_k_m_loads_with_its_norms_windows_template_and_end_of_turn(tmp
     vocab = _gemma_vocab()
     config = dict(GEMMA3, vocab_size=len(vocab["tokens"]))
     model, params = _random_model(gemma3_text, config, seed=5, tied=True)
-    # As a small Gemma 3's Q4_K_M: rows of 256 take K-quants; Q5_0 and Q8_0 stand in where llama.cpp
-    # falls back.
+    # As a small Gemma 3's Q4_K_M: rows of 256 take K-quants; Q5_0 and Q8_0 stand in
+    # where llama.cpp falls back.
     types = {
         "attn_q": T.Q5_0,
         "attn_k": T.Q5_0,
@@ -132,8 +132,8 @@ def test_gemma3_q4_k_m_loads_with_its_norms_windows_template_and_end_of_turn(tmp
     assert np.abs(q_logits - ref_logits).max() < 0.1 * ref_logits.std()
 
     tokenizer = load_tokenizer(f32, eos_token_ids=written["eos_token_id"])
-    # Gemma's vocabulary adds no space before the text (the file says add_space_prefix false, as
-    # Gemma's do)
+    # Gemma's vocabulary adds no space before the text (the file says add_space_prefix
+    # false, as Gemma's do)
     assert tokenizer.encode("hi there", add_special_tokens=False) == [
         vocab["tokens"].index(t) for t in ("hi", "\u2581there")
     ]

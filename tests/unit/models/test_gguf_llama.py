@@ -29,8 +29,8 @@ LLAMA = {
     "vocab_size": 49152,
     "tie_word_embeddings": False,
 }
-# As llama.cpp's Q4_K_M and Q5_K_M: Q6_K for attn_v, ffn_down and the output, Q4_K (Q5_K) for the
-# rest.
+# As llama.cpp's Q4_K_M and Q5_K_M: Q6_K for attn_v, ffn_down and the output, Q4_K
+# (Q5_K) for the rest.
 MIXES = {
     name: {
         "attn_v": T.Q6_K,

@@ -1,5 +1,5 @@
-"""Model sources: default GGUF, a Llama GGUF file, an MLX folder, a HF repo id offline, bad
-settings."""
+"""Model sources: default GGUF, a Llama GGUF file, an MLX folder, a HF repo
+id offline, bad settings."""
 
 import json
 
@@ -40,8 +40,8 @@ def _permute_rows(w, n_head):
 
 
 def _tiny_gguf(tmp_path, kind="llama"):
-    """A tiny model written as GGUF the way llama.cpp lays it out, plus the MLX model it came
-    from."""
+    """A tiny model written as GGUF the way llama.cpp lays it out, plus the MLX
+    model it came from."""
     folder = make_tiny_model(tmp_path / "ref", kind, n_layers=2)
     config = json.loads((folder / "config.json").read_text())
     ref = dict(tree_flatten(load_model(folder)[0].parameters()))
@@ -114,8 +114,8 @@ def test_gguf_file_converts_to_the_model_it_came_from(tmp_path, kind, default_to
 def test_default_gguf_quantized_keeps_q4_and_matches_dequantized(cache_dir):
     q = ms.resolve_model(None, cache_dir, "keep")
     config = json.loads((q / "config.json").read_text())
-    # Q4_1 blocks everywhere but the embedding, which this file stores at 8 bits: a per-module
-    # override.
+    # Q4_1 blocks everywhere but the embedding, which this file stores at 8
+    # bits: a per-module override.
     assert config["quantization"] == {
         "group_size": 32,
         "bits": 4,

@@ -47,8 +47,8 @@ def test_every_type_is_either_admitted_or_refused_and_the_docs_hold_the_table():
 
 
 def test_a_variant_the_matrix_does_not_test_is_refused():
-    """Gemma 4 E2B/E4B: per-layer inputs made from token ids would be wrong on every rank after
-    the first."""
+    """Gemma 4 E2B/E4B: per-layer inputs made from token ids would be wrong on every
+    rank after the first."""
     with pytest.raises(
         ValueError, match="'gemma4' is supported, but not with hidden_size_per_layer_input set"
     ):

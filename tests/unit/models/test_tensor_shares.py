@@ -83,9 +83,9 @@ def test_the_split_keeps_the_fewest_kv_heads_of_every_even_split_and_is_quick_fo
 
 
 def test_a_kv_head_read_by_unequal_runs_of_queries_is_kept_once_per_run_unit():
-    # 10 query heads over 2 KV heads on 3 ranks: 3 + 4 + 3 puts 2 + 2 queries of each KV head on
-    # rank 1 (one copy each), where 4 + 3 + 3 would need KV head 1 twice on rank 1 (runs of 1 and
-    # 2).
+    # 10 query heads over 2 KV heads on 3 ranks: 3 + 4 + 3 puts 2 + 2 queries of each KV head
+    # on rank 1 (one copy each), where 4 + 3 + 3 would need KV head 1 twice on rank 1 (runs
+    # of 1 and 2).
     assert [(h.start, h.end, h.kv) for h in head_split(10, 2, 3)] == [
         (0, 3, (0,)),
         (3, 7, (0, 1)),

@@ -1,7 +1,7 @@
 """The shapes and machines the mode tests plan, and `choose`: PARALLEL=auto's plan of one. The
-shapes are those measured on 2 x H100 (mlx-lm's shard() under mlx.launch): the Llama-3-8B shape
-over `--backend ring` ran at 0.11-0.31x one GPU, a 20-layer cut of the Llama-70B shape over NCCL at
-1.60x."""
+shapes are those measured on 2 x H100 (mlx-lm's shard() under mlx.launch): the Llama-3-8B
+shape over `--backend ring` ran at 0.11-0.31x one GPU, a 20-layer cut of the Llama-70B shape
+over NCCL at 1.60x."""
 
 from mlx_ring.planning.auto import plan_mode
 from mlx_ring.planning.capabilities import Capabilities
@@ -23,8 +23,8 @@ LLAMA_8B = ModelSpec(
     "8b",
     hidden_bytes=4096 * 2,
 )
-# 20 layers of the Llama-70B shape, bfloat16: 856M parameters a layer, a 128256 x 8192 embedding and
-# head.
+# 20 layers of the Llama-70B shape, bfloat16: 856M parameters a layer, a 128256 x
+# 8192 embedding and head.
 LLAMA_70B_CUT = ModelSpec(
     20,
     1.712e9,

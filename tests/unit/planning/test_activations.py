@@ -98,8 +98,8 @@ def test_the_plan_counts_the_estimate_as_the_runtime():
         == activation_bytes(tiny, MAC, 0, 16, 8192)
         < 0.1 * GIB
     )
-    # A rank that holds every layer's activations is given fewer layers than weights and caches
-    # alone allow.
+    # A rank that holds every layer's activations is given fewer layers than weights
+    # and caches alone allow.
     small, lean = (
         replace(H200, usable_gb=8),
         replace(spec, act_bytes_per_token=0.0, heads=0, vocab=0),
@@ -132,8 +132,8 @@ def test_a_cuda_rank_prefills_steps_worth_its_memory_and_a_mac_one_chunk():
         <= CUDA_SHARE * left + 2 * 64 * 49152 * 4
     )
     assert prefill_step(spec, [h100], [16], 8192, 512) == tokens
-    # More layers leave less memory and hold more a token: smaller steps; a small GPU keeps one
-    # chunk.
+    # More layers leave less memory and hold more a token: smaller steps; a small
+    # GPU keeps one chunk.
     assert step_tokens(spec, h100, 0, 32, 8192) < tokens
     assert step_tokens(spec, replace(h100, usable_gb=12), 0, 16, 8192) == 512
     # A Mac or a CPU: one chunk (or a decode step of MAX_ACTIVE rows), as before.

@@ -24,8 +24,8 @@ def test_the_prompt_cache_is_set_aside_up_to_a_quarter_of_a_rank():
 
 
 def test_plan_for_applies_host_keys_then_shares_hosts_then_sets_the_prompt_cache_aside():
-    """The one assembly every caller runs: keys win, ranks on one host split it, the cache comes
-    off."""
+    """The one assembly every caller runs: keys win, ranks on one host split it,
+    the cache comes off."""
     from mlx_ring.planning.assemble import plan_for
 
     caps = [

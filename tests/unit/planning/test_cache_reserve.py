@@ -182,8 +182,8 @@ def test_experts_shared_experts_and_latent_attention_come_from_mlx_lms_own_tenso
 
 
 def test_per_layer_quantization_entries_size_their_layers():
-    """mlx-lm's mixed quantization: a per-layer entry overrides the default bits, `false` keeps
-    float."""
+    """mlx-lm's mixed quantization: a per-layer entry overrides the default
+    bits, `false` keeps float."""
     q4 = spec_from_config({**DEEPSEEK_V3, "quantization": {"group_size": 64, "bits": 4}})
     mixed = spec_from_config(
         {

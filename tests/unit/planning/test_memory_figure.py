@@ -51,11 +51,11 @@ def test_the_figure_counts_the_kv_room_granted_not_kv_tokens():
     assert r["most_gb"] == pytest.approx(
         r["weights_gb"] + r["runtime_gb"] + r["kv_room_gb"] + 2.0, abs=2e-3
     )
-    # `needs_gb` stays what the slice needs with KV_TOKENS (the fit check); the figure is what it
-    # may hold.
+    # `needs_gb` stays what the slice needs with KV_TOKENS (the fit check); the figure is
+    # what it may hold.
     assert r["needs_gb"] == round(memory_need(SPEC, caps[0], 0, 16, 8192) / GIB, 3) < r["most_gb"]
-    # Never more than the memory the plan left: what the rank may fill, and the prompt cache set
-    # aside.
+    # Never more than the memory the plan left: what the rank may fill, and the
+    # prompt cache set aside.
     assert r["most_gb"] <= caps[0].usable_gb + r["prompt_cache_gb"] + 1e-3 == H100.usable_gb + 1e-3
     header, row = format_summary(s).splitlines()[:2]
     assert "KV room" in header and "at most" in header and f"{r['most_gb']:.1f} GB" in row
@@ -99,9 +99,9 @@ def test_after_the_warm_up_the_figure_counts_what_was_measured_and_still_fits():
 
 
 def test_a_tensor_ranks_figure_counts_its_share_of_every_layers_kv_room():
-    """In tensor mode every rank holds its share of each layer's cache (split by heads): its KV
-    room is that share of all the layers' caches for the room the ring grants, within what it may
-    fill."""
+    """In tensor mode every rank holds its share of each layer's cache (split by heads): its
+    KV room is that share of all the layers' caches for the room the ring grants, within
+    what it may fill."""
     caps = [replace(H100, usable_gb=60.0), replace(H100, usable_gb=60.0)]
     # even parts where none are given
     s = summary(SPEC, caps, tensor_plan(16, 2), 8192, kept=[1.0, 1.0])
@@ -150,9 +150,9 @@ def test_the_runtime_and_the_prefill_cap_count_the_same_tokens():
 
 
 def test_a_cuda_rank_fills_its_gpus_memory_not_the_hosts(monkeypatch, tmp_path):
-    """MLX's CUDA `device_info()` has `total_memory` and `free_memory`: the GPU's. A rank there
-    may fill what is free, at most 90% of the card, whatever the host has (128 GiB beside an 80
-    GB H100)."""
+    """MLX's CUDA `device_info()` has `total_memory` and `free_memory`: the GPU's. A rank
+    there may fill what is free, at most 90% of the card, whatever the host has (128 GiB
+    beside an 80 GB H100)."""
     info = {
         "device_name": "NVIDIA H100 80GB HBM3",
         "architecture": "sm_90",
@@ -188,8 +188,8 @@ def test_ranks_with_a_gpu_each_do_not_share_its_memory():
 
 
 def test_one_request_alone_may_hold_half_the_room():
-    """Growing copies a cache whole, so a request alone holds its cache twice over at that
-    moment."""
+    """Growing copies a cache whole, so a request alone holds its cache twice
+    over at that moment."""
     assert one_request(800, 256, 0) == 144
     assert one_request(800, 256, 6) == 138  # its drafts too
     # never nothing: the API then refuses every request by name

@@ -14,8 +14,8 @@ from mlx_ring.planning.modes import DEFAULT_ALLSUM, AllSum, tensor_parts
 from mlx_ring.planning.plan import GIB, ModelSpec
 from mlx_ring.planning.split import even_sizes
 
-# 9 layers of the Llama-405B shape, bfloat16: 3.19B parameters a layer, a 128256 x 16384 embedding
-# and head.
+# 9 layers of the Llama-405B shape, bfloat16: 3.19B parameters a layer, a 128256 x
+# 16384 embedding and head.
 LLAMA_405B_CUT = ModelSpec(
     9,
     6.375e9,
@@ -39,8 +39,8 @@ def ratio(choice) -> float:
 
 
 def test_tensor_wins_where_the_device_bounds_the_step_by_more_than_the_hosts_work():
-    # Two Mac Studios over Thunderbolt 5: reading 34 GB a token takes 43 ms on one, a share of it
-    # half that.
+    # Two Mac Studios over Thunderbolt 5: reading 34 GB a token takes 43 ms on one, a share
+    # of it half that.
     plan, _, _, choice = choose(LLAMA_70B_CUT, ULTRAS, DEFAULT_ALLSUM["jaccl"])
     assert (
         choice.mode == "tensor"
@@ -64,8 +64,8 @@ def test_the_hosts_work_per_step_decides_on_fast_gpus():
     assert choice.mode == "tensor" and 1.4 <= ratio(choice) < 1.8
     assert "the pipeline's one stream" in choice.reason
     # Layers of 6.4 GB: one GPU reads the 9-layer cut in about 20 ms, a quarter of it in 5
-    # (measured: tensor-4 2.83x ring-1 on 4 x H100; NCCL's all_sums on four ranks are scaled from
-    # two's, slower).
+    # (measured: tensor-4 2.83x ring-1 on 4 x H100; NCCL's all_sums on four ranks are
+    # scaled from two's, slower).
     _, _, _, choice = choose(LLAMA_405B_CUT, H100_4, DEFAULT_ALLSUM["nccl"])
     assert choice.mode == "tensor" and 2.2 <= ratio(choice) < 3.2
     # Where the headers come through MLX (JACCL), the host's build is added to the step instead.

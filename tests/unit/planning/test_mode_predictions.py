@@ -61,8 +61,8 @@ def test_predictions_per_stream_and_first_token():
         # more streams share each read
         assert set(tps) == {"1", "16", "64"} and tps["1"] < tps["16"] < tps["64"]
         assert m[mode]["first_token_s"] > 0 and m[mode]["kv_capacity_tokens"] >= 8192
-    # A long prompt's first token: both devices work on every chunk, if the chunks' all_sums cross
-    # fast links.
+    # A long prompt's first token: both devices work on every chunk, if the chunks'
+    # all_sums cross fast links.
     fast = predict(LLAMA_70B_CUT, H100, pipe, HALVES, AllSum(0.03, 100.0), 8192)
     slow = predict(LLAMA_70B_CUT, H100, pipe, HALVES, TCP_1MS, 8192)
     assert (

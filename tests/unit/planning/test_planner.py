@@ -1,6 +1,6 @@
-"""`./launch.sh plan`, the planner's dry run: sizes from config.json alone, capabilities from
-hosts.json or from a probe of this host, text and --json, and each mode's tokens/s and the choice
-between them."""
+"""`./launch.sh plan`, the planner's dry run: sizes from config.json alone, capabilities
+from hosts.json or from a probe of this host, text and --json, and each mode's tokens/s and
+the choice between them."""
 
 import json
 
@@ -8,8 +8,8 @@ from modeshapes import LLAMA_CONFIG
 
 
 def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
-    """`./launch.sh plan`: sizes from config.json alone, capabilities from hosts.json, text and
-    --json."""
+    """`./launch.sh plan`: sizes from config.json alone, capabilities from
+    hosts.json, text and --json."""
     from mlx_ring.planning.planner import main
 
     model = tmp_path / "llama-8b"
@@ -78,8 +78,8 @@ def test_dry_run_from_config_json_and_hostfile_keys(tmp_path, capsys):
 
 
 def test_dry_run_keeps_a_probed_macs_working_set(tmp_path, capsys, monkeypatch):
-    """A host probed here is planned as the ring would plan it: its GPU wires no more than Metal
-    allows."""
+    """A host probed here is planned as the ring would plan it: its GPU wires no
+    more than Metal allows."""
     from mlx_ring.planning.planner import main
 
     model = tmp_path / "llama-8b"

@@ -42,13 +42,13 @@ SMOL = ModelSpec(
     context_length=8192,
 )
 SHARES = [ShareSize(0.5416666666666666, 2 / 3), ShareSize(0.4583333333333333, 1 / 3)]
-# One core each (as `bench --pin` runs them), as the speed probe measured a core: best of its
-# rounds.
+# One core each (as `bench --pin` runs them), as the speed probe measured a core:
+# best of its rounds.
 PINNED = [
     Capabilities("vm", 23.5, 10.4, 0.0962, 4.80, "AMD EPYC", unit=f"cores {r}") for r in (0, 1)
 ]
-# allsum.json as the old probe left it on that machine (check's probe, mlx.launch spinning a core
-# beside it).
+# allsum.json as the old probe left it on that machine (check's probe, mlx.launch spinning
+# a core beside it).
 OLD_CACHE = {
     "ring|127.0.0.1,127.0.0.1": {
         "hidden": 576,
@@ -60,8 +60,8 @@ OLD_CACHE = {
         "measured": "2026-11-27 02:38",
     }
 }
-# The probe now, on the same machine: the lower quartile of 12 rounds (their medians 0.300 and 0.148
-# ms).
+# The probe now, on the same machine: the lower quartile of 12 rounds (their medians
+# 0.300 and 0.148 ms).
 NOW = {
     "hidden": 576,
     "dtype": "float32",
@@ -82,8 +82,8 @@ def choose(allsum):
 
 
 def test_a_stalled_round_does_not_set_the_all_sums_figure():
-    # Rounds of 16 chained (1, 576) all_sums on that machine, ms each, the first two being the
-    # warm-up.
+    # Rounds of 16 chained (1, 576) all_sums on that machine, ms each, the first
+    # two being the warm-up.
     rounds = [
         9.16,
         9.57,
@@ -121,8 +121,8 @@ def test_a_figure_the_old_probe_cached_is_measured_again(tmp_path):
 
 
 def test_a_small_array_far_slower_than_a_big_one_says_stalls_were_timed(tmp_path):
-    # Recorded there too: 15.2 ms for (1, 576) against 1.03 ms for (64, 576), and 0.842 against
-    # 0.312.
+    # Recorded there too: 15.2 ms for (1, 576) against 1.03 ms for (64, 576),
+    # and 0.842 against 0.312.
     for one, many in ((15.243565499986289, 1.0328577500331448), (0.842, 0.312)):
         row = {**NOW, "rows_1_ms": one, "rows_64_ms": many}
         assert "stalls were timed" in implausible(row)
@@ -222,9 +222,9 @@ def test_the_cpu_compute_terms_match_the_measured_steps():
 
 
 def test_a_speed_the_old_probe_cached_is_measured_again(tmp_path):
-    """The speed probe keeps its fastest round; a figure cached by its old way (one mean, here
-    taken while other work ran: half what one pinned core of the machine measured later) is
-    measured again."""
+    """The speed probe keeps its fastest round; a figure cached by its old way (one mean,
+    here taken while other work ran: half what one pinned core of the machine measured
+    later) is measured again."""
     import socket
 
     from mlx_ring.planning.probe import SPEED_PROBE, _cached_speed, blas

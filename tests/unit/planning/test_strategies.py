@@ -30,8 +30,8 @@ SMALL = settings(max_examples=200, deadline=None)
 
 @st.composite
 def clusters(draw, max_ranks=6, max_layers=64):
-    """A model and a ring of ranks on 1..n machines (ranks of one machine share its
-    capabilities)."""
+    """A model and a ring of ranks on 1..n machines (ranks of one
+    machine share its capabilities)."""
     n_layers = draw(st.integers(1, max_layers))
     layer = draw(st.floats(1e6, 2e9))
     model = ModelSpec(
@@ -152,8 +152,8 @@ def test_ranks_on_one_machine_split_evenly_and_share_its_memory():
 
 
 def test_ranks_with_cores_of_their_own_balance_like_machines_of_their_own():
-    # Rank 0 also runs the head: pinned apart, it takes fewer layers than the other, as a machine
-    # would.
+    # Rank 0 also runs the head: pinned apart, it takes fewer layers than the other,
+    # as a machine would.
     one = Capabilities("box", 64, 48, 0.05, 5)
     shared = colocate([one, one])
     apart = colocate([replace(one, unit="cores 0"), replace(one, unit="cores 1")])

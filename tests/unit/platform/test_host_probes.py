@@ -135,8 +135,8 @@ def test_facts_parse_every_section():
 
 
 def test_link_probe_runs_the_environment_python_and_knows_a_busy_port():
-    # Both ends on this machine, as for a ring's local ranks; the probe is the one `check` runs on
-    # hosts.
+    # Both ends on this machine, as for a ring's local ranks; the probe is the one
+    # `check` runs on hosts.
     port = free_port(2)
     a, b = (
         SimpleNamespace(ssh=n, local=True, address="127.0.0.1", port=p)

@@ -53,8 +53,8 @@ LINUX_CPU = {"architecture": "x86_64", "device_name": "AMD EPYC"}
 
 
 def mac(host: str, info: dict, available: float, tflops: float = 4.0) -> Capabilities:
-    """A probed Mac as local_capabilities builds it: usable is free memory within the working
-    set."""
+    """A probed Mac as local_capabilities builds it: usable is free memory
+    within the working set."""
     limit = working_set(info)
     return Capabilities(
         host,

@@ -70,8 +70,8 @@ def test_ifconfig_gives_each_interface_its_ipv4_addresses(ifconfig, pairs):
 
 
 def test_ifconfig_gives_each_address_its_subnet():
-    # macOS prints the mask in hex (`netmask 0xffffff00`): what the Thunderbolt subnets must not
-    # overlap.
+    # macOS prints the mask in hex (`netmask 0xffffff00`): what the Thunderbolt
+    # subnets must not overlap.
     ifs = platform.parse_ifconfig_interfaces(rec("ifconfig_lo0_alias.txt"))
     assert ifs["lo0"].networks == ["127.0.0.0/8", "10.0.0.0/8"] and ifs["en0"].networks == [
         "172.16.42.0/24"
@@ -154,8 +154,8 @@ def test_port_range_of_this_machine():
 
 
 def test_resident_memory_is_current_and_peak_is_apart():
-    # Mapped apart from malloc, whose heap may keep freed memory resident (and did, after other
-    # tests).
+    # Mapped apart from malloc, whose heap may keep freed memory resident (and
+    # did, after other tests).
     before, block = platform.resident_bytes(), mmap.mmap(-1, 96 << 20)
     for i in range(0, len(block), mmap.PAGESIZE):
         block[i] = 1  # written, so resident
@@ -171,8 +171,8 @@ def test_resident_memory_is_current_and_peak_is_apart():
 
 
 def test_mach_task_basic_info_has_the_layout_of_the_header():
-    # <mach/task_info.h>: three 64-bit sizes, two time_value_t, policy, suspend_count, under
-    # pack(4).
+    # <mach/task_info.h>: three 64-bit sizes, two time_value_t, policy,
+    # suspend_count, under pack(4).
     assert (
         ctypes.sizeof(platform.MachTaskBasicInfo) == 48
         and platform.MACH_TASK_BASIC_INFO_COUNT == 12

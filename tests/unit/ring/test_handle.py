@@ -1,7 +1,7 @@
 """Rank 0's handle on the ring (mlx_ring/ring/handle.py): the serving side knows only the
-contract, and both handles shut the ring down alike, through the shared code, each step in its
-order. The stage and the wire are recorders; the handles on real stages: test_lockstep.py,
-test_scheduler.py."""
+contract, and both handles shut the ring down alike, through the shared code, each step in
+its order. The stage and the wire are recorders; the handles on real stages:
+test_lockstep.py, test_scheduler.py."""
 
 import ast
 
@@ -22,8 +22,8 @@ def test_the_scheduler_runner_and_engine_import_the_contract_not_either_handle()
 
 
 class Recorder:
-    """Rank 0's stage, its wire to rank 1 and its watch, writing what each is asked into
-    `events`."""
+    """Rank 0's stage, its wire to rank 1 and its watch, writing what each
+    is asked into `events`."""
 
     def __init__(self, size: int):
         self.rank, self.size, self.events = 0, size, []

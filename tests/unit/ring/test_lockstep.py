@@ -125,8 +125,8 @@ def test_the_scheduler_on_the_handle_decodes_what_mlx_lm_decodes(tiny):
         for i in range(0, len(events), 2)
     )
     assert {"PREFILL", "JOIN", "DECODE", "FILTER"} <= {e[1] for e in sends}
-    # A decode step built on ids still being sampled sends its header alone: the ids come in its
-    # all_sum.
+    # A decode step built on ids still being sampled sends its header alone: the ids
+    # come in its all_sum.
     decodes = [(h, e) for h, e in zip(pipe.ring.headers, sends) if e[1] == "DECODE"]
     chained = [(h, e) for h, e in decodes if h.summed]
     assert chained and all(

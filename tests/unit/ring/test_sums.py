@@ -47,8 +47,8 @@ def test_the_description_is_read_before_the_rank_drops_mlx_launchs_hostfile(tmp_
 
 
 def test_pieces_cover_every_row_each_under_what_mlx_sums_in_two_parts():
-    # A 512-token prefill chunk of a 576-wide float32 hidden state over 2 ranks: 1.18 MB, two
-    # pieces.
+    # A 512-token prefill chunk of a 576-wide float32 hidden state over 2 ranks:
+    # 1.18 MB, two pieces.
     assert pieces(2, 512, 576 * 4) == [(0, 455), (455, 512)]
     assert all((b - a) * 576 * 4 < 2 * RING_PART_BYTES for a, b in pieces(2, 512, 576 * 4))
     got = pieces(3, 1000, 8192 * 2)

@@ -46,9 +46,9 @@ def two_ranks():
 def test_each_rank_stage_starts_when_both_its_graph_and_its_input_are_ready():
     rank0, rank1 = two_ranks()
     times = decode_times([rank0, rank1])
-    # Group 0's second step: rank 0 starts at 4.7 (its graph; the input came home at 2.5) and sends
-    # at 6.0; rank 1's graph is ready at 4.9 but its input leaves rank 0 at 6.0, and it sends at
-    # 7.5.
+    # Group 0's second step: rank 0 starts at 4.7 (its graph; the input came home at 2.5)
+    # and sends at 6.0; rank 1's graph is ready at 4.9 but its input leaves rank 0 at 6.0,
+    # and it sends at 7.5.
     assert times["steps"] == 1  # each group's first step has nothing before it to measure from
     assert times["stage"] == pytest.approx([1.3, 1.5])
     assert times["period"] == pytest.approx(5.0)

@@ -227,8 +227,8 @@ def test_draft_settings_are_checked_at_the_edge():
 
 
 def test_unfused_attention_leaves_attention_sinks_to_the_fused_kernel():
-    # GPT-OSS passes sinks; prefill chunks on CUDA attend unfused, so such a call must still be
-    # exact.
+    # GPT-OSS passes sinks; prefill chunks on CUDA attend unfused, so such a call
+    # must still be exact.
     from mlx_ring.models.compat import unfused_attention
 
     q, k, v = (mx.random.normal(s) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)))

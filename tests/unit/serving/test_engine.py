@@ -1,6 +1,6 @@
-"""The engine in process, on one rank of the default model (a ring of one: no mlx.launch needed):
-one request's bad settings fail that request alone, and no request goes unanswered when the ring
-fails."""
+"""The engine in process, on one rank of the default model (a ring of one: no mlx.launch
+needed): one request's bad settings fail that request alone, and no request goes unanswered
+when the ring fails."""
 
 import queue
 import threading
@@ -95,9 +95,9 @@ def test_a_request_whose_sampling_fails_fails_alone(parts):
 
 
 class SlowQueue(queue.Queue):
-    """The engine's request queue, a little slow to take a request: it widens the moment between
-    `submit` deciding to accept and the request being queued, where a ring failure used to slip
-    in."""
+    """The engine's request queue, a little slow to take a request: it widens the moment
+    between `submit` deciding to accept and the request being queued, where a ring failure
+    used to slip in."""
 
     def put_nowait(self, item):
         time.sleep(0.002)

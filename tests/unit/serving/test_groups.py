@@ -1,5 +1,5 @@
-"""How many decode groups a ring starts with when GROUPS is auto: one per device its ranks
-compute on."""
+"""How many decode groups a ring starts with when GROUPS is auto: one per device
+its ranks compute on."""
 
 import ipaddress
 import json
@@ -16,9 +16,9 @@ BOX = Capabilities("box", 16, 8, 0.1, 20)
 
 def test_the_shipped_hosts_json_decodes_in_one_group(tmp_path, monkeypatch):
     """The shipped hosts.json starts every rank on this machine; each rank probes itself as a
-    rank does at startup (its host and the cores it may use), so the ranks share the machine's
-    cores and one group is the faster choice (4 streams: 3.0x one stream in one group, 2.0-2.2x
-    in two)."""
+    rank does at startup (its host and the cores it may use), so the ranks share the
+    machine's cores and one group is the faster choice (4 streams: 3.0x one stream in one
+    group, 2.0-2.2x in two)."""
     entries = json.loads((ROOT / "hosts.json").read_text())
     assert len(entries) > 1 and all(ipaddress.ip_address(e["ssh"]).is_loopback for e in entries), (
         entries

@@ -1,7 +1,7 @@
-"""A burst of prompts is prefilled within the tokens the plan's activation figure counts: the
-scheduler keeps no more prompt tokens (rows x chunk, over every prefill batch) on the device at
-once, on a ring of one (no mlx.launch), still batching short prompts and decoding what mlx-lm
-decodes."""
+"""A burst of prompts is prefilled within the tokens the plan's activation figure counts:
+the scheduler keeps no more prompt tokens (rows x chunk, over every prefill batch) on the
+device at once, on a ring of one (no mlx.launch), still batching short prompts and
+decoding what mlx-lm decodes."""
 
 import mlx.core as mx
 from ringutil import make_tiny_model, reference_logits
@@ -71,8 +71,8 @@ def test_where_a_step_may_hold_several_chunks_long_prompts_are_prefilled_togethe
     assert got == alone
     for i, p in enumerate(LONG):
         assert got[i] == reference_logits(model, p, 3)[1], i
-    # A budget of two steps lets the second batch start while the first's step is out, within what
-    # is left.
+    # A budget of two steps lets the second batch start while the first's step is out,
+    # within what is left.
     _, most, rows = run(shard, 24, 16, prompts=LONG)
     assert most <= 24 and max(rows) == 2
 

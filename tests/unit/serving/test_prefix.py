@@ -1,5 +1,5 @@
-"""The prompt-cache index on rank 0 (pure bookkeeping): longest prefix, dominated entries, LRU
-budget."""
+"""The prompt-cache index on rank 0 (pure bookkeeping): longest prefix,
+dominated entries, LRU budget."""
 
 import random
 

@@ -101,9 +101,9 @@ def test_a_step_goes_out_ahead_when_no_row_could_draft_after_it(tmp_path, monkey
 
 
 def test_prefill_attending_unfused_as_on_cuda_decodes_the_same(tmp_path, monkeypatch):
-    """On CUDA, prefill chunks over few keys attend with plain matmuls (a new prompt length would
-    build the fused kernel anew): lone prompts, a padded batch and a later chunk all decode as
-    alone."""
+    """On CUDA, prefill chunks over few keys attend with plain matmuls (a new prompt
+    length would build the fused kernel anew): lone prompts, a padded batch and a later
+    chunk all decode as alone."""
     import shard as shard_module
     from mlx_ring.models import compat
 
@@ -249,8 +249,8 @@ def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
     shard = load_shard(model, uniform_plan(7, 1), 0)
     prompts = [[5, 17, 42, 99, 3], [8, 1, 7, 7, 2]]
     want = [reference_logits(model, p, 6)[1] for p in prompts]
-    # One row: 1 x (5 + 6 + 16) = 27; two in one group: 2 x (11 + 16) = 54, counted twice (growing
-    # copies it).
+    # One row: 1 x (5 + 6 + 16) = 27; two in one group: 2 x (11 + 16) = 54, counted
+    # twice (growing copies it).
     for kv_room, together in ((27, False), (107, False), (108, True)):
         sched = Scheduler(
             Pipeline(shard, Ring(mx.distributed.init())),
