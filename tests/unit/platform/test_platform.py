@@ -1,15 +1,17 @@
 """mlx_ring.platform: each parser on recorded macOS outputs and on this Linux machine's own files
-(memory, interfaces and their addresses, boot ids, the ephemeral port range, resident memory), and
-keeping a Mac awake."""
+(memory, interfaces and their addresses, boot ids, the ephemeral port range, resident memory),
+keeping a Mac awake, and the prompt cache's folder, backup exclusion and open-file limit."""
 
 import ctypes
 import mmap
 import os
+import resource
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from platformutil import LINUX, rec
@@ -193,3 +195,77 @@ def test_keep_awake_holds_until_the_process_exits():
     child.kill()
     child.wait()
     assert awake.wait(timeout=10) == 0
+
+
+def test_the_prompt_cache_lives_where_each_system_keeps_caches(tmp_path):
+    # Spotlight skips *.noindex folders; elsewhere the blocks go under CACHE_DIR
+    assert platform.prompt_cache_folder("Darwin", Path("/Users/me"), cache_dir=tmp_path) == Path(
+        "/Users/me/Library/Caches/mlx-ring.noindex/prompt-blocks"
+    )
+    assert platform.prompt_cache_folder("Linux", Path("/home/me"), cache_dir=tmp_path) == (
+        tmp_path / "prompt-blocks"
+    )
+
+
+def shim(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+    (folder / name).chmod(0o755)
+
+
+def test_only_a_mac_excludes_the_cache_from_backups(tmp_path, monkeypatch, caplog):
+    calls, shims = tmp_path / "calls.txt", tmp_path / "bin"
+    shim(shims, "tmutil", f'echo "$@" >> "{calls}"')  # tmutil prints nothing when it succeeds
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
+    platform.exclude_from_backups(tmp_path / "blocks", "Linux")
+    assert not calls.exists()
+    platform.exclude_from_backups(tmp_path / "blocks", "Darwin")
+    assert calls.read_text() == f"addexclusion {tmp_path / 'blocks'}\n" and not caplog.text
+
+
+def test_a_failed_backup_exclusion_is_logged_and_serving_goes_on(tmp_path, monkeypatch, caplog):
+    shim(tmp_path / "bin", "tmutil", 'echo "tmutil: the item could not be excluded" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    platform.exclude_from_backups(tmp_path, "Darwin")
+    assert "could not be excluded" in caplog.text
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no tmutil at all
+    platform.exclude_from_backups(tmp_path, "Darwin")
+    assert caplog.text.count("Time Machine") == 2
+
+
+def test_open_files_are_raised_as_far_as_the_hard_limit_allows():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 256)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        want = low * 4 if hard == resource.RLIM_INFINITY else min(low * 4, hard)
+        assert (
+            platform.raise_open_files(want) == want == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        )
+        assert platform.raise_open_files(low) == want  # never lowered
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("refusal", [OSError(22, "Invalid argument"), ValueError("too large")])
+def test_a_macs_unlimited_hard_limit_is_stepped_down_to_what_the_kernel_takes(monkeypatch, refusal):
+    # macOS reports (256, RLIM_INFINITY) and refuses a soft limit over kern.maxfilesperproc
+    infinity, limits, tried = 2**63 - 1, [256, 2**63 - 1], []
+
+    def setrlimit(which, pair):
+        tried.append(pair[0])
+        if pair[0] > 24576:
+            raise refusal
+        limits[:] = pair
+
+    fake = SimpleNamespace(
+        RLIMIT_NOFILE=resource.RLIMIT_NOFILE,
+        RLIM_INFINITY=infinity,
+        getrlimit=lambda which: tuple(limits),
+        setrlimit=setrlimit,
+    )
+    monkeypatch.setattr(platform, "resource", fake)
+    assert platform.raise_open_files(65536) == 16384 and tried == [65536, 32768, 16384]
+    assert platform.raise_open_files() == 16384  # already above what is wanted
+    limits[:] = [256, 1024]  # a hard limit that is a number (eradman/entr#142)
+    assert platform.raise_open_files() == 1024 and tried[-1] == 1024
