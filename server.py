@@ -17,7 +17,9 @@ from mlx_ring import exits, gpu
 gpu.one_gpu_per_rank()  # before MLX starts
 
 import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
+from mlx_ring.cache import tiers
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
@@ -28,7 +30,7 @@ from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring, read_config
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.platform import keep_awake
+from mlx_ring.platform import keep_awake, raise_open_files
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.headlink import HeaderLink
@@ -143,8 +145,9 @@ def local_model(cfg: Config, rank: int) -> Path:
     return resolve_model(cfg.model, cfg.cache_dir, cfg.weights)
 
 
-def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) -> None:
-    """Every rank serves the same model with the same code and versions, or none starts."""
+def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) -> str:
+    """Every rank serves the same model with the same code and versions, or none starts; returns
+    the model's id."""
     model_id = manifest(model_path, cfg.cache_dir)["id"]
     if cfg.model_id and model_id != cfg.model_id:
         raise ValueError(
@@ -154,10 +157,27 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
     problem = disagreement(exchange(identity(model_id), world))
     if problem:
         raise ValueError(problem)
+    return model_id
+
+
+def open_prompt_cache(cfg: Config, shard: Shard, model_id: str) -> None:
+    """This rank's side of the prompt cache: the salt of its blocks' keys, and its disk tier."""
+    shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block)
+    if not shard.plain_kv or cfg.prompt_disk_gb == 0:
+        return
+    plan = shard.plan
+    share = (shard.rank if plan.tensor > 1 else 0, plan.tensor)
+    dtype = next(
+        str(v.dtype)
+        for _, v in tree_flatten(shard.model.parameters())
+        if mx.issubdtype(v.dtype, mx.floating)
+    )
+    shard.held.disk = tiers.open_disk(cfg, shard.held.salt, (shard.start, shard.end), share, dtype)
 
 
 def main() -> None:
     keep_awake(os.getpid())  # a Mac on default settings would idle to sleep under the ring
+    raise_open_files()  # macOS's default of 256 is near what a ring and its cache hold open
     cfg, prepare_only = parse_config()
     # mlx.launch's temporary files, removed once this rank is gone
     note(RunDir(cfg.log_dir).tempfiles)
@@ -172,7 +192,7 @@ def main() -> None:
         print(model_path)
         return
     gpu.wire_memory()  # as mlx-lm does before it generates: before the weights load
-    check_agreement(cfg, model_path, world)
+    model_id = check_agreement(cfg, model_path, world)
     # the model's sizes, read once: for the plan and the prompt cache
     spec = spec_from_folder(model_path)
     # Tensor mode's all_sum group, formed where the planner first measures over it
@@ -190,6 +210,7 @@ def main() -> None:
         model_path,
         shard.info()["parameter_bytes"] / 2**20,
     )
+    open_prompt_cache(cfg, shard, model_id)
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it
     # forces a restart.
@@ -216,6 +237,8 @@ def main() -> None:
     # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
     else:
         serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
+    if shard.held.disk is not None:
+        shard.held.disk.close()  # the blocks still queued, within a bound
     log.info("exiting")
 
 

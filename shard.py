@@ -15,17 +15,18 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
+from mlx_ring.cache.held import HeldBlocks
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import (
     UNFUSED_PREFILL_KEYS,
     UNFUSED_SEVERAL,
     cache_from_saved,
     drop_spare_room,
+    group_span,
     lone_group,
     merge_caches,
     positions,
-    saved_from_batch,
-    saved_rows,
+    prefill_span,
     trim_rows,
     unfused_attention,
 )
@@ -78,8 +79,8 @@ class Shard:
         self.last = plan.stage_of(rank) == len(plan.ranges) - 1
         self.prefills: dict[int, list] = {}  # prefill batch -> per-layer caches
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
-        # prompt-cache entry -> per-layer (keys, values) of its tokens
-        self.saved: dict[int, list] = {}
+        # prompt-cache blocks: per-layer (keys, values) of their tokens (cache/held.py)
+        self.held = HeldBlocks(rank)
         self.prefill_tokens = 0  # token positions run through prefill steps (status)
         # Moving average, on workers, of the time from a forward step's header to passing it on:
         # this rank's stage plus any wait for the payload (which arrives inside the stage's graph).
@@ -98,6 +99,7 @@ class Shard:
             Kind.SAVE: self._save,
             Kind.SAVE_ROW: self._save_row,
             Kind.TRIM: self._trim,
+            Kind.FETCH: self._fetch,
         }
 
     # -- rank 0 only: the ends of the model -------------------------------------------------------
@@ -223,36 +225,44 @@ class Shard:
         self.prefills.pop(header.batch, None)
         mx.clear_cache()
 
-    def _load(self, header: Header, entries: mx.array) -> mx.array:
+    def _load(self, header: Header, keys: mx.array) -> mx.array:
         rows = [
-            [cache_from_saved(s, header.offset) for s in self.saved[e]] for e in entries.tolist()
+            [cache_from_saved(kv, header.offset) for kv in layers]
+            for layers in self.held.load(keys.tolist(), header.offset)
         ]
         self.prefills[header.batch] = rows[0] if len(rows) == 1 else merge_caches(rows)
-        return entries  # the next rank loads the same
+        return keys  # the next rank loads the same
 
-    def _save(self, header: Header, payload: mx.array) -> mx.array:
-        return self._keep(payload, self.prefills[header.batch], saved_rows)
+    def _save(self, header: Header, lines: mx.array) -> mx.array:
+        caches = self.prefills[header.batch]
+        self.held.keep(
+            lines.tolist(),
+            header.offset,
+            lambda row, n, start, end: [prefill_span(c, row, start, end) for c in caches],
+        )
+        return lines  # the next rank keeps the same
 
-    def _save_row(self, header: Header, payload: mx.array) -> mx.array:
+    def _save_row(self, header: Header, lines: mx.array) -> mx.array:
         caches = self.groups[header.group]
         held = positions(caches).tolist()  # tokens per row: one read for the whole step
-        for row, _, n in payload.tolist():
+        for row, n, *_ in lines.tolist():
             if row >= 0 and held[row] != n:
                 raise ProtocolError(
                     f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}"
                 )
-        return self._keep(payload, caches, saved_from_batch)
-
-    def _keep(self, lines: mx.array, caches: list, take) -> mx.array:
-        kept = []
-        for row, entry, n in lines.tolist():
-            if row < 0:  # rank 0 evicts first, so the budget holds at every moment
-                del self.saved[entry]
-            else:
-                self.saved[entry] = [take(c, row, n) for c in caches]
-                kept.append(self.saved[entry])
-        mx.eval(kept)  # copied now: the source cache may change or go next step
+        self.held.keep(
+            lines.tolist(),
+            header.offset,
+            lambda row, n, start, end: [group_span(c, row, n, start, end) for c in caches],
+        )
         return lines  # the next rank keeps the same
+
+    def _fetch(self, header: Header, lines: mx.array) -> mx.array:
+        out = self.held.fetch(lines)
+        # every rank's misses in one all_sum (tensor mode), else passed on for the next to add to
+        if self.tensor:
+            return mx.distributed.all_sum(out, group=self.world)
+        return out
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
         mine = mx.concatenate(
@@ -275,9 +285,6 @@ class Shard:
         self.busy_s += took
         if header.kind in (Kind.PREFILL, Kind.DECODE):
             self.forward_us = 0.9 * self.forward_us + 0.1 * took * 1e6
-
-    def saved_bytes(self) -> int:
-        return sum(a.nbytes for entry in self.saved.values() for kv in entry for a in kv)
 
     def kv_bytes(self) -> int:
         """Bytes the KV caches hold now (allocated, spare room included); updates the peak."""
@@ -305,9 +312,10 @@ class Shard:
             self.kv_bytes() >> 10,
             self.kv_peak >> 10,
             int(self.busy_s * 100) % 2**31,
-            len(self.saved),
-            self.saved_bytes() >> 10,
+            len(self.held.ram),
+            self.held.ram_bytes() >> 10,
             self.prefill_tokens % 2**31,
+            *self.held.disk_figures(),
         )
 
     def info(self) -> dict:

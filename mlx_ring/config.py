@@ -43,6 +43,11 @@ class Config:
     kv_tokens: int  # KV-cache tokens each rank reserves memory for when the layer plan is made
     # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
     prompt_cache_gb: float
+    # per rank: GB of its disk for prompt-cache blocks (None: by the free space; 0: off)
+    prompt_disk_gb: float | None
+    prompt_disk_floor_gb: float | None  # free GB below which it stops writing (None: by the disk)
+    prompt_cache_dir: Path | None  # None: the platform's folder (platform.prompt_cache_folder)
+    prompt_cache_block: int  # tokens a prompt-cache block holds
     draft_tokens: int  # speculative decoding: most tokens drafted a step (0: off)
     # drafts from this model on rank 0 (MLX folder, .gguf or repo id), else by prompt lookup
     draft_model: str | None
@@ -74,6 +79,13 @@ class Config:
 # Settings read from the environment only, with no flag: secrets kept off command lines, and what
 # only tests and multi-GPU hosts set. Every flag of `_parser` is a setting too, under its own name.
 ENV_ONLY = names(RANK)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")  # refused by the bound that follows, with the setting's name
 
 
 def json_objects(path: Path, what: str, example: str, known: tuple[str, ...]) -> list[dict]:
@@ -187,6 +199,18 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
             f"PREFILL_CHUNK={a.prefill_chunk!r} must be auto or a number of tokens (at least 1)"
         )
     chunk = 0 if a.prefill_chunk == "auto" else int(a.prefill_chunk)
+    disk_gb = None if a.prompt_disk_gb == "auto" else _number(a.prompt_disk_gb)
+    if disk_gb is not None and not disk_gb >= 0:
+        raise ValueError(
+            f"PROMPT_DISK_GB={a.prompt_disk_gb!r} must be auto or GB >= 0 (0 turns it off)"
+        )
+    floor_gb = None if a.prompt_disk_floor_gb == "auto" else _number(a.prompt_disk_floor_gb)
+    if floor_gb is not None and not floor_gb >= 0:
+        raise ValueError(f"PROMPT_DISK_FLOOR_GB={a.prompt_disk_floor_gb!r} must be auto or GB >= 0")
+    if a.prompt_cache_block < 1:
+        raise ValueError(
+            f"PROMPT_CACHE_BLOCK={a.prompt_cache_block} must be >= 1 (tokens a block holds)"
+        )
     if a.kv_tokens < 0:
         raise ValueError(
             f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)"
@@ -256,6 +280,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         parallel=a.parallel,
         kv_tokens=a.kv_tokens,
         prompt_cache_gb=a.prompt_cache_gb,
+        prompt_disk_gb=disk_gb,
+        prompt_disk_floor_gb=floor_gb,
+        prompt_cache_dir=None
+        if a.prompt_cache_dir == "auto"
+        else Path(a.prompt_cache_dir).expanduser(),
+        prompt_cache_block=a.prompt_cache_block,
         draft_tokens=a.draft_tokens,
         draft_model=a.draft_model,
         hostfile=ROOT / Path(a.hostfile).expanduser(),

@@ -138,6 +138,35 @@ _TABLE = (
         float,
     ),
     _s(
+        "PROMPT_DISK_GB",
+        "auto",
+        FLAG,
+        "GB of each rank's own disk for the prompt cache's blocks, which outlive restarts (auto: "
+        "a quarter of the free space above the floor, at most 100; 0: off)",
+    ),
+    _s(
+        "PROMPT_DISK_FLOOR_GB",
+        "auto",
+        FLAG,
+        "free GB below which a rank's disk tier stops writing (auto: 20, or a tenth of the disk "
+        "if more: snapshots may keep deleted blocks a while)",
+    ),
+    _s(
+        "PROMPT_CACHE_DIR",
+        "auto",
+        FLAG,
+        "the folder of each rank's prompt-cache blocks (auto: ~/Library/Caches/"
+        "mlx-ring.noindex/prompt-blocks on macOS, CACHE_DIR/prompt-blocks elsewhere)",
+    ),
+    _s(
+        "PROMPT_CACHE_BLOCK",
+        "256",
+        FLAG,
+        "tokens of a prompt-cache block: prompts share cached KV by whole blocks, and the start "
+        "of one more",
+        int,
+    ),
+    _s(
         "DRAFT_TOKENS",
         "0",
         FLAG,

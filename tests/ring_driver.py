@@ -25,6 +25,8 @@ import numpy as np  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
 import mlx_ring.serving.runner as batching  # noqa: E402
+from mlx_ring.cache import tiers  # noqa: E402
+from mlx_ring.cache.disk import DiskTier  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
 from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
@@ -33,7 +35,6 @@ from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
-from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.serving.warmup import choose_groups  # noqa: E402
 from shard import load_shard, rss_kib  # noqa: E402
@@ -57,6 +58,15 @@ def main():
         help="layers per rank, e.g. 3,2,2 (one for each model; - for even)",
     )
     p.add_argument("--prompt-cache", type=int, default=0)
+    p.add_argument("--block", type=int, default=16, help="tokens a prompt-cache block holds")
+    p.add_argument(
+        "--disk",
+        default=None,
+        help="each rank keeps prompt-cache blocks on disk under DIR/rank<r> (kept across cases)",
+    )
+    p.add_argument(
+        "--spoil", type=int, nargs="*", default=[], help="these ranks' block files cut short first"
+    )
     p.add_argument(
         "--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step"
     )
@@ -116,11 +126,23 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
             else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
         )
     shard = load_shard(model, plan, rank, world)
+    shard.held.salt = tiers.salt(model.name, a.block)
+    if rank in a.spoil:  # a disk that lost the end of every block
+        for f in (Path(a.disk) / f"rank{rank}").rglob("*.kv"):
+            f.write_bytes(f.read_bytes()[:-7])
+    if a.disk:  # every rank its own folder, as on its own host
+        shard.held.disk = DiskTier(
+            Path(a.disk) / f"rank{rank}",
+            tiers.scope(shard.held.salt, (shard.start, shard.end), (rank, plan.tensor), "f32"),
+            1 << 30,
+            floor_bytes=0,
+        )
     (out / f"rank{rank}.json").write_text(
         json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size})
     )
     if rank != 0:
-        return serve_worker(shard, ring)  # until rank 0's shutdown step for this model
+        serve_worker(shard, ring)  # until rank 0's shutdown step for this model
+        return shard.held.disk and shard.held.disk.close()
 
     # Record the logits each sequence's token was sampled from, on both of the scheduler's paths.
     owner, rows = {}, {}
@@ -160,7 +182,12 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         submit(header, payload, tag, chained)
 
     pipe.submit = recording_submit
-    prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
+    disk = shard.held.disk
+    prefix = (
+        tiers.block_index(a.prompt_cache, shard.held.salt, a.block, disk)
+        if a.prompt_cache or disk
+        else None
+    )
     sched = Scheduler(
         pipe,
         shard,
@@ -212,8 +239,13 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     for i, r in rows.items():  # a sequence's last step may have computed one token more, dropped
         np.save(out / f"logits{i}.npy", np.stack(r[: spec[i]["max_tokens"]]))
     cache = (
-        {"hits": prefix.hits, "hit_tokens": prefix.hit_tokens, "entries": len(prefix.entries)}
-        if prefix
+        {
+            "hits": prefix.hits,
+            "hit_tokens": prefix.hit_tokens,
+            "disk_tokens": prefix.disk_tokens,
+            "entries": len(prefix.entries),
+        }
+        if prefix is not None
         else None
     )
     (out / "result.json").write_text(
@@ -233,6 +265,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         )
     )
     pipe.shutdown()
+    if disk is not None:
+        disk.close()  # the next case (a restart) reads what this one wrote
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from ring_join import join_ring, traced  # noqa: E402
 from scheduler_run import prompts, run  # noqa: E402
 from step_split import split_generate_step, split_ring  # noqa: E402
 
+from mlx_ring.cache.blocks import BlockIndex  # noqa: E402
 from mlx_ring.ring.timeline import decode_times, summary  # noqa: E402
-from mlx_ring.serving.prefix import PrefixIndex  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
 
 
@@ -168,7 +168,7 @@ def main():
         return
     shard = pipe.stage
     drafter = load_model(a.draft_model)[0] if a.draft_model else None
-    prefix = PrefixIndex(a.prompt_cache) if a.prompt_cache else None
+    prefix = BlockIndex(a.prompt_cache) if a.prompt_cache else None
     sched = Scheduler(
         pipe,
         shard,

@@ -15,7 +15,7 @@ FLOOR = {
     "ground": 0,
     "ring": 1,
     "models": 1,
-    "cache": 1,
+    "cache": 2,
     "planning": 2,
     "serving": 3,
     "hosts": 3,

@@ -119,8 +119,13 @@ class _Engine:
             )
             yield GaugeMetricFamily(
                 "mlx_ring_prompt_cache_tokens",
-                "tokens held in the prompt cache (on every rank, for its own layers)",
+                "tokens held in the prompt cache's RAM tier (on every rank, for its own layers)",
                 value=s.prompt_cache.tokens,
+            )
+            yield GaugeMetricFamily(
+                "mlx_ring_prompt_cache_disk_hit_tokens",
+                "of the hit tokens, those read back from the ranks' disks, since the start",
+                value=s.prompt_cache.disk_hit_tokens,
             )
         if s.draft_tokens:
             yield GaugeMetricFamily(
@@ -168,6 +173,16 @@ class _Ranks:
                 "bytes of the prompt cache the rank holds for its layers",
                 labels=labels,
             ),
+            "disk": GaugeMetricFamily(
+                "mlx_ring_rank_prompt_disk_bytes",
+                "bytes of prompt-cache blocks the rank holds on its own disk",
+                labels=labels,
+            ),
+            "written": CounterMetricFamily(
+                "mlx_ring_rank_prompt_disk_written_bytes",
+                "bytes the rank wrote to its disk tier since it started (wear)",
+                labels=labels,
+            ),
             "prefill": CounterMetricFamily(
                 "mlx_ring_rank_prefill_tokens",
                 "token positions the rank ran prefill steps on",
@@ -194,6 +209,8 @@ class _Ranks:
             fams["busy"].add_metric(who, row["busy_cs"] / 100)
             fams["saved"].add_metric(who, row["prompt_cache_kib"] * 1024)
             fams["prefill"].add_metric(who, row["prefill_tokens"])
+            fams["disk"].add_metric(who, row.get("disk_kib", 0) * 1024)
+            fams["written"].add_metric(who, row.get("disk_written_kib", 0) * 1024)
         yield from fams.values()
 
 

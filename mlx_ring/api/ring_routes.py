@@ -98,7 +98,18 @@ def engine_status(s: Stats) -> dict:
             "budget_tokens": c.budget_tokens,
             "hits": c.hits,
             "hit_tokens": c.hit_tokens,
+            "block_tokens": c.block,
+            "disk_hit_tokens": c.disk_hit_tokens,
         }
+        if c.disk is not None:  # rank 0's own disk tier: each rank's is in its row
+            cache["disk"] = {
+                "blocks": c.disk["blocks"],
+                "tokens": c.disk["blocks"] * c.block,
+                "bytes": c.disk["bytes"],
+                "cap_bytes": c.disk["cap_bytes"],
+                "written_bytes": c.disk["written_bytes"],
+                "writing": c.disk["writing"],
+            }
     return {
         "queued_requests": s.queued,
         "waiting_prompts": s.waiting,

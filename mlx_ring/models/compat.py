@@ -73,17 +73,21 @@ def plain_kv_caches(caches: list) -> bool:
     return bool(caches) and all(type(c) is KVCache for c in caches)
 
 
-def saved_rows(cache, row: int, n: int) -> tuple:
-    """Row `row`'s first `n` positions of a prefill cache (a lone `KVCache` or a right-padded
+def prefill_span(cache, row: int, start: int, end: int) -> tuple:
+    """Row `row`'s positions [start, end) of a prefill cache (a lone `KVCache` or a right-padded
     `BatchKVCache`, whose rows start at position 0), as compact arrays of their own."""
-    return tuple(mx.contiguous(a[row : row + 1, :, :n, :]) for a in (cache.keys, cache.values))
-
-
-def saved_from_batch(cache: BatchKVCache, row: int, n: int) -> tuple:
-    """Row `row` of a decode group's left-padded cache, whose tokens are its last `n` positions, as
-    compact arrays (not mlx-lm's `extract`, which waits for the padding on every call)."""
     return tuple(
-        mx.contiguous(a[row : row + 1, :, cache._idx - n : cache._idx, :])
+        mx.contiguous(a[row : row + 1, :, start:end, :]) for a in (cache.keys, cache.values)
+    )
+
+
+def group_span(cache: BatchKVCache, row: int, n: int, start: int, end: int) -> tuple:
+    """Positions [start, end) of the `n` tokens of row `row` of a decode group's left-padded
+    cache, whose tokens are its last `n` positions, as compact arrays (not mlx-lm's `extract`,
+    which waits for the padding on every call)."""
+    base = cache._idx - n
+    return tuple(
+        mx.contiguous(a[row : row + 1, :, base + start : base + end, :])
         for a in (cache.keys, cache.values)
     )
 

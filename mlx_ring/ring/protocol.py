@@ -4,11 +4,12 @@ Every step travels as a fixed-size int32 header, then (if its shape is not empty
 hidden states `(B, L, H)` for a prefill or decode step (a lone prompt's prefill chunk goes back to
 rank 0 as its last position only, `(1, 1, H)`), or its token ids `(B, L)` where the next rank's
 layers start at 0 (tensor mode: every rank embeds them), the rows' right padding `(B,)` for a join
-step, the kept row indices `(k,)` for a filter step, each row's prompt-cache entry `(B,)` for a load
-step, `(k, 3)` lines of (row, entry, tokens) for a save step, the positions each row drops `(B,)`
-for a trim step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the
-wire. A tensor step built on token ids still being sampled carries none: its header says the ids
-come within the step (`summed`), in an all_sum of rank 0's ids and the other ranks' zeros.
+step, the kept row indices `(k,)` for a filter step, the keys of each row's prompt-cache blocks
+`(B, k, 4)` for a load step, `(k, 8)` lines of (row, tokens, start, ram, key) for a save step,
+`(k, 5)` lines of (misses, key) for a fetch step, the positions each row drops `(B,)` for a trim
+step, a `(size, len(StatusRow))` table for a status step. No Python objects cross the wire. A
+tensor step built on token ids still being sampled carries none: its header says the ids come
+within the step (`summed`), in an all_sum of rank 0's ids and the other ranks' zeros.
 """
 
 from dataclasses import astuple, dataclass, fields
@@ -34,16 +35,19 @@ class Kind(IntEnum):
     STATUS = 6  # each rank fills its row of the payload table
     PING = 7  # no-op round trip: proves every rank is alive and in step
     SHUTDOWN = 8  # pass it on, then exit
-    # start prefill batch `batch`'s cache, row i as the first `offset` tokens of
-    # prompt-cache entry payload[i]
+    # start prefill batch `batch`'s cache, row i as the first `offset` tokens of the
+    # prompt-cache blocks payload[i] (their keys, in order)
     LOAD = 9
-    # for each payload line (row, entry, n): keep row `row` of prefill batch `batch` (its
-    # first n tokens) as
+    # for each payload line (row, n, start, ram, key): keep positions [start, start + offset)
+    # (up to n) of row `row` of prefill batch `batch` (which holds n tokens) as block `key`, in
+    # RAM where `ram` is 1, on disk where full; drop block `key` where row is -1; line by line
     SAVE = 10
-    # prompt-cache entry `entry`, or drop entry `entry` where row is -1; line by line
     SAVE_ROW = 11  # the same for rows of decode group `group` (sequences leaving it)
     # drop the last payload[i] positions of row i of group `group` (drafts the target rejected)
     TRIM = 12
+    # bring the chain of full blocks payload[:, 1:] back from each rank's disk for the next LOAD;
+    # each rank counts, in payload[:, 0], a miss on every line from the first it cannot give
+    FETCH = 13
 
 
 class ProtocolError(RuntimeError):
@@ -55,8 +59,9 @@ class Header:
     kind: int
     batch: int = 0  # PREFILL, JOIN, FREE, LOAD, SAVE: the prefill batch the step acts on
     # PREFILL: tokens already in the cache of batch `batch` (0 starts a fresh one); LOAD: tokens;
+    # SAVE, SAVE_ROW: tokens a block holds; DECODE: positions every row drops first (rejected
+    # drafts: a TRIM folded into the next step)
     offset: int = 0
-    # DECODE: positions every row drops first (rejected drafts: a TRIM folded into the next step)
     shape: tuple[int, ...] = ()  # payload shape, at most 3 dims; () means no payload
     dtype: int = 0  # index into DTYPES
     # JOIN, DECODE, FILTER, SAVE_ROW, TRIM: the decode group (micro-batch) the step acts on
@@ -144,11 +149,15 @@ class StatusRow:
     kv_cache_peak_kib: int
     # hundredths of a second this rank spent running steps since it started (wraps after 248 days)
     busy_cs: int
-    # prompts whose KV cache this rank keeps for its layers (serving/prefix.py)
+    # prompt-cache blocks this rank keeps in RAM for its layers (cache/blocks.py)
     prompt_cache_entries: int
     prompt_cache_kib: int
     # token positions this rank has run prefill steps on since it started (wraps at 2^31)
     prefill_tokens: int
+    # its disk tier: blocks held, their KiB, KiB written since it started (wraps at 2^31)
+    disk_blocks: int = 0
+    disk_kib: int = 0
+    disk_written_kib: int = 0
 
     @staticmethod
     def table(size: int) -> mx.array:

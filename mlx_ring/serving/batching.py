@@ -4,8 +4,8 @@ that send a batch round the ring (its LOAD, then its chunks)."""
 
 import mlx.core as mx
 
+from mlx_ring.cache.blocks import common_prefix, key_ints
 from mlx_ring.ring.protocol import Header, Kind
-from mlx_ring.serving.prefix import common_prefix
 from mlx_ring.serving.rows import Group, Prefill, Sequence, Step, kv_fits
 
 
@@ -61,13 +61,13 @@ class Batching:
         rows_now = sum(map(self._free_to_start, self.waiting)) + sum(map(Group.coming, self.groups))
         share = max(1, -(-rows_now // len(self.groups)) - group.coming())
         self.waiting.remove(first)
-        entry, reused = self._lookup(first.prompt)
+        entry, reused = self._lookup(first)
         rows, entries, longest = [first], [entry], len(first.prompt)
         room = self.prefill_step  # tokens of each of the batch's steps: rows x its chunk
         if self.prefill_budget and self.prefill_out:
             room = min(room, self.prefill_budget - self.prefill_out)  # what the steps out leave
         for s in list(self.waiting) if self.ends.plain_kv and self.ends.batches else []:
-            e, r = self._lookup(s.prompt)
+            e, r = self._lookup(s)
             if not self._free_to_start(s) or not reused <= r < reused + self.least_reuse:
                 continue
             n = max(longest, len(s.prompt))
@@ -82,9 +82,10 @@ class Batching:
             rows.append(s)
             entries.append(e)
             longest = n
-        reuse = entries if reused else []
-        for e in reuse:
-            self.prefix.use(e, reused)
+        reuse = [self._blocks_for(e, reused) for e in entries] if reused else []
+        for s in rows if reused else []:
+            self.prefix.use(self.prefix.lookup(s.prompt, s.keys), self._from_disk(s, reused))
+        self.fetched_for = None  # its blocks go with this LOAD (or are dropped by it)
         for row in rows:
             row.cached = reused
         if self.prefix:
@@ -102,9 +103,54 @@ class Batching:
         last = (longest - reused - 1) // self.chunk
         return any((len(r.prompt) - reused - 1) // self.chunk != last for r in rows)
 
-    def _lookup(self, prompt: list[int]) -> tuple[int, int]:
-        entry, n = self.prefix.lookup(prompt) if self.prefix else (0, 0)
-        return (entry, n) if n >= self.least_reuse else (0, 0)
+    def _lookup(self, s: Sequence) -> tuple[list[bytes], int]:
+        """The keys of the blocks `s` may start from and the tokens they give (none where fewer than
+        `least_reuse`): the RAM tier's, and the full blocks its FETCH brought back after them."""
+        if not self.prefix:
+            return [], 0
+        if s.keys is None:
+            s.keys = self.prefix.keys(s.prompt)
+        hit = self.prefix.lookup(s.prompt, s.keys)
+        keys, n = [b.key for b in hit.blocks], hit.tokens
+        full = len(keys) if hit.on_disk else len(keys) - (n % self.prefix.block > 0)
+        if s is self.fetched_for and s.fetched and full == s.fetched_after:
+            keys = s.keys[: full + s.fetched]
+            n = len(keys) * self.prefix.block
+        return (keys, n) if n >= self.least_reuse else ([], 0)
+
+    def _blocks_for(self, keys: list[bytes], n: int) -> list[bytes]:
+        """The first of `keys` that hold `n` tokens."""
+        return keys[: -(-n // self.prefix.block)]
+
+    def _from_disk(self, s: Sequence, n: int) -> int:
+        """Of the `n` tokens `s` starts from, the full blocks its FETCH brought back."""
+        if s is not self.fetched_for or not s.fetched:
+            return 0
+        return max(0, n // self.prefix.block - s.fetched_after)
+
+    def _fetching(self, s: Sequence) -> bool:
+        """Whether `s` waits for its blocks on rank 0's disk to come back on every rank, asking for
+        them (a FETCH step) the first time: only then does its batch know what it starts from."""
+        if s.fetched is not None or not self.prefix or self.prefix.on_disk is None:
+            return s.fetched == -1
+        if s.keys is None:
+            s.keys = self.prefix.keys(s.prompt)
+        hit = self.prefix.lookup(s.prompt, s.keys)
+        if not hit.on_disk:
+            s.fetched = 0
+            return False
+        start = len(hit.blocks)
+        lines = mx.array(
+            [[0, *key_ints(k)] for k in s.keys[start : start + hit.on_disk]], dtype=mx.int32
+        )
+        s.fetched, s.fetched_after, self.fetched_for = -1, start, s
+
+        def done(out: mx.array) -> None:
+            misses = out[:, 0].tolist()  # every rank's, added up: a block counts where none missed
+            s.fetched = next((i for i, m in enumerate(misses) if m), len(misses))
+
+        self.calls.append((Header.for_payload(Kind.FETCH, lines), lines, done))
+        return True
 
     def _wait_for_shared(self, rows: list[Sequence]) -> None:
         # A waiting prompt that shares a longer start with one of `rows` than the cache holds
@@ -114,7 +160,7 @@ class Batching:
         for s in self.waiting:
             if s.after is not None or s.removed:
                 continue
-            cached, prompt = self._lookup(s.prompt)[1], tuple(s.prompt)
+            cached, prompt = self._lookup(s)[1], tuple(s.prompt)
             s.after = next(
                 (
                     r
@@ -127,10 +173,11 @@ class Batching:
     def _submit_chunk(self, b: Prefill) -> bool:
         # first, on every rank: each row's cache starts as its entry's first `sent` tokens
         if b.reuse:
-            entries, b.reuse = mx.array(b.reuse, dtype=mx.int32), []
+            keys = mx.array([[key_ints(k) for k in row] for row in b.reuse], dtype=mx.int32)
+            b.reuse = []
             return self._submit(
-                Header.for_payload(Kind.LOAD, entries, batch=b.id, offset=b.sent),
-                entries,
+                Header.for_payload(Kind.LOAD, keys, batch=b.id, offset=b.sent),
+                keys,
                 Step(Kind.LOAD),
             )
         offset = b.sent

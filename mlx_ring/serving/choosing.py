@@ -15,10 +15,10 @@ from typing import Callable, Protocol
 
 import mlx.core as mx
 
+from mlx_ring.cache.blocks import BlockIndex, key_ints
 from mlx_ring.ring.handle import RingHandle
 from mlx_ring.ring.protocol import DTYPES, Header, Kind, StatusRow
 from mlx_ring.serving.batching import Batching
-from mlx_ring.serving.prefix import PrefixIndex
 from mlx_ring.serving.rows import Group, Prefill, Sequence, Step
 from mlx_ring.serving.speculative import MODEL_DRAFT_ROWS, Drafter, ModelDrafter, Streak
 
@@ -48,7 +48,7 @@ class Chooser(Batching):
         *,
         groups: int = 0,
         chunk: int = 512,
-        prefix: PrefixIndex | None = None,
+        prefix: BlockIndex | None = None,
         draft_tokens: int = 0,
         draft_model=None,
         kv_room: int = 0,
@@ -79,6 +79,7 @@ class Chooser(Batching):
         self.streak = Streak()
         # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
         self.prefix = prefix
+        self.fetched_for: Sequence | None = None  # the sequence whose FETCH the ranks hold
         # The fewest cached tokens a prompt starts from, or waits for another's prefill to
         # save: fewer are prefilled again, in a batch with others. A short shared start such as
         # a chat template's costs less to recompute than to load (on a GPU, with 512-token
@@ -165,7 +166,7 @@ class Chooser(Batching):
         if self._prefill_ready():
             ready.append((self.prefill_turn, None))
         if not ready:
-            return False
+            return bool(self.calls) and self._submit_next()  # a FETCH the prefill lane just asked
         self.turn += 1
         _, lane = min(ready, key=lambda x: x[0])
         if lane is None:
@@ -192,6 +193,8 @@ class Chooser(Batching):
         # A model that does not batch starts a prompt only when a decode group is empty for it.
         room = self.ends.batches or any(g.free() for g in self.groups)
         first = next((s for s in self.waiting if self._free_to_start(s)), None)
+        if first is not None and self._fetching(first):
+            return False  # its batch forms once its blocks are back from disk
         # FIFO: none passes it
         return room and first is not None and self._kv_fits(self._group_for(), [first])
 
@@ -331,15 +334,21 @@ class Chooser(Batching):
     def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
         # Rows saved together (a prefill batch, rows leaving at once) go in one step.
-        lines = []
+        lines, disk = [], self.prefix.on_disk is not None
         for row, tokens in rows:
-            entry, drop = self.prefix.add(tokens)
-            lines += [(-1, d, 0) for d in drop] + ([(row, entry, len(tokens))] if entry else [])
+            saved = self.prefix.add(tokens)
+            lines += [(-1, 0, 0, 0, *key_ints(k)) for k in saved.drop]
+            lines += [
+                (row, len(tokens), start, int(ram), *key_ints(k))
+                for start, k, ram in saved.keep
+                if ram or disk
+            ]
         where = {"batch": source} if kind == Kind.SAVE else {"group": source}
-        header = Header(kind, **where)
+        header = Header(kind, offset=self.prefix.block, **where)
         # the last call saves from the same cache
         if self.calls and self.calls[-1][0].same_step(header):
             lines = [tuple(line) for line in self.calls.pop()[1].tolist()] + lines
         if lines:
-            payload = mx.array(lines, dtype=mx.int32)  # (k, 3): (row, entry, tokens), line by line
-            self.calls.append((Header.for_payload(kind, payload, **where), payload, lambda _: None))
+            payload = mx.array(lines, dtype=mx.int32)  # (k, 8): (row, tokens, start, ram, key)
+            header = Header.for_payload(kind, payload, offset=self.prefix.block, **where)
+            self.calls.append((header, payload, lambda _: None))

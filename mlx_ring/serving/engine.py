@@ -125,7 +125,14 @@ class Engine:
             None
             if prefix is None
             else PromptCacheStats(
-                len(prefix.entries), prefix.held, prefix.budget, prefix.hits, prefix.hit_tokens
+                len(prefix.entries),
+                prefix.held,
+                prefix.budget,
+                prefix.hits,
+                prefix.hit_tokens,
+                prefix.block,
+                prefix.disk_tokens,
+                prefix.disk.stats() if prefix.disk is not None else None,
             )
         )
         return Stats(

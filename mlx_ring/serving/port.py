@@ -66,6 +66,10 @@ class PromptCacheStats:
     budget_tokens: int
     hits: int
     hit_tokens: int  # prompt tokens not prefilled thanks to the cache, since the start
+    block: int = 0  # tokens a block holds
+    disk_hit_tokens: int = 0  # of the hit tokens, those read back from the ranks' disks
+    # rank 0's disk tier (None: off): blocks, bytes, cap_bytes, written_bytes, ... (cache/disk.py)
+    disk: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,12 @@ class Sequence:
     max_tokens: int = 0  # the completion limit: with its prompt, the cache it may come to need
     # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
     cached: int = 0
+    # the prompt-cache keys of its prompt's full blocks (cache/blocks.py), once looked up
+    keys: list[bytes] | None = None
+    # of the full blocks after the RAM tier's, those every rank's disk gave back for its LOAD:
+    # None before a FETCH asked, -1 while one is out
+    fetched: int | None = None
+    fetched_after: int = 0  # the RAM tier's blocks that FETCH followed
 
     def __post_init__(self):
         constraint = self.constrain(self.params.grammar) if self.params.grammar else None
@@ -57,8 +63,8 @@ class Prefill:
     tokens: list[list[int]]  # per row, right-padded to one length
     sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
-    # the prompt-cache entry each row starts from (empty: none)
-    reuse: list[int] = field(default_factory=list)
+    # the keys of the prompt-cache blocks each row starts from (empty: none)
+    reuse: list[list[bytes]] = field(default_factory=list)
     group: "Group | None" = None  # the group it will join
 
     def padding(self) -> list[int]:

@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlx_ring.cache.blocks import common_prefix
 from mlx_ring.models.compat import UNFUSED_SEVERAL, unfused_attention
-from mlx_ring.serving.prefix import common_prefix
 from mlx_ring.serving.sampling import (
     SequenceSampler,
     Token,

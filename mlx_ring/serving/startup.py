@@ -10,6 +10,8 @@ import mlx.core as mx
 from mlx_lm.utils import load_config, load_model, load_tokenizer
 
 from mlx_ring import gpu
+from mlx_ring.cache.blocks import BlockIndex
+from mlx_ring.cache.tiers import block_index
 from mlx_ring.config import Config
 from mlx_ring.models.source import resolve_model
 from mlx_ring.models.support import UNBATCHED
@@ -24,7 +26,6 @@ from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.sums import nccl_sums
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
-from mlx_ring.serving.prefix import PrefixIndex
 from mlx_ring.serving.scheduler import Scheduler
 from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
 
@@ -74,12 +75,13 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
     return chunk
 
 
-def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | None:
-    """Rank 0's prompt-cache index. Every rank holds an entry's tokens for its own layers, in
-    the memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the
-    budget in tokens is what the tightest rank holds. None when off or when the caches are
-    not plain KV caches."""
-    if not cfg.prompt_cache_gb or not shard.plain_kv:
+def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | None:
+    """Rank 0's prompt-cache index. Every rank holds a block's tokens for its own layers, in RAM
+    within the memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the
+    budget in tokens is what the tightest rank holds; behind it, rank 0's own disk tier. None
+    when both tiers are off or when the caches are not plain KV caches."""
+    disk = shard.held.disk
+    if not (cfg.prompt_cache_gb or disk) or not shard.plain_kv:
         if cfg.prompt_cache_gb:
             log.info("prompt cache off: this model's caches cannot be reused by prefix")
         return None
@@ -96,9 +98,13 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> PrefixIndex | No
         for r, gb in enumerate(kept)
     )
     log.info(
-        "prompt cache: %s GB on the ranks, %d tokens", "/".join(f"{gb:g}" for gb in kept), budget
+        "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s",
+        "/".join(f"{gb:g}" for gb in kept),
+        budget,
+        cfg.prompt_cache_block,
+        ", and each rank's disk" if disk is not None else "",
     )
-    return PrefixIndex(budget)
+    return block_index(budget, shard.held.salt, cfg.prompt_cache_block, disk)
 
 
 def draft_model(cfg: Config, vocab: int):

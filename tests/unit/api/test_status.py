@@ -132,6 +132,8 @@ def test_health_cluster_status_and_the_page(engine, served):
             "budget_tokens": 4000,
             "hits": 5,
             "hit_tokens": 120,
+            "block_tokens": 0,
+            "disk_hit_tokens": 0,
         }
         assert s["speculative"] == {"draft_tokens": 0, "drafted": 0, "accepted": 0}
         engine.snapshot = replace(

@@ -8,13 +8,13 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
+from mlx_ring.cache.blocks import BlockIndex
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.transport import Ring
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.port import Done, EnginePort, Failed, Request
-from mlx_ring.serving.prefix import PrefixIndex
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
@@ -24,7 +24,7 @@ def engine(default_model):
     shard = load_shard(default_model, uniform_plan(30, 1), 0)
     world = mx.distributed.init()  # a world of one: started without mlx.launch
     engine: EnginePort = Engine(
-        Scheduler(Pipeline(shard, Ring(world)), shard, prefix=PrefixIndex(4096)),
+        Scheduler(Pipeline(shard, Ring(world)), shard, prefix=BlockIndex(4096, block=16)),
         load_tokenizer(default_model),
     )
     thread = threading.Thread(target=engine.run, daemon=True)
@@ -57,7 +57,7 @@ def test_stats_and_ping_report_the_steps_taken(engine):
     # a prefill step and one per token at least
     assert steps >= 5 and s.step_seconds > start.step_seconds
     assert (
-        s.prompt_cache.entries == 1
+        s.prompt_cache.entries == 3  # blocks of 16 tokens: 44 tokens
         and s.prompt_cache.budget_tokens == 4096
         and s.prompt_cache.tokens > 39
     )

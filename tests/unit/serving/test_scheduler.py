@@ -152,19 +152,19 @@ def test_every_prompt_length_is_warmed_on_cuda_but_one_chunk_where_tensor_mode_s
 def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     import itertools
 
-    from mlx_ring.serving.prefix import PrefixIndex
+    from mlx_ring.cache.blocks import BlockIndex
     from mlx_ring.serving.warmup import seed_prompt_cache, warm_prompts, warm_up
 
     model = make_tiny_model(tmp_path / "model", "llama")
     shard = load_shard(model, uniform_plan(7, 1), 0)
-    prefix = PrefixIndex(4096)
+    prefix = BlockIndex(4096, block=16)
     sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8, prefix=prefix)
     ids = itertools.count(1)
     # greedy; temperature 1, no logprobs
     params = [SamplingParams(temperature=0.0), SamplingParams(logprobs=False)]
     warm_up(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3], [1, 2, 4], params=params)
     assert sched.idle() and shard.status_row().open_sequences == 0
-    assert sched.prefix is prefix and prefix.lookup([5, 17, 42, 9, 8, 7, 6, 5, 4, 3]) == (0, 0)
+    assert sched.prefix is prefix and prefix.lookup([5, 17, 42, 9, 8, 7, 6, 5, 4, 3]).tokens == 0
     assert next(ids) == 15  # 2 x (1 + 2 + 4) sequences took their ids from the engine's count
     prefilled = shard.prefill_tokens
     # cut and repeated: 12 is 5, 17, 42 four times
@@ -173,12 +173,12 @@ def test_warm_up_leaves_no_row_and_only_the_seeded_prompt_cache_entry(tmp_path):
     assert (
         sched.idle()
         and shard.status_row().open_sequences == 0
-        and prefix.lookup([5, 17, 42] * 4) == (0, 0)
+        and prefix.lookup([5, 17, 42] * 4).tokens == 0
     )
     # kept: a later prompt starts from its shared start
     seed_prompt_cache(sched, ids, [5, 17, 42, 9, 8, 7, 6, 5, 4, 3])
     assert sched.idle() and shard.status_row().open_sequences == 0
-    assert prefix.lookup([5, 17, 42, 9, 8, 7, 1, 2])[1] == 6
+    assert prefix.lookup([5, 17, 42, 9, 8, 7, 1, 2]).tokens == 6
     hit, miss = (
         Sequence(n, p, SamplingParams(temperature=0.0))
         for n, p in ((90, [5, 17, 42, 9, 8, 7, 1, 2]), (91, [250, 3, 4]))

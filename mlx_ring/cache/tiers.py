@@ -1,0 +1,85 @@
+"""The prompt cache's tiers, set up on every rank at start: the salt of rank 0's block keys, each
+rank's disk tier (its folder, its scope and its size), and rank 0's index over the RAM tier.
+
+A block's key (cache/blocks.py) chains from a salt naming the weights, the block size and the
+format, so no other model's blocks ever match; a rank's disk folder is scoped by the same and by
+its own layers and share, so a changed layer plan never loads blocks cut for another.
+"""
+
+import logging
+import shutil
+from hashlib import blake2b
+from pathlib import Path
+
+from mlx_ring import platform
+from mlx_ring.cache.blocks import BlockIndex
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+AUTO_CAP_GB = 100  # the most an unset PROMPT_DISK_GB takes
+
+
+def salt(model_id: str, block: int) -> bytes:
+    """What every key chains from: the weights (the manifest's id, which all ranks agree on),
+    the block size and the disk format."""
+    from mlx_ring.cache.disk import FORMAT
+
+    return blake2b(f"{model_id}:{block}:{FORMAT}".encode(), digest_size=16).digest()
+
+
+def scope(key_salt: bytes, layers: tuple[int, int], share: tuple[int, int], dtype: str) -> str:
+    """A rank's disk scope: the salt, its layers, its tensor share (rank, of) and the KV dtype."""
+    text = f"{key_salt.hex()}:{layers}:{share}:{dtype}"
+    return blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def floor_bytes(folder: Path, floor_gb: float | None) -> int:
+    """Free bytes below which the disk tier stops writing: the setting, else 20 GiB or a
+    tenth of the disk, whichever is more."""
+    if floor_gb is not None:
+        return int(floor_gb * GIB)
+    return max(20 * GIB, shutil.disk_usage(folder).total // 10)
+
+
+def cap_bytes(folder: Path, disk_gb: float | None, floor: int) -> int:
+    """PROMPT_DISK_GB in bytes, else a quarter of the free space above the floor (at most
+    AUTO_CAP_GB): the blocks already there count as free, since they are the tier's own."""
+    if disk_gb is not None:
+        return int(disk_gb * GIB)
+    held = sum(p.stat().st_size for p in folder.rglob("*.kv") if p.is_file())
+    free = shutil.disk_usage(folder).free + held
+    return max(0, min(AUTO_CAP_GB * GIB, (free - floor) // 4))
+
+
+def open_disk(cfg, key_salt: bytes, layers, share, dtype: str):
+    """This rank's disk tier, or None when PROMPT_DISK_GB is 0 or leaves it no room."""
+    if cfg.prompt_disk_gb == 0:
+        return None
+    from mlx_ring.cache.disk import DiskTier
+
+    folder = cfg.prompt_cache_dir or platform.prompt_cache_folder(cache_dir=cfg.cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    platform.exclude_from_backups(folder)
+    floor = floor_bytes(folder, cfg.prompt_disk_floor_gb)
+    cap = cap_bytes(folder, cfg.prompt_disk_gb, floor)
+    if cap <= 0:
+        log.info("prompt cache on disk off: %s has no room above its floor", folder)
+        return None
+    tier = DiskTier(folder, scope(key_salt, layers, share, dtype), cap, floor_bytes=floor)
+    st = tier.stats()
+    log.info(
+        "prompt cache on disk: %s, %.1f GiB of %.1f held (%d blocks)",
+        folder,
+        st["bytes"] / GIB,
+        cap / GIB,
+        st["blocks"],
+    )
+    return tier
+
+
+def block_index(budget: int, key_salt: bytes, block: int, disk) -> BlockIndex:
+    """Rank 0's index: the RAM tier within `budget` tokens, rank 0's disk behind it."""
+    index = BlockIndex(budget, key_salt, block, disk.has if disk is not None else None)
+    index.disk = disk
+    return index
