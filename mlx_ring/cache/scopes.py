@@ -3,7 +3,10 @@
 A scope's folder is `root/<scope>/`; its lock is `root/<scope>.lock`, flock'ed by the live tier
 that owns the folder (the kernel drops the lock when that process ends, kill -9 included). A start
 deletes the folders of other scopes only when no live tier holds them: two ranks on one machine
-share one root, and neither may delete the other's blocks from under it.
+share one root, and neither may delete the other's blocks from under it. A scope longer than
+FAMILY starts with its family (the model and format, cache/tiers.scope): a start never deletes a
+scope of its own family, since the other ranks of the ring on this machine may not have claimed
+theirs yet.
 """
 
 import fcntl
@@ -17,6 +20,7 @@ LOCK = ".lock"
 DELETING = ".deleting-"  # a folder renamed away to be deleted: not a scope name (not hex)
 TRIES = 10  # a tier deleting this scope holds its lock for a rename: retry briefly
 RETRY_S = 0.05
+FAMILY = 32  # hex digits of a scope's family
 
 
 def claim(root: Path, scope: str) -> int | None:
@@ -45,6 +49,8 @@ def delete_others(root: Path, scope: str) -> tuple[int, int]:
     entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False) or _is_lock(e)]
     files = size = 0
     for name in sorted({e.name.removesuffix(LOCK) for e in entries} - {scope}):
+        if len(scope) > FAMILY and name[:FAMILY] == scope[:FAMILY]:
+            continue  # another rank of this model on this machine, which may start later
         try:
             # one that a start killed while deleting it, or one another start is deleting now
             doomed = root / name if DELETING in name else _detach(root, name)

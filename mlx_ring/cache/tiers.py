@@ -29,9 +29,10 @@ def salt(model_id: str, block: int) -> bytes:
 
 
 def scope(key_salt: bytes, layers: tuple[int, int], share: tuple[int, int], dtype: str) -> str:
-    """A rank's disk scope: the salt, its layers, its tensor share (rank, of) and the KV dtype."""
-    text = f"{key_salt.hex()}:{layers}:{share}:{dtype}"
-    return blake2b(text.encode(), digest_size=16).hexdigest()
+    """A rank's disk scope: its family (the salt: the model and the format), then its layers,
+    its tensor share (rank, of) and the KV dtype (cache/scopes.py keeps a family's folders)."""
+    own = blake2b(f"{layers}:{share}:{dtype}".encode(), digest_size=16).hexdigest()
+    return key_salt.hex() + own
 
 
 def floor_bytes(folder: Path, floor_gb: float | None) -> int:

@@ -202,6 +202,18 @@ def test_scopes_sharing_a_root_never_see_each_others_blocks(opened, tmp_path, ca
     assert third.get([A]) == [record(2)] and "of other scopes or formats" in caplog.text
 
 
+def test_a_start_keeps_the_folders_of_its_own_family_and_deletes_other_families(opened, tmp_path):
+    # the ranks of one ring on one machine start in any order: none deletes another's blocks
+    rank0, rank1, other = "a" * 32 + "01", "a" * 32 + "02", "b" * 32 + "01"
+    for scope, key in ((other, B), (rank1, A)):  # rank1's start deletes the other family
+        tier = opened(scope)
+        assert tier.put(key, record(1))
+        tier.close()
+    opened(rank0).close()
+    assert (tmp_path / rank1).exists() and not (tmp_path / other).exists()
+    assert opened(rank1).get([A]) == [record(1)]
+
+
 def test_a_scope_owned_by_a_live_tier_is_only_read_by_a_second_one(opened):
     first = opened()
     assert first.put(A, record(1))
