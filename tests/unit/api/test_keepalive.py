@@ -258,3 +258,16 @@ def test_ollama_streams_carry_only_ollamas_lines_while_a_prompt_prefills(held, s
     answer = [json.loads(line) for line in lines]
     assert "".join(a["message"]["content"] for a in answer) == ANSWER
     assert [a["done"] for a in answer] == [False] * (len(answer) - 1) + [True]
+
+
+def test_a_client_that_leaves_during_the_prefill_cancels_its_request(held, served):
+    body = {"model": MODEL, "messages": QUESTION, "stream": True}
+    with client(held, served, app_args=FAST) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert ": keep-alive" in r.iter_lines()  # read until the first one, then hang up
+        for _ in range(1000):  # the request's cleanup runs on the app's loop
+            if held.cancelled:
+                break
+            held.hold.wait(0.01)
+        assert held.cancelled == held.submitted[0]
+    held.hold.set()  # the stand-in's answer, on its own thread, sees the client gone
