@@ -25,6 +25,7 @@ from mlx_ring.serving.port import (
     Failed,
     PromptCacheStats,
     Request,
+    Started,
     Stats,
 )
 from mlx_ring.serving.sampling import Token
@@ -46,8 +47,10 @@ def templated(served, messages, **kw) -> list[int]:
 class FakeEngine:
     """Answers every request with the token ids of `answer` and then the end token, as the
     real engine ends text (mlx-lm's detokenizer, stop strings, max_tokens); `fail_after`
-    tokens it fails the request with `failure` instead. Each token's logprob is -0.5, its
-    alternatives the next ids."""
+    tokens it fails the request with `failure` instead (0: before its prefill begins). Each
+    token's logprob is -0.5, its alternatives the next ids. Every prompt's prefill begins at
+    once (Started) and lasts until `hold` is set, where it is not None; `queued`: the prompt
+    waits for its turn until then instead, its prefill not begun."""
 
     def __init__(self, tokenizer, answer: str = ANSWER):
         self.tokenizer = tokenizer
@@ -62,6 +65,8 @@ class FakeEngine:
         self.cached = 0  # prompt tokens each answer says the prompt cache held
         # seconds before each event, sent from a thread of its own (0: at once, in submit)
         self.pace = 0.0
+        self.hold: threading.Event | None = None  # each answer on its own thread, after it is set
+        self.queued = False
         self.snapshot = Stats(
             queued=0,
             active=0,
@@ -84,7 +89,7 @@ class FakeEngine:
             raise self.refuse
         self.submitted.append(list(reqs))
         for r in reqs:
-            if self.pace:
+            if self.pace or self.hold:
                 threading.Thread(target=self._answer, args=(r,), daemon=True).start()
             else:
                 self._answer(r)
@@ -115,11 +120,19 @@ class FakeEngine:
 
         def emit(ev):
             time.sleep(self.pace)
-            if self.pace and r.cancelled.is_set():  # a paced answer stops once the client has gone
+            # an answer on a thread of its own stops once the client has gone
+            if (self.pace or self.hold) and r.cancelled.is_set():
                 return
             events.append(ev)
             r.emit(ev)
 
+        # a test that never sets `hold` fails on what it reads, not here
+        if self.hold is not None and self.queued:
+            self.hold.wait(60)
+        if self.fail_after != 0:
+            emit(Started(self.cached))
+        if self.hold is not None and not self.queued:
+            self.hold.wait(60)
         text, eos = TextStream(self.tokenizer.detokenizer, r.stop), self.tokenizer.eos_token_id
         for n, tid in enumerate([*self.answer_ids(), eos], 1):
             if self.fail_after is not None and n > self.fail_after:

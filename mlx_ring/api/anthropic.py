@@ -14,6 +14,7 @@ from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.dialects import arguments, chat_request, collect, dialect_router, named_sse
 from mlx_ring.api.errors import error_body
 from mlx_ring.api.front import Front
+from mlx_ring.api.keepalive import beating
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.served import context_cuts
 
@@ -115,7 +116,8 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
         }
         if body.stream:
             return StreamingResponse(
-                stream(head, used, events, window), media_type="text/event-stream"
+                stream(head, used, events, window, front.keepalive_s),
+                media_type="text/event-stream",
             )
         text, calls, done = await collect(events)
         content = (
@@ -136,27 +138,40 @@ def anthropic_routes(front: Front, bodies: Bodies) -> APIRouter:
     return router
 
 
-async def stream(head: dict, used: int, events, window: bool):
+async def stream(head: dict, used: int, events, window: bool, keepalive_s: float):
     """Anthropic's event sequence: message_start, ping, each content block's start, deltas and
     stop, message_delta (stop_reason, usage), message_stop; a failure mid-way is an `error`
-    event. As in Anthropic's API, message_start comes once the prompt is read, and its usage
-    splits the prompt into `input_tokens` and `cache_read_input_tokens` as the final usage does."""
+    event. As in Anthropic's API, message_start comes once the prompt is looked up in the prompt
+    cache (its prefill begins), and its usage splits the prompt into `input_tokens` and
+    `cache_read_input_tokens` as the final usage does; a prompt still waiting for its turn after
+    `keepalive_s` seconds gets it then, the whole prompt counted as input (message_delta splits
+    it). Until the first token, a ping every `keepalive_s` seconds keeps the stream alive."""
+    ping = named_sse({"type": "ping"})
 
     def start(cached: int) -> str:
         usage = prompt_usage(used, cached) | {"output_tokens": 0}
-        return named_sse(
-            {
-                "type": "message_start",
-                "message": head
-                | {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage},
-            }
-        ) + named_sse({"type": "ping"})
+        return (
+            named_sse(
+                {
+                    "type": "message_start",
+                    "message": head
+                    | {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage},
+                }
+            )
+            + ping
+        )
 
     index, text_open, blank, calls, started = 0, False, "", [], False
-    async for kind, value in events:
-        if kind == "start":
-            yield start(value)
+    async for event in beating(events, keepalive_s, lambda e: e[0] == "start"):
+        if event is None:
+            yield ping if started else start(0)
             started = True
+            continue
+        kind, value = event
+        if kind == "start":
+            if not started:
+                yield start(value)
+                started = True
             continue
         if not started:  # a failure before the prompt was read
             yield start(0)

@@ -10,6 +10,7 @@ from mlx_ring.api.anthropic import anthropic_routes
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import answer_errors_as_openai
 from mlx_ring.api.front import Front
+from mlx_ring.api.keepalive import KEEPALIVE_S
 from mlx_ring.api.keys import Key
 from mlx_ring.api.metrics import CountRequests, RingMetrics
 from mlx_ring.api.middleware import MAX_BODY_BYTES, BodyLimit, JsonBodies, KeyAuth
@@ -30,10 +31,12 @@ def make_app(
     restarts: int = 0,
     max_body_bytes: int = MAX_BODY_BYTES,
     away: dict | None = None,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> FastAPI:
     """The OpenAI API, the other dialects and the ring's status routes; `keys`: the API keys
     /v1/* and /api/* need (none: open); `away`: the hosts a failed-over ring serves without
-    (RING_AWAY), else None."""
+    (RING_AWAY), else None; `keepalive_s`: seconds between a stream's keep-alives while its
+    prompt prefills."""
     bodies = Bodies()
     app = FastAPI(
         title="mlx-ring",
@@ -42,7 +45,7 @@ def make_app(
     )
     metrics = RingMetrics(served.cluster.hosts(), restarts, away)
     # every dialect's one way into serving; each adapter below reads its steps
-    front = Front(engine, served, metrics)
+    front = Front(engine, served, metrics, keepalive_s)
     routers = [
         openai_routes(front, bodies),
         anthropic_routes(front, bodies),

@@ -11,13 +11,23 @@ from fastapi import Request as HttpRequest
 
 from mlx_ring.api.chat import tool_calls
 from mlx_ring.api.errors import ApiError
+from mlx_ring.api.keepalive import KEEPALIVE_S
 from mlx_ring.api.keys import RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, RingMetrics
 from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.served import ServedModel, check_model, check_sampling, max_tokens_for
 from mlx_ring.api.toolcalls import ToolCallText
-from mlx_ring.serving.port import Delta, Done, EnginePort, Failed, QueueFull, Request, Unavailable
+from mlx_ring.serving.port import (
+    Delta,
+    Done,
+    EnginePort,
+    Failed,
+    QueueFull,
+    Request,
+    Started,
+    Unavailable,
+)
 
 
 @dataclass
@@ -65,14 +75,16 @@ class ChoiceState:
 class ChoiceEvent:
     """One engine event of one choice, as every adapter reads it: the tokens it carries, the parts
     its text released ((kind, call index, value): "text", "begin", "args", "end" or "call", as
-    `ToolCallText` names them), and `end`: the choice's Done, the request's Failed, or None."""
+    `ToolCallText` names them), and `end`: the choice's Done, the request's Failed, or None.
+    `begun`: only the news that the prompt's prefill has begun (nothing generated yet)."""
 
     choice: ChoiceState
     tokens: list
     parts: list[tuple]
     end: Done | Failed | None = None
-    # of the prompt's tokens, those the prompt cache held (known from the first Delta or Done)
+    # of the prompt's tokens, those the prompt cache held (known once its prefill began)
     cached: int = 0
+    begun: bool = False
 
 
 @dataclass
@@ -87,13 +99,15 @@ class Reply:
         """The first choice's answer as plain events, for the dialects of one choice: ("text",
         str), ("call", OpenAI tool call dict), ("begin", a call with arguments ""), ("args", a
         fragment), ("end", the whole call), then ("done", Done), or ("failed", Failed). `start`:
-        first ("start", the prompt's tokens the prompt cache held), once known (when the first
-        text or the end comes)."""
+        first ("start", the prompt's tokens the prompt cache held), once known (when the prefill
+        begins, or else with the first text or the end)."""
         try:
             async for step in self.steps:
                 if start and not isinstance(step.end, Failed):
                     start = False
                     yield "start", step.cached
+                if step.begun:
+                    continue
                 if isinstance(step.end, Failed):
                     yield "failed", step.end
                     return
@@ -110,8 +124,15 @@ class Front:
     """Check, tokenize, reserve, submit: the only way a request of any
     dialect reaches the engine."""
 
-    def __init__(self, engine: EnginePort, served: ServedModel, metrics: RingMetrics):
+    def __init__(
+        self,
+        engine: EnginePort,
+        served: ServedModel,
+        metrics: RingMetrics,
+        keepalive_s: float = KEEPALIVE_S,
+    ):
         self.engine, self.served, self.metrics = engine, served, metrics
+        self.keepalive_s = keepalive_s  # seconds between a stream's keep-alives (keepalive.py)
         self.prompts = Prompts(served)
 
     def check(self, body: ChatCompletionRequest) -> dict | None:
@@ -285,6 +306,9 @@ async def _steps(choices: list[ChoiceState], flow) -> AsyncIterator[ChoiceEvent]
             if isinstance(ev, Failed):
                 yield ChoiceEvent(c, [], [], ev)
                 return
+            if isinstance(ev, Started):
+                yield ChoiceEvent(c, [], [], cached=ev.cached_tokens, begun=True)
+                continue
             if isinstance(ev, Done):
                 c.done = ev
             tokens = ev.tokens if isinstance(ev, Delta) else []

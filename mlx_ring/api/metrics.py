@@ -1,9 +1,10 @@
 """`GET /metrics` in Prometheus' text format (prometheus_client), on rank 0.
 
 Rank 0's HTTP figures are counted as they happen (requests, tokens, time to first token, inter-token
-latency); the engine's (queue, ring steps, prompt cache, drafts) come from its stats snapshot. Every
-rank's live figures (memory, KV cache, stage time, busy time) come from one STATUS step round the
-ring per scrape, taken between generation steps, labelled `rank` and `host`.
+latency); the engine's (queue, prefills under way, ring steps, prompt cache, drafts) come from its
+stats snapshot. Every rank's live figures (memory, KV cache, stage time, busy time) come from one
+STATUS step round the ring per scrape, taken between generation steps, labelled `rank` and
+`host`.
 """
 
 import time
@@ -97,6 +98,19 @@ class _Engine:
             "admitted sequences whose prompt has not started "
             "(a prefill turn, or room in the KV cache)",
             value=s.waiting,
+        )
+        yield GaugeMetricFamily(
+            "mlx_ring_prefilling_prompts", "prompts prefilling now", value=len(s.prefills)
+        )
+        yield GaugeMetricFamily(
+            "mlx_ring_prefill_tokens",
+            "prompt tokens of the prompts prefilling now",
+            value=sum(p.tokens for p in s.prefills),
+        )
+        yield GaugeMetricFamily(
+            "mlx_ring_prefill_done_tokens",
+            "of those, tokens in the KV cache so far (a start the prompt cache held included)",
+            value=sum(p.done for p in s.prefills),
         )
         yield GaugeMetricFamily(
             "mlx_ring_up", "1 while the ring serves", value=0 if s.broken else 1

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from mlx_ring.api.bodies import Bodies
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError, error_body
 from mlx_ring.api.front import Front, Reply
+from mlx_ring.api.keepalive import SSE_COMMENT, beating
 from mlx_ring.api.openai_parts import chat_logprobs, completion_logprobs, sse, usage
 from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
 from mlx_ring.api.openapi import body_of
@@ -69,7 +70,8 @@ async def respond(front: Front, body, answer: Reply, chat: bool):
 
     if body.stream:
         return StreamingResponse(
-            stream(answer, head, chat, body, token_text), media_type="text/event-stream"
+            stream(answer, head, chat, body, token_text, front.keepalive_s),
+            media_type="text/event-stream",
         )
     async for step in answer.steps:
         end = step.end
@@ -113,9 +115,10 @@ async def respond(front: Front, body, answer: Reply, chat: bool):
     }
 
 
-async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
+async def stream(answer: Reply, head: dict, chat: bool, body, token_text, keepalive_s: float):
     """OpenAI's server-sent events: chunks of each choice's content, logprobs and tool calls, its
-    finish, the usage when asked for, then [DONE]; a failure mid-way is an error event."""
+    finish, the usage when asked for, then [DONE]; a failure mid-way is an error event. Until the
+    first token, a comment every `keepalive_s` seconds keeps the stream alive."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     top = body.logprob_count()
 
@@ -127,7 +130,10 @@ async def stream(answer: Reply, head: dict, chat: bool, body, token_text):
     if chat:
         for c in answer.choices:
             yield chunk(c.index, {"role": "assistant", "content": ""})
-    async for step in answer.steps:
+    async for step in beating(answer.steps, keepalive_s, lambda s: s.begun):
+        if step is None:
+            yield SSE_COMMENT
+            continue
         i = step.choice.index
         if isinstance(step.end, Failed):
             yield sse(error_body(step.end.message, step.end.type))

@@ -19,6 +19,7 @@ from mlx_ring.api.custom_tools import ArgumentStream
 from mlx_ring.api.dialects import chat_request, collect, dialect_router, named_sse
 from mlx_ring.api.errors import ERROR_SCHEMA, ApiError
 from mlx_ring.api.front import Front
+from mlx_ring.api.keepalive import SSE_COMMENT, beating
 from mlx_ring.api.openapi import body_of
 from mlx_ring.api.responses_items import NamespaceTool, flat, input_messages
 from mlx_ring.api.responses_kept import Kept
@@ -131,7 +132,9 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
         answer = ResponseDraft(body, front.served.id, history)
         _, events = await front.events(chat, http, stream_calls=body.stream)
         if body.stream:
-            return StreamingResponse(stream(answer, events, kept), media_type="text/event-stream")
+            return StreamingResponse(
+                stream(answer, events, kept, front.keepalive_s), media_type="text/event-stream"
+            )
         text, calls, done = await collect(events)
         output = (
             [message_item(f"msg_{uuid.uuid4().hex[:24]}", text.strip() if calls else text)]
@@ -155,9 +158,10 @@ def responses_routes(front: Front, bodies: Bodies, kept: Kept) -> APIRouter:
     return router
 
 
-async def stream(answer: ResponseDraft, events, kept: Kept):
+async def stream(answer: ResponseDraft, events, kept: Kept, keepalive_s: float):
     """response.created, response.in_progress, each output item's added, deltas and done events,
-    then response.completed (or .incomplete, or .failed)."""
+    then response.completed (or .incomplete, or .failed). Until the first token, a comment every
+    `keepalive_s` seconds keeps the stream alive."""
     seq = iter(range(1 << 62))
 
     def ev(kind: str, **fields) -> str:
@@ -166,7 +170,11 @@ async def stream(answer: ResponseDraft, events, kept: Kept):
     yield ev("response.created", response=answer.object)
     yield ev("response.in_progress", response=answer.object)
     output, text, said, blank, calls, mid, open_call, args = [], None, [], "", [], "", None, None
-    async for kind, value in events:
+    async for event in beating(events, keepalive_s):
+        if event is None:
+            yield SSE_COMMENT
+            continue
+        kind, value = event
         if kind == "text":
             if text is None and not (blank + value).strip():
                 blank += value  # whitespace before a tool call opens no message

@@ -113,6 +113,10 @@ def engine_status(s: Stats) -> dict:
     return {
         "queued_requests": s.queued,
         "waiting_prompts": s.waiting,
+        # each prompt prefilling now: `done` of its `tokens` are in the KV cache
+        "prefilling": [
+            {"tokens": p.tokens, "done": p.done, "cached": p.cached} for p in s.prefills
+        ],
         "prompt_cache": cache,
         "speculative": {
             "draft_tokens": s.draft_tokens,

@@ -24,9 +24,11 @@ from mlx_ring.serving.port import (
     Delta,
     Done,
     Failed,
+    PrefillProgress,
     PromptCacheStats,
     QueueFull,
     Request,
+    Started,
     Stats,
     Unavailable,
 )
@@ -45,6 +47,7 @@ class _Active:
         self.t0 = time.perf_counter()
         self.text = TextStream(tokenizer.detokenizer, req.stop)
         self.count = 0
+        self.started = False  # told that its prefill has begun
 
 
 class Engine:
@@ -82,6 +85,8 @@ class Engine:
         self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # ring steps by time (port.STEP_BUCKETS)
         self.peers = ""  # the other ranks and their hosts, named in ring errors (server.py sets it)
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
+        # the prompts prefilling now, as the engine thread last saw them (read by `stats`)
+        self.prefills: tuple[PrefillProgress, ...] = ()
 
     # -- called from the HTTP thread
     # ----------------------------------------------------------------
@@ -147,6 +152,7 @@ class Engine:
             step_counts=tuple(self.step_counts),
             step_seconds=self.busy_s,
             waiting=len(sched.waiting),
+            prefills=self.prefills,
         )
 
     # -- the engine thread
@@ -191,6 +197,10 @@ class Engine:
             if a.req.cancelled.is_set():
                 self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
         busy, t0 = not self.sched.idle(), time.perf_counter()
+        # scheduled first, so that the prompts whose prefill begins now hear of it before rank 0
+        # waits on the ring (the step's own scheduling then finds nothing more to send)
+        self.sched.schedule()
+        self._prefilling()
         results = self.sched.step()
         if busy:  # rank 0's busy time: its steps, waits on the other ranks included
             took = time.perf_counter() - t0
@@ -329,6 +339,24 @@ class Engine:
                     continue
                 self.active[seq.id] = _Active(req, seq, self.tokenizer)
             self.sched.add(seq)
+
+    def _prefilling(self) -> None:
+        """Tell each request whose prompt began its prefill (its cached start now known), and
+        keep every prefill's progress for `stats` as plain values."""
+        rows = [
+            (self.active[seq.id], done)
+            for b in self.sched.prefilling
+            for seq, done in b.progress()
+            if seq.id in self.active
+        ]
+        # first: a client told may already ask for the status
+        self.prefills = tuple(
+            PrefillProgress(len(a.seq.prompt), done, a.seq.cached) for a, done in rows
+        )
+        for a, _ in rows:
+            if not a.started:
+                a.started = True
+                a.req.emit(Started(a.seq.cached))
 
     def _advance(self, a: _Active, token: Token | Exception) -> None:
         if isinstance(token, Exception):  # this request's sampling failed; the others go on

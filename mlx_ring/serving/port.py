@@ -14,6 +14,13 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 
 
 @dataclass
+class Started:
+    """The prompt's prefill has begun; nothing is generated yet."""
+
+    cached_tokens: int = 0  # of the prompt's tokens, those the prompt cache held
+
+
+@dataclass
 class Delta:
     text: str
     tokens: list  # serving.sampling.Token: id, logprob, top alternatives
@@ -43,7 +50,9 @@ class Request:
     prompt: list[int]
     max_tokens: int
     params: SamplingParams
-    emit: Callable[[Delta | Done | Failed], None]  # called on the engine thread; must not block
+    # called on the engine thread; must not block. Started (at most once), Delta..., then Done or
+    # Failed
+    emit: Callable[[Started | Delta | Done | Failed], None]
     stop: list[str] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # another choice of the same prompt: start from its cached prompt
@@ -73,6 +82,16 @@ class PromptCacheStats:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """One prompt prefilling now: of its `tokens`, `done` are in the KV cache of every rank, the
+    `cached` start the prompt cache held included."""
+
+    tokens: int
+    done: int
+    cached: int
+
+
+@dataclass(frozen=True)
 class Stats:
     """Rank 0's engine at one moment: what /metrics, /cluster/status and the page show of it."""
 
@@ -89,6 +108,7 @@ class Stats:
     step_seconds: float  # time of all ring steps
     # sequences whose prompt has not started: waiting for a prefill turn or for room in the KV cache
     waiting: int = 0
+    prefills: tuple[PrefillProgress, ...] = ()  # the prompts prefilling now, oldest first
 
     @property
     def serving(self) -> bool:
@@ -100,7 +120,8 @@ class EnginePort(Protocol):
 
     def submit(self, *reqs: Request) -> None:
         """Queue the choices of one API request, all or none; QueueFull or Unavailable otherwise.
-        Events come back through each request's `emit`, ending with Done or Failed."""
+        Events come back through each request's `emit`: Started once its prefill begins, then its
+        text, ending with Done or Failed."""
 
     def cancel(self, *reqs: Request) -> None:
         """The client has gone: stop and free these requests (a no-op for finished ones)."""

@@ -63,6 +63,7 @@ class Prefill:
     tokens: list[list[int]]  # per row, right-padded to one length
     sent: int = 0  # tokens of each row already submitted (or, before the first chunk, reused)
     chunks_out: int = 0  # chunks on the ring
+    home: int = 0  # tokens of each row whose chunk has come home (the progress rank 0 shows)
     # the keys of the prompt-cache blocks each row starts from (empty: none)
     reuse: list[list[bytes]] = field(default_factory=list)
     group: "Group | None" = None  # the group it will join
@@ -72,6 +73,13 @@ class Prefill:
 
     def removed(self) -> bool:
         return all(s.removed for s in self.rows)
+
+    def progress(self) -> list[tuple[Sequence, int]]:
+        """Each row still wanted, with its prompt's tokens in the cache of every rank so far (the
+        start it reused included)."""
+        return [
+            (s, min(len(s.prompt), max(self.home, s.cached))) for s in self.rows if not s.removed
+        ]
 
 
 @dataclass(eq=False)

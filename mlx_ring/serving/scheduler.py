@@ -44,6 +44,7 @@ class Scheduler(Chooser):
         if step.kind == Kind.PREFILL:
             b = step.prefill
             b.chunks_out -= 1
+            b.home = step.offset + step.tokens // len(b.rows)  # chunks come home in order
             if out is not None:
                 # a ring's step is back, so done; alone, the chunk is done on the device first
                 mx.eval(out)

@@ -1,16 +1,27 @@
 """The web page at `/` in a real browser (Debian's Chromium, driven by Playwright) against a
 real 2-rank server: it loads, shows every rank of the ring, streams a chat answer, and its
-Stop button cancels a request on the server. `SCREENSHOTS_DIR` keeps the screenshots (the
-README's come from it)."""
+Stop button cancels a request on the server; against the app around the stand-in engine, it
+shows the prompts prefilling now. `SCREENSHOTS_DIR` keeps the screenshots (the README's come
+from it)."""
 
 import os
 import shutil
 import subprocess
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from apiutil import FakeEngine, served_model
+from mlx_lm.utils import load_tokenizer
 from serverutil import running_server
+
+from mlx_ring.api.app import make_app
+from mlx_ring.ring.launch import free_port
+from mlx_ring.serving.port import PrefillProgress
 
 CHROMIUM = "/usr/bin/chromium"
 # As the machine's notes say: no background traffic (this network is closed), no sandbox as root.
@@ -131,3 +142,45 @@ def test_stop_button_cancels_the_request_on_the_server(browser, server, tmp_path
     else:
         raise AssertionError("the stopped request still holds sequences")
     page.screenshot(path=str(shots(tmp_path) / "page-stopped.png"))
+
+
+@pytest.fixture(scope="module")
+def stand_in(default_model):
+    """The app around the stand-in engine (tests/apiutil.py) over real HTTP: the page shows what
+    the engine's figures say, whatever a real ring's timing."""
+    served = served_model(default_model, load_tokenizer(default_model))
+    engine = FakeEngine(served.tokenizer)
+    port = free_port()
+    web = uvicorn.Server(
+        uvicorn.Config(make_app(engine, served), host="127.0.0.1", port=port, log_config=None)
+    )
+    thread = threading.Thread(target=web.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not web.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine
+    web.should_exit = True
+    thread.join(30)
+
+
+def test_page_shows_each_prompt_prefilling_now(browser, stand_in):
+    url, engine = stand_in
+    engine.snapshot = replace(
+        engine.snapshot,
+        prefills=(PrefillProgress(120_000, 45_056, 40_000), PrefillProgress(900, 512, 0)),
+    )
+    page = browser.new_page(viewport={"width": 1280, "height": 760})
+    page.goto(url + "/")
+    page.wait_for_selector(".prefill", timeout=30_000)
+    shown = page.locator(".prefill")
+    assert shown.count() == 2
+    assert shown.nth(0).inner_text() == (
+        "prefilling a prompt: 45,056 of 120,000 tokens (40,000 from the prompt cache)"
+    )
+    assert shown.nth(1).inner_text() == "prefilling a prompt: 512 of 900 tokens"
+    bars = page.locator(".prefill .bar > div")
+    assert [bars.nth(i).evaluate("e => e.style.width") for i in range(2)] == ["37.5%", "56.9%"]
+    engine.snapshot = replace(engine.snapshot, prefills=())  # both done: the next refresh
+    page.wait_for_function("!document.querySelector('.prefill')", timeout=10_000)

@@ -1,5 +1,6 @@
 """The app's own routes and limits in process against a stand-in engine (tests/apiutil.py): API keys
-and their per-minute limits, /health, /cluster/status, the page, and /metrics."""
+and their per-minute limits, /health, /cluster/status, the page, /metrics, and the prompts
+prefilling now in both."""
 
 import json
 from dataclasses import replace
@@ -8,7 +9,7 @@ import pytest
 from apiutil import HOSTS, MODEL, client, rank_row, samples
 
 from mlx_ring.api.keys import load_keys
-from mlx_ring.serving.port import QueueFull
+from mlx_ring.serving.port import PrefillProgress, QueueFull
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -306,6 +307,28 @@ def test_draft_figures_show_with_speculative_decoding(engine, served):
         m = scrape(http)
     assert (
         m[("mlx_ring_draft_tokens", ())] == 40 and m[("mlx_ring_draft_tokens_accepted", ())] == 31
+    )
+
+
+def test_prompts_prefilling_now_show_their_progress_in_status_and_metrics(engine, served):
+    with client(engine, served) as http:
+        assert http.get("/cluster/status").json()["prefilling"] == []
+        m = scrape(http)
+        assert m[("mlx_ring_prefilling_prompts", ())] == 0
+        assert m[("mlx_ring_prefill_tokens", ())] == m[("mlx_ring_prefill_done_tokens", ())] == 0
+        engine.snapshot = replace(
+            engine.snapshot,
+            prefills=(PrefillProgress(120_000, 45_056, 40_000), PrefillProgress(900, 512, 0)),
+        )
+        assert http.get("/cluster/status").json()["prefilling"] == [
+            {"tokens": 120_000, "done": 45_056, "cached": 40_000},
+            {"tokens": 900, "done": 512, "cached": 0},
+        ]
+        m = scrape(http)
+    assert m[("mlx_ring_prefilling_prompts", ())] == 2
+    assert (m[("mlx_ring_prefill_tokens", ())], m[("mlx_ring_prefill_done_tokens", ())]) == (
+        120_900,
+        45_568,
     )
 
 

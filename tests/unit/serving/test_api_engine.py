@@ -1,5 +1,6 @@
 """The real engine through the port the API uses (serving/port.py), on one rank of the default model
-(a ring of one: no mlx.launch): what `stats()` and `ping()` report, and what `cancel()` does."""
+(a ring of one: no mlx.launch): what `stats()` and `ping()` report, what `cancel()` does, and the
+news of a prompt's prefill."""
 
 import threading
 import time
@@ -14,7 +15,7 @@ from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.transport import Ring
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.params import SamplingParams
-from mlx_ring.serving.port import Done, EnginePort, Failed, Request
+from mlx_ring.serving.port import Done, EnginePort, Failed, PrefillProgress, Request, Started
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
@@ -77,3 +78,33 @@ def test_cancel_fails_a_running_request_and_frees_it(engine):
     engine.cancel(req)
     assert done.wait(60) and events[-1] == Failed("cancelled by the client", 499, "cancelled")
     assert engine.stats().active == 0
+
+
+def test_a_prompt_hears_when_its_prefill_begins_and_stats_show_its_progress(engine):
+    """Started comes first, once the prompt's cached start is known; at that moment `stats()`
+    shows the prompt prefilling, from that start."""
+    prompt = list(range(100, 300))
+
+    def started(prompt) -> tuple[list, list]:
+        events, at_start, done = [], [], threading.Event()
+
+        def emit(ev):
+            if isinstance(ev, Started):
+                at_start.append(engine.stats().prefills)
+            events.append(ev)
+            if isinstance(ev, (Done, Failed)):
+                done.set()
+
+        engine.submit(Request(prompt, 3, SamplingParams(temperature=0.0), emit=emit))
+        assert done.wait(120) and isinstance(events[-1], Done), events
+        return events, at_start
+
+    events, [shown] = started(prompt)
+    assert events[0] == Started(0) and not any(isinstance(e, Started) for e in events[1:])
+    assert shown == (PrefillProgress(len(prompt), 0, 0),)
+    # the same start again: the prompt cache holds it, and the prefill starts from there
+    longer = prompt + list(range(400, 500))
+    events, [shown] = started(longer)
+    cached = events[0].cached_tokens
+    assert 0 < cached <= len(prompt) and events[-1].cached_tokens == cached
+    assert shown == (PrefillProgress(len(longer), cached, cached),)

@@ -277,3 +277,17 @@ def test_a_prompt_waits_for_room_in_the_kv_cache(tmp_path):
         assert [got[0], got[1]] == want, kv_room
         assert (steps[1][0] < steps[0][-1]) == together, (kv_room, steps)
         assert shard.status_row().open_sequences == 0 and not sched.prefilling
+
+
+def test_a_prefill_shows_its_chunks_as_they_come_home(tmp_path):
+    model = make_tiny_model(tmp_path / "model", "llama")
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=8)
+    seq = Sequence(1, list(range(1, 21)), SamplingParams(temperature=0.0))  # 3 chunks: 8, 8, 4
+    sched.add(seq)
+    seen = []
+    while not seq.prefilled:
+        sched.schedule()
+        seen.append([(s.id, done) for b in sched.prefilling for s, done in b.progress()])
+        sched.step()
+    assert seen == [[(1, 0)], [(1, 8)], [(1, 16)]] and not sched.prefilling
