@@ -21,7 +21,7 @@ from serverutil import running_server
 
 from mlx_ring.api.app import make_app
 from mlx_ring.ring.launch import free_port
-from mlx_ring.serving.port import PrefillProgress
+from mlx_ring.serving.port import PrefillProgress, PromptCacheStats
 
 CHROMIUM = "/usr/bin/chromium"
 # As the machine's notes say: no background traffic (this network is closed), no sandbox as root.
@@ -184,3 +184,19 @@ def test_page_shows_each_prompt_prefilling_now(browser, stand_in):
     assert [bars.nth(i).evaluate("e => e.style.width") for i in range(2)] == ["37.5%", "56.9%"]
     engine.snapshot = replace(engine.snapshot, prefills=())  # both done: the next refresh
     page.wait_for_function("!document.querySelector('.prefill')", timeout=10_000)
+
+
+def test_page_shows_the_prompt_caches_tiers_and_what_they_saved(browser, stand_in):
+    url, engine = stand_in
+    disk = {"blocks": 22, "bytes": 1, "cap_bytes": 2, "written_bytes": 1, "writing": True}
+    engine.snapshot = replace(
+        engine.snapshot,
+        prompt_cache=PromptCacheStats(24, 5_772, 46_603, 2, 11_364, 256, 5_632, disk),
+    )
+    page = browser.new_page(viewport={"width": 1280, "height": 760})
+    page.goto(url + "/")
+    page.wait_for_function("document.getElementById('cache').textContent", timeout=30_000)
+    assert page.locator("#cache").inner_text() == (
+        "prompt cache: RAM 5,772 of 46,603 tokens · disk 5,632 tokens · 2 prompts reused "
+        "11,364 tokens (5,632 from disk)"
+    )
