@@ -141,13 +141,14 @@ class BlockIndex:
             return Hit([*path, best], n + m)
         return Hit(path, n, on_disk)
 
-    def use(self, hit: Hit, from_disk: int = 0) -> None:
-        """A prompt starts from `hit`'s blocks and `from_disk` full blocks read back from disk."""
+    def use(self, hit: Hit, tokens: int, from_disk: int = 0) -> None:
+        """A prompt starts from `tokens` of `hit`'s blocks and of `from_disk` full blocks after
+        them, read back from disk."""
         now = next(self.clock)
         for b in hit.blocks:
             self._touch(b, now)
         self.hits += 1
-        self.hit_tokens += hit.tokens + from_disk * self.block
+        self.hit_tokens += tokens
         self.disk_tokens += from_disk * self.block
 
     def add(self, tokens: list[int]) -> Saved:

@@ -84,7 +84,8 @@ class Batching:
             longest = n
         reuse = [self._blocks_for(e, reused) for e in entries] if reused else []
         for s in rows if reused else []:
-            self.prefix.use(self.prefix.lookup(s.prompt, s.keys), self._from_disk(s, reused))
+            hit = self.prefix.lookup(s.prompt, s.keys)
+            self.prefix.use(hit, reused, self._from_disk(s, reused))
         self.fetched_for = None  # its blocks go with this LOAD (or are dropped by it)
         for row in rows:
             row.cached = reused

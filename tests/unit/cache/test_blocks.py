@@ -47,7 +47,7 @@ def test_least_recently_used_leaves_go_first_and_never_the_chain_being_saved():
     idx.add([1] * 8)
     idx.add([2] * 4)
     idx.lookup([1] * 9)
-    idx.use(idx.lookup([1] * 9))  # the ones are used last
+    idx.use(idx.lookup([1] * 9), 8)  # the ones are used last
     saved = idx.add([3] * 4)
     assert len(saved.drop) == 1 and idx.lookup([2] * 5).tokens == 0
     assert idx.lookup([1] * 9).tokens == 8
@@ -60,7 +60,7 @@ def test_least_recently_used_leaves_go_first_and_never_the_chain_being_saved():
 def test_a_block_is_evicted_after_its_suffixes():
     idx = BlockIndex(12, block=4)
     idx.add([1] * 12)
-    idx.use(idx.lookup([1] * 4 + [0]))  # the first block is the newest
+    idx.use(idx.lookup([1] * 4 + [0]), 4)  # the first block is the newest
     saved = idx.add([2] * 4)
     assert saved.drop == [chain_keys([1] * 12, b"", 4)[2]]  # its suffix went, not it
 
@@ -73,5 +73,5 @@ def test_full_blocks_on_rank_0s_disk_follow_the_ram_ones():
     idx.add(list(range(6)))
     hit = idx.lookup(list(range(16)) + [3])
     assert (hit.tokens, len(hit.blocks), hit.on_disk) == (4, 1, 3)
-    idx.use(hit, from_disk=3)
+    idx.use(hit, 16, from_disk=3)
     assert (idx.hit_tokens, idx.disk_tokens) == (16, 12)
