@@ -66,7 +66,12 @@ def _cell(v, fmt: str) -> str:
 
 def table(c: dict) -> list[str]:
     """Markdown lines of one configuration: a heading with its settings, then a row a turn."""
-    settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items()) or "as configured"
+    settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
+    settings = settings or ("as configured" if c["ours"] else "its defaults")
+    # what the server made of the settings: its prompt cache's budget at the end
+    budget = (c["turns"][-1].get("prompt_cache") or {}).get("budget_tokens") if c["turns"] else None
+    if budget is not None:
+        settings += f"; a prompt cache of {budget} tokens"
     lines = [
         f"### {c['name']} ({c['target']}; {settings})",
         "",
@@ -93,7 +98,8 @@ def markdown(meta: dict, configs: list[dict]) -> str:
         f"`{' '.join(['tools/bench_agent.py', *meta['argv']])}`",
         "",
         f"A Claude Code session of {meta['tools']} tools replayed turn by turn, "
-        f"{meta['max_tokens']} greedy tokens an answer. {METHOD}",
+        f"{meta['max_tokens']} greedy tokens an answer. {METHOD} The configurations run one "
+        "after another: where other work shares the machine, its load moves their ratios.",
         "",
     ]
     if meta.get("template"):

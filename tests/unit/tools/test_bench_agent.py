@@ -121,6 +121,14 @@ def test_new_only_time_is_prefilled_tokens_at_the_cache_off_rate_for_that_length
         lines[5] == "| 2 | 2000 | 1900 | 100 | 0.50 | 0.25 | 2.00 | answer differs from cache off |"
     )
     assert table(peer)[5] == "| 2 | 2000 |  |  | 1.00 |  |  |  |"
+    assert table(peer)[0] == "### mlx_lm (ring, 2 ranks; its defaults)"
+    on["settings"], on["turns"][-1]["prompt_cache"] = (
+        {"PROMPT_CACHE_GB": "0.01"},
+        {"budget_tokens": 419},
+    )
+    assert table(on)[0] == (
+        "### configured (ring, 2 ranks; PROMPT_CACHE_GB=0.01; a prompt cache of 419 tokens)"
+    )
     meta = {"model": "m", "machine": "x", "date": "d", "commit": "c", "argv": [], "tools": 3}
     text = markdown(meta | {"max_tokens": 32}, runs)
     assert "without Claude Code's billing line" in text
