@@ -97,7 +97,8 @@ def markdown(meta: dict, configs: list[dict]) -> str:
         f"Model {meta['model']}, {meta['machine']}, {meta['date']}, commit {meta['commit']}; "
         f"`{' '.join(['tools/bench_agent.py', *meta['argv']])}`",
         "",
-        f"A Claude Code session of {meta['tools']} tools replayed turn by turn, "
+        f"A Claude Code session ({meta['tools']} of its tools: "
+        f"{', '.join(meta.get('tool_names', []))}) replayed turn by turn, "
         f"{meta['max_tokens']} greedy tokens an answer. {METHOD} The configurations run one "
         "after another: where other work shares the machine, its load moves their ratios.",
         "",
