@@ -116,14 +116,17 @@ class Chooser(Batching):
     def remove(self, seq: Sequence) -> None:
         """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence
         leaving a decode group leaves its prompt and answer in the prompt cache first (a chat's
-        next turn starts with both): queued now, so a prompt that comes next finds it."""
+        next turn starts with both): queued now, so a prompt that comes next finds it. Where the
+        index keeps whole blocks only, a decode group's states at a block's end are long gone:
+        only its prompt's blocks, saved at its prefill, stay."""
         if seq.removed:
             return
         seq.removed = True
         group = next((g for g in self.groups if seq in g.rows), None)
-        if self.prefix and group is not None and group.verifying:
+        saves = self.prefix and not self.prefix.whole and group is not None
+        if saves and group.verifying:
             group.saves.append(seq)  # its cache row holds drafts until the step is back and trimmed
-        elif self.prefix and group is not None:
+        elif saves:
             self._save_row(group, seq)
 
     def ping(self, done: Callable[[None], None]) -> None:
@@ -205,7 +208,7 @@ class Chooser(Batching):
         b = self.filling
         if b is None:
             return min(self.prefill_step, self.prefill_budget or self.prefill_step)
-        return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
+        return 0 if b.reuse else len(b.rows) * (self._chunk_end(b) - b.sent)
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
