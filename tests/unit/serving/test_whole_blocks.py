@@ -1,0 +1,107 @@
+"""The prompt cache of models whose layers are not all plain KV caches, in process on a ring of one:
+LFM2 (a short convolution's state beside attention) and Gemma 3 (sliding windows of 5 tokens, far
+shorter than the prompts, beside global attention). Prefill chunks end at every block boundary; a
+prompt that extends a cached one starts from its whole blocks, from RAM, from disk and after a
+restart, and its logits and tokens equal single-process mlx-lm's for the whole prompt."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from ringutil import make_tiny_model, reference_logits
+
+import mlx_ring.serving.runner as runner
+from mlx_ring.cache import tiers
+from mlx_ring.cache.disk import DiskTier
+from mlx_ring.planning.plan import uniform_plan
+from mlx_ring.ring.pipeline import Pipeline
+from mlx_ring.ring.protocol import Kind
+from mlx_ring.ring.transport import Ring
+from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.scheduler import Scheduler, Sequence
+from shard import load_shard
+
+BLOCK, CHUNK, STEPS = 16, 12, 5
+P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # two blocks and 8 tokens
+X, Y, Z = list(range(11, 21)), list(range(201, 208)), list(range(101, 111))
+
+
+def start(model, disk, ram: int):
+    """A fresh rank 0 (its RAM tier empty) over the disk folder `disk`, and a scheduler whose
+    index holds `ram` tokens in RAM."""
+    shard = load_shard(model, uniform_plan(7, 1), 0)
+    shard.block = BLOCK
+    scope = tiers.scope(shard.held.salt, (0, 7), (0, 1), "f32")
+    shard.held.disk = DiskTier(disk, scope, 1 << 30, floor_bytes=0)
+    prefix = tiers.block_index(ram, shard.held.salt, BLOCK, shard.held.disk, not shard.plain_kv)
+    sched = Scheduler(
+        Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=CHUNK, prefix=prefix
+    )
+    return shard, sched
+
+
+def run(sched: Scheduler, prompts: list[list[int]], monkeypatch) -> tuple[list, list, list]:
+    """Each prompt alone after the one before it: its tokens, the logits they came from, and the
+    (offset, length) of every prefill chunk."""
+    logits, chunks = {}, []
+
+    def recording(real):
+        def wrapped(samplers, rows):
+            out = real(samplers, rows)
+            if out is not None:
+                for s, row in zip(samplers, np.array(rows.astype(mx.float32))):
+                    logits.setdefault(id(s), []).append(row)
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(runner, "sample_rows", recording(runner.sample_rows))
+    monkeypatch.setattr(runner, "sample_lazy", recording(runner.sample_lazy))
+    submit = sched.pipe.submit
+
+    def noting(header, payload, *a):
+        if header.kind == Kind.PREFILL:
+            chunks.append((header.offset, header.shape[1]))
+        return submit(header, payload, *a)
+
+    sched.pipe.submit = noting
+    tokens, rows = [], []
+    for i, prompt in enumerate(prompts):
+        seq, got = Sequence(i, prompt, SamplingParams(temperature=0.0)), []
+        sched.add(seq)
+        while not sched.idle():
+            for s, token in sched.step():
+                got.append(token.id)
+                if len(got) == STEPS:
+                    sched.remove(s)
+        tokens.append(got[:STEPS])
+        rows.append(np.stack(logits[id(seq.sampler)][:STEPS]))
+    return tokens, rows, chunks
+
+
+@pytest.mark.parametrize("kind", ["lfm2", "gemma3_text"])
+def test_a_prompt_restores_whole_blocks_from_ram_and_disk_and_decodes_as_mlx_lm(
+    tmp_path, monkeypatch, kind
+):
+    model = make_tiny_model(tmp_path / kind, kind)
+    shard, sched = start(model, tmp_path / "disk", ram=BLOCK)  # one block in RAM, both on disk
+    assert not shard.plain_kv and sched.prefix.whole
+    tokens, logits, chunks = run(sched, [P, P + X], monkeypatch)
+    # every boundary ends a chunk; the second prompt starts from both blocks (one from disk)
+    assert chunks == [(0, 12), (12, 4), (16, 12), (28, 4), (32, 8), (32, 12), (44, 4), (48, 2)]
+    assert (sched.prefix.hit_tokens, sched.prefix.disk_tokens) == (32, 16)
+    assert shard.prefill_tokens == 40 + 50 - 32
+    shard.held.disk.close()
+    # a restart: both blocks come back from disk
+    shard, sched = start(model, tmp_path / "disk", ram=4 * BLOCK)
+    again, again_logits, chunks = run(sched, [P + Y], monkeypatch)
+    assert chunks == [(32, 12), (44, 3)] and sched.prefix.disk_tokens == 32
+    # and from RAM, where the restart's prompt left them
+    ram, ram_logits, chunks = run(sched, [P + Z], monkeypatch)
+    assert chunks == [(32, 12), (44, 4), (48, 2)] and sched.prefix.disk_tokens == 32
+    shard.held.disk.close()
+    for prompt, got, rows in zip(
+        [P, P + X, P + Y, P + Z], tokens + again + ram, logits + again_logits + ram_logits
+    ):
+        want, want_tokens = reference_logits(model, prompt, steps=STEPS)
+        np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4)
+        assert got == want_tokens
