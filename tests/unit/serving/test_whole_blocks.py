@@ -105,3 +105,28 @@ def test_a_prompt_restores_whole_blocks_from_ram_and_disk_and_decodes_as_mlx_lm(
         want, want_tokens = reference_logits(model, prompt, steps=STEPS)
         np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4)
         assert got == want_tokens
+
+
+def test_the_ram_budget_counts_each_blocks_fixed_states_as_tokens_of_as_many_bytes(tmp_path):
+    from mlx_lm.models.cache import ArraysCache
+
+    from mlx_ring.config import parse_config
+    from mlx_ring.planning.cluster import Cluster, RankFacts
+    from mlx_ring.planning.sizes import spec_from_folder
+    from mlx_ring.serving.startup import prompt_cache
+
+    argv = ["--prompt-cache-gb", "0.001", "--prompt-disk-gb", "0", "--prompt-cache-block", "16"]
+    cfg = parse_config(argv)[0]
+    for kind in ("llama", "lfm2"):
+        model = make_tiny_model(tmp_path / kind, kind)
+        shard = load_shard(model, uniform_plan(7, 1), 0)
+        # the dry run's figure is what a real prefill's convolution states hold
+        caches = shard.slice.new_caches()
+        mx.eval(shard.slice.forward(mx.array([P]), caches))
+        assert shard.state_bytes == sum(c.nbytes for c in caches if isinstance(c, ArraysCache))
+        per_token = spec_from_folder(model).kv_bytes_per_token * 7 + shard.state_bytes / 16
+        index = prompt_cache(
+            cfg, shard, spec_from_folder(model), Cluster((RankFacts.of(shard.info()),))
+        )
+        assert index.budget == int(0.001 * 2**30 / per_token) and index.whole == (kind == "lfm2")
+    assert shard.state_bytes > 0
