@@ -1,13 +1,17 @@
 """The prompt cache of models whose layers are not all plain KV caches, in process on a ring of one:
-LFM2 (a short convolution's state beside attention) and Gemma 3 (sliding windows of 5 tokens, far
-shorter than the prompts, beside global attention). Prefill chunks end at every block boundary; a
-prompt that extends a cached one starts from its whole blocks, from RAM, from disk and after a
-restart, and its logits and tokens equal single-process mlx-lm's for the whole prompt."""
+LFM2 (a short convolution's state beside attention), Gemma 3 (sliding windows of 5 tokens, far
+shorter than the prompts, beside global attention) and more kinds. Prefill chunks end at every
+block boundary; a prompt that extends a cached one starts from its whole blocks, from RAM, from
+disk and after a restart, and its logits and tokens equal single-process mlx-lm's for the whole
+prompt."""
+
+import json
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from ringutil import make_tiny_model, reference_logits
+from model_zoo import make
+from ringutil import TINY, make_tiny_model, reference_logits
 
 import mlx_ring.serving.runner as runner
 from mlx_ring.cache import tiers
@@ -21,16 +25,17 @@ from mlx_ring.serving.scheduler import Scheduler, Sequence
 from shard import load_shard
 
 BLOCK, CHUNK, STEPS = 16, 12, 5
-P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # two blocks and 8 tokens
+P = [(7 * i + 3) % 250 + 1 for i in range(40)]  # two blocks and 8 tokens (ids of every vocabulary)
 X, Y, Z = list(range(11, 21)), list(range(201, 208)), list(range(101, 111))
 
 
 def start(model, disk, ram: int):
     """A fresh rank 0 (its RAM tier empty) over the disk folder `disk`, and a scheduler whose
     index holds `ram` tokens in RAM."""
-    shard = load_shard(model, uniform_plan(7, 1), 0)
+    n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    shard = load_shard(model, uniform_plan(n, 1), 0)
     shard.block = BLOCK
-    scope = tiers.scope(shard.held.salt, (0, 7), (0, 1), "f32")
+    scope = tiers.scope(shard.held.salt, (0, n), (0, 1), "f32")
     shard.held.disk = DiskTier(disk, scope, 1 << 30, floor_bytes=0)
     prefix = tiers.block_index(ram, shard.held.salt, BLOCK, shard.held.disk, not shard.plain_kv)
     sched = Scheduler(
@@ -78,11 +83,16 @@ def run(sched: Scheduler, prompts: list[list[int]], monkeypatch) -> tuple[list, 
     return tokens, rows, chunks
 
 
-@pytest.mark.parametrize("kind", ["lfm2", "gemma3_text"])
+# LFM2 and Gemma 3 as tests/ringutil.py makes them, the others as the model matrix does: gated
+# delta nets, a sliding window with attention sinks, and a layer's two caches (a state beside a
+# window, a state beside attention)
+@pytest.mark.parametrize(
+    "kind", ["lfm2", "gemma3_text", "qwen3_next", "gpt_oss", "baichuan_m1", "falcon_h1"]
+)
 def test_a_prompt_restores_whole_blocks_from_ram_and_disk_and_decodes_as_mlx_lm(
     tmp_path, monkeypatch, kind
 ):
-    model = make_tiny_model(tmp_path / kind, kind)
+    model = make_tiny_model(tmp_path / kind, kind) if kind in TINY else make(kind, tmp_path / kind)
     shard, sched = start(model, tmp_path / "disk", ram=BLOCK)  # one block in RAM, both on disk
     assert not shard.plain_kv and sched.prefix.whole
     tokens, logits, chunks = run(sched, [P, P + X], monkeypatch)
@@ -103,7 +113,7 @@ def test_a_prompt_restores_whole_blocks_from_ram_and_disk_and_decodes_as_mlx_lm(
         [P, P + X, P + Y, P + Z], tokens + again + ram, logits + again_logits + ram_logits
     ):
         want, want_tokens = reference_logits(model, prompt, steps=STEPS)
-        np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4, err_msg=str(len(prompt)))
         assert got == want_tokens
 
 
