@@ -166,9 +166,10 @@ class Shard:
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
         if self.block and not self.plain_kv and self.cacheable:
-            self.kept.setdefault(header.batch, Kept(self.rank, self.block)).take(
-                caches, header.offset, L
-            )
+            kept = self.kept.setdefault(header.batch, Kept(self.rank, self.block))
+            # with the step, not apart: its payload may arrive within its graph (transport.recv)
+            if pieces := kept.take(caches, header.offset, L):
+                out = mx.depends(out, pieces)
         if self.last and B == 1:
             # rank 0 needs only a lone prompt's last position (it has no padding)
             out = out[:, -1:, :]

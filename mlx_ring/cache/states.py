@@ -41,8 +41,10 @@ class Kept:
         self.states: dict[int, dict[tuple[int, int], tuple]] = {}  # block end -> part -> arrays
         self.loaded = {i * block: b for i, b in enumerate(loaded or [])}
 
-    def take(self, caches: list, offset: int, n: int) -> None:
-        """A chunk of `n` positions from `offset` has gone through `caches`."""
+    def take(self, caches: list, offset: int, n: int) -> list[mx.array]:
+        """A chunk of `n` positions from `offset` has gone through `caches`. Returns the copies
+        of the windows' new positions, for the caller to compute with the step: left lazy, each
+        would hold its window's whole buffer of this chunk."""
         pieces = []
         for i, c in enumerate(caches):
             for p, part in enumerate(block_parts(c)):
@@ -53,8 +55,7 @@ class Kept:
                     pieces += piece
                 elif kind == STATE and (offset + n) % self.block == 0:
                     self.states.setdefault(offset + n, {})[i, p] = state_arrays(part)
-        # copied now: a lazy copy would hold the window's whole buffer of this chunk
-        mx.async_eval(pieces)
+        return pieces
 
     def record(self, caches: list, row: int, start: int, end: int) -> list[tuple]:
         """The block [start, end)'s record, per layer a tuple of its parts' arrays."""
