@@ -25,11 +25,13 @@ from mlx_ring.serving.scheduler import Scheduler, Sequence
 from shard import load_shard
 
 BLOCK, CHUNK, STEPS = 16, 12, 5
-P = [(7 * i + 3) % 250 + 1 for i in range(40)]  # two blocks and 8 tokens (ids of every vocabulary)
+P = [
+    (7 * i + 3) % 250 + 1 for i in range(40)
+]  # two blocks and 8 tokens, ids every tiny vocabulary holds
 X, Y, Z = list(range(11, 21)), list(range(201, 208)), list(range(101, 111))
 
 
-def start(model, disk, ram: int):
+def start(model, disk, ram: int, chunk: int = CHUNK):
     """A fresh rank 0 (its RAM tier empty) over the disk folder `disk`, and a scheduler whose
     index holds `ram` tokens in RAM."""
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
@@ -39,7 +41,7 @@ def start(model, disk, ram: int):
     shard.held.disk = DiskTier(disk, scope, 1 << 30, floor_bytes=0)
     prefix = tiers.block_index(ram, shard.held.salt, BLOCK, shard.held.disk, not shard.plain_kv)
     sched = Scheduler(
-        Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=CHUNK, prefix=prefix
+        Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=chunk, prefix=prefix
     )
     return shard, sched
 
@@ -113,7 +115,21 @@ def test_a_prompt_restores_whole_blocks_from_ram_and_disk_and_decodes_as_mlx_lm(
         [P, P + X, P + Y, P + Z], tokens + again + ram, logits + again_logits + ram_logits
     ):
         want, want_tokens = reference_logits(model, prompt, steps=STEPS)
-        np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4, err_msg=str(len(prompt)))
+        np.testing.assert_allclose(
+            rows, want, rtol=1e-4, atol=1e-4, err_msg=f"a prompt of {len(prompt)} tokens"
+        )
+        assert got == want_tokens
+
+
+def test_chunks_longer_than_a_block_are_cut_at_each_boundary(tmp_path, monkeypatch):
+    model = make_tiny_model(tmp_path / "lfm2", "lfm2")
+    shard, sched = start(model, tmp_path / "disk", ram=4 * BLOCK, chunk=40)
+    tokens, logits, chunks = run(sched, [P, P + X], monkeypatch)
+    assert chunks == [(0, 16), (16, 16), (32, 8), (32, 16), (48, 2)]
+    shard.held.disk.close()
+    for prompt, got, rows in zip([P, P + X], tokens, logits):
+        want, want_tokens = reference_logits(model, prompt, steps=STEPS)
+        np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4)
         assert got == want_tokens
 
 
