@@ -156,11 +156,12 @@ class BlockIndex:
         self.hit_tokens += hit.tokens + from_disk * self.block
         self.disk_tokens += from_disk * self.block
 
-    def add(self, tokens: list[int]) -> Saved:
+    def add(self, tokens: list[int], since: int = 0) -> Saved:
         """Index the blocks of `tokens` (a prompt, or a prompt and its answer): the RAM tier keeps
         what fits, evicting least recently used leaves off this chain first; full blocks past what
         fits are for the disks only. Tails that the new blocks start with go (a `whole` index
-        keeps full blocks only)."""
+        keeps full blocks only). `since`: the leading tokens an earlier call kept, whose blocks
+        get no line again (one no longer in RAM is on the disks only)."""
         B, now = self.block, next(self.clock)
         keys = chain_keys(list(tokens), self.salt, B, tail=not self.whole)
         drop: list[bytes] = []
@@ -174,6 +175,9 @@ class BlockIndex:
             if held is not None:
                 self._touch(held, now)
                 parent = held
+                continue
+            if start < since:
+                in_ram = False
                 continue
             if in_ram and not full and self._covered(parent, piece):
                 break  # a held block starts with this tail: it gives the same hits

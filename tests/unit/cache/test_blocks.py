@@ -90,3 +90,15 @@ def test_a_whole_block_index_keeps_and_gives_whole_blocks_only():
     assert idx.lookup(list(range(3)) + [7]).tokens == 0
     assert idx.add(list(range(11))).keep == []  # its full blocks are held; its tail never is
     assert idx.add(list(range(12))).keep == [(8, chain_keys(list(range(12)), b"", 4)[2], True)]
+
+
+def test_blocks_an_earlier_call_kept_get_no_line_again():
+    idx = BlockIndex(100, block=4, whole=True)
+    keys = chain_keys(list(range(12)), b"", 4)
+    assert [k for _, k, _ in idx.add(list(range(8))).keep] == keys[:2]
+    assert idx.add(list(range(12)), since=8).keep == [(8, keys[2], True)]
+    # a kept block that left RAM since: it is on the disks, and so are the blocks after it
+    idx = BlockIndex(4, block=4, whole=True, on_disk=lambda key: False)
+    idx.add(list(range(4)))
+    idx.add([9] * 4)  # evicts the first
+    assert idx.add(list(range(12)), since=4).keep == [(4, keys[1], False), (8, keys[2], False)]
