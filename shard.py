@@ -255,8 +255,12 @@ class Shard:
 
     def _save(self, header: Header, lines: mx.array) -> mx.array:
         caches = self.prefills[header.batch]
-        # not all plain KV caches: the states its chunks noted at the block boundaries, taken now
-        kept = None if self.plain_kv else self.kept.pop(header.batch, Kept(self.rank, self.block))
+        # not all plain KV caches: the states its chunks noted at the blocks' ends, taken now
+        kept = (
+            None
+            if self.plain_kv
+            else self.kept.setdefault(header.batch, Kept(self.rank, self.block))
+        )
 
         def span(row: int, n: int, start: int, end: int) -> list:
             if kept is not None:

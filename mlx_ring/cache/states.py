@@ -30,10 +30,11 @@ from mlx_ring.ring.protocol import ProtocolError
 
 
 class Kept:
-    """What one prefill batch's caches lose as its chunks go by and its SAVE needs: each sliding
+    """What one prefill batch's caches lose as its chunks go by and its SAVEs need: each sliding
     window's positions, chunk by chunk; each fixed state at every block boundary a chunk ended on;
     and the blocks its LOAD restored, by their first position (a SAVE may keep them again, as
-    blocks that came back from disk)."""
+    blocks that came back from disk). Rank 0 saves a prompt's blocks as their chunks come home,
+    so a rank holds these for the chunks on the ring only."""
 
     def __init__(self, rank: int, block: int, loaded: list | None = None):
         self.rank, self.block = rank, block
@@ -58,9 +59,10 @@ class Kept:
         return pieces
 
     def record(self, caches: list, row: int, start: int, end: int) -> list[tuple]:
-        """The block [start, end)'s record, per layer a tuple of its parts' arrays."""
+        """The block [start, end)'s record, per layer a tuple of its parts' arrays; what it was
+        made of is let go (rank 0 asks for each block of a prompt once)."""
         if start in self.loaded:
-            return self.loaded[start]
+            return self.loaded.pop(start)
         layers = []
         for i, c in enumerate(caches):
             parts = []
@@ -73,6 +75,9 @@ class Kept:
                 else:
                     parts.append(self._state(i, p, end))
             layers.append(tuple(parts))
+        self.states.pop(end, None)
+        for key, pieces in self.windows.items():
+            self.windows[key] = [w for w in pieces if not start <= w[0] < end]
         return layers
 
     def _window(self, i: int, p: int, start: int, end: int) -> tuple:

@@ -331,15 +331,16 @@ class Chooser(Batching):
         self._save(
             Kind.SAVE_ROW,
             g.id,
-            [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])],
+            [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed], 0)],
         )
 
-    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
+    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int], int]]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
-        # Rows saved together (a prefill batch, rows leaving at once) go in one step.
+        # Rows saved together (a prefill batch, rows leaving at once) go in one step; each row's
+        # tokens with those of them an earlier SAVE kept (BlockIndex.add's `since`).
         lines, disk = [], self.prefix.on_disk is not None
-        for row, tokens in rows:
-            saved = self.prefix.add(tokens)
+        for row, tokens, since in rows:
+            saved = self.prefix.add(tokens, since)
             lines += [(-1, 0, 0, 0, *key_ints(k)) for k in saved.drop]
             lines += [
                 (row, len(tokens), start, int(ram), *key_ints(k))

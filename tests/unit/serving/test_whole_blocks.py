@@ -31,9 +31,9 @@ P = [
 X, Y, Z = list(range(11, 21)), list(range(201, 208)), list(range(101, 111))
 
 
-def start(model, disk, ram: int, chunk: int = CHUNK):
+def start(model, disk, ram: int, chunk: int = CHUNK, **lanes):
     """A fresh rank 0 (its RAM tier empty) over the disk folder `disk`, and a scheduler whose
-    index holds `ram` tokens in RAM."""
+    index holds `ram` tokens in RAM (`lanes`: the scheduler's other settings)."""
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     shard = load_shard(model, uniform_plan(n, 1), 0)
     shard.block = BLOCK
@@ -41,7 +41,7 @@ def start(model, disk, ram: int, chunk: int = CHUNK):
     shard.held.disk = DiskTier(disk, scope, 1 << 30, floor_bytes=0)
     prefix = tiers.block_index(ram, shard.held.salt, BLOCK, shard.held.disk, not shard.plain_kv)
     sched = Scheduler(
-        Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=chunk, prefix=prefix
+        Pipeline(shard, Ring(mx.distributed.init())), shard, chunk=chunk, prefix=prefix, **lanes
     )
     return shard, sched
 
@@ -131,6 +131,38 @@ def test_chunks_longer_than_a_block_are_cut_at_each_boundary(tmp_path, monkeypat
         want, want_tokens = reference_logits(model, prompt, steps=STEPS)
         np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-4)
         assert got == want_tokens
+
+
+def test_blocks_are_saved_as_their_chunks_come_home(tmp_path, monkeypatch):
+    """So a rank holds the states it noted for the chunks on the ring only, not for the whole
+    prompt: here 12 tokens of chunks at a time (the prefill budget)."""
+    model = make_tiny_model(tmp_path / "lfm2", "lfm2")
+    shard, sched = start(model, tmp_path / "disk", ram=4 * BLOCK, prefill_budget=CHUNK)
+    steps, held, submit = [], [], sched.pipe.submit
+
+    def noting(header, payload, *a):
+        steps.append((Kind(header.kind).name, header.offset))
+        held.append(max((len(k.states) for k in shard.kept.values()), default=0))
+        return submit(header, payload, *a)
+
+    sched.pipe.submit = noting
+    tokens, logits, _ = run(sched, [P], monkeypatch)
+    forward = [s for s in steps if s[0] in ("PREFILL", "SAVE")]
+    assert forward == [
+        ("PREFILL", 0),
+        ("PREFILL", 12),
+        ("SAVE", BLOCK),  # the first block, once its last chunk is home
+        ("PREFILL", 16),
+        ("PREFILL", 28),
+        ("PREFILL", 32),  # 4 + 8 tokens fit the budget
+        ("SAVE", BLOCK),
+    ]
+    assert max(held) == 1 and not shard.kept
+    assert sched.prefix.lookup(P + X).tokens == 32
+    shard.held.disk.close()
+    want, want_tokens = reference_logits(model, P, steps=STEPS)
+    np.testing.assert_allclose(logits[0], want, rtol=1e-4, atol=1e-4)
+    assert tokens[0] == want_tokens
 
 
 def test_the_ram_budget_counts_each_blocks_fixed_states_as_tokens_of_as_many_bytes(tmp_path):
