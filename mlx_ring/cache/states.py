@@ -5,8 +5,8 @@ or a fixed state (a convolution's or an SSM's arrays) as it was at the block's e
 
 Rank 0 cuts such a prompt's prefill chunks so that every block boundary ends a chunk, and reuses
 whole blocks only (`cache/blocks.py`'s `whole` index): a rank notes each window's new positions and
-each state at every boundary as the chunks go by (a prefill batch's `Kept`), and its SAVE builds the
-blocks' records from them; a LOAD restores the positions joined and the last block's states.
+each state at every boundary as the chunks go by (a prefill batch's `Kept`), and its SAVEs build
+the blocks' records from them; a LOAD restores the positions joined and the last block's states.
 """
 
 import math

@@ -77,7 +77,7 @@ class Chooser(Batching):
         self.draft_model = draft_model
         # the draft model's cycles in a row that kept nothing, over all streams
         self.streak = Streak()
-        # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
+        # None: no prompt cache (off, or no block can keep the model's caches)
         self.prefix = prefix
         self.fetched_for: Sequence | None = None  # the sequence whose FETCH the ranks hold
         # The fewest cached tokens a prompt starts from, or waits for another's prefill to
