@@ -163,7 +163,9 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
 def open_prompt_cache(cfg: Config, shard: Shard, model_id: str) -> None:
     """This rank's side of the prompt cache: the salt of its blocks' keys, and its disk tier."""
     shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block)
-    if not shard.plain_kv or cfg.prompt_disk_gb == 0:
+    if shard.cacheable and (cfg.prompt_cache_gb or cfg.prompt_disk_gb != 0):
+        shard.block = cfg.prompt_cache_block  # where a prefill notes its layers' states
+    if not shard.cacheable or cfg.prompt_disk_gb == 0:
         return
     plan = shard.plan
     share = (shard.rank if plan.tensor > 1 else 0, plan.tensor)

@@ -16,10 +16,12 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from mlx_ring.cache.held import HeldBlocks
+from mlx_ring.cache.states import Kept, restore, slice_state_bytes
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import (
     UNFUSED_PREFILL_KEYS,
     UNFUSED_SEVERAL,
+    block_cacheable,
     cache_from_saved,
     drop_spare_room,
     group_span,
@@ -81,6 +83,12 @@ class Shard:
         self.groups: dict[int, list] = {}  # group -> per-layer batched caches
         # prompt-cache blocks: per-layer (keys, values) of their tokens (cache/held.py)
         self.held = HeldBlocks(rank)
+        # Tokens a block holds, as every rank's config says (0: no prompt cache). Layers not all
+        # plain KV caches keep blocks too where they can (`cacheable`): each prefill batch notes
+        # its states at every block boundary for its SAVE (cache/states.py).
+        self.block, self.cacheable = 0, plain_kv or block_cacheable(cut.protos)
+        self.kept: dict[int, Kept] = {}
+        self.state_bytes = 0  # of the fixed states a block keeps beside its positions (-1: unknown)
         self.prefill_tokens = 0  # token positions run through prefill steps (status)
         # Moving average, on workers, of the time from a forward step's header to passing it on:
         # this rank's stage plus any wait for the payload (which arrives inside the stage's graph).
@@ -157,6 +165,11 @@ class Shard:
             out = self.slice.forward(payload, caches, fresh_batch=B > 1)
         self.prefill_tokens += B * L
         self.kv_bytes()  # the caches grew while the graph was built
+        if self.block and not self.plain_kv and self.cacheable:
+            kept = self.kept.setdefault(header.batch, Kept(self.rank, self.block))
+            # with the step, not apart: its payload may arrive within its graph (transport.recv)
+            if pieces := kept.take(caches, header.offset, L):
+                out = mx.depends(out, pieces)
         if self.last and B == 1:
             # rank 0 needs only a lone prompt's last position (it has no padding)
             out = out[:, -1:, :]
@@ -186,6 +199,7 @@ class Shard:
 
     def _join(self, header: Header, payload: mx.array) -> mx.array:
         joining = self.prefills.pop(header.batch)
+        self.kept.pop(header.batch, None)
         padding = payload.tolist()
         if len(padding) == 1:
             joining = lone_group(joining)  # a lone prompt's caches become a batch of one
@@ -223,9 +237,15 @@ class Shard:
 
     def _free(self, header: Header, payload: None) -> None:
         self.prefills.pop(header.batch, None)
+        self.kept.pop(header.batch, None)
         mx.clear_cache()
 
     def _load(self, header: Header, keys: mx.array) -> mx.array:
+        if not self.plain_kv:  # one row: fresh caches from its blocks, which its SAVE may keep
+            blocks = self.held.load(keys.tolist(), header.offset, lambda b, n: b)[0]
+            self.kept[header.batch] = Kept(self.rank, self.block, blocks)
+            self.prefills[header.batch] = restore(self.slice.new_caches(), blocks, header.offset)
+            return keys  # the next rank loads the same
         rows = [
             [cache_from_saved(kv, header.offset) for kv in layers]
             for layers in self.held.load(keys.tolist(), header.offset)
@@ -235,11 +255,19 @@ class Shard:
 
     def _save(self, header: Header, lines: mx.array) -> mx.array:
         caches = self.prefills[header.batch]
-        self.held.keep(
-            lines.tolist(),
-            header.offset,
-            lambda row, n, start, end: [prefill_span(c, row, start, end) for c in caches],
+        # not all plain KV caches: the states its chunks noted at the blocks' ends, taken now
+        kept = (
+            None
+            if self.plain_kv
+            else self.kept.setdefault(header.batch, Kept(self.rank, self.block))
         )
+
+        def span(row: int, n: int, start: int, end: int) -> list:
+            if kept is not None:
+                return kept.record(caches, row, start, end)
+            return [prefill_span(c, row, start, end) for c in caches]
+
+        self.held.keep(lines.tolist(), header.offset, span)
         return lines  # the next rank keeps the same
 
     def _save_row(self, header: Header, lines: mx.array) -> mx.array:
@@ -328,6 +356,7 @@ class Shard:
             # the final norm and an output projection: its own, or the embedding used as one (tied)
             "holds_head": "norm" in self.slice.owner
             and ("lm_head" in self.model or "embed_tokens" in self.slice.owner),
+            "state_bytes": self.state_bytes,
         }
 
 
@@ -367,7 +396,7 @@ def load_shard(
     mx.eval(model.parameters())
     # the peak the status reports is serving's: loading comes before any cache
     mx.reset_peak_memory()
-    return Shard(
+    shard = Shard(
         cut,
         plan,
         rank,
@@ -375,3 +404,6 @@ def load_shard(
         batches=config.get("model_type") not in UNBATCHED,
         world=world,
     )
+    if shard.cacheable and not shard.plain_kv:
+        shard.state_bytes = slice_state_bytes(cut, config)
+    return shard

@@ -127,6 +127,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         )
     shard = load_shard(model, plan, rank, world)
     shard.held.salt = tiers.salt(model.name, a.block)
+    if a.prompt_cache or a.disk:
+        shard.block = a.block  # where a prefill notes the states of layers not plain KV caches
     if rank in a.spoil:  # a disk that lost the end of every block
         for f in (Path(a.disk) / f"rank{rank}").rglob("*.kv"):
             f.write_bytes(f.read_bytes()[:-7])
@@ -184,7 +186,7 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     pipe.submit = recording_submit
     disk = shard.held.disk
     prefix = (
-        tiers.block_index(a.prompt_cache, shard.held.salt, a.block, disk)
+        tiers.block_index(a.prompt_cache, shard.held.salt, a.block, disk, not shard.plain_kv)
         if a.prompt_cache or disk
         else None
     )

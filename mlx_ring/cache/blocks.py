@@ -6,7 +6,9 @@ own tokens from a salt naming the weights and the cache's format, so equal keys 
 every rank, across restarts. Full blocks also go to each rank's disk (`cache/disk.py`); a prompt's
 last, partial block (its tail) stays in RAM only. A new prompt reuses the leading blocks it shares
 with any cached prompt, and then the longest start of one more block (a tail, or a full block that
-differs further on), so a chat's next turn reuses its last turn to the token.
+differs further on), so a chat's next turn reuses its last turn to the token. A model whose layers
+keep a recurrent state or a sliding window restores a block's state at its end only: its index
+(`whole`) holds and gives whole blocks only.
 
 Pure bookkeeping, no arrays: the scheduler turns its answers into LOAD, SAVE and FETCH steps, which
 every rank applies in ring order, so all ranks hold the same RAM blocks at every step.
@@ -92,11 +94,15 @@ class Saved:
 class BlockIndex:
     """RAM blocks within `budget` tokens in all (the plan turns PROMPT_CACHE_GB into tokens for
     the rank holding the most layers); a block's suffixes go before it, the least recently used
-    first. `on_disk(key)`: whether rank 0's own disk holds a full block (None: no disk tier)."""
+    first. `on_disk(key)`: whether rank 0's own disk holds a full block (None: no disk tier).
+    `whole`: no tails and no partial hits (each block's state is known at its end only)."""
 
-    def __init__(self, budget: int, salt: bytes = b"", block: int = BLOCK, on_disk=None):
+    def __init__(
+        self, budget: int, salt: bytes = b"", block: int = BLOCK, on_disk=None, whole=False
+    ):
         assert block > 0
         self.budget, self.salt, self.block, self.on_disk = budget, salt, block, on_disk
+        self.whole = whole
         self.disk = None  # rank 0's disk tier, for its figures (cache/tiers.block_index sets it)
         self.blocks: dict[bytes, Block] = {}
         self.roots: list[Block] = []  # blocks at a prompt's start
@@ -133,7 +139,7 @@ class BlockIndex:
                 on_disk += 1
         rest = tuple(prompt[n : min(n + self.block, limit)])
         best, m = None, 0
-        for child in path[-1].children if path else self.roots:
+        for child in [] if self.whole else path[-1].children if path else self.roots:
             c = common_prefix(child.tokens[: len(rest)], rest)
             if c > m:
                 best, m = child, c
@@ -151,12 +157,14 @@ class BlockIndex:
         self.hit_tokens += tokens
         self.disk_tokens += from_disk * self.block
 
-    def add(self, tokens: list[int]) -> Saved:
+    def add(self, tokens: list[int], since: int = 0) -> Saved:
         """Index the blocks of `tokens` (a prompt, or a prompt and its answer): the RAM tier keeps
         what fits, evicting least recently used leaves off this chain first; full blocks past what
-        fits are for the disks only. Tails that the new blocks start with go."""
+        fits are for the disks only. Tails that the new blocks start with go (a `whole` index
+        keeps full blocks only). `since`: the leading tokens an earlier call kept, whose blocks
+        get no line again (one no longer in RAM is on the disks only)."""
         B, now = self.block, next(self.clock)
-        keys = chain_keys(list(tokens), self.salt, B, tail=True)
+        keys = chain_keys(list(tokens), self.salt, B, tail=not self.whole)
         drop: list[bytes] = []
         keep: list[tuple[int, bytes, bool]] = []
         parent: Block | None = None
@@ -168,6 +176,9 @@ class BlockIndex:
             if held is not None:
                 self._touch(held, now)
                 parent = held
+                continue
+            if start < since:
+                in_ram = False
                 continue
             if in_ram and not full and self._covered(parent, piece):
                 break  # a held block starts with this tail: it gives the same hits

@@ -16,30 +16,60 @@ from mlx_ring.ring.protocol import ProtocolError
 log = logging.getLogger(__name__)
 
 
-def to_record(layers: list[tuple[mx.array, ...]]):
-    """A block's per-layer arrays as the disk tier's bytes (the arrays evaluated)."""
+def _flat(tree, name: str = ""):
+    """(dotted path, array) for each array of nested tuples and lists: "layer.array", or
+    "layer.part.array" where a layer's record has parts (cache/states.py)."""
+    if not isinstance(tree, (tuple, list)):
+        yield name, tree
+        return
+    for j, sub in enumerate(tree):
+        yield from _flat(sub, f"{name}.{j}" if name else str(j))
+
+
+def to_record(layers: list[tuple]):
+    """A block's per-layer arrays (nested by part, for some models) as the disk tier's bytes
+    (the arrays evaluated)."""
     from mlx_ring.cache.disk import Record
 
     arrays = {}
-    for i, kv in enumerate(layers):
-        for j, a in enumerate(kv):
-            raw = np.array(a.view(mx.uint8)).tobytes()
-            arrays[f"{i}.{j}"] = (str(a.dtype).removeprefix("mlx.core."), tuple(a.shape), raw)
+    for name, a in _flat(layers):
+        raw = np.array(a.view(mx.uint8)).tobytes()
+        arrays[name] = (str(a.dtype).removeprefix("mlx.core."), tuple(a.shape), raw)
     return Record(arrays)
 
 
-def from_record(record) -> list[tuple[mx.array, ...]]:
-    """The per-layer arrays of a block read back from disk."""
-    layers: dict[int, dict[int, mx.array]] = {}
+def from_record(record) -> list[tuple]:
+    """The per-layer arrays of a block read back from disk, nested as they were kept."""
+    tree: dict = {}
     for name, (dtype, shape, raw) in record.arrays.items():
-        i, j = map(int, name.split("."))
+        *path, last = map(int, name.split("."))
+        node = tree
+        for k in path:
+            node = node.setdefault(k, {})
         u8 = np.frombuffer(raw, dtype=np.uint8).reshape(*shape[:-1], -1)
-        layers.setdefault(i, {})[j] = mx.array(u8).view(getattr(mx, dtype)).reshape(shape)
-    return [tuple(kv[j] for j in sorted(kv)) for _, kv in sorted(layers.items())]
+        node[last] = mx.array(u8).view(getattr(mx, dtype)).reshape(shape)
+
+    def nested(node: dict) -> tuple:
+        return tuple(nested(v) if isinstance(v, dict) else v for _, v in sorted(node.items()))
+
+    return list(nested(tree))
+
+
+def concat_layers(blocks: list[list[tuple]], n: int) -> list[tuple]:
+    """Per layer, each of its arrays (keys, values) of consecutive blocks joined: the first `n`
+    positions."""
+    return [
+        tuple(
+            mx.concatenate([b[i][j] for b in blocks], axis=2)[..., :n, :]
+            for j in range(len(blocks[0][i]))
+        )
+        for i in range(len(blocks[0]))
+    ]
 
 
 class HeldBlocks:
-    """The blocks one rank holds, each a per-layer list of (keys, values) over its tokens."""
+    """The blocks one rank holds, each a per-layer list of (keys, values) over its tokens (where
+    not all layers keep plain KV caches, of each layer's parts: cache/states.py)."""
 
     def __init__(self, rank: int, disk=None):
         self.rank, self.disk = rank, disk
@@ -48,7 +78,7 @@ class HeldBlocks:
         self.staged: dict[bytes, list] = {}  # read back by a FETCH, for the next LOAD
 
     def ram_bytes(self) -> int:
-        return sum(a.nbytes for layers in self.ram.values() for kv in layers for a in kv)
+        return sum(a.nbytes for layers in self.ram.values() for _, a in _flat(layers))
 
     def keep(self, lines: list[list[int]], block: int, span) -> None:
         """A SAVE's lines (row, tokens, start, ram, key...): drop the key where row is -1, else
@@ -101,8 +131,9 @@ class HeldBlocks:
             mx.eval(list(self.staged.values()))
         return mx.array([[m, *r[1:]] for m, r in zip(mine, rows)], dtype=mx.int32)
 
-    def load(self, rows: list[list[list[int]]], n: int) -> list[list[tuple]]:
-        """Each row's first `n` tokens from its blocks' keys, per layer, as (keys, values)."""
+    def load(self, rows: list[list[list[int]]], n: int, join=concat_layers) -> list:
+        """Each row's first `n` tokens from its blocks' keys, per layer, as (keys, values), or
+        as `join(blocks, n)` makes them from the row's blocks' records."""
         out = []
         for keys in rows:
             blocks = []
@@ -115,16 +146,7 @@ class HeldBlocks:
                         "(rank 0's index and this rank's blocks differ)"
                     )
                 blocks.append(got)
-            layers = []
-            for i in range(len(blocks[0])):
-                parts = [b[i] for b in blocks]
-                layers.append(
-                    tuple(
-                        mx.concatenate([p[j] for p in parts], axis=2)[..., :n, :]
-                        for j in range(len(parts[0]))
-                    )
-                )
-            out.append(layers)
+            out.append(join(blocks, n))
         self.staged.clear()
         return out
 

@@ -79,8 +79,9 @@ def open_disk(cfg, key_salt: bytes, layers, share, dtype: str):
     return tier
 
 
-def block_index(budget: int, key_salt: bytes, block: int, disk) -> BlockIndex:
-    """Rank 0's index: the RAM tier within `budget` tokens, rank 0's disk behind it."""
-    index = BlockIndex(budget, key_salt, block, disk.has if disk is not None else None)
+def block_index(budget: int, key_salt: bytes, block: int, disk, whole=False) -> BlockIndex:
+    """Rank 0's index: the RAM tier within `budget` tokens, rank 0's disk behind it; `whole`:
+    whole blocks only (a model whose layers are not all plain KV caches)."""
+    index = BlockIndex(budget, key_salt, block, disk.has if disk is not None else None, whole)
     index.disk = disk
     return index

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 from mlx_lm.generate import _merge_caches
-from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes
 
 
@@ -99,6 +99,75 @@ def cache_from_saved(saved: tuple, n: int) -> KVCache:
     c.keys, c.values = (a[..., :n, :] for a in saved)
     c.offset = n
     return c
+
+
+# What a prompt-cache block keeps of a cache part, where not all are plain KV (cache/states.py)
+KV, WINDOW, STATE = "kv", "window", "state"
+
+
+def block_parts(cache) -> tuple:
+    """The parts of a layer's cache that a block keeps apart (a `CacheList`'s, or the cache)."""
+    return tuple(cache.caches) if isinstance(cache, CacheList) else (cache,)
+
+
+def part_kind(part) -> str | None:
+    """KV, WINDOW or STATE, or None for a kind no block can keep (Llama 4's chunked attention)."""
+    if type(part) is KVCache:
+        return KV
+    if type(part) is RotatingKVCache:
+        return WINDOW
+    return STATE if isinstance(part, ArraysCache) else None
+
+
+def block_cacheable(caches: list) -> bool:
+    """Whether every part of these per-layer caches is of a kind a block can keep: by positions (a
+    KV cache, a sliding window: its last positions are its state) or by its state at the block's
+    end (a convolution's or an SSM's arrays)."""
+    return bool(caches) and all(part_kind(p) for c in caches for p in block_parts(c))
+
+
+def window_positions(cache: RotatingKVCache, n: int) -> tuple:
+    """The `n` positions a sliding window took in last, in order, as compact arrays."""
+    return tuple(
+        mx.contiguous(cache._temporal_order(a)[..., -n:, :]) for a in (cache.keys, cache.values)
+    )
+
+
+def state_arrays(cache: ArraysCache) -> tuple:
+    """A fixed state's arrays as they are now (an empty one for an array not set yet)."""
+    return tuple(a if a is not None else mx.zeros((0,)) for a in cache.cache)
+
+
+def _span(parts: list[tuple], j: int, lo: int, hi: int) -> mx.array:
+    """Positions [lo, hi) of array `j` of consecutive whole blocks' `parts`."""
+    per = parts[0][j].shape[2]
+    first, last = lo // per, -(-hi // per)
+    joined = mx.concatenate([p[j] for p in parts[first:last]], axis=2)
+    return joined[..., lo - first * per : hi - first * per, :]
+
+
+def restore_part(part, parts: list[tuple], n: int):
+    """`part`, a fresh cache part, holding a prompt's first `n` tokens (whole blocks), from each
+    block's record of it in order: positions joined, or the last block's state."""
+    kind = part_kind(part)
+    if kind == STATE:
+        part.cache = [a if a.size else None for a in parts[-1]]
+        return part
+    if kind == KV or n <= part.max_size:
+        kv = tuple(_span(parts, j, 0, n) for j in (0, 1))
+    else:  # its first `keep` positions and its last ones, as a prefill chunk leaves them
+        last = n - (part.max_size - part.keep)
+        kv = tuple(
+            mx.concatenate(
+                ([_span(parts, j, 0, part.keep)] if part.keep else []) + [_span(parts, j, last, n)],
+                axis=2,
+            )
+            for j in (0, 1)
+        )
+    part.keys, part.values, part.offset = *kv, n
+    if kind == WINDOW:
+        part._idx = kv[0].shape[2]
+    return part
 
 
 # passes of several positions over a growing cache: see below

@@ -86,12 +86,20 @@ def plain_kv(caches: list[str]) -> bool:
     return caches == ["KVCache"]
 
 
+def prompt_cache(caches: list[str]) -> str:
+    """How a type's prompts reuse the prompt cache: to the token (plain KV caches), in whole
+    blocks (sliding windows, fixed states: cache/states.py), or not (chunked attention)."""
+    if plain_kv(caches):
+        return "yes"
+    return "no" if "ChunkedKVCache" in caches else "whole blocks"
+
+
 def table() -> str:
     """docs/models.md's table of every type, made from supported.json."""
     rows = [
-        "| `model_type` | supported | cache kinds | prompts prefilled together | prompt cache, "
+        "| `model_type` | supported | cache kinds | prompts prefilled together | prompt cache | "
         "speculative decoding |",
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for kind in sorted({**SUPPORTED, **REFUSED}):
         if kind in SUPPORTED:
@@ -107,11 +115,11 @@ def table() -> str:
             rows.append(
                 (
                     f"| `{kind}` | yes | {', '.join(caches)} | {together} | "
-                    f"{'yes' if plain else 'no'} |"
+                    f"{prompt_cache(caches)} | {'yes' if plain else 'no'} |"
                 )
             )
         else:
-            rows.append(f"| `{kind}` | no: {REFUSED[kind].replace('|', '/')} | | | |")
+            rows.append(f"| `{kind}` | no: {REFUSED[kind].replace('|', '/')} | | | | |")
     return "\n".join(rows)
 
 

@@ -44,6 +44,8 @@ class RankFacts:
     holds_embedding: bool = False
     holds_head: bool = False
     planned: Planned | None = None  # None: no prediction was made
+    # bytes of the fixed states each prompt-cache block keeps beside its positions (-1: unknown)
+    state_bytes: int = 0
 
     @classmethod
     def of(cls, info: dict, planned: dict | None = None) -> "RankFacts":
@@ -58,6 +60,7 @@ class RankFacts:
             holds_embedding=info["holds_embedding"],
             holds_head=info["holds_head"],
             planned=Planned(**view) if planned is not None else None,
+            state_bytes=info.get("state_bytes", 0),
         )
 
     def to_json(self) -> dict:

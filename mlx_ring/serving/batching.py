@@ -166,10 +166,27 @@ class Batching:
                 (
                     r
                     for r, start in starts
-                    if common_prefix(start, prompt) >= cached + self.least_reuse
+                    if self._gain(start, prompt) >= cached + self.least_reuse
                 ),
                 None,
             )
+
+    def _gain(self, start: tuple[int, ...], prompt: tuple[int, ...]) -> int:
+        """The tokens `prompt` could start from once `start` is saved: those they share (whole
+        blocks of its cacheable part, where the index keeps whole blocks only)."""
+        shared = common_prefix(start, prompt)
+        if not self.prefix.whole:
+            return shared
+        return min(shared, len(prompt) - 1) // self.prefix.block * self.prefix.block
+
+    def _chunk_end(self, b: Prefill) -> int:
+        """Where the batch's next chunk ends: a chunk on, at the prompt's end, or at the next
+        block boundary where the index keeps whole blocks (the ranks note each block's states
+        at its end)."""
+        end = min(b.sent + self.chunk, len(b.tokens[0]))
+        if self.prefix is not None and self.prefix.whole:
+            end = min(end, (b.sent // self.prefix.block + 1) * self.prefix.block)
+        return end
 
     def _submit_chunk(self, b: Prefill) -> bool:
         # first, on every rank: each row's cache starts as its entry's first `sent` tokens
@@ -182,7 +199,7 @@ class Batching:
                 Step(Kind.LOAD),
             )
         offset = b.sent
-        tokens = [t[offset : offset + self.chunk] for t in b.tokens]
+        tokens = [t[offset : self._chunk_end(b)] for t in b.tokens]
         ids = mx.array(tokens, dtype=mx.int32)  # (B, L): the first stage embeds them
         b.sent += len(tokens[0])
         b.chunks_out += 1

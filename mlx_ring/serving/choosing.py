@@ -77,7 +77,7 @@ class Chooser(Batching):
         self.draft_model = draft_model
         # the draft model's cycles in a row that kept nothing, over all streams
         self.streak = Streak()
-        # None: no prompt cache (off, or the model's caches cannot be reused by prefix)
+        # None: no prompt cache (off, or no block can keep the model's caches)
         self.prefix = prefix
         self.fetched_for: Sequence | None = None  # the sequence whose FETCH the ranks hold
         # The fewest cached tokens a prompt starts from, or waits for another's prefill to
@@ -116,14 +116,17 @@ class Chooser(Batching):
     def remove(self, seq: Sequence) -> None:
         """Stop `seq`: its rows and caches go at the next chance, on every rank. A sequence
         leaving a decode group leaves its prompt and answer in the prompt cache first (a chat's
-        next turn starts with both): queued now, so a prompt that comes next finds it."""
+        next turn starts with both): queued now, so a prompt that comes next finds it. Where the
+        index keeps whole blocks only, a decode group's states at a block's end are long gone:
+        only its prompt's blocks, saved at its prefill, stay."""
         if seq.removed:
             return
         seq.removed = True
         group = next((g for g in self.groups if seq in g.rows), None)
-        if self.prefix and group is not None and group.verifying:
+        saves = self.prefix and not self.prefix.whole and group is not None
+        if saves and group.verifying:
             group.saves.append(seq)  # its cache row holds drafts until the step is back and trimmed
-        elif self.prefix and group is not None:
+        elif saves:
             self._save_row(group, seq)
 
     def ping(self, done: Callable[[None], None]) -> None:
@@ -205,7 +208,7 @@ class Chooser(Batching):
         b = self.filling
         if b is None:
             return min(self.prefill_step, self.prefill_budget or self.prefill_step)
-        return 0 if b.reuse else len(b.rows) * min(self.chunk, len(b.tokens[0]) - b.sent)
+        return 0 if b.reuse else len(b.rows) * (self._chunk_end(b) - b.sent)
 
     def _submit_decode(self, g: Group) -> bool:
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
@@ -328,15 +331,16 @@ class Chooser(Batching):
         self._save(
             Kind.SAVE_ROW,
             g.id,
-            [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed])],
+            [(g.rows.index(seq), seq.sampler.history[: len(seq.prompt) + seq.fed], 0)],
         )
 
-    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int]]]) -> None:
+    def _save(self, kind: Kind, source: int, rows: list[tuple[int, list[int], int]]) -> None:
         # Queued as a call, so it goes before the JOIN, FREE or FILTER that would change that cache.
-        # Rows saved together (a prefill batch, rows leaving at once) go in one step.
+        # Rows saved together (a prefill batch, rows leaving at once) go in one step; each row's
+        # tokens with those of them an earlier SAVE kept (BlockIndex.add's `since`).
         lines, disk = [], self.prefix.on_disk is not None
-        for row, tokens in rows:
-            saved = self.prefix.add(tokens)
+        for row, tokens, since in rows:
+            saved = self.prefix.add(tokens, since)
             lines += [(-1, 0, 0, 0, *key_ints(k)) for k in saved.drop]
             lines += [
                 (row, len(tokens), start, int(ram), *key_ints(k))

@@ -30,6 +30,8 @@ class Sequence:
     max_tokens: int = 0  # the completion limit: with its prompt, the cache it may come to need
     # its prompt's first tokens that came from the prompt cache (usage's cached tokens)
     cached: int = 0
+    # its prompt's first tokens whose blocks a SAVE kept while it prefilled (a whole-block index)
+    saved: int = 0
     # the prompt-cache keys of its prompt's full blocks (cache/blocks.py), once looked up
     keys: list[bytes] | None = None
     # of the full blocks after the RAM tier's, those every rank's disk gave back for its LOAD:

@@ -49,12 +49,26 @@ class Scheduler(Chooser):
                 # a ring's step is back, so done; alone, the chunk is done on the device first
                 mx.eval(out)
             self.prefill_out -= step.tokens
+            if self.prefix and self.prefix.whole and not step.last_chunk:
+                self._save_home(b)
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
                     self._drop(b)
                 return False
             return True
         return step.kind == Kind.DECODE
+
+    def _save_home(self, b) -> None:
+        """The whole blocks of `b`'s prompts whose chunks are home, saved now (an index of whole
+        blocks): each rank then holds the states it noted at their ends for a few chunks only."""
+        rows = []
+        for row, s in enumerate(b.rows):
+            end = min(b.home, len(s.prompt)) // self.prefix.block * self.prefix.block
+            if end > s.saved and not s.removed:
+                rows.append((row, s.prompt[:end], s.saved))
+                s.saved = end
+        if rows:
+            self._save(Kind.SAVE, b.id, rows)
 
     def run(self, step: Step, out: mx.array) -> Ran:
         """Rank 0's part of a prefill batch's last chunk or of a decode step."""
@@ -83,7 +97,7 @@ class Scheduler(Chooser):
                 self._save(
                     Kind.SAVE,
                     b.id,
-                    [(row, s.prompt) for row, s in enumerate(b.rows) if not s.removed],
+                    [(row, s.prompt, s.saved) for row, s in enumerate(b.rows) if not s.removed],
                 )
             group = self._release(b)
             assert group is not None, (

@@ -78,12 +78,19 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
 def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | None:
     """Rank 0's prompt-cache index. Every rank holds a block's tokens for its own layers, in RAM
     within the memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the
-    budget in tokens is what the tightest rank holds; behind it, rank 0's own disk tier. None
-    when both tiers are off or when the caches are not plain KV caches."""
+    budget in tokens is what the tightest rank holds, a block of a model with fixed states (a
+    convolution's, an SSM's) counting them as tokens of as many bytes; behind it, rank 0's own
+    disk tier. None when both tiers are off or when no block can keep the model's caches."""
     disk = shard.held.disk
-    if not (cfg.prompt_cache_gb or disk) or not shard.plain_kv:
-        if cfg.prompt_cache_gb:
-            log.info("prompt cache off: this model's caches cannot be reused by prefix")
+    unknown = [r.rank for r in cluster.ranks if r.state_bytes < 0]
+    if not (cfg.prompt_cache_gb or disk) or not shard.cacheable or unknown:
+        if cfg.prompt_cache_gb or disk:
+            log.info(
+                "prompt cache off: %s",
+                f"the fixed states of rank {unknown[0]}'s layers cannot be sized"
+                if unknown and shard.cacheable
+                else "this model's caches cannot be kept in blocks",
+            )
         return None
     per_token = spec.kv_bytes_per_token  # one layer's
     kept = [
@@ -92,19 +99,24 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | Non
         else r.planned.prompt_cache_gb
         for r in cluster.ranks
     ]
-    plan = shard.plan  # a rank's layers, and its share of each one's KV heads in tensor mode
+    plan, block = shard.plan, cfg.prompt_cache_block  # tensor mode: a share of each layer's heads
     budget = min(
-        int(gb * 2**30 * plan.tensor / (per_token * len(plan.layers_of(r))))
-        for r, gb in enumerate(kept)
+        int(
+            gb
+            * 2**30
+            / (per_token * len(plan.layers_of(r)) / plan.tensor + facts.state_bytes / block)
+        )
+        for r, (gb, facts) in enumerate(zip(kept, cluster.ranks))
     )
     log.info(
-        "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s",
+        "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s%s",
         "/".join(f"{gb:g}" for gb in kept),
         budget,
-        cfg.prompt_cache_block,
+        block,
+        "" if shard.plain_kv else " (whole blocks: each keeps its layers' states at its end)",
         ", and each rank's disk" if disk is not None else "",
     )
-    return block_index(budget, shard.held.salt, cfg.prompt_cache_block, disk)
+    return block_index(budget, shard.held.salt, block, disk, whole=not shard.plain_kv)
 
 
 def draft_model(cfg: Config, vocab: int):

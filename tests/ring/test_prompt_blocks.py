@@ -1,14 +1,18 @@
 """The prompt cache's blocks on every rank's disk: a prompt that starts like one a ring saw before,
 in this run or before a restart, starts from the blocks every rank reads back, and its logits equal
 single-process mlx-lm's for the whole prompt; a rank whose blocks are spoilt makes it prefill
-everything, still exact. Pipeline and tensor mode, 2 and 3 ranks, one launch per rank count."""
+everything, still exact. Models whose layers are not all plain KV caches (Qwen3-Next's gated delta
+nets, Gemma 3's sliding windows of 4 tokens) reuse whole blocks, each rank restoring the last
+block's states, as exactly. Pipeline and tensor mode, 2 and 3 ranks, one launch per rank count."""
 
 import json
 
 import numpy as np
 import pytest
+from model_zoo import make
 from probeutil import DRIVER, read_probe
 from ringutil import launch, make_tiny_model, reference_logits
+from test_tensor_matrix import variant
 
 P = [(7 * i + 3) % 300 + 1 for i in range(40)]  # two blocks of 16 and a tail of 8
 X, Y = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [201, 202, 203, 204, 205, 206, 207]
@@ -26,43 +30,83 @@ RUNS = [
     ("spoilt", AGAIN, 0, [1], 47, 0),
 ]
 MODES = ("pipeline", "tensor")
+# The tensor matrix's tiny models (6 heads over 3 KV heads, a vocabulary of 256): whole blocks
+# only, so the prompts are cut into chunks of 12 that end at every block boundary.
+WHOLE_KINDS, WHOLE_CHUNK = ("qwen3_next", "gemma3_text"), 12
+Q = [(7 * i + 3) % 250 + 1 for i in range(40)]
+Z = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110]
+WHOLE_FIRST = [
+    {"prompt": Q, "max_tokens": 3, "at": 0},
+    {"prompt": Q + X, "max_tokens": 4, "after": 0},
+]
+# after a restart both blocks come back from disk, and then from RAM
+WHOLE_AGAIN = [
+    {"prompt": Q + Y, "max_tokens": 4, "at": 0},
+    {"prompt": Q + Z, "max_tokens": 4, "after": 0},
+]
+# (name, spec, RAM tokens, tokens every rank prefills, tokens from disk)
+WHOLE = [
+    ("first", WHOLE_FIRST, 16, 40 + 50 - 32, 16),
+    ("restart", WHOLE_AGAIN, 32, (47 - 32) + (50 - 32), 32),
+]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """{(ranks, mode, run name): its output folder}, and the model, each mode's runs in order over
-    one disk folder per rank: one launch per rank count."""
+    """{(ranks, mode, model kind, run name): its output folder}, and the models, each mode's runs of
+    a model in order over one disk folder per rank: one launch per rank count."""
     tmp = tmp_path_factory.mktemp("blocks")
     model = make_tiny_model(tmp / "llama", "llama")
+    models = {"llama": model, **{k: make(k, tmp / k, changes=variant(k)) for k in WHOLE_KINDS}}
     outs = {}
     for n in (2, 3):
-        cases, folders = [], []
+        cases, folders, paths = [], [], []
+        order = [("llama", r[:3], r[3], 16) for r in RUNS]
+        order += [(k, r[:3], [], WHOLE_CHUNK) for k in WHOLE_KINDS for r in WHOLE]
         for mode in MODES:
-            for name, spec, ram, spoil, _, _ in RUNS:
-                folder = tmp / str(n) / mode / name
+            for kind, (name, spec, ram), spoil, chunk in order:
+                folder = tmp / str(n) / mode / kind / name
                 folder.mkdir(parents=True)
-                outs[n, mode, name] = folder
+                outs[n, mode, kind, name] = folder
                 folders.append(str(folder))
-                case = {"spec": spec, "chunk": 16, "prompt_cache": ram, "parallel": mode}
-                cases.append(case | {"disk": str(tmp / str(n) / mode / "disk"), "spoil": spoil})
-        argv = [DRIVER, "--model", *[str(model)] * len(cases), "--out", *folders]
+                paths.append(str(models[kind]))
+                disk = str(tmp / str(n) / mode / kind / "disk")
+                case = {"spec": spec, "chunk": chunk, "prompt_cache": ram, "parallel": mode}
+                cases.append(case | {"disk": disk, "spoil": spoil})
+        argv = [DRIVER, "--model", *paths, "--out", *folders]
         argv += ["--case", *map(json.dumps, cases)]
         launch(n, tmp / str(n), argv, timeout=120 + 40 * len(cases))
-    return {"outs": outs, "model": model}
+    return {"outs": outs, "models": models}
 
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("mode", MODES)
 def test_blocks_on_disk_restore_exact_logits_and_a_spoilt_block_is_prefilled(runs, n, mode):
     for name, spec, _, _, prefilled, from_disk in RUNS:
-        out = runs["outs"][n, mode, name]
-        tokens, logits, status, _ = read_probe(out, n, spec)
-        for i, s in enumerate(spec):
-            want, want_tokens = reference_logits(runs["model"], s["prompt"], steps=s["max_tokens"])
-            np.testing.assert_allclose(
-                logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} sequence {i}"
-            )
-            assert tokens[i] == want_tokens, (name, i)
-        assert [r["prefill_tokens"] for r in status] == [prefilled] * n, name
-        cache = json.loads((out / "result.json").read_text())["prompt_cache"]
-        assert cache["disk_tokens"] == from_disk, (name, cache)
+        check(runs, n, mode, "llama", name, spec, prefilled, from_disk)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", WHOLE_KINDS)
+def test_recurrent_and_sliding_layers_restore_whole_blocks_from_ram_and_disk_exactly(
+    runs, n, mode, kind
+):
+    for name, spec, _, prefilled, from_disk in WHOLE:
+        check(runs, n, mode, kind, name, spec, prefilled, from_disk)
+
+
+def check(runs, n, mode, kind, name, spec, prefilled, from_disk):
+    """The run's logits and greedy tokens are single-process mlx-lm's for each whole prompt, every
+    rank prefilled `prefilled` tokens, and `from_disk` of those reused came back from disk."""
+    out = runs["outs"][n, mode, kind, name]
+    tokens, logits, status, _ = read_probe(out, n, spec)
+    for i, s in enumerate(spec):
+        want, want_tokens = reference_logits(runs["models"][kind], s["prompt"], s["max_tokens"])
+        np.testing.assert_allclose(
+            logits[i], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} sequence {i}"
+        )
+        assert tokens[i] == want_tokens, (name, i)
+    assert [r["prefill_tokens"] for r in status] == [prefilled] * n, name
+    cache = json.loads((out / "result.json").read_text())["prompt_cache"]
+    assert cache["disk_tokens"] == from_disk, (name, cache)

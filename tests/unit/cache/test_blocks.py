@@ -75,3 +75,30 @@ def test_full_blocks_on_rank_0s_disk_follow_the_ram_ones():
     assert (hit.tokens, len(hit.blocks), hit.on_disk) == (4, 1, 3)
     idx.use(hit, 16, from_disk=3)
     assert (idx.hit_tokens, idx.disk_tokens) == (16, 12)
+
+
+def test_a_whole_block_index_keeps_and_gives_whole_blocks_only():
+    idx = BlockIndex(100, block=4, whole=True)
+    saved = idx.add(list(range(10)))  # two full blocks; the tail of 2 is not kept
+    assert [(s, ram) for s, _, ram in saved.keep] == [(0, True), (4, True)]
+    assert idx.held == 8
+    assert idx.lookup(list(range(10)) + [50, 51]).tokens == 8
+    hit = idx.lookup(list(range(6)) + [99, 98])  # the second block in part: not reused
+    assert (hit.tokens, len(hit.blocks)) == (4, 1)
+    assert idx.lookup(list(range(8))).tokens == 4  # the last token runs: the block it ends goes
+    assert idx.lookup(list(range(9))).tokens == 8
+    assert idx.lookup(list(range(3)) + [7]).tokens == 0
+    assert idx.add(list(range(11))).keep == []  # its full blocks are held; its tail never is
+    assert idx.add(list(range(12))).keep == [(8, chain_keys(list(range(12)), b"", 4)[2], True)]
+
+
+def test_blocks_an_earlier_call_kept_get_no_line_again():
+    idx = BlockIndex(100, block=4, whole=True)
+    keys = chain_keys(list(range(12)), b"", 4)
+    assert [k for _, k, _ in idx.add(list(range(8))).keep] == keys[:2]
+    assert idx.add(list(range(12)), since=8).keep == [(8, keys[2], True)]
+    # a kept block that left RAM since: it is on the disks, and so are the blocks after it
+    idx = BlockIndex(4, block=4, whole=True, on_disk=lambda key: False)
+    idx.add(list(range(4)))
+    idx.add([9] * 4)  # evicts the first
+    assert idx.add(list(range(12)), since=4).keep == [(4, keys[1], False), (8, keys[2], False)]
