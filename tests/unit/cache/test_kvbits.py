@@ -1,6 +1,7 @@
 """KV_BITS: a block kept quantized (in RAM, and through the disk tier's bytes) loads back close to
 the KV it was cut from, in its dtype and shape; the bits change the keys' salt and so the disk
-scope; a model whose heads fit no group is refused."""
+scope; the RAM budget counts the smaller blocks; a model whose heads fit no group, and any other
+number of bits, are refused at start."""
 
 import re
 from types import SimpleNamespace
@@ -14,6 +15,10 @@ from mlx_ring.cache import tiers
 from mlx_ring.cache.blocks import key_ints
 from mlx_ring.cache.held import HeldBlocks, from_record, to_record
 from mlx_ring.cache.kvbits import OFF, KVBits, for_model, group_size
+from mlx_ring.config import parse_config
+from mlx_ring.planning.cluster import Cluster, RankFacts
+from mlx_ring.planning.plan import ModelSpec, uniform_plan
+from mlx_ring.serving import startup
 
 KEY = bytes(range(16))
 
@@ -112,3 +117,39 @@ def test_the_bits_change_the_salt_and_so_the_disk_scope():
     assert tiers.salt("m", 256) == tiers.salt("m", 256, OFF)
     scopes = {tiers.scope(s, (0, 4), (0, 1), "float16") for s in salts}
     assert len(scopes) == 4
+
+
+def test_the_ram_budget_counts_the_smaller_blocks():
+    plan = uniform_plan(8, 2)
+    spec = ModelSpec(8, 1e6, 1e6, 1e6, 4096.0, 1e6, 1e6, dtype="float16")
+    cfg = SimpleNamespace(prompt_cache_gb=1.0, prompt_cache_block=256)
+    cluster = Cluster((RankFacts(0, "a", (0, 4)), RankFacts(1, "b", (4, 8))))
+
+    def budget(kv):
+        held = HeldBlocks(0)
+        held.kv = kv
+        shard = SimpleNamespace(held=held, plain_kv=True, plan=plan)
+        return startup.prompt_cache(cfg, shard, spec, cluster).budget
+
+    plain = budget(OFF)
+    assert plain == 2**30 // (4096 * 4)
+    assert budget(KVBits(8, 64)) == int(2**30 / (4096 * 4 * 0.53125))  # about twice
+    assert budget(KVBits(4, 64)) == int(2**30 / (4096 * 4 * 0.28125))  # about 3.6 times
+
+
+@pytest.mark.parametrize("argv", [["--kv-bits", "5"], ["--kv-bits", "16"], ["--kv-bits", "-8"]])
+def test_other_bits_are_refused_naming_the_setting_and_its_choices(monkeypatch, argv):
+    monkeypatch.delenv("KV_BITS", raising=False)
+    with pytest.raises(ValueError, match=r"KV_BITS=-?\d+ must be one of 0 \(off\), 8 or 4"):
+        parse_config(argv)
+    monkeypatch.setenv("KV_BITS", "eight")
+    with pytest.raises(ValueError, match="KV_BITS='eight' must be a number"):
+        parse_config([])
+
+
+def test_kv_bits_is_off_by_default_and_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv("KV_BITS", raising=False)
+    assert parse_config([])[0].kv_bits == 0
+    monkeypatch.setenv("KV_BITS", "8")
+    assert parse_config([])[0].kv_bits == 8
+    assert parse_config(["--kv-bits", "4"])[0].kv_bits == 4
