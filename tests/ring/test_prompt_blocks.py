@@ -1,7 +1,9 @@
 """The prompt cache's blocks on every rank's disk: a prompt that starts like one a ring saw before,
 in this run or before a restart, starts from the blocks every rank reads back, and its logits equal
 single-process mlx-lm's for the whole prompt; a rank whose blocks are spoilt makes it prefill
-everything, still exact. Pipeline and tensor mode, 2 and 3 ranks, one launch per rank count."""
+everything, still exact. Pipeline and tensor mode, 2 and 3 ranks, one launch per rank count. With
+KV_BITS=8 (2 ranks, pipeline) the blocks come back quantized: the same tokens, logits close; a
+restart with KV_BITS=0 reads none of them."""
 
 import json
 
@@ -26,29 +28,50 @@ RUNS = [
     ("spoilt", AGAIN, 0, [1], 47, 0),
 ]
 MODES = ("pipeline", "tensor")
+# KV_BITS=8 over one disk folder, then KV_BITS=0 over it: (name, spec, KV_BITS, tokens every rank
+# prefills, tokens from disk); the model's heads of 32 columns fit a group (the others' 16 do not)
+QUANTIZED = [
+    ("first", FIRST, 8, 40 + (50 - 32), 16),
+    ("restart", AGAIN, 8, 47 - 32, 32),
+    ("unquantized", AGAIN, 0, 47, 0),
+]
+# Restored 8-bit blocks moved these logits (about 2 at most) by up to 0.0045 over three seeds of
+# the model, 4-bit ones by 0.05: this bound holds 8 bits with room and would catch 4.
+KV8_ATOL = 0.02
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """{(ranks, mode, run name): its output folder}, and the model, each mode's runs in order over
-    one disk folder per rank: one launch per rank count."""
+    """{(ranks, mode or "kv", run name): its output folder}, and the models, each mode's runs in
+    order over one disk folder per rank: one launch per rank count."""
     tmp = tmp_path_factory.mktemp("blocks")
     model = make_tiny_model(tmp / "llama", "llama")
+    wide = make_tiny_model(tmp / "llama32", "llama", head_dim=32)
     outs = {}
     for n in (2, 3):
-        cases, folders = [], []
+        cases, folders, models = [], [], []
+        if n == 2:  # one launch's few more cases
+            for name, spec, bits, _, _ in QUANTIZED:
+                folder = tmp / str(n) / "kv" / name
+                folder.mkdir(parents=True)
+                outs[n, "kv", name] = folder
+                folders.append(str(folder))
+                models.append(str(wide))
+                case = {"spec": spec, "chunk": 16, "prompt_cache": 16, "kv_bits": bits}
+                cases.append(case | {"disk": str(tmp / str(n) / "kv" / "disk")})
         for mode in MODES:
             for name, spec, ram, spoil, _, _ in RUNS:
                 folder = tmp / str(n) / mode / name
                 folder.mkdir(parents=True)
                 outs[n, mode, name] = folder
                 folders.append(str(folder))
+                models.append(str(model))
                 case = {"spec": spec, "chunk": 16, "prompt_cache": ram, "parallel": mode}
                 cases.append(case | {"disk": str(tmp / str(n) / mode / "disk"), "spoil": spoil})
-        argv = [DRIVER, "--model", *[str(model)] * len(cases), "--out", *folders]
+        argv = [DRIVER, "--model", *models, "--out", *folders]
         argv += ["--case", *map(json.dumps, cases)]
         launch(n, tmp / str(n), argv, timeout=120 + 40 * len(cases))
-    return {"outs": outs, "model": model}
+    return {"outs": outs, "model": model, "wide": wide}
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -66,3 +89,20 @@ def test_blocks_on_disk_restore_exact_logits_and_a_spoilt_block_is_prefilled(run
         assert [r["prefill_tokens"] for r in status] == [prefilled] * n, name
         cache = json.loads((out / "result.json").read_text())["prompt_cache"]
         assert cache["disk_tokens"] == from_disk, (name, cache)
+
+
+def test_kv_bits_blocks_restore_the_same_tokens_and_another_kv_bits_reads_none(runs):
+    for name, spec, bits, prefilled, from_disk in QUANTIZED:
+        out = runs["outs"][2, "kv", name]
+        tokens, logits, status, _ = read_probe(out, 2, spec)
+        cache = json.loads((out / "result.json").read_text())["prompt_cache"]
+        assert cache["disk_tokens"] == from_disk, (name, cache)
+        assert [r["prefill_tokens"] for r in status] == [prefilled] * 2, name
+        for i, s in enumerate(spec):
+            want, want_tokens = reference_logits(runs["wide"], s["prompt"], steps=s["max_tokens"])
+            assert tokens[i] == want_tokens, (name, i)
+            drift = np.abs(logits[i] - want).max()
+            restored = i > 0 or name == "restart"  # it started from cached blocks
+            assert drift < (KV8_ATOL if restored else 1e-4), (name, i, drift)
+            if restored:  # from quantized blocks: not the unquantized path's exact logits
+                assert drift > 1e-4, (name, i, drift)
