@@ -19,10 +19,11 @@ gpu.one_gpu_per_rank()  # before MLX starts
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from mlx_ring.cache import tiers
+from mlx_ring.cache import kvbits, tiers
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
+from mlx_ring.models.shape import read_shape
 from mlx_ring.models.source import resolve_model
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster, PlanFacts, Prediction, RankFacts
@@ -160,9 +161,17 @@ def check_agreement(cfg: Config, model_path: Path, world: mx.distributed.Group) 
     return model_id
 
 
-def open_prompt_cache(cfg: Config, shard: Shard, model_id: str) -> None:
-    """This rank's side of the prompt cache: the salt of its blocks' keys, and its disk tier."""
-    shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block)
+def open_prompt_cache(cfg: Config, shard: Shard, model_id: str, model_path: Path) -> None:
+    """This rank's side of the prompt cache: how it keeps its blocks (KV_BITS; ValueError where
+    the model's heads cannot be quantized), the salt of their keys, and its disk tier."""
+    if cfg.kv_bits and not shard.plain_kv:
+        raise ValueError(
+            "KV_BITS quantizes plain KV caches only; this model keeps sliding windows or fixed "
+            "states in its blocks: set KV_BITS=0"
+        )
+    if cfg.kv_bits:
+        shard.held.kv = kvbits.for_model(cfg.kv_bits, read_shape(read_config(model_path)))
+    shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block, shard.held.kv)
     if shard.cacheable and (cfg.prompt_cache_gb or cfg.prompt_disk_gb != 0):
         shard.block = cfg.prompt_cache_block  # where a prefill notes its layers' states
     if not shard.cacheable or cfg.prompt_disk_gb == 0:
@@ -212,7 +221,7 @@ def main() -> None:
         model_path,
         shard.info()["parameter_bytes"] / 2**20,
     )
-    open_prompt_cache(cfg, shard, model_id)
+    open_prompt_cache(cfg, shard, model_id, model_path)
     cluster = gather_cluster(shard, world, predicted)
     # launch.sh's supervisor watches rank 0's pid: if rank 0 dies while another rank hangs, it
     # forces a restart.

@@ -48,6 +48,7 @@ class Config:
     prompt_disk_floor_gb: float | None  # free GB below which it stops writing (None: by the disk)
     prompt_cache_dir: Path | None  # None: the platform's folder (platform.prompt_cache_folder)
     prompt_cache_block: int  # tokens a prompt-cache block holds
+    kv_bits: int  # KV_BITS: bits a value of the prompt-cache blocks (0: unquantized)
     draft_tokens: int  # speculative decoding: most tokens drafted a step (0: off)
     # drafts from this model on rank 0 (MLX folder, .gguf or repo id), else by prompt lookup
     draft_model: str | None
@@ -211,6 +212,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(
             f"PROMPT_CACHE_BLOCK={a.prompt_cache_block} must be >= 1 (tokens a block holds)"
         )
+    if a.kv_bits not in (0, 8, 4):
+        raise ValueError(
+            f"KV_BITS={a.kv_bits} must be one of 0 (off), 8 or 4 (bits a value of the "
+            "prompt-cache blocks)"
+        )
     if a.kv_tokens < 0:
         raise ValueError(
             f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)"
@@ -286,6 +292,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         if a.prompt_cache_dir == "auto"
         else Path(a.prompt_cache_dir).expanduser(),
         prompt_cache_block=a.prompt_cache_block,
+        kv_bits=a.kv_bits,
         draft_tokens=a.draft_tokens,
         draft_model=a.draft_model,
         hostfile=ROOT / Path(a.hostfile).expanduser(),

@@ -167,6 +167,15 @@ _TABLE = (
         int,
     ),
     _s(
+        "KV_BITS",
+        "0",
+        FLAG,
+        "8 or 4: every rank keeps its prompt-cache blocks quantized to this many bits a value, "
+        "in RAM and on disk: the same GB hold about 1.9 or 3.6 times the tokens of 16-bit KV "
+        "(0: off)",
+        int,
+    ),
+    _s(
         "DRAFT_TOKENS",
         "0",
         FLAG,

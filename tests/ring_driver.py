@@ -11,8 +11,8 @@ bytes, resident memory); rank 0 also writes `result.json` (tokens per sequence, 
 after all sequences left, the rows of each prefill and decode step) and `logits{i}.npy` (one row of
 logits per generated token of sequence i). Several `--model`s (with as many `--out` folders) run one
 after another in one launch; `--case` gives each its own settings (a JSON object of these flags'
-names: spec, groups, chunk, prompt_cache, draft, draft_model, choose_groups, parallel), so the cases
-of several tests share one launch's startup.
+names: spec, groups, chunk, prompt_cache, draft, draft_model, choose_groups, parallel, kv_bits), so
+the cases of several tests share one launch's startup.
 """
 
 import argparse
@@ -25,8 +25,9 @@ import numpy as np  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
 import mlx_ring.serving.runner as batching  # noqa: E402
-from mlx_ring.cache import tiers  # noqa: E402
+from mlx_ring.cache import kvbits, tiers  # noqa: E402
 from mlx_ring.cache.disk import DiskTier  # noqa: E402
+from mlx_ring.models.shape import read_shape  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
 from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
@@ -66,6 +67,9 @@ def main():
     )
     p.add_argument(
         "--spoil", type=int, nargs="*", default=[], help="these ranks' block files cut short first"
+    )
+    p.add_argument(
+        "--kv-bits", type=int, default=0, help="KV_BITS: blocks kept quantized to 8 or 4 bits"
     )
     p.add_argument(
         "--draft", type=int, default=0, help="speculative decoding: most tokens drafted per step"
@@ -116,7 +120,8 @@ def case_args(a: argparse.Namespace, case: dict) -> argparse.Namespace:
 
 def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     rank, size = world.rank(), world.size()
-    n_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    config = model / "config.json"
+    n_layers = json.loads(config.read_text())["num_hidden_layers"]
     if a.parallel == "tensor":
         plan = tensor_plan(n_layers, size)
     else:
@@ -126,7 +131,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
             else plan_from_sizes(n_layers, [int(x) for x in sizes.split(",")])
         )
     shard = load_shard(model, plan, rank, world)
-    shard.held.salt = tiers.salt(model.name, a.block)
+    shard.held.kv = kvbits.for_model(a.kv_bits, read_shape(json.loads(config.read_text())))
+    shard.held.salt = tiers.salt(model.name, a.block, shard.held.kv)
     if a.prompt_cache or a.disk:
         shard.block = a.block  # where a prefill notes the states of layers not plain KV caches
     if rank in a.spoil:  # a disk that lost the end of every block

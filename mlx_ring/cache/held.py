@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_ring.cache.blocks import KEY_INTS, key_of
+from mlx_ring.cache.kvbits import OFF
 from mlx_ring.ring.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class HeldBlocks:
     def __init__(self, rank: int, disk=None):
         self.rank, self.disk = rank, disk
         self.salt = b""  # what rank 0's keys chain from (cache/tiers.salt)
+        self.kv = OFF  # KV_BITS: how its blocks are kept (cache/kvbits.py)
         self.ram: dict[bytes, list] = {}
         self.staged: dict[bytes, list] = {}  # read back by a FETCH, for the next LOAD
 
@@ -95,7 +97,7 @@ class HeldBlocks:
             write = self.disk is not None and end - start == block and not self.disk.has(key)
             if not ram and not write:
                 continue
-            layers = span(row, n, start, end)
+            layers = self.kv.pack(span(row, n, start, end))
             kept.append(layers)
             if ram:
                 self.ram[key] = layers
@@ -146,7 +148,7 @@ class HeldBlocks:
                         "(rank 0's index and this rank's blocks differ)"
                     )
                 blocks.append(got)
-            out.append(join(blocks, n))
+            out.append(self.kv.unpack(join(blocks, n)))
         self.staged.clear()
         return out
 

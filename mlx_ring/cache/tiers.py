@@ -2,8 +2,9 @@
 rank's disk tier (its folder, its scope and its size), and rank 0's index over the RAM tier.
 
 A block's key (cache/blocks.py) chains from a salt naming the weights, the block size and the
-format, so no other model's blocks ever match; a rank's disk folder is scoped by the same and by
-its own layers and share, so a changed layer plan never loads blocks cut for another.
+format (KV_BITS included), so no other model's or format's blocks ever match; a rank's disk folder
+is scoped by the same and by its own layers and share, so a changed layer plan never loads blocks
+cut for another.
 """
 
 import logging
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from mlx_ring import platform
 from mlx_ring.cache.blocks import BlockIndex
+from mlx_ring.cache.kvbits import OFF, KVBits
 
 log = logging.getLogger(__name__)
 
@@ -20,17 +22,18 @@ GIB = 2**30
 AUTO_CAP_GB = 100  # the most an unset PROMPT_DISK_GB takes
 
 
-def salt(model_id: str, block: int) -> bytes:
+def salt(model_id: str, block: int, kv: KVBits = OFF) -> bytes:
     """What every key chains from: the weights (the manifest's id, which all ranks agree on),
-    the block size and the disk format."""
+    the block size, the disk format and KV_BITS (quantized and unquantized blocks never mix)."""
     from mlx_ring.cache.disk import FORMAT
 
-    return blake2b(f"{model_id}:{block}:{FORMAT}".encode(), digest_size=16).digest()
+    return blake2b(f"{model_id}:{block}:{FORMAT}{kv.tag()}".encode(), digest_size=16).digest()
 
 
 def scope(key_salt: bytes, layers: tuple[int, int], share: tuple[int, int], dtype: str) -> str:
-    """A rank's disk scope: its family (the salt: the model and the format), then its layers,
-    its tensor share (rank, of) and the KV dtype (cache/scopes.py keeps a family's folders)."""
+    """A rank's disk scope: its family (the salt: the model and the format, KV_BITS included),
+    then its layers, its tensor share (rank, of) and the KV dtype (cache/scopes.py keeps a
+    family's folders and deletes the others': a start with another KV_BITS drops the old)."""
     own = blake2b(f"{layers}:{share}:{dtype}".encode(), digest_size=16).hexdigest()
     return key_salt.hex() + own
 

@@ -208,7 +208,7 @@ class Batching:
         if last:
             self.filling = None  # its chunks are all out; the next batch may start behind them
         header = Header.for_payload(Kind.PREFILL, ids, batch=b.id, offset=offset)
-        self._submit(
+        return self._submit(
             header,
             ids,
             Step(
@@ -219,10 +219,3 @@ class Batching:
                 tokens=len(tokens) * len(tokens[0]),
             ),
         )
-        if self.prefix is not None and len(b.rows) == 1 and not last:
-            # A long prompt's full blocks are kept as its chunks go (a SAVE right behind this
-            # one), so the disks take them while it prefills, not all at its end.
-            full = b.sent // self.prefix.block * self.prefix.block
-            if full > offset // self.prefix.block * self.prefix.block:
-                self._save(Kind.SAVE, b.id, [(0, b.rows[0].prompt[:full])])
-        return True

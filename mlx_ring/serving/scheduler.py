@@ -49,7 +49,7 @@ class Scheduler(Chooser):
                 # a ring's step is back, so done; alone, the chunk is done on the device first
                 mx.eval(out)
             self.prefill_out -= step.tokens
-            if self.prefix and self.prefix.whole and not step.last_chunk:
+            if self.prefix and not step.last_chunk:
                 self._save_home(b)
             if b.removed() or not step.last_chunk:
                 if b.removed() and not b.chunks_out and b is not self.filling:
@@ -59,8 +59,10 @@ class Scheduler(Chooser):
         return step.kind == Kind.DECODE
 
     def _save_home(self, b) -> None:
-        """The whole blocks of `b`'s prompts whose chunks are home, saved now (an index of whole
-        blocks): each rank then holds the states it noted at their ends for a few chunks only."""
+        """The whole blocks of `b`'s prompts whose chunks are home, saved now: each rank's disk
+        takes a long prompt's blocks while it prefills, not in one burst at its end that the write
+        queue's bound would cut short, and (an index of whole blocks) holds the states it noted
+        at their ends for a few chunks only."""
         rows = []
         for row, s in enumerate(b.rows):
             end = min(b.home, len(s.prompt)) // self.prefix.block * self.prefix.block

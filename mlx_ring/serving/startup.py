@@ -20,7 +20,9 @@ from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.cluster import Cluster
 from mlx_ring.planning.growth import GROUP_SPARE_TOKENS
+from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary
+from mlx_ring.planning.sizes import DTYPE_BYTES
 from mlx_ring.ring.handle import RingHandle
 from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.sums import nccl_sums
@@ -92,7 +94,8 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | Non
                 else "this model's caches cannot be kept in blocks",
             )
         return None
-    per_token = spec.kv_bytes_per_token  # one layer's
+    # one layer's, as its blocks keep it (KV_BITS: fewer bytes, so more tokens in the same GB)
+    per_token = spec.kv_bytes_per_token * shard.held.kv.share(DTYPE_BYTES[dtype_of(spec)])
     kept = [
         cfg.prompt_cache_gb
         if r.planned is None or r.planned.prompt_cache_gb is None
@@ -109,11 +112,12 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | Non
         for r, (gb, facts) in enumerate(zip(kept, cluster.ranks))
     )
     log.info(
-        "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s%s",
+        "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s%s%s",
         "/".join(f"{gb:g}" for gb in kept),
         budget,
         block,
         "" if shard.plain_kv else " (whole blocks: each keeps its layers' states at its end)",
+        f" kept at {shard.held.kv.bits} bits (KV_BITS)" if shard.held.kv.bits else "",
         ", and each rank's disk" if disk is not None else "",
     )
     return block_index(budget, shard.held.salt, block, disk, whole=not shard.plain_kv)
