@@ -130,7 +130,7 @@ def ring_driver_args():
     )
     a = p.parse_args()
     a.prompt_cache, a.draft, a.draft_model, a.choose_groups, a.parallel = 0, 0, None, 0, "pipeline"
-    a.block, a.disk, a.spoil = 16, None, []  # no prompt cache: ring_driver's defaults
+    a.block, a.disk, a.spoil, a.kv_bits = 16, None, [], 0  # no prompt cache: ring_driver's defaults
     json.loads(a.spec)
     return a
 
