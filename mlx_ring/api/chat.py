@@ -6,6 +6,7 @@ import json
 
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.openai_request import ChatCompletionRequest, ChatMessage
+from mlx_ring.api.produced import ProducedTurns, Written
 from mlx_ring.api.served import ServedModel
 from mlx_ring.serving.grammar_text import json_grammar, tool_call_grammar
 
@@ -16,17 +17,23 @@ TOOL_FAMILIES = (
 )
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
+def template_messages(
+    messages: list[ChatMessage], written: list[Written | None] | None = None
+) -> list[dict]:
     """Messages as chat templates take them: text content, a call's arguments as an object
-    (templates write them with `tojson`), the id a tool result answers."""
+    (templates write them with `tojson`), the id a tool result answers. A message whose `written`
+    is not None (an answer of this server's, `found_written`) comes as the text the model wrote,
+    its calls in it."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         msg = {"role": m.role, "content": m.text()}
         if m.name:
             msg["name"] = m.name
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
+        if written and written[i] is not None:
+            msg["content"] = written[i].text
+        elif m.tool_calls:
             calls = []
             for c in m.tool_calls:
                 try:
@@ -43,6 +50,18 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
             msg["tool_calls"] = calls
         out.append(msg)
     return out
+
+
+def found_written(messages: list[ChatMessage], produced: ProducedTurns) -> list[Written | None]:
+    """Each message as the model wrote it, where it is an answer `produced` holds."""
+    return [
+        produced.recall(
+            m.text(), [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+        )
+        if m.role == "assistant"
+        else None
+        for m in messages
+    ]
 
 
 def tool_calls(served: ServedModel, body: ChatCompletionRequest) -> dict | None:

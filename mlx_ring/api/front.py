@@ -5,7 +5,7 @@ together (so they share a prefill), and its answer as one flow of steps that eac
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Request as HttpRequest
 
@@ -15,6 +15,7 @@ from mlx_ring.api.keepalive import KEEPALIVE_S
 from mlx_ring.api.keys import RateLimited, reserve_tokens, settle
 from mlx_ring.api.metrics import Clock, RingMetrics
 from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
+from mlx_ring.api.produced import ProducedTurns, as_written
 from mlx_ring.api.prompts import Prompts
 from mlx_ring.api.served import ServedModel, check_model, check_sampling, max_tokens_for
 from mlx_ring.api.toolcalls import ToolCallText
@@ -38,6 +39,8 @@ class Prompt:
     ids: list[int]
     grammar: str | None = None
     tools: dict | None = None
+    # from a chat template: its answers are remembered as written (produced.py)
+    templated: bool = False
 
 
 @dataclass
@@ -50,9 +53,11 @@ class ChoiceState:
     calls: list[dict] = field(default_factory=list)
     tokens: list = field(default_factory=list)
     done: Done | None = None
+    written: list[str] = field(default_factory=list)  # the text as the model wrote it
 
     def add(self, text: str, final: bool = False) -> list[tuple]:
         """The parts (`ToolCallText`'s) that `text` releases; `final`: the choice has ended."""
+        self.written.append(text)
         parts = self.tools.feed(text) if self.tools else [("text", None, text)] if text else []
         if final and self.tools:
             parts += self.tools.finish()
@@ -62,6 +67,13 @@ class ChoiceState:
             elif kind in ("call", "end"):
                 self.calls.append(value)
         return parts
+
+    def remember(self, produced: ProducedTurns, decode) -> None:
+        """Keep the answer as written, found by what the client was shown; not where a call the
+        client never saw (a second one where only one may come) is in the text."""
+        if not (self.tools and self.tools.dropped):
+            answer = as_written("".join(self.written), [t.id for t in self.tokens], decode)
+            produced.remember("".join(self.content), self.calls, answer)
 
     def finish_reason(self) -> str:
         return (
@@ -133,7 +145,8 @@ class Front:
     ):
         self.engine, self.served, self.metrics = engine, served, metrics
         self.keepalive_s = keepalive_s  # seconds between a stream's keep-alives (keepalive.py)
-        self.prompts = Prompts(served)
+        self.produced = ProducedTurns()
+        self.prompts = Prompts(served, self.produced)
 
     def check(self, body: ChatCompletionRequest) -> dict | None:
         """A chat request checked against the served model (its name, sampling and tools); how its
@@ -146,7 +159,7 @@ class Front:
         """The prompt of a chat request, checked against the served model and templated."""
         tools = self.check(body)
         ids, grammar = await self.prompts.chat(body)
-        return Prompt(ids, grammar, tools)
+        return Prompt(ids, grammar, tools, templated=True)
 
     async def completion(self, body: CompletionRequest) -> Prompt:
         """The prompt of a request sent as it is: tokenized, no chat template."""
@@ -174,9 +187,12 @@ class Front:
             )
             for i in range(body.n)
         ]
-        return Reply(
-            choices, _steps(choices, self._run(reqs, queue, http, reservation)), len(prompt.ids)
-        )
+        flow = self._run(reqs, queue, http, reservation)
+        remember = self._remember if prompt.templated else None
+        return Reply(choices, _steps(choices, flow, remember), len(prompt.ids))
+
+    def _remember(self, c: ChoiceState) -> None:
+        c.remember(self.produced, self.served.tokenizer.decode)
 
     async def events(
         self,
@@ -298,8 +314,11 @@ class Front:
             self.engine.cancel(*reqs)
 
 
-async def _steps(choices: list[ChoiceState], flow) -> AsyncIterator[ChoiceEvent]:
-    """The engine's (index, event) flow as steps, each choice's text split into its parts."""
+async def _steps(
+    choices: list[ChoiceState], flow, remember: Callable[[ChoiceState], None] | None
+) -> AsyncIterator[ChoiceEvent]:
+    """The engine's (index, event) flow as steps, each choice's text split into its parts; each
+    finished answer given to `remember`."""
     try:
         async for i, ev in flow:
             c = choices[i]
@@ -314,6 +333,8 @@ async def _steps(choices: list[ChoiceState], flow) -> AsyncIterator[ChoiceEvent]
             tokens = ev.tokens if isinstance(ev, Delta) else []
             c.tokens += tokens
             parts = c.add(ev.text if isinstance(ev, Delta) else "", final=isinstance(ev, Done))
+            if isinstance(ev, Done) and remember is not None:
+                remember(c)
             yield ChoiceEvent(
                 c, tokens, parts, ev if isinstance(ev, Done) else None, ev.cached_tokens
             )

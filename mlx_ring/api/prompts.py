@@ -5,15 +5,18 @@ meanwhile, then checked against the served model."""
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from mlx_ring.api.chat import output_grammar, template_messages
+from mlx_ring.api.chat import found_written, output_grammar, template_messages
 from mlx_ring.api.errors import ApiError
 from mlx_ring.api.openai_request import ChatCompletionRequest, CompletionRequest
+from mlx_ring.api.produced import ProducedTurns, splice
 from mlx_ring.api.served import ServedModel, check_ids, check_text_length
 
 
 class Prompts:
-    def __init__(self, served: ServedModel):
+    def __init__(self, served: ServedModel, produced: ProducedTurns | None = None):
         self.served = served
+        # this server's recent answers as the model wrote them (produced.py)
+        self.produced = produced
         # One thread: a Hugging Face tokenizer is not safe to reconfigure from several threads at
         # once, and the chat template path may.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
@@ -46,17 +49,28 @@ class Prompts:
 
     def _template(self, body: ChatCompletionRequest) -> list[int]:
         tools = [t.model_dump(exclude_none=True) for t in body.offered_tools()]
+        kw = {"add_generation_prompt": True, **({"tools": tools} if tools else {})}
+        tok = self.served.tokenizer
+        found = found_written(body.messages, self.produced) if self.produced else []
+        if any(found):
+            try:
+                text = tok.apply_chat_template(
+                    template_messages(body.messages, found), tokenize=False, **kw
+                )
+                return splice(text, [w for w in found if w], self._encode_plain)
+            except Exception:
+                pass  # a template may insist on tool_calls beside a tool result: render as sent
         try:
-            return self.served.tokenizer.apply_chat_template(
-                template_messages(body.messages),
-                add_generation_prompt=True,
-                tokenize=True,
-                **({"tools": tools} if tools else {}),
-            )
+            return tok.apply_chat_template(template_messages(body.messages), tokenize=True, **kw)
         except Exception as e:
             raise ApiError(
                 400, f"messages: cannot apply the chat template: {e}", param="messages"
             ) from None
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """A rendered template's text as `apply_chat_template` tokenizes it: its special tokens
+        are in the text."""
+        return self.served.tokenizer.encode(text, add_special_tokens=False)
 
     def _encode(self, text: str) -> list[int]:
         try:

@@ -43,6 +43,7 @@ class ToolCallText:
         self.start, self.end, self.parse, self.tools, self.single = start, end, parse, tools, single
         self.stream = stream and getattr(parse, "__module__", None) == JSON_TOOLS
         self.buf, self.inside, self.calls = "", False, 0
+        self.dropped = False  # a call left out (`single`): the text holds more than was returned
         self.reading: JsonCall | None = None  # the call being read as it comes
         self.head: dict | None = None  # its "begin" part
 
@@ -149,6 +150,7 @@ class ToolCallText:
         parts = []
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if self.single and self.calls:
+                self.dropped = True
                 break
             parts.append(("call", self.calls, _openai(call)))
             self.calls += 1

@@ -362,3 +362,51 @@ def test_answers_that_copy_their_input_keep_drafts_and_stay_exact(client, served
     assert "".join(c.choices[0].delta.content or "" for c in sampled)
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     assert "mlx_ring_draft_tokens_accepted" in metrics
+
+
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "description": "The forecast for a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["days", "city"],
+            "properties": {
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "city": {"type": "string", "maxLength": 20},
+            },
+        },
+    },
+}
+
+
+def test_a_turn_after_a_tool_call_reuses_the_call_as_the_model_wrote_it(client, served):
+    url, model = served
+    tokenizer = load_tokenizer(model)
+    ask = dict(
+        model="default",
+        tools=[FORECAST],
+        max_tokens=60,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_forecast"}},
+    )
+    r1 = client.chat.completions.create(messages=ASK, **ask)
+    message = r1.choices[0].message.model_dump(exclude_none=True)
+    [call] = message["tool_calls"]
+    # The model writes the schema's order (days, city); a client whose JSON objects keep no order
+    # (Go's, serde_json's) sends the arguments back sorted, which the template would write so.
+    args = json.loads(call["function"]["arguments"])
+    assert list(args) == ["days", "city"]
+    call["function"]["arguments"] = json.dumps(args, sort_keys=True)
+    turn = [*ASK, message, {"role": "tool", "tool_call_id": call["id"], "content": "Sunny"}]
+    before = status(url)
+    # "auto": the same tools offered, so the same system prompt
+    r2 = client.chat.completions.create(messages=turn, **{**ask, "tool_choice": "auto"})
+    after = status(url)
+    reused = after["prompt_cache"]["hit_tokens"] - before["prompt_cache"]["hit_tokens"]
+    p1 = tokenizer.apply_chat_template(ASK, tools=[FORECAST], add_generation_prompt=True)
+    # the first prompt and every token of the call but the end token, whose KV was never written
+    assert reused == r2.usage.prompt_tokens_details.cached_tokens
+    assert reused >= len(p1) + r1.usage.completion_tokens - 1, (reused, len(p1))

@@ -147,17 +147,8 @@ def test_a_custom_tool_call_whole_streamed_and_its_output(tool_served):
         }
         chat = [
             {"role": "user", "content": QUESTION},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": "apply_patch", "arguments": {"input": PATCH}},
-                    }
-                ],
-            },
+            # an answer of this server's comes back as the model wrote it
+            {"role": "assistant", "content": call_text("apply_patch", {"input": PATCH})},
             {"role": "tool", "tool_call_id": call.call_id, "content": "Success. Updated hello.py"},
         ]
         assert engine.submitted[-1][0].prompt == templated(

@@ -110,17 +110,8 @@ def test_tools_and_results_without_ids(tool_served):
         assert ol.chat(model=MODEL, messages=turn, tools=TOOLS).message.content == "It is sunny."
         chat = [
             *QUESTION,
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "call_1_0",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
-                    }
-                ],
-            },
+            # an answer of this server's comes back as the model wrote it
+            {"role": "assistant", "content": CALL},
             {"role": "tool", "tool_call_id": "call_1_0", "content": "Sunny"},
         ]
         assert engine.submitted[1][0].prompt == templated(tool_served, chat, tools=TOOLS)

@@ -147,17 +147,8 @@ def test_function_tools_and_their_outputs(tool_served):
         )
         chat = [
             {"role": "user", "content": QUESTION},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
-                    }
-                ],
-            },
+            # an answer of this server's comes back as the model wrote it
+            {"role": "assistant", "content": CALL},
             {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny"},
         ]
         tools = [
