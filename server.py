@@ -31,7 +31,8 @@ from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.planning.planner import plan_ring, read_config
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.platform import keep_awake, raise_open_files
+from mlx_ring.platform import keep_awake
+from mlx_ring.platform_disk import raise_open_files
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.headlink import HeaderLink

@@ -1,6 +1,7 @@
 """A rank's slice of the model: its layers and KV caches, the steps of the protocol applied to
-them (`mlx_ring.ring.protocol`), and its loading. The loop of the ranks after rank 0, which
-receives each step, applies it here and sends it on, is `mlx_ring.ring.worker`'s.
+them (`mlx_ring.ring.protocol`; the prompt cache's steps come from `mlx_ring.cache.steps`), and its
+loading. The loop of the ranks after rank 0, which receives each step, applies it here and sends it
+on, is `mlx_ring.ring.worker`'s.
 
 The same `Shard.apply` runs a step on every rank, rank 0 included, so the KV caches of all ranks go
 through the same operations in the same order.
@@ -16,19 +17,17 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from mlx_ring.cache.held import HeldBlocks
-from mlx_ring.cache.states import Kept, restore, slice_state_bytes
+from mlx_ring.cache.states import Kept, slice_state_bytes
+from mlx_ring.cache.steps import CacheSteps
 from mlx_ring.hosts.weights import MANIFEST, missing_pieces, pieces_for
 from mlx_ring.models.compat import (
     UNFUSED_PREFILL_KEYS,
     UNFUSED_SEVERAL,
     block_cacheable,
-    cache_from_saved,
     drop_spare_room,
-    group_span,
     lone_group,
     merge_caches,
     positions,
-    prefill_span,
     trim_rows,
     unfused_attention,
 )
@@ -50,7 +49,7 @@ def parameter_bytes(module: nn.Module) -> int:
     return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
 
 
-class Shard:
+class Shard(CacheSteps):
     """The layers `[start, end)` of one rank and their KV caches, and (rank 0) embedding and head.
 
     Caches live in two places: one per prefill batch while its prompts are prefilled (a lone
@@ -239,58 +238,6 @@ class Shard:
         self.prefills.pop(header.batch, None)
         self.kept.pop(header.batch, None)
         mx.clear_cache()
-
-    def _load(self, header: Header, keys: mx.array) -> mx.array:
-        if not self.plain_kv:  # one row: fresh caches from its blocks, which its SAVE may keep
-            blocks = self.held.load(keys.tolist(), header.offset, lambda b, n: b)[0]
-            self.kept[header.batch] = Kept(self.rank, self.block, blocks)
-            self.prefills[header.batch] = restore(self.slice.new_caches(), blocks, header.offset)
-            return keys  # the next rank loads the same
-        rows = [
-            [cache_from_saved(kv, header.offset) for kv in layers]
-            for layers in self.held.load(keys.tolist(), header.offset)
-        ]
-        self.prefills[header.batch] = rows[0] if len(rows) == 1 else merge_caches(rows)
-        return keys  # the next rank loads the same
-
-    def _save(self, header: Header, lines: mx.array) -> mx.array:
-        caches = self.prefills[header.batch]
-        # not all plain KV caches: the states its chunks noted at the blocks' ends, taken now
-        kept = (
-            None
-            if self.plain_kv
-            else self.kept.setdefault(header.batch, Kept(self.rank, self.block))
-        )
-
-        def span(row: int, n: int, start: int, end: int) -> list:
-            if kept is not None:
-                return kept.record(caches, row, start, end)
-            return [prefill_span(c, row, start, end) for c in caches]
-
-        self.held.keep(lines.tolist(), header.offset, span)
-        return lines  # the next rank keeps the same
-
-    def _save_row(self, header: Header, lines: mx.array) -> mx.array:
-        caches = self.groups[header.group]
-        held = positions(caches).tolist()  # tokens per row: one read for the whole step
-        for row, n, *_ in lines.tolist():
-            if row >= 0 and held[row] != n:
-                raise ProtocolError(
-                    f"rank {self.rank}: row {row} holds {held[row]} tokens, rank 0 expects {n}"
-                )
-        self.held.keep(
-            lines.tolist(),
-            header.offset,
-            lambda row, n, start, end: [group_span(c, row, n, start, end) for c in caches],
-        )
-        return lines  # the next rank keeps the same
-
-    def _fetch(self, header: Header, lines: mx.array) -> mx.array:
-        out = self.held.fetch(lines)
-        # every rank's misses in one all_sum (tensor mode), else passed on for the next to add to
-        if self.tensor:
-            return mx.distributed.all_sum(out, group=self.world)
-        return out
 
     def _status(self, header: Header, table: mx.array) -> mx.array:
         mine = mx.concatenate(

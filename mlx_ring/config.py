@@ -46,7 +46,7 @@ class Config:
     # per rank: GB of its disk for prompt-cache blocks (None: by the free space; 0: off)
     prompt_disk_gb: float | None
     prompt_disk_floor_gb: float | None  # free GB below which it stops writing (None: by the disk)
-    prompt_cache_dir: Path | None  # None: the platform's folder (platform.prompt_cache_folder)
+    prompt_cache_dir: Path | None  # None: the system's folder (platform_disk.py)
     prompt_cache_block: int  # tokens a prompt-cache block holds
     kv_bits: int  # KV_BITS: bits a value of the prompt-cache blocks (0: unquantized)
     draft_tokens: int  # speculative decoding: most tokens drafted a step (0: off)

@@ -1,16 +1,15 @@
-"""Every Linux/macOS difference the runtime and the host checks need, in one place: pure parsers
-over each command's output (tested on recorded macOS outputs, tests/data/macos/), and thin readers
-that run the command, or read the file, on this machine.
+"""The Linux/macOS differences the runtime and the host checks need: pure parsers over each
+command's output (tested on recorded macOS outputs, tests/data/macos/), and thin readers that run
+the command, or read the file, on this machine.
 
 Memory, addresses per interface, a boot id, the ephemeral port range, resident memory, keeping a
-Mac awake, Local Network privacy, and the prompt cache's disk (its folder, backups, open files); a
-Mac's firewall and power settings are in macos_settings.py.
+Mac awake and Local Network privacy. Two siblings hold the rest: platform_disk.py the prompt cache's
+disk (its folder, backups, open files), macos_settings.py a Mac's firewall and power settings.
 """
 
 import ctypes
 import ctypes.util
 import ipaddress
-import logging
 import os
 import platform
 import re
@@ -22,7 +21,6 @@ from pathlib import Path
 
 MACOS = sys.platform == "darwin"
 LINUX = sys.platform.startswith("linux")
-log = logging.getLogger(__name__)
 
 # --- memory: (total, available) bytes ---------------------------------------------------------
 
@@ -356,51 +354,6 @@ def connect_error(number: int) -> tuple[str | None, str]:
     """(system, meaning) of connect(2)'s errno `number` as macOS or Linux numbers it; (None,
     "errno N") for one neither names here."""
     return CONNECT_ERRORS.get(number, (None, f"errno {number}"))
-
-
-# --- the prompt cache's disk: its folder, backups, open files ---------------------------------
-
-
-def prompt_cache_folder(
-    system: str | None = None, home: Path | None = None, *, cache_dir: Path
-) -> Path:
-    """Where a rank keeps its prompt-cache blocks: on macOS in a `.noindex` folder under
-    ~/Library/Caches (Spotlight skips those, so it does not index every block written); elsewhere
-    under `cache_dir` (CACHE_DIR). `system` and `home` default to this machine's."""
-    if (system or platform.system()) == "Darwin":
-        return (home or Path.home()) / "Library/Caches/mlx-ring.noindex/prompt-blocks"
-    return Path(cache_dir) / "prompt-blocks"
-
-
-def exclude_from_backups(path: Path, system: str | None = None) -> None:
-    """On macOS, keep Time Machine from backing up the existing folder `path` (`tmutil
-    addexclusion`: a sticky exclusion that follows the folder and needs no root); nothing
-    elsewhere. A failure is logged, never raised: the cache works without it."""
-    if (system or platform.system()) != "Darwin":
-        return
-    try:
-        _run(["tmutil", "addexclusion", str(path)])
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = (getattr(e, "stderr", None) or str(e)).strip()
-        log.warning("could not exclude %s from Time Machine's backups: %s", path, detail)
-
-
-def raise_open_files(want: int = 4096) -> int:
-    """Raise this process's soft limit on open files toward `want`, as far as the hard limit
-    allows; returns the soft limit now. macOS starts processes at a low soft limit, and its hard
-    limit can read as unlimited while the kernel refuses more than kern.maxfilesperproc: a value
-    refused is halved until one is taken."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= want:
-        return soft
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    while target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            break
-        except (ValueError, OSError):
-            target //= 2
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _run(argv: list[str]) -> str:

@@ -1,8 +1,8 @@
 """One rank's blocks of the prompt cache, for its own layers: the RAM tier (the blocks rank 0's
 index says every rank holds), the blocks a FETCH brought back from this rank's disk for the LOAD
 that follows it, and the writes to that disk. The SAVE, SAVE_ROW, FETCH and LOAD steps of
-`shard.Shard` drive it; only the engine thread calls it, and it alone turns arrays into bytes and
-back: the disk tier's threads see bytes only.
+`shard.Shard` (cache/steps.py) drive it; only the engine thread calls it, and it alone turns arrays
+into bytes and back: the disk tier's threads see bytes only.
 """
 
 import logging

@@ -12,7 +12,7 @@ import shutil
 from hashlib import blake2b
 from pathlib import Path
 
-from mlx_ring import platform
+from mlx_ring import platform_disk
 from mlx_ring.cache.blocks import BlockIndex
 from mlx_ring.cache.kvbits import OFF, KVBits
 
@@ -62,9 +62,9 @@ def open_disk(cfg, key_salt: bytes, layers, share, dtype: str):
         return None
     from mlx_ring.cache.disk import DiskTier
 
-    folder = cfg.prompt_cache_dir or platform.prompt_cache_folder(cache_dir=cfg.cache_dir)
+    folder = cfg.prompt_cache_dir or platform_disk.prompt_cache_folder(cache_dir=cfg.cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    platform.exclude_from_backups(folder)
+    platform_disk.exclude_from_backups(folder)
     floor = floor_bytes(folder, cfg.prompt_disk_floor_gb)
     cap = cap_bytes(folder, cfg.prompt_disk_gb, floor)
     if cap <= 0:

@@ -1,8 +1,8 @@
 """Rank 0's engine: the one thread that owns MLX, fed by the HTTP side through queues.
 
 Requests arrive on a bounded queue and become sequences of the continuous-batching `Scheduler`,
-which shares forward steps among them; this module ends them (end token, length, stop strings via
-`TextStream`), and results and errors travel back as values through `Request.emit`.
+which shares forward steps among them; each one's `Answer` (answer.py) ends it (end token, length,
+stop strings), and results and errors travel back as values through `Request.emit`.
 """
 
 import bisect
@@ -19,35 +19,22 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_ring.exits import RING_BROKEN
 from mlx_ring.ring.handle import RingError
+from mlx_ring.serving.answer import Answer
 from mlx_ring.serving.port import (
     STEP_BUCKETS,
-    Delta,
     Done,
     Failed,
     PrefillProgress,
     PromptCacheStats,
     QueueFull,
     Request,
-    Started,
     Stats,
     Unavailable,
 )
 from mlx_ring.serving.sampling import Token
 from mlx_ring.serving.scheduler import Scheduler, Sequence
-from mlx_ring.serving.textstream import Piece, TextStream
 
 log = logging.getLogger(__name__)
-
-
-class _Active:
-    """Bookkeeping of one running request: its sequence and the text it has produced."""
-
-    def __init__(self, req: Request, seq: Sequence, tokenizer: TokenizerWrapper):
-        self.req, self.seq = req, seq
-        self.t0 = time.perf_counter()
-        self.text = TextStream(tokenizer.detokenizer, req.stop)
-        self.count = 0
-        self.started = False  # told that its prefill has begun
 
 
 class Engine:
@@ -68,7 +55,7 @@ class Engine:
         self.sched, self.pipe, self.tokenizer = sched, sched.pipe, tokenizer
         self.requests: queue.Queue[Request] = queue.Queue(max_queue)
         self.calls: queue.Queue[Future] = queue.Queue()  # pings waiting for a STATUS step
-        self.active: dict[int, _Active] = {}
+        self.active: dict[int, Answer] = {}
         self.max_active = max_active
         self.seq_ids = itertools.count(1)
         self.stopping = threading.Event()
@@ -337,7 +324,7 @@ class Engine:
                 if self.closed:
                     req.emit(Failed(self.closed, 503, "service_unavailable"))
                     continue
-                self.active[seq.id] = _Active(req, seq, self.tokenizer)
+                self.active[seq.id] = Answer(req, seq, self.tokenizer)
             self.sched.add(seq)
 
     def _prefilling(self) -> None:
@@ -354,38 +341,17 @@ class Engine:
             PrefillProgress(len(a.seq.prompt), done, a.seq.cached) for a, done in rows
         )
         for a, _ in rows:
-            if not a.started:
-                a.started = True
-                a.req.emit(Started(a.seq.cached))
+            a.start()
 
-    def _advance(self, a: _Active, token: Token | Exception) -> None:
+    def _advance(self, a: Answer, token: Token | Exception) -> None:
         if isinstance(token, Exception):  # this request's sampling failed; the others go on
             return self._finish(
                 a, Failed(f"sampling failed for this request: {token}", 500, "server_error")
             )
-        a.count += 1
-        if a.count == 1:
-            log.debug("sequence %d: first token after %.3f s", a.seq.id, time.perf_counter() - a.t0)
-        # counted in usage; no logprobs entry, as it is not in the text
-        if token.id in self.tokenizer.eos_token_ids:
-            self._send(a, a.text.end())
-            return self._finish(a, Done("stop", len(a.req.prompt), a.count, a.seq.cached))
-        self._send(a, a.text.add(token.id, token))
-        if not a.text.closed and a.count >= a.req.max_tokens:
-            self._send(a, a.text.end())
-            if not a.text.stop_hit:
-                return self._finish(a, Done("length", len(a.req.prompt), a.count, a.seq.cached))
-        if a.text.closed:
-            return self._finish(
-                a, Done("stop", len(a.req.prompt), a.count, a.seq.cached, a.text.stop_hit)
-            )
+        if (done := a.add(token, self.tokenizer.eos_token_ids)) is not None:
+            self._finish(a, done)
 
-    @staticmethod
-    def _send(a: _Active, piece: Piece | None) -> None:
-        if piece is not None:
-            a.req.emit(Delta(piece.text, piece.tokens, a.seq.cached))
-
-    def _finish(self, a: _Active, outcome: Done | Failed) -> None:
+    def _finish(self, a: Answer, outcome: Done | Failed) -> None:
         del self.active[a.seq.id]
         a.req.emit(outcome)
         self.sched.remove(a.seq)  # its cache rows go on every rank before its group's next step

@@ -1,6 +1,7 @@
 """mlx_ring.platform: each parser on recorded macOS outputs and on this Linux machine's own files
-(memory, interfaces and their addresses, boot ids, the ephemeral port range, resident memory),
-keeping a Mac awake, and the prompt cache's folder, backup exclusion and open-file limit."""
+(memory, interfaces and their addresses, boot ids, the ephemeral port range, resident memory) and
+keeping a Mac awake; mlx_ring.platform_disk: the prompt cache's folder, backup exclusion and
+open-file limit."""
 
 import ctypes
 import mmap
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from platformutil import LINUX, rec
 
-from mlx_ring import platform
+from mlx_ring import platform, platform_disk
 
 
 @pytest.mark.parametrize(
@@ -199,10 +200,10 @@ def test_keep_awake_holds_until_the_process_exits():
 
 def test_the_prompt_cache_lives_where_each_system_keeps_caches(tmp_path):
     # Spotlight skips *.noindex folders; elsewhere the blocks go under CACHE_DIR
-    assert platform.prompt_cache_folder("Darwin", Path("/Users/me"), cache_dir=tmp_path) == Path(
-        "/Users/me/Library/Caches/mlx-ring.noindex/prompt-blocks"
-    )
-    assert platform.prompt_cache_folder("Linux", Path("/home/me"), cache_dir=tmp_path) == (
+    assert platform_disk.prompt_cache_folder(
+        "Darwin", Path("/Users/me"), cache_dir=tmp_path
+    ) == Path("/Users/me/Library/Caches/mlx-ring.noindex/prompt-blocks")
+    assert platform_disk.prompt_cache_folder("Linux", Path("/home/me"), cache_dir=tmp_path) == (
         tmp_path / "prompt-blocks"
     )
 
@@ -217,19 +218,19 @@ def test_only_a_mac_excludes_the_cache_from_backups(tmp_path, monkeypatch, caplo
     calls, shims = tmp_path / "calls.txt", tmp_path / "bin"
     shim(shims, "tmutil", f'echo "$@" >> "{calls}"')  # tmutil prints nothing when it succeeds
     monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
-    platform.exclude_from_backups(tmp_path / "blocks", "Linux")
+    platform_disk.exclude_from_backups(tmp_path / "blocks", "Linux")
     assert not calls.exists()
-    platform.exclude_from_backups(tmp_path / "blocks", "Darwin")
+    platform_disk.exclude_from_backups(tmp_path / "blocks", "Darwin")
     assert calls.read_text() == f"addexclusion {tmp_path / 'blocks'}\n" and not caplog.text
 
 
 def test_a_failed_backup_exclusion_is_logged_and_serving_goes_on(tmp_path, monkeypatch, caplog):
     shim(tmp_path / "bin", "tmutil", 'echo "tmutil: the item could not be excluded" >&2; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    platform.exclude_from_backups(tmp_path, "Darwin")
+    platform_disk.exclude_from_backups(tmp_path, "Darwin")
     assert "could not be excluded" in caplog.text
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no tmutil at all
-    platform.exclude_from_backups(tmp_path, "Darwin")
+    platform_disk.exclude_from_backups(tmp_path, "Darwin")
     assert caplog.text.count("Time Machine") == 2
 
 
@@ -240,9 +241,11 @@ def test_open_files_are_raised_as_far_as_the_hard_limit_allows():
         resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
         want = low * 4 if hard == resource.RLIM_INFINITY else min(low * 4, hard)
         assert (
-            platform.raise_open_files(want) == want == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            platform_disk.raise_open_files(want)
+            == want
+            == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
-        assert platform.raise_open_files(low) == want  # never lowered
+        assert platform_disk.raise_open_files(low) == want  # never lowered
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
@@ -264,8 +267,8 @@ def test_a_macs_unlimited_hard_limit_is_stepped_down_to_what_the_kernel_takes(mo
         getrlimit=lambda which: tuple(limits),
         setrlimit=setrlimit,
     )
-    monkeypatch.setattr(platform, "resource", fake)
-    assert platform.raise_open_files(65536) == 16384 and tried == [65536, 32768, 16384]
-    assert platform.raise_open_files() == 16384  # already above what is wanted
+    monkeypatch.setattr(platform_disk, "resource", fake)
+    assert platform_disk.raise_open_files(65536) == 16384 and tried == [65536, 32768, 16384]
+    assert platform_disk.raise_open_files() == 16384  # already above what is wanted
     limits[:] = [256, 1024]  # a hard limit that is a number (eradman/entr#142)
-    assert platform.raise_open_files() == 1024 and tried[-1] == 1024
+    assert platform_disk.raise_open_files() == 1024 and tried[-1] == 1024

@@ -13,8 +13,9 @@ from mlx_lm.utils import load_tokenizer
 from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.transport import Ring
-from mlx_ring.serving.engine import Delta, Done, Engine, Failed, QueueFull, Request, Unavailable
+from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.port import Delta, Done, Failed, QueueFull, Request, Unavailable
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
