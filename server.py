@@ -173,7 +173,7 @@ def open_prompt_cache(cfg: Config, shard: Shard, model_id: str, model_path: Path
     if cfg.kv_bits:
         shard.held.kv = kvbits.for_model(cfg.kv_bits, read_shape(read_config(model_path)))
     shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block, shard.held.kv)
-    if shard.cacheable and (cfg.prompt_cache_gb or cfg.prompt_disk_gb != 0):
+    if shard.cacheable and (cfg.prompt_cache_gb != 0 or cfg.prompt_disk_gb != 0):
         shard.block = cfg.prompt_cache_block  # where a prefill notes its layers' states
     if not shard.cacheable or cfg.prompt_disk_gb == 0:
         return

@@ -200,7 +200,13 @@ def count_measured(
             view = replace(
                 view,
                 kv_room_gb=kv,
-                most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb),
+                most_gb=most_gb(
+                    view.weights_gb,
+                    view.runtime_gb,
+                    kv,
+                    view.prompt_cache_gb,
+                    (view.disk_queue_gb or 0.0) + (view.restore_gb or 0.0),
+                ),
             )
         out.append(replace(rank, planned=view))
     return tuple(out)
