@@ -1,5 +1,5 @@
 """Run under mlx.launch by tests/ring/test_tensor_matrix.py: each model, whole in this process and
-then split for tensor mode across the launch's ranks (`mlx_ring.models.tensor.cut`), on one prompt
+then split for tensor mode across the launch's ranks (`mlx_ring.tensor.cut`), on one prompt
 and greedy decode steps.
 
 For each `--model` (with its `--out` folder) every rank writes `started{r}`, then `refused{r}.txt`
@@ -26,8 +26,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from mlx_ring.models.tensor import cut, model_type
 from mlx_ring.ring.world import init_world
+from mlx_ring.tensor.cut import cut, model_type
 
 
 def logits_of(model, prompt: list[int], feed: list[int] | None, steps: int):

@@ -207,8 +207,8 @@ def main(argv: list[str]) -> None:
     """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0
     prints `{"allsum": {...}}`."""
     from mlx_ring.ring.leftovers import drop_hostfile
-    from mlx_ring.ring.sums import sum_group
     from mlx_ring.ring.world import init_world, ring_description
+    from mlx_ring.tensor.sums import sum_group
 
     hidden, dtype = int(argv[0]), argv[1]
     # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch

@@ -37,7 +37,7 @@ def test_the_probe_measures_the_rings_all_sum(tmp_path):
 
 PIECES = """
 import mlx.core as mx
-from mlx_ring.ring.sums import _WHOLE_SUM, sum_in_pieces
+from mlx_ring.tensor.sums import _WHOLE_SUM, sum_in_pieces
 from mlx_ring.ring.world import init_world
 world = init_world()
 x = mx.random.normal((2, 700, 576), key=mx.random.key(world.rank()))  # 3.2 MB: pieces; each rank's own

@@ -3,13 +3,13 @@ groups of KV heads, MLP columns, experts' columns) and the layers' all_sums join
 model's own forward gives the whole model's output on every rank.
 
 The model's own mlx-lm `shard()` cuts it where it has one and its even split fits the group.
-Otherwise the standard layouts are cut here with MLX's distributed layers (`tensor_layers.py`),
+Otherwise the standard layouts are cut here with MLX's distributed layers (`layers.py`),
 unevenly where the KV heads do not divide, and with a KV head kept by each rank that reads it where
 there are fewer KV heads than ranks: attention with q/k/v (or one fused qkv) and an output
 projection, MLPs of gate/up/down (or fused gate_up, or two layers), and mixture-of-experts blocks of
 switch layers. What is of another layout is refused. Which types the cut is right for is measured,
 as for the pipeline: tests/ring/test_tensor_matrix.py runs every type's tiny model split 2 and 3
-ways against the whole model and records the result in supported.json (`tensor`); `tensor_shares.py`
+ways against the whole model and records the result in supported.json (`tensor`); `shares.py`
 tells the planner, from a config alone, whether and how a model splits N ways.
 """
 
@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlx_ring.models.tensor_layers import (
+from mlx_ring.tensor.layers import (
     SplitRMSNorm,
     columns,
     in_width,
@@ -28,7 +28,7 @@ from mlx_ring.models.tensor_layers import (
     slice_rows,
     sum_output,
 )
-from mlx_ring.models.tensor_shares import check_admitted, even, head_split, refuse, spans
+from mlx_ring.tensor.shares import check_admitted, even, head_split, refuse, spans
 
 # Attention modules name their query and KV head counts one of these ways.
 HEAD_ATTRS = (

@@ -1,6 +1,6 @@
 """Whether a model splits N ways for tensor mode, and each rank's share of it, from its config.json
 alone (no weights; its shape as `mlx_ring.models.shape` reads it): the planner's view of what
-`mlx_ring.models.tensor.split_model` does. Both cut by the same arithmetic here: attention by
+`mlx_ring.tensor.cut.split_model` does. Both cut by the same arithmetic here: attention by
 groups of KV heads (the larger groups to the first ranks) where every rank can have one, else by
 query heads with the KV heads they read shared (`head_split`); MLP and experts' columns as evenly
 as their quantization groups allow.
