@@ -156,9 +156,9 @@ def _reading(a: int, b: int, g: int) -> Heads:
 def tensor_shares(config: dict, n: int) -> list[Share]:
     """Each of n ranks' share of the model `config` (a config.json) describes, split for tensor
     mode; ValueError, in `split_model`'s words, where it cannot be split n ways."""
-    kind = config.get("model_type", "?")
-    check_admitted(kind)
     shape = read_shape(config)
+    kind = shape.model_type or "?"
+    check_admitted(kind)
     heads, hidden = shape.heads, shape.hidden_size
     if not heads or not hidden:
         raise refuse(kind, "its config names no attention heads or hidden size")
