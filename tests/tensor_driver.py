@@ -28,6 +28,7 @@ from mlx_lm.utils import load_model
 
 from mlx_ring.ring.world import init_world
 from mlx_ring.tensor.cut import cut, model_type
+from mlx_ring.tensor.sums import summing
 
 
 def logits_of(model, prompt: list[int], feed: list[int] | None, steps: int):
@@ -47,7 +48,7 @@ def run(folder: Path, out: Path, group, prompt: list[int], steps: int) -> None:
     r = group.rank()
     model = load_model(folder, lazy=True)[0]
     try:  # first, so that a refused type costs no forward
-        how = cut(model, group, model_type(model))
+        how = cut(model, group, model_type(model), summing(group))
     except ValueError as e:
         (out / f"refused{r}.txt").write_text(str(e))
         return
