@@ -35,13 +35,13 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.platform_disk import raise_open_files
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
-from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.leftovers import drop_hostfile, note
-from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
+from mlx_ring.tensor.link import HeaderLink
+from mlx_ring.tensor.sums import sum_group
 from shard import Shard, load_shard
 
 log = logging.getLogger("server")
@@ -117,9 +117,9 @@ def serve_rank0(
     """Rank 0: its scheduler and engine, warmed up (serving/startup.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
-    from mlx_ring.ring.lockstep import Lockstep
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.startup import assemble
+    from mlx_ring.tensor.lockstep import Lockstep
 
     pipe = Lockstep(shard, ring, shard.world) if shard.plan.tensor > 1 else Pipeline(shard, ring)
     rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)

@@ -30,14 +30,14 @@ from step_split import split_generate_step, split_ring  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
-from mlx_ring.ring.headlink import HeaderLink  # noqa: E402
-from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
-from mlx_ring.ring.sums import sum_group  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
+from mlx_ring.tensor.link import HeaderLink  # noqa: E402
+from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
+from mlx_ring.tensor.sums import sum_group  # noqa: E402
 from shard import load_shard  # noqa: E402
 
 

@@ -71,8 +71,8 @@ def plan_ring(
     as it is: each host holds only its slice."""
     from mlx_ring.planning.allsum import fit, measure, remember
     from mlx_ring.planning.probe import local_capabilities
-    from mlx_ring.ring.sums import nccl_sums
     from mlx_ring.ring.world import exchange
+    from mlx_ring.tensor.sums import nccl_sums
 
     rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}

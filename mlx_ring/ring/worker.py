@@ -10,9 +10,9 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlx_ring.ring.handle import Stage
-from mlx_ring.ring.lockstep import RankLeft, StepWatch, summed_ids
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import PeerSilent, Ring
+from mlx_ring.tensor.lockstep import RankLeft, StepWatch, summed_ids
 
 log = logging.getLogger("shard")  # a worker's lines name the shard it runs
 

@@ -24,12 +24,12 @@ from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import DTYPE_BYTES
 from mlx_ring.ring.handle import RingHandle
-from mlx_ring.ring.lockstep import Lockstep
-from mlx_ring.ring.sums import nccl_sums
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.scheduler import Scheduler
 from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
+from mlx_ring.tensor.lockstep import Lockstep
+from mlx_ring.tensor.sums import nccl_sums
 
 log = logging.getLogger("server")
 
