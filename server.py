@@ -42,6 +42,7 @@ from mlx_ring.ring.world import exchange, init_world, ring_description, world_ba
 from mlx_ring.rundir import RunDir
 from mlx_ring.tensor.link import HeaderLink
 from mlx_ring.tensor.sums import sum_group
+from mlx_ring.tensor.worker import serve_tensor
 from shard import Shard, load_shard
 
 log = logging.getLogger("server")
@@ -248,7 +249,8 @@ def main() -> None:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
     # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
     else:
-        serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
+        serve = serve_tensor if shard.tensor else serve_worker
+        serve(shard, ring, cfg.drain_timeout, cfg.step_timeout)
     if shard.held.disk is not None:
         shard.held.disk.close()  # the blocks still queued, within a bound
     log.info("exiting")
