@@ -16,6 +16,7 @@ from mlx_lm.sample_utils import (
     make_sampler,
 )
 
+from mlx_ring.gpu import is_device_failure
 from mlx_ring.serving.params import SamplingParams
 
 
@@ -146,7 +147,9 @@ def read_rows(built: list, readers: list[Callable]) -> list:
     and the others go on."""
     try:
         mx.eval([b for b in built if not isinstance(b, Exception)])
-    except Exception:  # find the row at fault: each alone
+    except Exception as e:  # find the row at fault: each alone
+        if is_device_failure(e):  # no row's: it ends the rank
+            raise
         built = [b if isinstance(b, Exception) else attempt(_eval, b) for b in built]
     return [b if isinstance(b, Exception) else attempt(read, *b) for read, b in zip(readers, built)]
 
@@ -161,6 +164,9 @@ def attempt(fn, *args):
 
 
 def _heal(e: Exception) -> Exception:
+    # The GPU failed, not the row: it ends the rank (engine.py), before any row goes on.
+    if is_device_failure(e):
+        raise e
     # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises
     # while traced leaves that state a placeholder, and every later sampling would fail. A
     # new seed mends it.
