@@ -8,15 +8,10 @@ from functools import partial
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import (
-    apply_min_p,
-    apply_top_k,
-    apply_top_p,
-    make_logits_processors,
-    make_sampler,
-)
+from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from mlx_ring.gpu import is_device_failure
+from mlx_ring.serving.draws import Draw
 from mlx_ring.serving.params import SamplingParams
 
 
@@ -32,9 +27,9 @@ class SequenceSampler:
 
     def __init__(self, params: SamplingParams, prompt: list[int], constraint=None):
         self.params = params
-        self.sampler = make_sampler(
-            params.temperature, params.top_p, params.min_p, top_k=params.top_k
-        )
+        # mlx-lm's make_sampler, its settings arrays: a new value builds no kernels (draws.py)
+        self.draw = Draw(params) if params.temperature > 0 else None
+        self.sampler = self.draw if self.draw is not None else greedy_sampler
         # the draw with the row's own key (`step_key`)
         if params.seed is not None and params.temperature > 0:
             self.sampler = partial(_seeded_sample, self)
@@ -177,14 +172,7 @@ def _heal(e: Exception) -> Exception:
 def target_logits(s: SequenceSampler, logprobs: mx.array) -> mx.array:
     """Logits `(L, V)` of the distribution `s` samples from (mlx-lm's `make_sampler` chain: top-p,
     min-p, top-k, then temperature), for positions `logprobs (L, V)`."""
-    p = s.params
-    if 0 < p.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, p.top_p)
-    if p.min_p != 0.0:
-        logprobs = apply_min_p(logprobs, p.min_p)
-    if p.top_k > 0:
-        logprobs = apply_top_k(logprobs, p.top_k)
-    return logprobs * (1.0 / p.temperature)
+    return s.draw.target(logprobs)
 
 
 def _seeded_sample(s: SequenceSampler, logprobs: mx.array) -> mx.array:
