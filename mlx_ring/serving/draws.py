@@ -1,9 +1,9 @@
 """A row's draw as mlx-lm's `make_sampler` makes it (top-p, min-p, top-k, then the temperature),
 with each setting given to MLX as an array rather than a number. mlx-lm compiles each step with
 its setting inside (`mx.compile` takes a number as a constant, and writes it into the kernel's
-source), so a request with a new temperature, top-p or min-p waited for new kernels to be built,
-seconds on CUDA; as an input, the kernels the warm-up built serve every value
-(serving/warmup.py). The tokens drawn are mlx-lm's, value for value."""
+source), so a request with a new temperature, top-p or min-p waited for new kernels to be built;
+as an input, the kernels the warm-up built serve every value (serving/warmup.py). The tokens
+drawn are mlx-lm's, value for value."""
 
 import math
 from functools import partial
