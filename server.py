@@ -263,3 +263,8 @@ if __name__ == "__main__":
     except ValueError as e:
         logging.getLogger("server").error("%s", exits.refusal(str(e)))
         sys.exit(exits.REFUSED)
+    # a worker's step, or a start-up's: the GPU failed, and what it computed is lost
+    except Exception as e:
+        if not gpu.is_device_failure(e):
+            raise
+        gpu.end_rank(e)

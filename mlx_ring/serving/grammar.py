@@ -14,7 +14,10 @@ import numpy as np
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+# Computed here: an array still to compute belongs to the stream of the thread that built it (this
+# module's importer), which the engine's thread cannot evaluate on.
 _BITS = mx.arange(32, dtype=mx.uint32)
+mx.eval(_BITS)
 
 
 class Grammars:

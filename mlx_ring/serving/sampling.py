@@ -8,14 +8,10 @@ from functools import partial
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import (
-    apply_min_p,
-    apply_top_k,
-    apply_top_p,
-    make_logits_processors,
-    make_sampler,
-)
+from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
+from mlx_ring.gpu import is_device_failure
+from mlx_ring.serving.draws import Draw
 from mlx_ring.serving.params import SamplingParams
 
 
@@ -31,9 +27,9 @@ class SequenceSampler:
 
     def __init__(self, params: SamplingParams, prompt: list[int], constraint=None):
         self.params = params
-        self.sampler = make_sampler(
-            params.temperature, params.top_p, params.min_p, top_k=params.top_k
-        )
+        # mlx-lm's make_sampler, its settings arrays: a new value builds no kernels (draws.py)
+        self.draw = Draw(params) if params.temperature > 0 else None
+        self.sampler = self.draw if self.draw is not None else greedy_sampler
         # the draw with the row's own key (`step_key`)
         if params.seed is not None and params.temperature > 0:
             self.sampler = partial(_seeded_sample, self)
@@ -146,7 +142,9 @@ def read_rows(built: list, readers: list[Callable]) -> list:
     and the others go on."""
     try:
         mx.eval([b for b in built if not isinstance(b, Exception)])
-    except Exception:  # find the row at fault: each alone
+    except Exception as e:  # find the row at fault: each alone
+        if is_device_failure(e):  # no row's: it ends the rank
+            raise
         built = [b if isinstance(b, Exception) else attempt(_eval, b) for b in built]
     return [b if isinstance(b, Exception) else attempt(read, *b) for read, b in zip(readers, built)]
 
@@ -161,6 +159,9 @@ def attempt(fn, *args):
 
 
 def _heal(e: Exception) -> Exception:
+    # The GPU failed, not the row: it ends the rank (engine.py), before any row goes on.
+    if is_device_failure(e):
+        raise e
     # mlx-lm's samplers are compiled with MLX's random state as an output: one that raises
     # while traced leaves that state a placeholder, and every later sampling would fail. A
     # new seed mends it.
@@ -171,14 +172,7 @@ def _heal(e: Exception) -> Exception:
 def target_logits(s: SequenceSampler, logprobs: mx.array) -> mx.array:
     """Logits `(L, V)` of the distribution `s` samples from (mlx-lm's `make_sampler` chain: top-p,
     min-p, top-k, then temperature), for positions `logprobs (L, V)`."""
-    p = s.params
-    if 0 < p.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, p.top_p)
-    if p.min_p != 0.0:
-        logprobs = apply_min_p(logprobs, p.min_p)
-    if p.top_k > 0:
-        logprobs = apply_top_k(logprobs, p.top_k)
-    return logprobs * (1.0 / p.temperature)
+    return s.draw.target(logprobs)
 
 
 def _seeded_sample(s: SequenceSampler, logprobs: mx.array) -> mx.array:

@@ -237,6 +237,7 @@ def assemble(
         chunk,
         may_regroup=not cfg.groups and shard.batches and not shard.tensor,
         nccl=shard.tensor and nccl_sums(plan.size),
+        constrain=grammars.processor,
     )
     # what the warm-up's activations took beyond the plan's runtime comes out of the room
     if kv_room is not None:
