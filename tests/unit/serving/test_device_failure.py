@@ -19,8 +19,9 @@ from mlx_ring.planning.plan import uniform_plan
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.transport import Ring
 from mlx_ring.serving import runner, sampling
-from mlx_ring.serving.engine import Delta, Done, Engine, Failed, Request, Unavailable
+from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.params import SamplingParams
+from mlx_ring.serving.port import Delta, Done, Failed, Request, Unavailable
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
