@@ -251,8 +251,7 @@ def main() -> None:
     else:
         serve = serve_tensor if shard.tensor else serve_worker
         serve(shard, ring, cfg.drain_timeout, cfg.step_timeout)
-    if shard.held.disk is not None:
-        shard.held.disk.close()  # the blocks still queued, within a bound
+    shard.held.close()  # the blocks still to write, within a bound
     log.info("exiting")
 
 
