@@ -251,7 +251,8 @@ def main() -> None:
     else:
         serve = serve_tensor if shard.tensor else serve_worker
         serve(shard, ring, cfg.drain_timeout, cfg.step_timeout)
-    shard.held.close()  # the blocks still to write, within a bound
+    if shard.held.disk is not None:
+        shard.held.disk.close()  # the blocks still queued, within a bound
     log.info("exiting")
 
 

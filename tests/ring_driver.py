@@ -152,7 +152,7 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
     if rank != 0:
         # until rank 0's shutdown step for this model
         (serve_tensor if shard.tensor else serve_worker)(shard, ring)
-        return shard.held.close()
+        return shard.held.disk and shard.held.disk.close()
 
     # Record the logits each sequence's token was sampled from, on both of the scheduler's paths.
     owner, rows = {}, {}
@@ -275,7 +275,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         )
     )
     pipe.shutdown()
-    shard.held.close()  # the next case (a restart) reads what this one wrote
+    if disk is not None:
+        disk.close()  # the next case (a restart) reads what this one wrote
 
 
 if __name__ == "__main__":

@@ -80,9 +80,6 @@ class HeldBlocks:
         # read back by a FETCH, for the next LOAD: one prompt's blocks past the RAM tier's (the
         # layer plan counts a prompt of KV_TOKENS tokens: planning/promptcache.py)
         self.staged: dict[bytes, list] = {}
-        # kept for the disk, their copies still on the device's queue: turned into bytes at the
-        # rank's next cache step (or its end), so no SAVE waits for its own copies
-        self.unwritten: list[tuple[bytes, list]] = []
 
     def ram_bytes(self) -> int:
         return sum(a.nbytes for layers in self.ram.values() for _, a in _flat(layers))
@@ -99,7 +96,7 @@ class HeldBlocks:
                 self.ram.pop(key, None)
                 continue
             end = min(start + block, n)
-            write = end - start == block and self._writes(key)
+            write = self.disk is not None and end - start == block and not self.disk.has(key)
             if not ram and not write:
                 continue
             layers = self.kv.pack(span(row, n, start, end))
@@ -108,35 +105,14 @@ class HeldBlocks:
                 self.ram[key] = layers
             if write:
                 writes.append((key, layers))
-        # Copied before the next step changes or drops the source cache (steps run in order on
-        # the device), without waiting here: the prefill's next chunk is queued behind them.
-        mx.async_eval(kept)
-        self.flush()
-        self.unwritten = writes
-
-    def _writes(self, key: bytes) -> bool:
-        """Whether a full block `key` goes to this rank's disk: one it holds, or will, is not."""
-        if self.disk is None or self.disk.has(key):
-            return False
-        return all(k != key for k, _ in self.unwritten)
-
-    def flush(self) -> None:
-        """The blocks kept for the disk since the last cache step, as bytes to its writer."""
-        for key, layers in self.unwritten:
+        mx.eval(kept)  # copied now: the source cache may change or go next step
+        for key, layers in writes:
             self.disk.put(key, to_record(layers))
-        self.unwritten = []
-
-    def close(self) -> None:
-        """At the rank's end: every block kept for the disk written, within the disk's bound."""
-        if self.disk is not None:
-            self.flush()
-            self.disk.close()
 
     def fetch(self, lines: mx.array) -> mx.array:
         """A FETCH's lines (misses, key...), a chain of full blocks in order: bring the ones not in
         RAM back from disk for the next LOAD, and count a miss on every line from the first this
         rank (or a rank before it) cannot give."""
-        self.flush()  # a block still unwritten is found on disk like the others
         self.staged.clear()
         rows = lines.tolist()
         keys = [key_of(r[1 : 1 + KEY_INTS]) for r in rows]
@@ -182,6 +158,5 @@ class HeldBlocks:
         """The status row's disk fields: blocks held, their KiB, KiB written since the start."""
         if self.disk is None:
             return 0, 0, 0
-        self.flush()
         st = self.disk.stats()
         return st["blocks"], st["bytes"] >> 10, (st["written_bytes"] >> 10) % 2**31

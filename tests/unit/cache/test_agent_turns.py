@@ -58,7 +58,7 @@ def start(tiny, world, tokenizer, disk_dir: Path, ram_tokens: int):
 def stop(engine, thread, shard) -> None:
     engine.stop()
     thread.join(60)
-    shard.held.close()
+    shard.held.disk.close()
 
 
 def turns(engine, served, cchs) -> list[dict]:

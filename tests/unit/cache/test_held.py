@@ -36,7 +36,7 @@ def test_blocks_written_once_come_back_after_a_restart_and_load_as_the_prompts_s
     held, kv = HeldBlocks(0, disk), layers(0)
     held.keep(lines(ram=1), B, span_of(kv))
     held.keep(lines(ram=0), B, span_of(kv))  # a second prompt with the same start: no rewrite
-    held.close()
+    disk.close()
     assert disk.stats()["blocks"] == 2 and len(held.ram) == 2
     written = disk.stats()["written_bytes"]
 
@@ -52,9 +52,8 @@ def test_blocks_written_once_come_back_after_a_restart_and_load_as_the_prompts_s
 
 def test_a_spoilt_block_and_every_one_after_it_count_as_misses(tmp_path):
     disk = DiskTier(tmp_path, "ab", 1 << 30, floor_bytes=0)
-    held = HeldBlocks(0, disk)
-    held.keep(lines(ram=0), B, span_of(layers(1)))
-    held.close()
+    HeldBlocks(0, disk).keep(lines(ram=0), B, span_of(layers(1)))
+    disk.close()
     first = next(tmp_path.rglob(KEYS[0].hex() + ".kv"))
     first.write_bytes(first.read_bytes()[:-3])
     held = HeldBlocks(0, DiskTier(tmp_path, "ab", 1 << 30, floor_bytes=0))
