@@ -6,6 +6,7 @@ many tokens as the tightest rank; and `./launch.sh plan` shows each tier. Pure: 
 import json
 
 import pytest
+from modeshapes import LLAMA_CONFIG
 
 from mlx_ring.cache.kvbits import KVBits
 from mlx_ring.cache_sizes import WRITE_QUEUE_BYTES, disk_folder, disk_here, packed_share
@@ -175,20 +176,7 @@ def test_the_dry_run_shows_the_tiers(tmp_path, capsys):
 
     model = tmp_path / "llama"
     model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_hidden_layers": 32,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "vocab_size": 128256,
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
+    (model / "config.json").write_text(json.dumps(LLAMA_CONFIG | {"torch_dtype": "bfloat16"}))
     hosts = tmp_path / "hosts.json"
     mac = {"tflops": 17, "bandwidth_gbs": 480}
     hosts.write_text(
