@@ -3,6 +3,7 @@ before they are read, with seeds, penalties, a logit bias, alternatives, a gramm
 temperatures in the group, and every row draws what it draws when each step waits for its read."""
 
 import json
+import random
 
 import mlx.core as mx
 import pytest
@@ -156,3 +157,61 @@ def test_grammar_rows_chain_with_their_masks_computed_while_the_next_step_runs(
     for row in (chained[0], chained[2]):
         text = tokenizer.decode([i for i, _, _ in row])
         assert text.startswith("[") and all(c in "[]-, 0123456789" for c in text), text
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_rows_joining_and_leaving_ride_ahead_of_the_chained_step(tiny, shard, prefix):
+    """Sequences that arrive and leave all the while, with seeds, penalties and alternatives, and
+    (with the prompt cache) blocks saved and loaded: the calls, filters and joins go just before
+    the group's next step, which still goes out chained, with the tokens of unchained steps;
+    greedy rows decode what mlx-lm decodes for each alone."""
+    from ringutil import reference_logits
+
+    from mlx_ring.cache.blocks import BlockIndex
+
+    rng = random.Random(0)
+    kinds = [P(temperature=0.0), P(temperature=0.8, seed=9), P(temperature=0.0, top_logprobs=2)]
+    shared = [rng.randrange(1, 300) for _ in range(8)]  # a start some prompts share
+    spec = [
+        (
+            shared[: rng.randint(0, 8)]
+            + [rng.randrange(1, 300) for _ in range(rng.randint(2, 12))],
+            rng.randint(5, 30),
+            3 * i,
+            kinds[i % 3],
+        )
+        for i in range(14)
+    ]
+
+    def run(chain):
+        pipe = Pipeline(shard, Ring(mx.distributed.init()))
+        index = BlockIndex(1 << 16, block=4) if prefix else None
+        sched = Scheduler(pipe, shard, groups=1, chunk=8, prefix=index)
+        if not chain:
+            sched._may_chain = lambda g, rows: False
+        decodes, submit = [], pipe.submit
+        pipe.submit = lambda h, p, tag=None, chained=False: (
+            h.kind == Kind.DECODE and decodes.append(chained),
+            submit(h, p, tag, chained),
+        )
+        seqs = [Sequence(i, p, params) for i, (p, _, _, params) in enumerate(spec)]
+        got, step = {s.id: [] for s in seqs}, 0
+        while step <= spec[-1][2] or not sched.idle():
+            for s, (_, _, at, _) in zip(seqs, spec):
+                if at == step:
+                    sched.add(s)
+            for s, t in sched.step():
+                got[s.id].append((t.id, t.logprob, t.top))
+                if len(got[s.id]) == spec[s.id][1]:
+                    sched.remove(s)
+            step += 1
+        assert shard.status_row().open_sequences == 0 and sched.idle()
+        return [got[i] for i in range(len(spec))], sum(decodes) / len(decodes)
+
+    chained, share = run(True)
+    unchained, none = run(False)
+    assert share >= 0.95 and none == 0, share
+    assert same(chained, unchained)
+    for (prompt, n, _, params), row in zip(spec, chained):
+        if params.temperature == 0:
+            assert [i for i, _, _ in row] == reference_logits(tiny, prompt, n)[1]
