@@ -84,6 +84,10 @@ class Scheduler(Chooser):
         g.busy = False  # its step is home
         if not self._may_chain(g, rows):
             return None
+        if self.calls or self.to_free or g.joining or any(s.removed for s in rows):
+            # They go out first, and nothing leaves before this step's payload is read: read now,
+            # before the head and sampling are built on it (a wait once they were read sees none).
+            self.pipe.settle()
         return lambda ids: self._chained(g, rows, ids)
 
     def _chained(self, g: Group, rows: list[Sequence], ids: mx.array) -> None:
@@ -91,8 +95,6 @@ class Scheduler(Chooser):
         meanwhile (calls, frees, rows leaving or joining) goes first, as `_submit_next` would
         send it, so rows that left take no part and rows that joined feed their first token;
         where the ring has no room left for the step, it goes once the tokens are read."""
-        if self.calls or self.to_free or g.joining or any(s.removed for s in g.rows):
-            self.pipe.settle()  # a step not built on the last payload goes after it is read
         while self.pipe.can_submit() and (self._submit_queued() or self._submit_rows_change(g)):
             pass
         if not (g.rows and self.pipe.can_submit()):
