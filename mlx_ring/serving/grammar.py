@@ -55,10 +55,13 @@ class Constraint:
         """`token` was sampled: the matcher takes it and computes the next mask."""
         if self.error:
             return
-        if not self.matcher.consume_token(token):
-            self.error = f"the output left its grammar: {self.matcher.get_error()}"
-            return
-        self._fill()
+        try:
+            if not self.matcher.consume_token(token):
+                self.error = f"the output left its grammar: {self.matcher.get_error()}"
+                return
+            self._fill()
+        except Exception as e:  # fails this sequence alone, at its next sampling
+            self.error = f"constrained decoding failed: {e}"
 
     def _fill(self) -> None:
         fill_next_token_bitmask(self.matcher, self.mask)

@@ -57,9 +57,12 @@ class SequenceSampler:
         # The history's last tokens as an MLX array, extended by each step's ids as built (not
         # read): the processors read it inside the step's graph.
         self.context = mx.array(prompt[-CONTEXT:], dtype=mx.int32) if self.processors else None
-        # Every setting in one tuple, compared without a call: rows whose tuples
-        # are equal sample together.
-        self.settings = tuple(getattr(params, f.name) for f in fields(params))
+        # Every setting in one tuple (a dict as its items), compared and hashed without a call:
+        # rows whose tuples are equal sample together.
+        self.settings = tuple(
+            tuple(sorted(v.items())) if isinstance(v, dict) else v
+            for v in (getattr(params, f.name) for f in fields(params))
+        )
         self.step = 0
         bias = params.logit_bias or {}
         # checked against the logits each step
