@@ -159,15 +159,22 @@ class Chooser(Batching):
     def _submit_next(self) -> bool:
         if self._submit_queued():
             return True
-        # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
-        # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
+        lane = self._oldest_lane()
+        if lane is False:
+            return bool(self.calls) and self._submit_next()  # a FETCH the prefill lane just asked
+        return self._submit_lane(lane)
+
+    def _oldest_lane(self) -> Group | None | bool:
+        """The ready lane that waited longest: a decode group, None for the prompt queue, False
+        where none is ready. Decode groups and the prompt queue take turns, so a long prompt
+        cannot starve decoding and decoding cannot starve a waiting prompt."""
         ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
         if self._prefill_ready():
             ready.append((self.prefill_turn, None))
-        if not ready:
-            return bool(self.calls) and self._submit_next()  # a FETCH the prefill lane just asked
+        return min(ready, key=lambda x: x[0])[1] if ready else False
+
+    def _submit_lane(self, lane: Group | None) -> bool:
         self.turn += 1
-        _, lane = min(ready, key=lambda x: x[0])
         if lane is None:
             self.prefill_turn = self.turn
             return self._submit_chunk(self.filling or self._next_batch())
@@ -269,10 +276,10 @@ class Chooser(Batching):
 
     def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
         """Whether `g`'s next step may go out on the ids of its step home now (`rows`) before they
-        are read: the calls, frees and rows leaving or joining queued meanwhile go just before it
-        (`Scheduler._chain`). Not after a verification (its rejected drafts are dropped first)
-        and not when a row would draft next: drafts need this step's tokens read (none drafts
-        where speculative decoding is off: no call a row a step to ask)."""
+        are read: the calls, frees, rows leaving or joining and lanes that waited longer go just
+        before it where the ring has room (`Scheduler._chained`). Not while rejected drafts wait
+        to be dropped, and not when a row would draft next: drafts need this step's tokens read
+        (none drafts where speculative decoding is off: no call a row a step to ask)."""
         coming = [s for s in rows if not s.removed] + [s for b in g.joining for s in b.rows]
         return (
             self.pipe.can_submit()
