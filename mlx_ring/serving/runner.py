@@ -52,7 +52,7 @@ class Runner:
             # generate loop does): rank 0 then handles these tokens while that step computes.
             # Rows that finish now compute one token more, which is dropped.
             drawn = sample_lazy(samplers, logits)
-            self.pipe.prefetch(*drawn.first())
+            self.pipe.prefetch(*drawn.arrays())
             chain(mx.expand_dims(drawn.ids, 1))
             tokens = read_tokens(samplers, drawn)
         else:

@@ -127,9 +127,10 @@ class Drawn:
     top: dict[int, tuple[mx.array, mx.array]] = field(default_factory=dict)
     failed: dict[int, Exception] = field(default_factory=dict)
 
-    def first(self) -> list[mx.array]:
-        """What the next step and the tokens' report need; the alternatives can come after."""
-        return [self.ids] if self.logprobs is None else [self.ids, self.logprobs]
+    def arrays(self) -> list[mx.array]:
+        """Every array the tokens are read from."""
+        alternatives = [a for top in self.top.values() for a in top]
+        return [self.ids, *([] if self.logprobs is None else [self.logprobs]), *alternatives]
 
 
 def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> Drawn:
@@ -163,8 +164,8 @@ def sample_lazy(samplers: list[SequenceSampler], logits: mx.array) -> Drawn:
     back = mx.array(back)
     drawn.ids = mx.concatenate(ids)[back]
     if any(lp is not None for lp in logprobs):
-        nan = [mx.full(i.shape, math.nan) if lp is None else lp for i, lp in zip(ids, logprobs)]
-        drawn.logprobs = mx.concatenate(nan)[back]
+        filled = [mx.full(i.shape, math.nan) if lp is None else lp for i, lp in zip(ids, logprobs)]
+        drawn.logprobs = mx.concatenate(filled)[back]
     return drawn
 
 
@@ -210,7 +211,7 @@ def best(lp: mx.array, n: int) -> tuple[mx.array, mx.array]:
 def read_tokens(samplers: list[SequenceSampler], drawn: Drawn) -> list[Token | Exception]:
     """Materialise what `sample_lazy` built (a logprob of NaN where none was asked for); each
     row's sampler accepts its token, a row that failed gets its error."""
-    mx.eval(drawn.first(), list(drawn.top.values()))
+    mx.eval(drawn.arrays())
     picked = drawn.ids.tolist()
     logprobs = drawn.logprobs.tolist() if drawn.logprobs is not None else [math.nan] * len(picked)
     tokens = []
