@@ -39,6 +39,9 @@ SCENARIOS = {
         P(temperature=1.2, top_k=20, seed=2),
         P(temperature=0.0, logprobs=False),
     ],
+    # unseeded: drawn from MLX's global state, which a row that left moves once more (its next
+    # step was out already): only the share of chained steps is compared
+    "two temperatures": [P(temperature=0.7), P(temperature=1.3, top_k=40), P(temperature=0.7)],
     "everything at once": [
         P(temperature=0.9, seed=11, top_k=30, top_p=0.9, repetition_penalty=1.2, logprobs=False),
         P(temperature=0.5, seed=12, min_p=0.05, top_logprobs=4, logit_bias={5: 3.0}),
@@ -97,7 +100,8 @@ def test_decode_steps_chain_whatever_the_rows_ask_with_the_tokens_of_unchained_s
     chained, share = decode(shard, SCENARIOS[name])
     unchained, none = decode(shard, SCENARIOS[name], chain=False)
     assert share >= 0.95 and none == 0, (name, share)
-    assert same(chained, unchained), name
+    unseeded = any(p.temperature and p.seed is None for p in SCENARIOS[name])
+    assert unseeded or same(chained, unchained), name
     assert all(len(row) == TOKENS for row in chained)
     if name == "top_logprobs":  # the likeliest first, and greedy picks it
         assert all(len(top) == 3 and top[0][0] == i for i, _, top in chained[0])
