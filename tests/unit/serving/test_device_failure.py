@@ -121,9 +121,9 @@ def test_a_gpu_failure_at_the_batched_read_of_chained_steps_ends_the_engine(
 def test_a_gpu_failure_at_one_rows_own_read_fails_every_request_with_a_503_not_that_row_a_500(
     engine, parts, monkeypatch, caplog
 ):
-    # rows with a logit bias sample one by one, each caught alone: the GPU's error must not pass
-    # as that row's own failure while the others decode on
-    monkeypatch.setattr(sampling, "_read_row", fail_once(engine, sampling, "_read_row", 4))
+    # a row with a logit bias builds its sampling alone, each caught alone: the GPU's error must
+    # not pass as that row's own failure while the others decode on
+    monkeypatch.setattr(sampling, "_alone", fail_once(engine, sampling, "_alone", 4))
     biased = {"logit_bias": {"42": 1.0}, "temperature": 0.0, "max_tokens": 40}
     other = Outcome(engine, [5, 6, 7], temperature=0.0, logit_bias={43: 1.0})
     with caplog.at_level(logging.ERROR), client(engine, parts[3]) as http:
