@@ -98,6 +98,8 @@ def read_exact(sock: socket.socket, n: int, who: str) -> bytes:
     while len(data) < n:
         try:
             part = sock.recv(n - len(data))
+        except ConnectionResetError:  # closed with our beats unread: gone all the same
+            part = b""
         except OSError as e:
             raise RuntimeError(f"{who}'s control link failed: {e}") from e
         if not part:
