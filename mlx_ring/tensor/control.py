@@ -28,7 +28,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from mlx_ring.platform import keep_alive
+from mlx_ring.platform import keep_alive, local_network_hint
 from mlx_ring.ring.deadline import leave
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, ProtocolError
 from mlx_ring.ring.transport import PeerSilent
@@ -387,7 +387,9 @@ def _connect(addresses: list[str], port: int, rank: int, token: int, host0: str)
             sock.sendall(MESSAGE.pack(HELLO, rank) + TOKEN.pack(token))
             return Peer(_tune(sock), 0, host0)
         time.sleep(0.5)
+    said = "; ".join(errors[-len(addresses) :])
+    if "No route to host" in said and (hint := local_network_hint()):
+        said += f" ({hint})"
     raise RuntimeError(
-        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: "
-        + "; ".join(errors[-len(addresses) :])
+        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: {said}"
     )
