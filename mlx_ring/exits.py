@@ -8,6 +8,7 @@ SHUT_DOWN = 0  # the ring shut down (its SHUTDOWN step), or a worker on a SIGTER
 CRASHED = 1  # Python's own, for an exception nothing caught: a bug, or a tensor worker's RankLeft
 REFUSED = 2  # cannot start (a setting, a model, a host that differs), said in a refusal line
 RING_BROKEN = 75  # EX_TEMPFAIL: the ring broke under the rank (a peer left, a step went unanswered)
+HTTP_LOST = 71  # EX_OSERR: rank 0's HTTP process died (api/process.py), so rank 0 serves no one
 SSH_ENDED = 255  # ssh's, not the rank's: a remote rank's session was cut, or it died by a signal
 
 MARKER = "cannot start: "  # what the launcher finds a refusal by, wherever a line carries it

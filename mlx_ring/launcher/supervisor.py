@@ -74,6 +74,7 @@ ON_EXIT = {
     exits.CRASHED: RESTART,  # a bug may not recur; MAX_RESTARTS bounds one that does
     exits.REFUSED: STOP,  # it would refuse again: stop, with its reason
     exits.RING_BROKEN: RESTART,  # a peer left or went silent: a new ring mends it
+    exits.HTTP_LOST: RESTART,  # rank 0's HTTP process died: a new one comes with the new ring
     exits.SSH_ENDED: RESTART,  # a host gone is waited for first (healing.restart_hosts)
 }
 

@@ -74,6 +74,9 @@ class Engine:
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
         # the prompts prefilling now, as the engine thread last saw them (read by `stats`)
         self.prefills: tuple[PrefillProgress, ...] = ()
+        # False: the events carry tokens only, and the HTTP process makes their text (bridge.py)
+        self.detokenize = True
+        self.after_round: Callable[[], None] | None = None  # called at the end of every round
 
     # -- called from the HTTP thread
     # ----------------------------------------------------------------
@@ -212,6 +215,8 @@ class Engine:
                             "server_error",
                         ),
                     )
+        if self.after_round is not None:
+            self.after_round()
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
@@ -324,7 +329,8 @@ class Engine:
                 if self.closed:
                     req.emit(Failed(self.closed, 503, "service_unavailable"))
                     continue
-                self.active[seq.id] = Answer(req, seq, self.tokenizer)
+                tokenizer = self.tokenizer if self.detokenize else None
+                self.active[seq.id] = Answer(req, seq, tokenizer)
             self.sched.add(seq)
 
     def _prefilling(self) -> None:
