@@ -45,16 +45,15 @@ def served_model(hello: dict):
     """The model as the routes see it, from HELLO: the tokenizer loaded here, without MLX."""
     from mlx_ring.api.served import ServedModel
     from mlx_ring.api.tokenizer import GrammarCheck, load_tokenizer
-    from mlx_ring.models.shape import read_shape
+    from mlx_ring.models.shape import ModelShape
 
     s, t = hello["served"], hello["tokenizer"]
     tokenizer = load_tokenizer(t["path"], t["eos_token_ids"], t["defaults"])
     return ServedModel(
-        **s,
+        **{**s, "shape": ModelShape(**s["shape"])},
         tokenizer=tokenizer,
         cluster=wire.cluster_in(hello["cluster"]),
         grammars=GrammarCheck(tokenizer, hello["n_vocab"]),
-        shape=read_shape(s["config"]),
     )
 
 

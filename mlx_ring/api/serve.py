@@ -38,9 +38,10 @@ def served_model(cfg: Config, rank0: "Rank0", model_path) -> dict:
     from mlx_lm.utils import _tokenizer_defaults
 
     kv_room, tokenizer, model_config = rank0.kv_room, rank0.tokenizer, rank0.config
+    shape = read_shape(model_config)  # builds the model's classes: MLX, so here
     served = {
         "id": served_name(cfg.served_model_name, cfg.model, DEFAULT_MODEL),
-        "context_length": read_shape(model_config).context_length,
+        "context_length": shape.context_length,
         "default_max_tokens": cfg.default_max_tokens,
         "vocab_size": min(rank0.vocab, len(tokenizer.get_vocab())),
         "max_tokens_limit": cfg.max_tokens_limit,
@@ -51,6 +52,7 @@ def served_model(cfg: Config, rank0: "Rank0", model_path) -> dict:
         "config": model_config,
         "parameters": parameter_count(model_config),
         "weights": weights_held(model_config, rank0.dtype),
+        "shape": asdict(shape),
     }
     return {
         "served": served,

@@ -17,6 +17,8 @@ from mlx_ring.serving.port import Done, Failed, QueueFull, Request, Started, Una
 log = logging.getLogger(__name__)
 
 STATS_EVERY_S = 0.1  # the most the HTTP side's copy of the engine's figures lags while it runs
+# events left by no round (a ring failure fails every request off the engine's rounds) go after this
+STRAY_S = 0.05
 
 
 class Bridge:
@@ -36,11 +38,19 @@ class Bridge:
         engine.detokenize = False
         engine.after_round = self.flush
         self._reader = threading.Thread(target=self._read_all, name="from-http", daemon=True)
+        self._flushed = time.monotonic()
 
     def start(self, hello: dict) -> None:
         """Send HELLO (what the HTTP process serves), then read its messages."""
         self.out.put(wire.pack(wire.HELLO, **hello, stats=wire.stats_out(self.engine.stats())))
         self._reader.start()
+        threading.Thread(target=self._strays, name="strays", daemon=True).start()
+
+    def _strays(self) -> None:
+        while not self.closing:
+            time.sleep(STRAY_S)
+            if self._events and time.monotonic() - self._flushed > STRAY_S:
+                self.flush()
 
     def close(self) -> None:
         """The engine has stopped: send the last events and BYE, then close the socket (the HTTP
@@ -68,7 +78,7 @@ class Bridge:
                 self.queued.pop(rid, None)
             for rid in taken:
                 self.queued.pop(rid, None)
-            now = time.monotonic()
+            now = self._flushed = time.monotonic()
             ends = any(isinstance(ev, (Started, Done, Failed)) for _, ev in events)
             if stats or ends or taken or now - self._last_stats > STATS_EVERY_S:
                 self._last_stats = now
