@@ -36,13 +36,14 @@ from mlx_ring.platform import keep_awake
 from mlx_ring.platform_disk import raise_open_files
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
-from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.leftovers import drop_hostfile, note
-from mlx_ring.ring.sums import sum_group
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
+from mlx_ring.tensor.link import HeaderLink
+from mlx_ring.tensor.sums import sum_group
+from mlx_ring.tensor.worker import serve_tensor
 from shard import Shard, load_shard
 
 log = logging.getLogger("server")
@@ -118,9 +119,9 @@ def serve_rank0(
     """Rank 0: its scheduler and engine, warmed up (serving/startup.py), then the API over them
     (api/serve.py) until the engine stops."""
     from mlx_ring.api.serve import serve, served_model
-    from mlx_ring.ring.lockstep import Lockstep
     from mlx_ring.ring.pipeline import Pipeline
     from mlx_ring.serving.startup import assemble
+    from mlx_ring.tensor.lockstep import Lockstep
 
     pipe = Lockstep(shard, ring, shard.world) if shard.plan.tensor > 1 else Pipeline(shard, ring)
     rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)
@@ -175,7 +176,7 @@ def open_prompt_cache(cfg: Config, shard: Shard, model_id: str, model_path: Path
     if cfg.kv_bits:
         shard.held.kv = kvbits.for_model(cfg.kv_bits, read_shape(read_config(model_path)))
     shard.held.salt = tiers.salt(model_id, cfg.prompt_cache_block, shard.held.kv)
-    if shard.cacheable and (cfg.prompt_cache_gb or cfg.prompt_disk_gb != 0):
+    if shard.cacheable and (cfg.prompt_cache_gb != 0 or cfg.prompt_disk_gb != 0):
         shard.block = cfg.prompt_cache_block  # where a prefill notes its layers' states
     if not shard.cacheable or cfg.prompt_disk_gb == 0:
         return
@@ -250,7 +251,8 @@ def main() -> None:
         serve_rank0(cfg, shard, ring, model_path, spec, cluster, caps)
     # until rank 0's shutdown step passes by, the ring breaks, or a SIGTERM and a silent predecessor
     else:
-        serve_worker(shard, ring, cfg.drain_timeout, cfg.step_timeout)
+        serve = serve_tensor if shard.tensor else serve_worker
+        serve(shard, ring, cfg.drain_timeout, cfg.step_timeout)
     if shard.held.disk is not None:
         shard.held.disk.close()  # the blocks still queued, within a bound
     log.info("exiting")
@@ -263,3 +265,8 @@ if __name__ == "__main__":
     except ValueError as e:
         logging.getLogger("server").error("%s", exits.refusal(str(e)))
         sys.exit(exits.REFUSED)
+    # a worker's step, or a start-up's: the GPU failed, and what it computed is lost
+    except Exception as e:
+        if not gpu.is_device_failure(e):
+            raise
+        gpu.end_rank(e)

@@ -33,11 +33,11 @@ from mlx_ring.models.compat import (
 )
 from mlx_ring.models.slicing import Slice, lone_row_masks, share_offsets
 from mlx_ring.models.support import UNBATCHED, check_supported
-from mlx_ring.models.tensor import split_model
 from mlx_ring.planning.growth import growth_step
 from mlx_ring.planning.plan import LayerPlan
 from mlx_ring.platform import resident_bytes
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError, StatusRow
+from mlx_ring.tensor.cut import split_model
 
 
 def rss_kib() -> int:

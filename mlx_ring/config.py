@@ -41,8 +41,9 @@ class Config:
     # PARALLEL: auto | pipeline | tensor (planning/auto.py decides; plan.py's LayerPlan.tensor)
     parallel: str
     kv_tokens: int  # KV-cache tokens each rank reserves memory for when the layer plan is made
-    # per rank: KV caches of recent prompts kept for reuse (0: no prompt cache)
-    prompt_cache_gb: float
+    # per rank: GB of RAM for KV caches of recent prompts kept for reuse, at most (None: auto,
+    # as the layer plan leaves room: planning/promptcache.py; 0: no RAM tier)
+    prompt_cache_gb: float | None
     # per rank: GB of its disk for prompt-cache blocks (None: by the free space; 0: off)
     prompt_disk_gb: float | None
     prompt_disk_floor_gb: float | None  # free GB below which it stops writing (None: by the disk)
@@ -221,12 +222,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         raise ValueError(
             f"KV_TOKENS={a.kv_tokens} must be >= 0 (tokens of KV cache to keep room for)"
         )
-    if not a.prompt_cache_gb >= 0:
+    cache_gb = None if a.prompt_cache_gb == "auto" else _number(a.prompt_cache_gb)
+    if cache_gb is not None and not cache_gb >= 0:
         raise ValueError(
-            (
-                f"PROMPT_CACHE_GB={a.prompt_cache_gb} must be >= 0 (GB per rank; 0 turns "
-                "the prompt cache off)"
-            )
+            f"PROMPT_CACHE_GB={a.prompt_cache_gb!r} must be auto or GB >= 0 (GB of RAM per rank at "
+            "most; 0 turns the RAM tier off)"
         )
     if not 0 <= a.draft_tokens <= 16:
         raise ValueError(
@@ -285,7 +285,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, bool]:
         strategy=a.strategy,
         parallel=a.parallel,
         kv_tokens=a.kv_tokens,
-        prompt_cache_gb=a.prompt_cache_gb,
+        prompt_cache_gb=cache_gb,
         prompt_disk_gb=disk_gb,
         prompt_disk_floor_gb=floor_gb,
         prompt_cache_dir=None

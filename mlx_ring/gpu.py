@@ -1,6 +1,7 @@
 """The GPU a rank runs on: one GPU per rank on a multi-GPU host, and on Apple Silicon the memory
 Metal lets a rank wire, the command-buffer watchdog, and Metal's command-buffer errors named for
-the user, as MLX and mlx-lm meet them.
+the user, as MLX and mlx-lm meet them; and a GPU that failed a step (Metal's or CUDA's), which
+ends the rank.
 
 The decisions are pure functions of plain values (MLX's `device_info()` dict, measured speeds), so
 they are tested on recorded Macs from Linux. This module imports no MLX at the top: servers call
@@ -11,8 +12,9 @@ import logging
 import math
 import os
 import re
+from typing import NoReturn
 
-from mlx_ring import settings
+from mlx_ring import exits, settings
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -164,8 +166,10 @@ def watchdog_chunk(stages: list[tuple[str, float, float]], cap: int) -> int:
 # --- Metal's command-buffer errors ------------------------------------------------------------
 
 # MLX raises a failed command buffer's error as "[METAL] Command buffer execution failed: <what>
-# (<code>:kIOGPUCommandBufferCallbackError<Name>)"; a rank aborts with it ("libc++abi: terminating
-# due to uncaught exception ..."; ml-explore/mlx#479, #3224). Each name's cause, and what to do.
+# (<code>:kIOGPUCommandBufferCallbackError<Name>)." Before MLX 0.32.1 a rank aborted with it
+# ("libc++abi: terminating due to uncaught exception ..."; ml-explore/mlx#479, #3224); since, MLX
+# keeps it and raises it once, at a later eval or read, and the rank ends itself (`end_rank`).
+# Each name's cause, and what to do.
 METAL_ERRORS = {
     "ImpactingInteractivity": (
         "macOS stopped GPU work that kept the GPU from the display too long (Impacting "
@@ -221,6 +225,12 @@ DESCRIBED = {
 def metal_failure(output: str) -> str | None:
     """Metal's command-buffer error in a rank's `output`, named with its cause and what to do; None
     where there is none. The first error that is not a consequence of another is the cause."""
+    named = metal_named(output)
+    return None if named is None else f"a GPU command buffer failed ({named[0]}): {named[1]}"
+
+
+def metal_named(output: str) -> tuple[str, str] | None:
+    """`metal_failure`'s parts: the error's name (its code), and its cause and what to do."""
     names = [
         DESCRIBED.get(m.group(1).strip(), m.group(1).strip())
         for line in output.splitlines()
@@ -233,4 +243,53 @@ def metal_failure(output: str) -> str | None:
         name, (f"Metal reported {name!r}", "see the rank's log; the ring restarts")
     )
     code = f"kIOGPUCommandBufferCallbackError{name}" if name in METAL_ERRORS else name
-    return f"a GPU command buffer failed ({code}): {cause}; {fix}"
+    return code, f"{cause}; {fix}"
+
+
+# --- A GPU that failed a step ------------------------------------------------------------------
+
+# CUDA's sticky errors, as MLX raises them ("<call> failed: <cudaGetErrorString>"): the context is
+# lost, and every later call fails too. Out of memory and the like are not among them.
+CUDA_FAULTS = (
+    "an illegal memory access was encountered",
+    "an illegal instruction was encountered",
+    "misaligned address",
+    "operation not supported on global/shared address space",
+    "invalid program counter",
+    "hardware stack error",
+    "unspecified launch failure",
+    "the launch timed out and was terminated",
+    "device-side assert triggered",
+    "uncorrectable ECC error encountered",
+)
+DEVICE_FAILED = re.compile(
+    r"\[METAL\] Command buffer execution failed: [^\n]*"
+    r"|[^\n]* failed: (?:" + "|".join(map(re.escape, CUDA_FAULTS)) + ")"
+)
+
+
+def device_failure(e: BaseException) -> str | None:
+    """MLX's words for the GPU failing a step, in `e` or an error it was raised from (a ring step
+    wraps it), else None. What that step wrote (KV caches too) cannot be trusted, and MLX raises
+    it once only: a caller that went on would compute on garbage."""
+    found, seen = None, set()
+    while e is not None and id(e) not in seen:  # the innermost is MLX's own, unwrapped
+        seen.add(id(e))
+        if m := DEVICE_FAILED.search(str(e)):
+            found = m.group(0)
+        e = e.__cause__ or e.__context__
+    return found
+
+
+def is_device_failure(e: BaseException) -> bool:
+    """Whether `e` is the GPU failing a step (`device_failure`): it ends the rank, never one row."""
+    return device_failure(e) is not None
+
+
+def end_rank(e: BaseException, rank: int | None = None) -> NoReturn:
+    """End this rank whose GPU failed a step (`e`), with the line the launcher names it by
+    (`exits.gpu_failure`) and exit code DEVICE_FAILED. Never retried in the process."""
+    rank = int(settings.text("MLX_RANK") or 0) if rank is None else rank
+    log.error("%s", exits.gpu_failure(rank, device_failure(e) or str(e)))
+    logging.shutdown()
+    os._exit(exits.DEVICE_FAILED)

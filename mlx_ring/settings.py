@@ -131,11 +131,11 @@ _TABLE = (
     ),
     _s(
         "PROMPT_CACHE_GB",
-        "1",
+        "auto",
         FLAG,
-        "GB each rank keeps for the KV caches of recent prompts, reused by later prompts that "
-        "start alike (0: off)",
-        float,
+        "GB of RAM each rank keeps for the KV caches of recent prompts, reused by later prompts "
+        "that start alike (auto: half of what the layer plan leaves the rank; a number caps it; "
+        "0: off)",
     ),
     _s(
         "PROMPT_DISK_GB",

@@ -29,7 +29,6 @@ from mlx_ring.cache import kvbits, tiers  # noqa: E402
 from mlx_ring.cache.disk import DiskTier  # noqa: E402
 from mlx_ring.models.shape import read_shape  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
-from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
@@ -38,6 +37,8 @@ from mlx_ring.ring.world import init_world  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.serving.warmup import choose_groups  # noqa: E402
+from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
+from mlx_ring.tensor.worker import serve_tensor  # noqa: E402
 from shard import load_shard, rss_kib  # noqa: E402
 
 
@@ -149,7 +150,8 @@ def run(a, world, ring: Ring, model: Path, out: Path, sizes: str):
         json.dumps(shard.info() | {"rss_kib": rss_kib(), "size": size})
     )
     if rank != 0:
-        serve_worker(shard, ring)  # until rank 0's shutdown step for this model
+        # until rank 0's shutdown step for this model
+        (serve_tensor if shard.tensor else serve_worker)(shard, ring)
         return shard.held.disk and shard.held.disk.close()
 
     # Record the logits each sequence's token was sampled from, on both of the scheduler's paths.

@@ -1,5 +1,5 @@
 """Run under mlx.launch by tests/ring/test_tensor_matrix.py: each model, whole in this process and
-then split for tensor mode across the launch's ranks (`mlx_ring.models.tensor.cut`), on one prompt
+then split for tensor mode across the launch's ranks (`mlx_ring.tensor.cut`), on one prompt
 and greedy decode steps.
 
 For each `--model` (with its `--out` folder) every rank writes `started{r}`, then `refused{r}.txt`
@@ -26,8 +26,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from mlx_ring.models.tensor import cut, model_type
 from mlx_ring.ring.world import init_world
+from mlx_ring.tensor.cut import cut, model_type
+from mlx_ring.tensor.sums import summing
 
 
 def logits_of(model, prompt: list[int], feed: list[int] | None, steps: int):
@@ -47,7 +48,7 @@ def run(folder: Path, out: Path, group, prompt: list[int], steps: int) -> None:
     r = group.rank()
     model = load_model(folder, lazy=True)[0]
     try:  # first, so that a refused type costs no forward
-        how = cut(model, group, model_type(model))
+        how = cut(model, group, model_type(model), summing(group))
     except ValueError as e:
         (out / f"refused{r}.txt").write_text(str(e))
         return

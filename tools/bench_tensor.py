@@ -30,14 +30,15 @@ from step_split import split_generate_step, split_ring  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
-from mlx_ring.ring.headlink import HeaderLink  # noqa: E402
-from mlx_ring.ring.lockstep import Lockstep  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
-from mlx_ring.ring.sums import sum_group  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
+from mlx_ring.tensor.link import HeaderLink  # noqa: E402
+from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
+from mlx_ring.tensor.sums import sum_group  # noqa: E402
+from mlx_ring.tensor.worker import serve_tensor  # noqa: E402
 from shard import load_shard  # noqa: E402
 
 
@@ -118,7 +119,7 @@ def main():
             seconds, line = peer_loop(peer, n, tokens, a.prompt_of)
         elif pipe is None:  # a worker: serve steps until rank 0 lets it out
             if i == 0 or todo[i - 1][0] != "ring":
-                serve_worker(shard, ring)
+                (serve_tensor if shard.tensor else serve_worker)(shard, ring)
             continue
         else:
             seconds, line = run(sched, n, tokens, a.prompt_of)
@@ -148,7 +149,7 @@ def main():
     # a worker: through rank 0's split and traced runs (if any), then its events for rank 0
     if pipe is None:
         if (a.trace or a.split) and todo[-1][0] == "peer":
-            serve_worker(shard, ring)
+            (serve_tensor if shard.tensor else serve_worker)(shard, ring)
         if a.trace:
             path = trace_file(a.trace, ring.rank)
             part = path.with_name(path.name + ".part")

@@ -32,7 +32,8 @@ def run(trace: Path, argv: list[str]) -> None:
 
     one_gpu_per_rank()  # before `shard` starts MLX, as server.py does
     import shard  # noqa: I001 (after the line above)
-    from mlx_ring.ring import lockstep, pipeline
+    from mlx_ring.ring import pipeline
+    from mlx_ring.tensor import lockstep
     from mlx_ring.serving import engine, runner
 
     rounds, now = [], {}

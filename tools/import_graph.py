@@ -16,13 +16,14 @@ FLOOR = {
     "ring": 1,
     "models": 1,
     "cache": 2,
-    "planning": 2,
-    "serving": 3,
-    "hosts": 3,
-    "api": 4,
-    "launcher": 5,
-    "shard": 5,
-    "server": 6,
+    "tensor": 2,
+    "planning": 3,
+    "serving": 4,
+    "hosts": 4,
+    "api": 5,
+    "launcher": 6,
+    "shard": 6,
+    "server": 7,
 }
 
 

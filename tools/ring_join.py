@@ -17,6 +17,7 @@ from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import init_world
 from mlx_ring.serving.scheduler import Scheduler
+from mlx_ring.tensor.worker import serve_tensor
 from shard import load_shard
 
 
@@ -35,7 +36,7 @@ def join_ring(model: Path, trace: Path | None, layers: str | None = None) -> Pip
     ring = Ring(world)
     ring.trace = [] if trace else None
     if world.rank():
-        serve_worker(shard, ring)
+        (serve_tensor if shard.tensor else serve_worker)(shard, ring)
         if trace:  # whole or not at all: rank 0 reads it once it exists
             path = trace_file(trace, ring.rank)
             part = path.with_name(path.name + ".part")  # one a rank: they finish together

@@ -16,7 +16,7 @@ tier holds them: two ranks may share a machine) and a folder of another FORMAT; 
 recently used files go until the folder fits `cap_bytes`, and the keys held are read into memory,
 so `has` never touches the disk. A file's mtime is its last use (`get` touches what it reads).
 
-Writes: `put` only queues (bounded by `queue_bytes`, which the caller counts as memory); one
+Writes: `put` only queues (bounded by `queue_bytes`, which the layer plan counts as memory); one
 writer thread writes each block once, to a temporary file in its folder that `os.replace` puts in
 place. No fsync: it is slow on Apple's SSDs, and the checksums already keep a torn file from
 loading, so a kill -9 or a power cut loses blocks, never correctness. The writer deletes least
@@ -40,6 +40,7 @@ from pathlib import Path
 
 from mlx_ring.cache import blockfile, scopes
 from mlx_ring.cache.blockfile import FORMAT, Record
+from mlx_ring.cache_sizes import WRITE_QUEUE_BYTES
 
 __all__ = ["FORMAT", "DiskTier", "Record"]
 
@@ -69,7 +70,7 @@ class DiskTier:
         scope: str,
         cap_bytes: int,
         floor_bytes: int | None = None,
-        queue_bytes: int = 256 << 20,
+        queue_bytes: int = WRITE_QUEUE_BYTES,
     ):
         if not isinstance(scope, str) or not SCOPE.fullmatch(scope):
             raise ValueError(

@@ -77,7 +77,9 @@ class HeldBlocks:
         self.salt = b""  # what rank 0's keys chain from (cache/tiers.salt)
         self.kv = OFF  # KV_BITS: how its blocks are kept (cache/kvbits.py)
         self.ram: dict[bytes, list] = {}
-        self.staged: dict[bytes, list] = {}  # read back by a FETCH, for the next LOAD
+        # read back by a FETCH, for the next LOAD: one prompt's blocks past the RAM tier's (the
+        # layer plan counts a prompt of KV_TOKENS tokens: planning/promptcache.py)
+        self.staged: dict[bytes, list] = {}
 
     def ram_bytes(self) -> int:
         return sum(a.nbytes for layers in self.ram.values() for _, a in _flat(layers))

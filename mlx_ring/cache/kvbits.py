@@ -10,28 +10,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlx_ring.cache_sizes import GROUPS, group_size, head_columns, packed_share
+
 BITS = (0, 8, 4)  # KV_BITS' choices; 0: blocks kept as the cache holds them
-GROUPS = (64, 32)  # mlx-lm's group first; MLX quantizes in groups of 32, 64 or 128
-
-
-def group_size(columns: tuple[int, ...]) -> int:
-    """The group that divides every one of a layer's KV `columns` (a head's): 64, else 32;
-    ValueError where neither does."""
-    for g in GROUPS:
-        if all(c % g == 0 for c in columns):
-            return g
-    raise ValueError(
-        f"KV_BITS quantizes a head's KV columns ({', '.join(map(str, columns))} here) in groups "
-        "of 64 or 32, and neither divides them; set KV_BITS=0 for this model"
-    )
-
-
-def head_columns(shape) -> tuple[int, ...]:
-    """The columns a layer's cache holds per token and head (models/shape.ModelShape): a head's,
-    or, for latent attention, its compressed vector and its rotary key."""
-    if shape.kv_lora_rank:
-        return tuple(c for c in (shape.kv_lora_rank, shape.rope_head_dim) if c)
-    return (shape.head_dim,)
 
 
 @dataclass(frozen=True)
@@ -74,9 +55,7 @@ class KVBits:
     def share(self, itemsize: int) -> float:
         """A packed block's bytes per byte of the unpacked, whose values take `itemsize` bytes:
         `bits` per value, and a scale and a bias per group."""
-        if not self.bits:
-            return 1.0
-        return (self.bits / 8 + 2 * itemsize / self.group) / itemsize
+        return packed_share(self.bits, self.group, itemsize)
 
 
 OFF = KVBits()

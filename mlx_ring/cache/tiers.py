@@ -8,18 +8,14 @@ cut for another.
 """
 
 import logging
-import shutil
 from hashlib import blake2b
-from pathlib import Path
 
 from mlx_ring import platform_disk
 from mlx_ring.cache.blocks import BlockIndex
 from mlx_ring.cache.kvbits import OFF, KVBits
+from mlx_ring.cache_sizes import GIB, cap_bytes, disk_folder, floor_bytes
 
 log = logging.getLogger(__name__)
-
-GIB = 2**30
-AUTO_CAP_GB = 100  # the most an unset PROMPT_DISK_GB takes
 
 
 def salt(model_id: str, block: int, kv: KVBits = OFF) -> bytes:
@@ -38,31 +34,13 @@ def scope(key_salt: bytes, layers: tuple[int, int], share: tuple[int, int], dtyp
     return key_salt.hex() + own
 
 
-def floor_bytes(folder: Path, floor_gb: float | None) -> int:
-    """Free bytes below which the disk tier stops writing: the setting, else 20 GiB or a
-    tenth of the disk, whichever is more."""
-    if floor_gb is not None:
-        return int(floor_gb * GIB)
-    return max(20 * GIB, shutil.disk_usage(folder).total // 10)
-
-
-def cap_bytes(folder: Path, disk_gb: float | None, floor: int) -> int:
-    """PROMPT_DISK_GB in bytes, else a quarter of the free space above the floor (at most
-    AUTO_CAP_GB): the blocks already there count as free, since they are the tier's own."""
-    if disk_gb is not None:
-        return int(disk_gb * GIB)
-    held = sum(p.stat().st_size for p in folder.rglob("*.kv") if p.is_file())
-    free = shutil.disk_usage(folder).free + held
-    return max(0, min(AUTO_CAP_GB * GIB, (free - floor) // 4))
-
-
 def open_disk(cfg, key_salt: bytes, layers, share, dtype: str):
     """This rank's disk tier, or None when PROMPT_DISK_GB is 0 or leaves it no room."""
     if cfg.prompt_disk_gb == 0:
         return None
     from mlx_ring.cache.disk import DiskTier
 
-    folder = cfg.prompt_cache_dir or platform_disk.prompt_cache_folder(cache_dir=cfg.cache_dir)
+    folder = disk_folder(cfg.prompt_cache_dir, cfg.cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     platform_disk.exclude_from_backups(folder)
     floor = floor_bytes(folder, cfg.prompt_disk_floor_gb)

@@ -67,6 +67,8 @@ def why_left(
             f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, "
             "asleep or off the network); the ring restarts once it is back"
         )
+    if code == exits.DEVICE_FAILED:  # its line names the failure: `explain` adds it
+        return f"rank {rank} on {host} exited (code {code}: its GPU failed); the ring restarts"
     return (
         f"rank {rank} on {host} exited "
         f"({'killed' if code is None else f'code {code}'}); the ring restarts"
@@ -169,7 +171,9 @@ def run_ring(
                         shown_log_dir(s),
                     )
                     # a Metal error, ...
-                    reason = "; ".join([reason, *explain(attempt.read_text(errors="replace"))])
+                    reason = "; ".join(
+                        [reason, *explain(attempt.read_text(errors="replace"), hosts)]
+                    )
                     log.info("%s", reason)
                     tell_rank0(s, reason)
                 codes[rank] = code

@@ -27,7 +27,7 @@ from mlx_ring.planning.allsum import (
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal
 from mlx_ring.planning.capabilities import compute_units
 from mlx_ring.planning.modes import AllSum
-from mlx_ring.planning.planner import read_config
+from mlx_ring.planning.planner import blocks_for, read_config
 from mlx_ring.ring.launch import under_feed
 
 TIMEOUT_S = 120  # the ranks start (over ssh), connect, then time 80 all_sums each of two sizes
@@ -117,10 +117,12 @@ def choose(ring) -> None:
     """The plan in the mode PARALLEL gives or auto chooses, from what was measured (`ring`:
     preflight.py's Preflight)."""
     cfg, spec = ring.cfg, ring.spec
-    ring.split = shares_or_refusal(read_config(ring.model), len(ring.hosts))
+    config = read_config(ring.model)
+    ring.split = shares_or_refusal(config, len(ring.hosts))
     ring.allsum = ring.allsum or ring_allsum(cfg.cache_dir, read_hostfile(cfg.hostfile)[0])
+    ring.blocks = blocks_for(cfg, spec, config)
     try:
-        ring.plan, ring.caps, _, ring.choice = plan_mode(
+        ring.plan, ring.caps, ring.kept, ring.choice = plan_mode(
             spec,
             ring.measured,
             [h.keys for h in ring.hosts],
@@ -132,6 +134,7 @@ def choose(ring) -> None:
             split=ring.split,
             allsum=ring.allsum,
             links=ring.links,
+            blocks=ring.blocks,
         )
     except ValueError as e:
         ring.problems.append(f"{e} (free memory as measured on each host now)")

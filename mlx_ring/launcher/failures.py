@@ -1,10 +1,12 @@
 """What a failed ring's output says went wrong, in sentences that name the cause and what to do:
-Metal's command-buffer errors (gpu.metal_failure) and MLX's ring connect failures (`[ring] Couldn't
-connect (error: N)`, with the Local Network hint where the rank that failed runs on a Mac)."""
+a rank whose GPU failed a step (its line, exits.gpu_failure), Metal's command-buffer errors
+(gpu.metal_failure) and MLX's ring connect failures (`[ring] Couldn't connect (error: N)`, with
+the Local Network hint where the rank that failed runs on a Mac)."""
 
 import re
 
-from mlx_ring.gpu import metal_failure
+from mlx_ring import exits
+from mlx_ring.gpu import metal_failure, metal_named
 from mlx_ring.platform import connect_error, ranks_local_network_hint
 
 # MLX 0.32's wording, and the newer one that tries every resolved address; world.init_world
@@ -81,15 +83,42 @@ def deadline_failure(output: str) -> str | None:
     return m.group("why") if m else None
 
 
-def explain(output: str) -> list[str]:
-    """Every cause the ranks' `output` names, each a sentence with its fix."""
-    return [
-        s
-        for s in (
-            metal_failure(output),
-            ring_connect_failure(output),
-            jaccl_join_failure(output),
-            deadline_failure(output),
+def rank_on(rank: int, hosts: list[str]) -> str:
+    """`rank N on HOST` (`rank N` for one on this machine), as the launcher names a rank."""
+    host = hosts[rank] if rank < len(hosts) else "127.0.0.1"
+    return f"rank {rank}" + (f" on {host}" if host != "127.0.0.1" else "")
+
+
+def gpu_failed(output: str, hosts: list[str] = ()) -> list[str]:
+    """Each rank whose GPU failed a step, as its own line said it (it then exited DEVICE_FAILED),
+    named with its host (`hosts`: by rank), the cause and what to do."""
+    said = []
+    for rank, words in sorted(exits.gpu_failures(output).items()):
+        named = metal_named(words)
+        said.append(
+            f"{rank_on(rank, hosts)}: the GPU failed a command buffer ({named[0]}): {named[1]}"
+            if named
+            else f"{rank_on(rank, hosts)}: the GPU failed a kernel ({words}): the GPU's context is "
+            "lost with what it computed; the ring restarts; if it recurs, report it with the "
+            "model and the rank logs"
         )
-        if s
+    return said
+
+
+def explain(output: str, hosts: list[str] = ()) -> list[str]:
+    """Every cause the ranks' `output` names, each a sentence with its fix; `hosts`: the ranks'
+    hosts, by rank, to name them."""
+    gpus = gpu_failed(output, hosts)
+    return [
+        *gpus,
+        *(
+            s
+            for s in (
+                None if gpus else metal_failure(output),  # a rank that aborted with it
+                ring_connect_failure(output),
+                jaccl_join_failure(output),
+                deadline_failure(output),
+            )
+            if s
+        ),
     ]

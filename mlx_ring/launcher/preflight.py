@@ -19,6 +19,7 @@ from mlx_ring.planning.auto import ModeChoice
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import LayerPlan, ModelSpec
+from mlx_ring.planning.promptcache import Blocks
 from mlx_ring.rundir import RunDir
 
 
@@ -63,6 +64,9 @@ class Preflight:
     # each hop (rtt ms, Gbit/s), as check measured them
     links: list[tuple[float, float]] | None = None
     choice: ModeChoice | None = None  # the mode and why (PARALLEL)
+    # how the ranks keep the prompt cache's blocks, and each rank's RAM tier (GB), as planned
+    blocks: Blocks | None = None
+    kept: list[float] | None = None
 
 
 def each_host(ring: Preflight, fn) -> dict:

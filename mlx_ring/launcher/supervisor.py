@@ -14,7 +14,7 @@ from mlx_ring import exits
 from mlx_ring.config import ROOT
 from mlx_ring.hosts import ssh
 from mlx_ring.launcher.attempt import rank_hosts, run_ring, sweep_hosts
-from mlx_ring.launcher.failures import explain
+from mlx_ring.launcher.failures import explain, rank_on
 from mlx_ring.launcher.healing import Away, hosts_up, restart_hosts, watch_away
 from mlx_ring.launcher.launch_settings import LaunchSettings
 from mlx_ring.launcher.processes import PYTHON, alive, kill_group, read_pid
@@ -59,8 +59,8 @@ def drain_rank0(s: LaunchSettings) -> None:
 def exit_codes(codes: dict, hosts: list[str]) -> str:
     """The ranks' real exit codes (mlx.launch's own is 0 whatever they did)."""
     named = [
-        f"rank {r}{f' on {hosts[r]}' if r < len(hosts) and hosts[r] != '127.0.0.1' else ''}: "
-        f"{'killed' if c is None else f'code {c}'}"
+        f"{rank_on(r, hosts)}: {'killed' if c is None else f'code {c}'}"
+        + (" (its GPU failed)" if c == exits.DEVICE_FAILED else "")
         for r, c in sorted(codes.items())
     ]
     return ", ".join(named) or "no rank reported"
@@ -73,6 +73,9 @@ ON_EXIT = {
     exits.SHUT_DOWN: RESTART,  # every rank did, unasked: rank 0 drained on another's SIGTERM
     exits.CRASHED: RESTART,  # a bug may not recur; MAX_RESTARTS bounds one that does
     exits.REFUSED: STOP,  # it would refuse again: stop, with its reason
+    # its GPU failed a step: as a crash, a fresh process may not meet it again (MAX_RESTARTS
+    # bounds one that does); the cause is named from the rank's line (failures.gpu_failed)
+    exits.DEVICE_FAILED: RESTART,
     exits.RING_BROKEN: RESTART,  # a peer left or went silent: a new ring mends it
     exits.HTTP_LOST: RESTART,  # rank 0's HTTP process died: a new one comes with the new ring
     exits.SSH_ENDED: RESTART,  # a host gone is waited for first (healing.restart_hosts)
@@ -143,8 +146,8 @@ def supervise(s: LaunchSettings, args: list[str]) -> int:
             log.info("not restarting: %s", why)
             return 3
         tries = 1 if time.monotonic() - t0 > SERVED_A_WHILE else tries + 1
-        # what the ranks printed, named with its fix: a Metal error, a ring connect
-        causes = explain(out)
+        # what the ranks printed, named with its fix: a GPU's failure, a ring connect
+        causes = explain(out, rank_hosts(s))
         for cause in causes:
             log.info("%s", cause)
         said = "; ".join([exit_codes(codes, rank_hosts(s)), *causes])

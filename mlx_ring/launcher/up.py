@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlx_ring import exits, settings
+from mlx_ring.cache_sizes import disk_here
 from mlx_ring.config import ROOT, Config, parse_config, settings_to_forward
 from mlx_ring.hostfile import Host, hostfile_backend, mlx_hostfile, read_hostfile
 from mlx_ring.hosts import provision
@@ -39,6 +40,7 @@ from mlx_ring.planning.assemble import serving
 from mlx_ring.planning.auto import with_choice
 from mlx_ring.planning.capabilities import Capabilities
 from mlx_ring.planning.planner import dtype_of, hidden_size
+from mlx_ring.planning.promptcache import format_disk
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.rundir import LaunchDir
@@ -193,9 +195,22 @@ def check(ring: Preflight, as_json: bool) -> None:
             shares = ring.split if isinstance(ring.split, list) else None
             predicted = with_choice(
                 summary(
-                    ring.spec, ring.caps, ring.plan, ring.cfg.kv_tokens, hops, shares, ring.allsum
+                    ring.spec,
+                    ring.caps,
+                    ring.plan,
+                    ring.cfg.kv_tokens,
+                    hops,
+                    shares,
+                    ring.allsum,
+                    ring.kept,
+                    ring.blocks,
+                    ring.cfg.prompt_cache_gb,
                 ),
                 ring.choice,
+            )
+            c = ring.cfg  # the disk tier as this machine sizes it
+            predicted["disk_tier"] = disk_here(
+                c.prompt_disk_gb, c.prompt_disk_floor_gb, c.prompt_cache_dir, c.cache_dir
             )
     notes = "\n".join(rdma_notes(ring.hosts, ring.facts, hostfile_backend(ring.cfg.hostfile)))
     if as_json:
@@ -212,9 +227,13 @@ def check(ring: Preflight, as_json: bool) -> None:
             )
         )
     else:
-        print(
-            "\n".join(x for x in (table, notes, text, predicted and format_summary(predicted)) if x)
+        plan = predicted and "\n".join(
+            [
+                format_summary(predicted),
+                format_disk(predicted["disk_tier"], predicted.get("prompt_cache", {})),
+            ]
         )
+        print("\n".join(x for x in (table, notes, text, plan) if x))
 
 
 def run(a, cfg: Config, opts: Launch) -> Preflight:

@@ -1,6 +1,6 @@
 """A model's shape (hidden size, layers, heads, MLP and experts, tied head, context) read from
 its config.json in one place, for the planner (`planning/sizes.py`), the tensor cutter
-(`models/tensor_shares.py`) and Ollama's /api/show, so that none of them reads the file its own way.
+(`tensor/shares.py`) and Ollama's /api/show, so that none of them reads the file its own way.
 
 Read as mlx-lm reads it: from the arguments of the model mlx-lm builds for the config (lazily:
 no weight is made), its defaults included; from the config's own keys where mlx-lm cannot build it.

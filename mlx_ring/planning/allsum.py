@@ -58,6 +58,8 @@ def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -
     BUDGET_S, so all run the same collectives."""
     import mlx.core as mx
 
+    from mlx_ring.tensor.sums import summing
+
     dt = getattr(mx, dtype if dtype in ("float32", "float16", "bfloat16") else "float16")
     out = {
         "hidden": hidden,
@@ -67,11 +69,11 @@ def measure(world, hidden: int, dtype: str = "bfloat16", rounds: int = ROUNDS) -
         "probe": PROBE,
     }
     xs = {rows: mx.ones((rows, hidden), dtype=dt) for rows in ROWS}
+    all_sum = summing(world)  # the layers' own
 
     def chained(x, chain):
         for _ in range(chain):
-            # stays ones: no overflow
-            x = mx.distributed.all_sum(x, group=world) * (1 / world.size())
+            x = all_sum(x) * (1 / world.size())  # stays ones: no overflow
         return x
 
     ts: dict[int, list[float]] = {rows: [] for rows in ROWS}
@@ -207,8 +209,8 @@ def main(argv: list[str]) -> None:
     """`./launch.sh probe allsum HIDDEN DTYPE` on every rank under mlx.launch: rank 0
     prints `{"allsum": {...}}`."""
     from mlx_ring.ring.leftovers import drop_hostfile
-    from mlx_ring.ring.sums import sum_group
     from mlx_ring.ring.world import init_world, ring_description
+    from mlx_ring.tensor.sums import sum_group
 
     hidden, dtype = int(argv[0]), argv[1]
     # Joined as a rank joins: among the rest, its stdin closed, without which mlx.launch

@@ -21,6 +21,7 @@ from mlx_ring.planning.modes import (
     tensor_tokens_per_s,
 )
 from mlx_ring.planning.plan import LayerPlan, ModelSpec, tensor_plan
+from mlx_ring.planning.promptcache import PLAIN, Blocks, set_aside
 from mlx_ring.planning.split import ShareSize, even_sizes, tensor_shares
 
 MODES = ("auto", "pipeline", "tensor")
@@ -45,13 +46,22 @@ def predict(
     allsum: AllSum,
     kv_tokens: int,
     links: list[tuple[float, float]] | None = None,
+    prompt_cache_gb: float | None = 0.0,
+    blocks: Blocks = PLAIN,
 ) -> dict:
     """Each mode's prediction as plain data: `error` (why it cannot run, "" if it can), decoded
     `tokens_per_s` per number of streams (one: per stream; more: aggregate), `first_token_s` of a
-    long prompt, `kv_capacity_tokens`; tensor also what its all_sums cost. `pipeline` is the
-    pipeline's plan or why none fits; `split` each rank's share in tensor mode, or why the model
-    does not split."""
+    long prompt, `kv_capacity_tokens` (beside the prompt cache: `promptcache.set_aside`); tensor
+    also what its all_sums cost. `pipeline` is the pipeline's plan or why none fits; `split` each
+    rank's share in tensor mode, or why the model does not split."""
     n = len(caps)
+
+    def room(plan: LayerPlan, shares=None) -> int:
+        held, _ = set_aside(model, caps, plan, kv_tokens, prompt_cache_gb, blocks, shares)
+        if shares is None:
+            return kv_room(model, held, plan, kv_tokens)
+        return tensor_kv_room(model, held, shares, kv_tokens)
+
     out = {}
     if isinstance(pipeline, LayerPlan):
         out["pipeline"] = {
@@ -62,7 +72,7 @@ def predict(
                 for s in STREAMS
             },
             "first_token_s": round(pipeline_first_token(model, caps, pipeline, PROMPT, links), 3),
-            "kv_capacity_tokens": kv_room(model, caps, pipeline, kv_tokens),
+            "kv_capacity_tokens": room(pipeline),
         }
     else:
         out["pipeline"] = {"error": pipeline}
@@ -89,7 +99,7 @@ def predict(
                 for s in STREAMS
             },
             "first_token_s": round(tensor_first_token(model, caps, split, allsum, PROMPT), 3),
-            "kv_capacity_tokens": tensor_kv_room(model, caps, split, kv_tokens),
+            "kv_capacity_tokens": room(tensor_plan(model.n_layers, n), split),
             **comm,
         }
     return out
@@ -146,18 +156,20 @@ def plan_mode(
     strategy: str,
     kv_tokens: int,
     layers=None,
-    prompt_cache_gb: float = 0.0,
+    prompt_cache_gb: float | None = 0.0,
     provisioned=None,
     split: list[float] | str = "",
     allsum: AllSum | None = None,
     links: list[tuple[float, float]] | None = None,
+    blocks: Blocks = PLAIN,
 ) -> tuple[LayerPlan, list[Capabilities], list[float], ModeChoice]:
-    """(plan, each rank's capabilities as planned with, GB kept for the prompt cache, the
+    """(plan, each rank's capabilities less its prompt cache, the GB of each rank's RAM tier, the
     choice): the pipeline's plan as `plan_for` makes it or every rank's share of every
     layer, as PARALLEL says. A `provisioned` plan of one stage on several ranks is a tensor
-    plan the launcher chose."""
+    plan the launcher chose. `prompt_cache_gb` and `blocks`: the prompt cache, as `plan_for`
+    takes them."""
     allsum = allsum or DEFAULT_ALLSUM["ring"]
-    caps, kept = ring_caps(measured, host_keys, prompt_cache_gb)
+    caps = ring_caps(measured, host_keys)
     n = len(caps)
     # the mode of the plan the launcher provisioned: one stage on several ranks is tensor mode
     shipped = ""
@@ -166,13 +178,12 @@ def plan_mode(
         provisioned = provisioned if shipped == "pipeline" else None
     try:
         pipe: LayerPlan | str = plan_for(
-            spec, measured, host_keys, strategy, kv_tokens, layers, prompt_cache_gb, provisioned
+            spec, measured, host_keys, strategy, kv_tokens, layers, 0.0, provisioned
         )[0]
     except ValueError as e:
         pipe = str(e)
-    modes = predict(
-        spec, caps, pipe, split if split != "" else even_sizes(n), allsum, kv_tokens, links
-    )
+    shares = split if split != "" else even_sizes(n)
+    modes = predict(spec, caps, pipe, shares, allsum, kv_tokens, links, prompt_cache_gb, blocks)
     if shipped:
         mode, reason = decide(shipped, n, modes)  # raises where the shipped mode cannot run here
         try:  # the launcher's reason, where these inputs give its choice; else only that it chose
@@ -188,7 +199,10 @@ def plan_mode(
         fixed = "LAYERS" if layers else "STRATEGY=custom" if strategy == "custom" else ""
         mode, reason = decide(parallel, n, modes, fixed)
     plan = pipe if mode == "pipeline" else tensor_plan(spec.n_layers, n, strategy)
-    return plan, caps, kept, ModeChoice(mode, reason, modes)
+    held, kept = set_aside(
+        spec, caps, plan, kv_tokens, prompt_cache_gb, blocks, None if plan.tensor == 1 else shares
+    )
+    return plan, held, kept, ModeChoice(mode, reason, modes)
 
 
 def with_choice(summary: dict, choice: ModeChoice) -> dict:

@@ -1,5 +1,5 @@
 """What each rank can hold and do, as the layer plan takes it: measured or declared in hosts.json,
-shared between ranks on one host, less the memory kept for the prompt cache. Pure, no MLX."""
+and shared between ranks on one host. Pure, no MLX."""
 
 from dataclasses import dataclass, replace
 
@@ -116,11 +116,3 @@ def compute_units(caps: list[Capabilities]) -> int:
     """How many devices the ranks compute on: ranks on one host take turns on its cores (or its one
     GPU) unless each has a GPU or cores of its own (its `unit`), so together they count once."""
     return len({(c.host, c.unit) for c in caps})
-
-
-def set_aside(caps: list[Capabilities], gb: float) -> tuple[list[Capabilities], list[float]]:
-    """Each rank's memory less what it keeps for its prompt cache (PROMPT_CACHE_GB, at
-    most a quarter of what the rank may fill, so a small host still takes layers): (caps,
-    GB kept per rank)."""
-    kept = [min(gb, c.usable_gb / 4) for c in caps]
-    return [replace(c, usable_gb=c.usable_gb - k) for c, k in zip(caps, kept)], kept

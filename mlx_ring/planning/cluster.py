@@ -24,8 +24,12 @@ class Planned:
     share: float | None = None  # tensor mode: its share of every layer (None: a pipeline's stage)
     # tensor mode: its part of every layer's KV cache (its KV heads)
     cache_share: float | None = None
-    # set aside for the prompt cache on this rank (None: not planned)
+    # its prompt cache's RAM tier (None: not planned), and the tokens of its blocks that holds
     prompt_cache_gb: float | None = None
+    prompt_cache_tokens: int | None = None
+    # its disk tier's write queue and restore staging (None: no disk tier, or not planned)
+    disk_queue_gb: float | None = None
+    restore_gb: float | None = None
     # its caches for the KV room every rank grants (None: not planned)
     kv_room_gb: float | None = None
     most_gb: float | None = None  # the most it holds: weights, runtime, KV room and prompt cache

@@ -22,7 +22,7 @@ STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
 CHUNK = 512  # prompt tokens a prefill step takes where PREFILL_CHUNK is auto
 # A tensor rank's host work per layer and step. On a GPU whose ring carries the step headers on a
-# link of their own (ring/headlink.py), every rank builds a step while its device runs the last one,
+# link of their own (tensor/link.py), every rank builds a step while its device runs the last one,
 # as mlx-lm's own loop does: the host's whole work (Python and MLX's encoding) hides behind the
 # device's, or the device's behind it; rank 0's thread was as busy as mlx-lm's loop's
 # (`tools/bench_tensor.py --split`, figures in docs/benchmarks.md).

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from mlx_ring.cache_sizes import GROUPS, disk_here, group_size, head_columns, packed_share
 from mlx_ring.config import Config, parse_config
 from mlx_ring.hostfile import host_keys, load_entries
+from mlx_ring.models.shape import read_shape
 from mlx_ring.planning.allsum import backend_of, ring_allsum, ring_key
 from mlx_ring.planning.assemble import plan_for, serving
 from mlx_ring.planning.auto import plan_mode, shares_or_refusal, with_choice
@@ -21,6 +23,7 @@ from mlx_ring.planning.capabilities import Capabilities, compute_units, declared
 from mlx_ring.planning.cost import layer_kv_bytes
 from mlx_ring.planning.modes import AllSum
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
+from mlx_ring.planning.promptcache import Blocks, format_disk
 from mlx_ring.planning.report import format_summary, summary
 from mlx_ring.planning.sizes import DTYPE_BYTES, spec_from_folder
 from mlx_ring.planning.split import ShareSize
@@ -36,6 +39,20 @@ def dtype_of(spec: ModelSpec) -> str:
         if spec.dtype.split()[0] in ("float32", "float16", "bfloat16")
         else "float16"
     )
+
+
+def blocks_for(cfg: Config, spec: ModelSpec, config: dict | None) -> Blocks:
+    """How the ranks keep the prompt cache's blocks: on a disk tier too unless PROMPT_DISK_GB=0,
+    at KV_BITS in the group the model's heads take (64 where its config is unknown or fits none:
+    the ranks refuse such a model at start), in blocks of PROMPT_CACHE_BLOCK."""
+    share = 1.0
+    if cfg.kv_bits:
+        try:
+            group = group_size(head_columns(read_shape(config))) if config else GROUPS[0]
+        except (ValueError, KeyError, TypeError):
+            group = GROUPS[0]
+        share = packed_share(cfg.kv_bits, group, DTYPE_BYTES.get(dtype_of(spec), 2))
+    return Blocks(disk=cfg.prompt_disk_gb != 0, kv_share=share, block=cfg.prompt_cache_block)
 
 
 def plan_ring(
@@ -54,8 +71,8 @@ def plan_ring(
     as it is: each host holds only its slice."""
     from mlx_ring.planning.allsum import fit, measure, remember
     from mlx_ring.planning.probe import local_capabilities
-    from mlx_ring.ring.sums import nccl_sums
     from mlx_ring.ring.world import exchange
+    from mlx_ring.tensor.sums import nccl_sums
 
     rank, size = world.rank(), world.size()
     mine = {"caps": asdict(local_capabilities(cfg.cache_dir, dtype_of(spec), rank))}
@@ -82,6 +99,7 @@ def plan_ring(
             "layers": list(cfg.layers) if cfg.layers else None,
             "kv_tokens": cfg.kv_tokens,
             "prompt_cache_gb": cfg.prompt_cache_gb,
+            "blocks": asdict(blocks_for(cfg, spec, config)),
             "hosts": hosts,
             "spec": asdict(serving(spec, cfg.prefill_chunk, cfg.max_active)),
             "provisioned": [cfg.plan[0], list(cfg.plan[1])] if cfg.plan else None,
@@ -96,6 +114,7 @@ def plan_ring(
     )
     spec = ModelSpec(**lead["spec"])
     allsum = AllSum(**lead["allsum"])
+    blocks = Blocks(**lead["blocks"])
     # Nothing to measure where tensor mode is out whatever its links cost: a model that does
     # not split, or ranks that take turns on one device (each would do the whole model's work,
     # and the all_sums too).
@@ -135,6 +154,7 @@ def plan_ring(
         lead["provisioned"],
         lead["split"],
         allsum,
+        blocks=blocks,
     )
     return (
         plan,
@@ -148,6 +168,8 @@ def plan_ring(
                 shares=_shares(lead["split"]),
                 allsum=allsum,
                 kept=kept,
+                blocks=blocks,
+                ram_cap_gb=lead["prompt_cache_gb"],
             ),
             choice,
         ),
@@ -223,7 +245,8 @@ def dry_run_inputs(
 
 def dry_run(cfg: Config) -> dict:
     """What `./launch.sh plan` prints: the plan the ring would run, each mode's predictions and
-    why the mode, and every other strategy's pipeline."""
+    why the mode, the prompt cache's tiers (the disk tier as this machine would size it), and
+    every other strategy's pipeline."""
     spec, measured, keys, notes, folder = dry_run_inputs(cfg)
     spec = serving(spec, cfg.prefill_chunk, cfg.max_active)
     entries = load_entries(cfg.hostfile)
@@ -233,10 +256,14 @@ def dry_run(cfg: Config) -> dict:
             "the all_sum was not measured on this ring (`./launch.sh check` measures it): tensor "
             f"mode is predicted with the {allsum.source}"
         )
-    split = shares_or_refusal(read_config(folder), len(measured))
+    config = read_config(folder)
+    split = shares_or_refusal(config, len(measured))
+    blocks = blocks_for(cfg, spec, config)
 
     def plan(strategy: str, layers=None):
-        return plan_for(spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb)
+        return plan_for(
+            spec, measured, keys, strategy, cfg.kv_tokens, layers, cfg.prompt_cache_gb, None, blocks
+        )
 
     chosen, caps, kept, choice = plan_mode(
         spec,
@@ -250,9 +277,20 @@ def dry_run(cfg: Config) -> dict:
         None,
         split,
         allsum,
+        blocks=blocks,
     )
     out = with_choice(
-        summary(spec, caps, chosen, cfg.kv_tokens, shares=_shares(split), allsum=allsum, kept=kept),
+        summary(
+            spec,
+            caps,
+            chosen,
+            cfg.kv_tokens,
+            shares=_shares(split),
+            allsum=allsum,
+            kept=kept,
+            blocks=blocks,
+            ram_cap_gb=cfg.prompt_cache_gb,
+        ),
         choice,
     )
     others = {}
@@ -283,6 +321,9 @@ def dry_run(cfg: Config) -> dict:
         "model": model,
         "hostfile": str(cfg.hostfile),
         **out,
+        "disk_tier": disk_here(
+            cfg.prompt_disk_gb, cfg.prompt_disk_floor_gb, cfg.prompt_cache_dir, cfg.cache_dir
+        ),
         "other_strategies": others,
         "notes": notes,
     }
@@ -296,6 +337,7 @@ def format_dry_run(d: dict) -> str:
         f"{d['kv_tokens']} tokens: {m['kv_reserve_gb']:.2f} GB",
         f"plan {d['strategy'] if d['mode'] == 'pipeline' else 'tensor'} for {d['hostfile']}:",
         format_summary(d),
+        format_disk(d["disk_tier"], d["prompt_cache"]),
     ]
     alt = []
     for s, o in d["other_strategies"].items():

@@ -21,6 +21,14 @@ from mlx_ring.planning.modes import (
     tensor_parts,
 )
 from mlx_ring.planning.plan import GIB, LayerPlan, ModelSpec
+from mlx_ring.planning.promptcache import (
+    Blocks,
+    buffers,
+    format_cache,
+    rank_figures,
+    rank_parts,
+    ring_figures,
+)
 from mlx_ring.planning.split import ShareSize, even_sizes
 
 
@@ -33,14 +41,17 @@ def summary(
     shares: list[ShareSize] | None = None,
     allsum: AllSum | None = None,
     kept: list[float] | None = None,
+    blocks: Blocks | None = None,
+    ram_cap_gb: float | None = None,
 ) -> dict:
     """The plan with its predictions, as plain data (for logs, `launch.sh plan --json`,
     /cluster/status). `links`: each hop's measured (round trip ms, Gbit/s), from `./launch.sh
     check`; else hops count 0. A tensor plan's ranks each hold `shares` of every layer (equal
-    where None), joined by `allsum`. `kept`: the GB each rank keeps for its prompt cache
-    (`plan_for`'s), counted in its memory figure."""
+    where None), joined by `allsum`. `kept`: the GB of each rank's RAM tier (`plan_for`'s),
+    counted in its memory figure; with `blocks` (how they are kept) also the tokens they hold,
+    the disk tier's buffers, and the ring's `prompt_cache` (PROMPT_CACHE_GB: `ram_cap_gb`)."""
     if plan.tensor > 1:
-        return tensor_summary(
+        out = tensor_summary(
             model,
             caps,
             plan,
@@ -48,7 +59,9 @@ def summary(
             shares or even_sizes(plan.size),
             allsum or DEFAULT_ALLSUM["ring"],
             kept,
+            blocks,
         )
+        return with_cache(out, model, plan, shares, kept, blocks, ram_cap_gb)
     stages = stage_seconds(model, caps, plan.sizes)
     ranks = []
     for r, (c, (s, e), t) in enumerate(zip(caps, plan.ranges, stages)):
@@ -65,12 +78,12 @@ def summary(
                 "predicted_stage_ms": round(t * 1e3, 3),
             }
         )
-    with_kept(ranks, kept)
+    with_kept(model, caps, plan, None, kv_tokens, ranks, kept, blocks)
     room = kv_room(model, caps, plan, kv_tokens)
     memory_figures(model, ranks, room)
     hops = hop_seconds(model, links or [])
     one_stream = sum(stages) + hops
-    return {
+    out = {
         "strategy": plan.strategy,
         "mode": plan.mode,
         "n_layers": plan.n_layers,
@@ -81,6 +94,22 @@ def summary(
         "slowest_stage_ms": round(bottleneck(model, caps, plan.sizes) * 1e3, 3),
         "hops_ms": round(hops * 1e3, 3) if links else None,
     }
+    return with_cache(out, model, plan, shares, kept, blocks, ram_cap_gb)
+
+
+def with_cache(
+    s: dict,
+    model: ModelSpec,
+    plan: LayerPlan,
+    shares: list[ShareSize] | None,
+    kept: list[float] | None,
+    blocks: Blocks | None,
+    ram_cap_gb: float | None,
+) -> dict:
+    """A summary with the ring's prompt cache (`promptcache.ring_figures`), where it is known."""
+    if kept is None or blocks is None:
+        return s
+    return {**s, "prompt_cache": ring_figures(model, plan, shares, kept, ram_cap_gb, blocks)}
 
 
 def rank_row(rank: int, c: Capabilities) -> dict:
@@ -105,6 +134,7 @@ def tensor_summary(
     shares: list[ShareSize],
     allsum: AllSum,
     kept: list[float] | None = None,
+    blocks: Blocks | None = None,
 ) -> dict:
     """`summary` of a tensor plan: every rank its share of every layer; a step is the slowest
     share of each layer, rank 0's head and two all_sums a layer."""
@@ -134,7 +164,7 @@ def tensor_summary(
                 "predicted_stage_ms": round(own * 1e3, 3),
             }
         )
-    with_kept(ranks, kept)
+    with_kept(model, caps, plan, shares, kv_tokens, ranks, kept, blocks)
     room = tensor_kv_room(model, caps, shares, kv_tokens)
     memory_figures(model, ranks, room)
     step = sum(parts.values())
@@ -156,12 +186,17 @@ def memory_figures(model: ModelSpec, ranks: list[dict], room: int) -> None:
     """Each rank's memory figure for a KV room of `room` tokens (what every rank grants the
     caches at once): `kv_room_gb`, its layers' caches for that room (a tensor rank's
     `cache_share` of every layer's), and `most_gb`, the most it holds: its weights, runtime, KV
-    room and prompt cache (`weights_gb`, `runtime_gb`, `prompt_cache_gb`)."""
+    room and prompt cache (`weights_gb`, `runtime_gb`, `prompt_cache_gb` and the disk tier's
+    `disk_queue_gb` and `restore_gb`)."""
     for r in ranks:
         lo, hi = r["layers"]
         r["kv_room_gb"] = kv_room_gb(model, hi - lo, r.get("cache_share"), room)
         r["most_gb"] = most_gb(
-            r["weights_gb"], r["runtime_gb"], r["kv_room_gb"], r.get("prompt_cache_gb")
+            r["weights_gb"],
+            r["runtime_gb"],
+            r["kv_room_gb"],
+            r.get("prompt_cache_gb"),
+            (r.get("disk_queue_gb") or 0.0) + (r.get("restore_gb") or 0.0),
         )
 
 
@@ -171,15 +206,39 @@ def kv_room_gb(model: ModelSpec, layers: int, share: float | None, room: int) ->
     return round(layers * (share or 1.0) * layer_kv_bytes(model, room) / GIB, 3)
 
 
-def most_gb(weights: float, runtime: float, kv_room: float, prompt_cache: float | None) -> float:
-    """The most a rank holds (GB): its weights, runtime, KV room and prompt cache."""
-    return round(weights + runtime + kv_room + (prompt_cache or 0.0), 3)
+def most_gb(
+    weights: float,
+    runtime: float,
+    kv_room: float,
+    prompt_cache: float | None,
+    disk_buffers: float = 0.0,
+) -> float:
+    """The most a rank holds (GB): its weights, runtime, KV room, RAM tier and the disk tier's
+    write queue and restore staging."""
+    return round(weights + runtime + kv_room + (prompt_cache or 0.0) + disk_buffers, 3)
 
 
-def with_kept(ranks: list[dict], kept: list[float] | None) -> None:
-    """Each rank's prompt cache (`prompt_cache_gb`): the GB `kept` sets aside for it."""
-    for r, k in zip(ranks, kept or []):
-        r["prompt_cache_gb"] = round(k, 3)
+def with_kept(
+    model: ModelSpec,
+    caps: list[Capabilities],
+    plan: LayerPlan,
+    shares: list[ShareSize] | None,
+    kv_tokens: int,
+    ranks: list[dict],
+    kept: list[float] | None,
+    blocks: Blocks | None,
+) -> None:
+    """Each rank's prompt cache: `prompt_cache_gb`, the GB `kept` sets aside for its RAM tier, and
+    with `blocks` the rest of `promptcache.rank_figures`; its `usable_gb` is again what it may
+    fill, the prompt cache's memory included (`caps` are less it)."""
+    for r, c, k, (n, share) in zip(ranks, caps, kept or [], rank_parts(plan, shares)):
+        figures = (
+            {"prompt_cache_gb": round(k, 3)}
+            if blocks is None
+            else rank_figures(model, n, share, kv_tokens, blocks, k)
+        )
+        held = sum(buffers(model, n, share, kv_tokens, blocks)) / GIB if blocks else 0.0
+        r |= figures | {"usable_gb": round(c.usable_gb + k + held, 2)}
 
 
 def format_summary(s: dict) -> str:
@@ -202,6 +261,7 @@ def format_summary(s: dict) -> str:
             f"GB{r.get('kv_room_gb', 0):>6.1f} GB{r.get('most_gb', 0):>6.1f} "
             f"GB{r['predicted_stage_ms']:>7.1f} ms"
         )
+    lines += format_cache(s)
     if s.get("mode") == "tensor":
         lines.append(
             f"predicted decode: {s['predicted_tokens_per_s']} tokens/s for one stream, every rank "

@@ -1,11 +1,11 @@
 """Whether a model's layers can be shared N ways (tensor mode), from config.json alone: the model
-cutter's own arithmetic (`mlx_ring.models.tensor_shares`), as the part of every layer each rank
+cutter's own arithmetic (`mlx_ring.tensor.shares`), as the part of every layer each rank
 holds. No weight is read.
 """
 
 from dataclasses import dataclass
 
-from mlx_ring.models.tensor_shares import tensor_shares as cut_shares
+from mlx_ring.tensor.shares import tensor_shares as cut_shares
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Rank 0's handle on the ring: the contract between the serving side (scheduler, runner, engine)
 and the two ways of driving the ring, `pipeline.Pipeline` (a range of layers per rank, steps in
-flight round the ring) and `lockstep.Lockstep` (tensor mode: every rank on every step). The serving
-side imports this module and neither handle; `SharedSteps` is what the two have in common."""
+flight round the ring) and `mlx_ring.tensor.lockstep.Lockstep` (tensor mode: every rank on every
+step). The serving side imports this module and neither handle; `SharedSteps` is what the two
+have in common."""
 
 import time
 from contextlib import contextmanager

@@ -13,6 +13,13 @@ from mlx_ring.ring.handle import RingError, SharedSteps, Stage
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import Ring
 
+# A prompt-cache save is a few ints each way and a copy on each rank. Held back for a place on the
+# ring, it would leave every rank idle for a stage (two ranks: a step in flight at most); so it goes
+# on at once, behind the steps before it. No cycle of blocked sends can form from it: each blocked
+# send in such a cycle waits behind a step of the others on its link, so the cycle would need N of
+# them on a ring that carries at most N - 1.
+LIGHT = frozenset({Kind.SAVE, Kind.SAVE_ROW})
+
 
 class Pipeline(SharedSteps):
     """Submit steps (rank 0 applies its own stage at once), collect them as they come home,
@@ -26,8 +33,9 @@ class Pipeline(SharedSteps):
         # steps on the ring when rank 0 sends, some rank is always receiving, so no cycle of
         # blocked sends can form.
         self.limit = max(1, ring.size - 1)
-        # sent, not yet back (with their tags)
+        # sent, not yet back (with their tags); `heavy`: those not LIGHT, which `limit` bounds
         self.inflight: deque[tuple[Header, object]] = deque()
+        self.heavy = 0
         # applied here, not yet sent (alone: done)
         self.ready: deque[tuple[Header, mx.array | None, bool, object]] = deque()
         # A DECODE step's payload, received lazily and not yet read off the socket. Rank 0 sends
@@ -53,7 +61,7 @@ class Pipeline(SharedSteps):
         if self.ring.size == 1:
             if out is not None:
                 mx.async_eval(out)  # alone: runs while the caller reads the previous step's tokens
-        elif self.ready or len(self.inflight) >= self.limit:
+        elif self.ready or self.heavy >= self.limit:
             if out is not None:
                 self.settle()  # the stage may be built on the last payload: read it, timed, first
                 # no room on the ring: compute rank 0's stage now, while the others work
@@ -94,6 +102,7 @@ class Pipeline(SharedSteps):
         if not self.inflight:
             self._send_ready()
         expected, tag = self.inflight.popleft()
+        self.heavy -= expected.kind not in LIGHT
         lazy = expected.kind == Kind.DECODE
         try:
             with self.watching():
@@ -116,7 +125,11 @@ class Pipeline(SharedSteps):
         return tag, out
 
     def _send_ready(self) -> None:
-        while self.ring.size > 1 and self.ready and len(self.inflight) < self.limit:
+        while (
+            self.ring.size > 1
+            and self.ready
+            and (self.heavy < self.limit or self.ready[0][0].kind in LIGHT)
+        ):
             header, out, chained, tag = self.ready.popleft()
             try:
                 with self.watching():
@@ -140,3 +153,4 @@ class Pipeline(SharedSteps):
             except RuntimeError as e:
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
             self.inflight.append((header, tag))
+            self.heavy += header.kind not in LIGHT

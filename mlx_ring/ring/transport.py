@@ -6,15 +6,18 @@ import select
 import time
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from mlx_ring.gpu import APART_STEPS, on_metal, receive_apart_setting
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import frame_count, header_of, pack, payload_of
-from mlx_ring.ring.headlink import HeaderLink
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 from mlx_ring.ring.world import prev_fds
+
+if TYPE_CHECKING:  # tensor mode opens the link and hands it in
+    from mlx_ring.tensor.link import HeaderLink
 
 
 def receives_apart(metal: bool, setting: frozenset[str] | None = None) -> frozenset[Kind]:
@@ -72,10 +75,10 @@ class Ring:
         deadlines: Deadlines | None = None,
         frame: int = 0,
         hosts: list[str] | None = None,
-        link: HeaderLink | None = None,
+        link: "HeaderLink | None" = None,
     ):
         self.world = world
-        # tensor mode's headers go on this socket of their own, not MLX's ring (ring/headlink.py)
+        # tensor mode's headers go on this socket of their own, not MLX's ring (tensor/link.py)
         self.link = link
         # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed
         # instead, each naming the rank (and its host, `hosts`) waited on.

@@ -1,6 +1,5 @@
-"""The loop of the ranks after rank 0: each step that arrives applied to the rank's shard and
-passed on, until a shutdown step goes by; in tensor mode, each step passed on first, then run with
-every rank at once."""
+"""The pipeline's loop of the ranks after rank 0: each step that arrives applied to the rank's shard
+and passed on, until a shutdown step goes by (tensor mode's loop: tensor/worker.py)."""
 
 import logging
 import signal
@@ -10,7 +9,6 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlx_ring.ring.handle import Stage
-from mlx_ring.ring.lockstep import RankLeft, StepWatch, summed_ids
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import PeerSilent, Ring
 
@@ -27,15 +25,10 @@ class WorkerStage(Stage, Protocol):
     def count(self, header: Header, took: float) -> None: ...
 
 
-def serve_worker(
-    shard: WorkerStage, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0
-) -> None:
-    """Ranks 1..N-1: apply each step that arrives, pass it on, until a shutdown step goes by, or a
-    SIGTERM came and the previous rank has been silent for `drain_timeout` seconds since. In tensor
-    mode a step runs on every rank at once, joined by its all_sums: `step_timeout` bounds each."""
-    # A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts the
-    # clock on a silent predecessor. Rank 0 drains for at most drain_timeout, so a silence that long
-    # means no drain is going on (rank 0 stopped, or its host is gone).
+def leave_on_sigterm(ring: Ring, drain_timeout: float) -> None:
+    """A SIGTERM alone would cut the ring under requests rank 0 is still draining: it only starts
+    the clock on a silent predecessor. Rank 0 drains for at most `drain_timeout`, so a silence that
+    long means no drain is going on (rank 0 stopped, or its host is gone)."""
     signal.signal(
         signal.SIGTERM,
         lambda *_: (
@@ -43,8 +36,15 @@ def serve_worker(
             ring.terminate(drain_timeout),
         ),
     )
-    if shard.tensor:
-        return _serve_tensor(shard, ring, step_timeout)
+
+
+def serve_worker(
+    shard: WorkerStage, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0
+) -> None:
+    """Ranks 1..N-1 of a pipeline: apply each step that arrives, pass it on, until a shutdown step
+    goes by, or a SIGTERM came and the previous rank has been silent for `drain_timeout` seconds
+    since. (`step_timeout`: tensor mode's, which the pipeline's ring watches by its own beats.)"""
+    leave_on_sigterm(ring, drain_timeout)
     while True:
         # The next step, from the previous rank; a forward step's payload arrives within the
         # graph that computes on it and sends the result on (one sync per step instead of two;
@@ -59,61 +59,6 @@ def serve_worker(
         out = shard.apply(header, payload)
         ring.mark("built", header)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
-        shard.count(header, time.perf_counter() - t0)
-        if header.kind == Kind.SHUTDOWN:
-            return
-
-
-WORKER_GRACE_S = 5.0
-
-
-def _serve_tensor(shard: WorkerStage, ring: Ring, step_timeout: float) -> None:
-    """A tensor rank's loop: the step (header and input: token ids or a small table) comes
-    from the previous rank, on the host, and goes on to the next (the last keeps it) before
-    this rank runs it: every rank then meets the step's all_sums, and every socket carries the
-    same order of messages."""
-    # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
-    # little later, for a rank 0 that is itself gone or stuck.
-    watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
-    # Where headers come on a link of their own, a decode step stays queued on the device while the
-    # next header comes and the next step is built (as rank 0 and mlx-lm's loop do); a header
-    # through MLX would wait behind it (on a CPU, and on CUDA, where MLX's CPU stream waits for the
-    # GPU). Other steps are evaluated at once: a prefill chunk's intermediates are not held twice.
-    queue = ring.link is not None
-    queued: tuple[Header, mx.array] | None = None
-    while True:
-        try:
-            header, payload = ring.recv()
-        except PeerSilent as e:
-            log.warning("leaving: %s", e)
-            return
-        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
-            raise RankLeft(
-                f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}"
-            ) from e
-        if header.kind == Kind.SHUTDOWN:
-            watch.stop()  # every rank leaves now: closing sockets are no fault
-        t0 = time.perf_counter()
-        with watch.step(header):
-            if ring.rank < ring.size - 1:
-                ring.send(header, payload)
-            if header.summed:
-                # rank 0's sampled ids, within the step's graph
-                payload = summed_ids(header, None, shard.world)
-            out = shard.apply(header, payload)
-            ring.mark("built", header)
-            if out is not None:
-                mx.async_eval(out)  # joins the step's all_sums with every other rank
-            if queued is not None:  # the last decode step, now that this one is queued behind it
-                mx.eval(queued[1])
-                ring.mark("done", queued[0])
-            queued = (
-                (header, out) if queue and out is not None and header.kind == Kind.DECODE else None
-            )
-            if queued is None:
-                if out is not None:
-                    mx.eval(out)
-                ring.mark("done", header)
         shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return

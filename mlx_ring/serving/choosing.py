@@ -157,25 +157,38 @@ class Chooser(Batching):
 
     # -- choosing work --------------------------------------------------------------------------
     def _submit_next(self) -> bool:
+        if self._submit_queued():
+            return True
+        lane = self._oldest_lane()
+        if lane is False:
+            return bool(self.calls) and self._submit_next()  # a FETCH the prefill lane just asked
+        return self._submit_lane(lane)
+
+    def _oldest_lane(self) -> Group | None | bool:
+        """The ready lane that waited longest: a decode group, None for the prompt queue, False
+        where none is ready. Decode groups and the prompt queue take turns, so a long prompt
+        cannot starve decoding and decoding cannot starve a waiting prompt."""
+        ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
+        if self._prefill_ready():
+            ready.append((self.prefill_turn, None))
+        return min(ready, key=lambda x: x[0])[1] if ready else False
+
+    def _submit_lane(self, lane: Group | None) -> bool:
+        self.turn += 1
+        if lane is None:
+            self.prefill_turn = self.turn
+            return self._submit_chunk(self.filling or self._next_batch())
+        return self._submit_decode(lane)
+
+    def _submit_queued(self) -> bool:
+        """A call or a FREE, which go before any lane's work; False when none waits."""
         if self.calls:
             header, payload, done = self.calls.popleft()
             return self._submit(header, payload, Step(header.kind, done=done))
         if self.to_free:
             batch = self.to_free.pop()
             return self._submit(Header(Kind.FREE, batch=batch.id), None, Step(Kind.FREE))
-        # The lane that waited longest goes first: decode groups and the prompt queue take turns, so
-        # a long prompt cannot starve decoding and decoding cannot starve a waiting prompt.
-        ready = [(g.last_turn, g) for g in self.groups if not g.busy and g.load()]
-        if self._prefill_ready():
-            ready.append((self.prefill_turn, None))
-        if not ready:
-            return bool(self.calls) and self._submit_next()  # a FETCH the prefill lane just asked
-        self.turn += 1
-        _, lane = min(ready, key=lambda x: x[0])
-        if lane is None:
-            self.prefill_turn = self.turn
-            return self._submit_chunk(self.filling or self._next_batch())
-        return self._submit_decode(lane)
+        return False
 
     def _prefill_ready(self) -> bool:
         # every client left: stop its chunks
@@ -211,6 +224,25 @@ class Chooser(Batching):
         return 0 if b.reuse else len(b.rows) * (self._chunk_end(b) - b.sent)
 
     def _submit_decode(self, g: Group) -> bool:
+        if self._submit_rows_change(g) or not g.rows:
+            return True
+        drafting = self._drafting(g.rows)
+        drafts = [
+            s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows
+        ]
+        width = max(map(len, drafts))
+        if not width:
+            return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
+        # Every row feeds its last token and its drafts, padded to one width
+        # (padding is never kept).
+        tokens = mx.array(
+            [[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)]
+        )
+        return self._submit_decode_of(g, tokens, drafts=drafts)
+
+    def _submit_rows_change(self, g: Group) -> bool:
+        """The next step that changes `g`'s rows before its next decode step (rejected drafts
+        dropped first, then rows leaving, then rows joining); False when none is left."""
         # Rows leave and join only while none of the group's steps is on the ring, and every rank
         # applies the FILTER / JOIN steps in ring order, so all ranks agree on which row is which.
         keep = [i for i, s in enumerate(g.rows) if not s.removed]
@@ -240,37 +272,24 @@ class Chooser(Batching):
                 padding,
                 Step(Kind.JOIN),
             )
-        if not g.rows:
-            return True
-        drafting = self._drafting(g.rows)
-        drafts = [
-            s.drafter.draft(s.sampler.history) if s.drafter and drafting else [] for s in g.rows
-        ]
-        width = max(map(len, drafts))
-        if not width:
-            return self._submit_decode_of(g, mx.array([[s.last] for s in g.rows]))
-        # Every row feeds its last token and its drafts, padded to one width
-        # (padding is never kept).
-        tokens = mx.array(
-            [[s.last, *d, *[s.last] * (width - len(d))] for s, d in zip(g.rows, drafts)]
-        )
-        return self._submit_decode_of(g, tokens, drafts=drafts)
+        return False
 
     def _may_chain(self, g: Group, rows: list[Sequence]) -> bool:
-        # Only when nothing else waits for the ring: no prompt, no row joining or leaving.
-        # A row that would draft next needs this step's tokens read first (none drafts where
-        # speculative decoding is off: no call a row a step to ask).
+        """Whether `g`'s next step may go out on the ids of its step home now (`rows`) before they
+        are read: the calls, frees, rows leaving or joining and lanes that waited longer go just
+        before it where the ring has room (`Scheduler._chained`). Not while rejected drafts wait
+        to be dropped, and not when a row would draft next: drafts need this step's tokens read
+        (none drafts where speculative decoding is off: no call a row a step to ask)."""
+        coming = [s for s in rows if not s.removed] + [s for b in g.joining for s in b.rows]
         return (
             self.pipe.can_submit()
-            and not g.joining
-            and not any(s.removed for s in rows)
-            and not (
-                self.draft_tokens and self._drafting(rows) and any(map(self._may_draft_next, rows))
-            )
+            and not g.drop
             and rows == g.rows
-            and not self._prefill_ready()
-            and not self.calls
-            and not self.to_free
+            and not (
+                self.draft_tokens
+                and self._drafting(coming)
+                and any(map(self._may_draft_next, coming))
+            )
         )
 
     @staticmethod

@@ -17,7 +17,8 @@ from typing import Callable
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_ring.exits import RING_BROKEN
+from mlx_ring.exits import DEVICE_FAILED, RING_BROKEN, gpu_failure
+from mlx_ring.gpu import device_failure
 from mlx_ring.ring.handle import RingError
 from mlx_ring.serving.answer import Answer
 from mlx_ring.serving.port import (
@@ -170,12 +171,16 @@ class Engine:
             # later pings: answered at once, not in 10 s
             self._finish_calls("the ring has shut down")
             self.pipe.shutdown()
-        except RingError as e:
-            self._die(str(e))
-        # a bug on rank 0 leaves the ranks' caches in an unknown state: restart
+        # First: a ring step's eval wraps the GPU's failure in a RingError.
         except Exception as e:
-            log.exception("engine failure")
-            self._die(f"internal error on rank 0: {e}")
+            if (failed := device_failure(e)) is not None:
+                log.error("%s", gpu_failure(0, failed))
+                self._die(gpu_failure(0, failed), named=True, code=DEVICE_FAILED)
+            elif isinstance(e, RingError):
+                self._die(str(e))
+            else:  # a bug on rank 0 leaves the ranks' caches in an unknown state: restart
+                log.exception("engine failure")
+                self._die(f"internal error on rank 0: {e}")
 
     def _serve_round(self) -> None:
         self._take_calls()
@@ -246,11 +251,11 @@ class Engine:
                     )
                 )
 
-    def _die(self, reason: str, named: bool = False) -> None:
+    def _die(self, reason: str, named: bool = False, code: int = RING_BROKEN) -> None:
         """The ring cannot be trusted any more: fail every request with a clear error, then exit
-        so that mlx.launch stops the other ranks and the launcher restarts the ring. The engine
-        thread and the watchdog may both call it; the first one does it. `named`: the reason
-        names the rank."""
+        (`code`) so that mlx.launch stops the other ranks and the launcher restarts the ring. The
+        engine thread and the watchdog may both call it; the first one does it. `named`: the
+        reason names the rank."""
         where = f" (the ring's other ranks: {self.peers})" if self.peers and not named else ""
         failed = Failed(f"ring failure: {reason}{where}", 503, "service_unavailable")
         with self._gate:
@@ -270,7 +275,7 @@ class Engine:
             self._close(failed.message, failed)
             self._finish_calls(reason)
         finally:  # whatever failed above (an HTTP loop already closed), the process must still exit
-            self.exit(RING_BROKEN)
+            self.exit(code)
 
     def _finish_calls(self, reason: str) -> None:
         """Fail every ping still queued, and any that comes later (`ping` checks `finished`)."""

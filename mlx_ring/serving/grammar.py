@@ -14,7 +14,10 @@ import numpy as np
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+# Computed here: an array still to compute belongs to the stream of the thread that built it (this
+# module's importer), which the engine's thread cannot evaluate on.
 _BITS = mx.arange(32, dtype=mx.uint32)
+mx.eval(_BITS)
 
 
 class Grammars:
@@ -42,23 +45,37 @@ class Grammars:
 
 
 class Constraint:
-    """One sequence's grammar as an mlx-lm logits processor: tokens it forbids get -inf. It reads
-    the tokens sampled since its last call from the history mlx-lm passes it."""
+    """One sequence's grammar, applied to its logits: tokens it forbids get -inf. The mask for
+    the next token is computed on the host as soon as the last token is read (`advance`), which is
+    while the next step's forward runs, and goes into the next sampling's graph as it is."""
 
     def __init__(self, matcher: LLMatcher, vocab: int):
-        self.matcher, self.seen = matcher, None
+        self.matcher, self.error = matcher, ""
         self.mask = allocate_token_bitmask(1, vocab)
+        self._fill()  # the first token's, after the prompt
 
-    def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
-        # the first call sees the prompt only; later ones read just the new tokens
-        if self.seen is not None:
-            for t in history[self.seen :].tolist():
-                if not self.matcher.consume_token(t):
-                    raise ValueError(f"the output left its grammar: {self.matcher.get_error()}")
-        self.seen = history.shape[0]
+    def advance(self, token: int) -> None:
+        """`token` was sampled: the matcher takes it and computes the next mask."""
+        if self.error:
+            return
+        try:
+            if not self.matcher.consume_token(token):
+                self.error = f"the output left its grammar: {self.matcher.get_error()}"
+                return
+            self._fill()
+        except Exception as e:  # fails this sequence alone, at its next sampling
+            self.error = f"constrained decoding failed: {e}"
+
+    def _fill(self) -> None:
         fill_next_token_bitmask(self.matcher, self.mask)
         if self.matcher.is_error():
-            raise ValueError(f"constrained decoding failed: {self.matcher.get_error()}")
+            self.error = f"constrained decoding failed: {self.matcher.get_error()}"
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """`logits (1, V)` masked; raises (before the step's graph is built) where the grammar
+        failed."""
+        if self.error:
+            raise ValueError(self.error)
         return masked(logits, self.mask)
 
 

@@ -47,14 +47,14 @@ class Runner:
         the sampled ids before they are read, the function that submits it."""
         samplers = [s.sampler for s in step.rows]
         logits = self.ends.head(out)[:, -1, :]  # (B, V)
-        lazy = sample_lazy(samplers, logits) if chain is not None else None
-        if lazy is not None:
+        if chain is not None:
             # Build and start the group's next step on the ids before reading them (as mlx-lm's
             # generate loop does): rank 0 then handles these tokens while that step computes.
             # Rows that finish now compute one token more, which is dropped.
-            self.pipe.prefetch(*lazy)
-            chain(mx.expand_dims(lazy[0], 1))
-            tokens = read_tokens(samplers, *lazy)
+            drawn = sample_lazy(samplers, logits)
+            self.pipe.prefetch(*drawn.arrays())
+            chain(mx.expand_dims(drawn.ids, 1))
+            tokens = read_tokens(samplers, drawn)
         else:
             self.pipe.settle()  # the payload, off the socket before it is read
             tokens = sample_rows(samplers, logits)

@@ -84,7 +84,40 @@ class Scheduler(Chooser):
         g.busy = False  # its step is home
         if not self._may_chain(g, rows):
             return None
-        return lambda ids: self._submit_decode_of(g, ids, chained=True)
+        if (
+            self.calls
+            or self.to_free
+            or g.joining
+            or any(s.removed for s in rows)
+            or self._oldest_lane() is not g
+        ):
+            # They go out first, and nothing leaves before this step's payload is read: read now,
+            # before the head and sampling are built on it (a wait once they were read sees none).
+            self.pipe.settle()
+        return lambda ids: self._chained(g, rows, ids)
+
+    def _chained(self, g: Group, rows: list[Sequence], ids: mx.array) -> None:
+        """`g`'s next step on `ids (B, 1)`, sampled for `rows` and not yet read. What goes before it
+        goes first, as `_submit_next` would send it (calls, frees, rows leaving or joining, a lane
+        that waited longer), so rows that left take no part and rows that joined feed their first
+        token; where the ring has no room left for the step, it goes once the tokens are read."""
+        while self.pipe.can_submit():
+            if self._submit_queued() or self._submit_rows_change(g):
+                continue
+            lane = self._oldest_lane()
+            if lane is g or lane is False:
+                break
+            self._submit_lane(lane)
+        if not (g.rows and self.pipe.can_submit() and self._oldest_lane() is g):
+            return
+        at = {id(s): i for i, s in enumerate(rows)}
+        kept = [at[id(s)] for s in g.rows if id(s) in at]
+        if kept != list(range(len(rows))):
+            ids = ids[mx.array(kept)]
+        if len(kept) < len(g.rows):  # sampled ids may be uint32; the ring carries int32
+            joined = [[s.last] for s in g.rows[len(kept) :]]
+            ids = mx.concatenate([ids.astype(mx.int32), mx.array(joined, dtype=mx.int32)])
+        self._submit_decode_of(g, ids, chained=True)
 
     def postprocess(self, step: Step, ran: Ran) -> list[tuple[Sequence, Token | Exception]]:
         """The step's tokens into their sequences (a failed row leaves before the next step); a

@@ -24,12 +24,12 @@ from mlx_ring.planning.planner import dtype_of
 from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import DTYPE_BYTES
 from mlx_ring.ring.handle import RingHandle
-from mlx_ring.ring.lockstep import Lockstep
-from mlx_ring.ring.sums import nccl_sums
 from mlx_ring.serving.engine import Engine
 from mlx_ring.serving.grammar import Grammars
 from mlx_ring.serving.scheduler import Scheduler
 from mlx_ring.serving.warmup import count_measured, decode_groups, fit_room, warm
+from mlx_ring.tensor.lockstep import Lockstep
+from mlx_ring.tensor.sums import nccl_sums
 
 log = logging.getLogger("server")
 
@@ -79,14 +79,16 @@ def prefill_chunk(cfg: Config, cluster: Cluster, layer_flops: float) -> int:
 
 def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | None:
     """Rank 0's prompt-cache index. Every rank holds a block's tokens for its own layers, in RAM
-    within the memory the plan set aside for it (PROMPT_CACHE_GB, or less on a small host): the
-    budget in tokens is what the tightest rank holds, a block of a model with fixed states (a
-    convolution's, an SSM's) counting them as tokens of as many bytes; behind it, rank 0's own
-    disk tier. None when both tiers are off or when no block can keep the model's caches."""
+    within the memory the plan set aside for it (planning/promptcache.py: out of what the plan
+    leaves it, at most PROMPT_CACHE_GB): the budget in tokens is what the tightest rank holds, a
+    block of a model with fixed states (a convolution's, an SSM's) counting them as tokens of as
+    many bytes; behind it, rank 0's own disk tier. None when both tiers are off or when no block
+    can keep the model's caches."""
     disk = shard.held.disk
     unknown = [r.rank for r in cluster.ranks if r.state_bytes < 0]
-    if not (cfg.prompt_cache_gb or disk) or not shard.cacheable or unknown:
-        if cfg.prompt_cache_gb or disk:
+    ram = cfg.prompt_cache_gb != 0  # None: auto
+    if not (ram or disk) or not shard.cacheable or unknown:
+        if ram or disk:
             log.info(
                 "prompt cache off: %s",
                 f"the fixed states of rank {unknown[0]}'s layers cannot be sized"
@@ -97,7 +99,7 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | Non
     # one layer's, as its blocks keep it (KV_BITS: fewer bytes, so more tokens in the same GB)
     per_token = spec.kv_bytes_per_token * shard.held.kv.share(DTYPE_BYTES[dtype_of(spec)])
     kept = [
-        cfg.prompt_cache_gb
+        (cfg.prompt_cache_gb or 0.0)  # no plan: the setting (auto: none)
         if r.planned is None or r.planned.prompt_cache_gb is None
         else r.planned.prompt_cache_gb
         for r in cluster.ranks
@@ -113,7 +115,7 @@ def prompt_cache(cfg: Config, shard, spec, cluster: Cluster) -> BlockIndex | Non
     )
     log.info(
         "prompt cache: %s GB of RAM on the ranks, %d tokens in blocks of %d%s%s%s",
-        "/".join(f"{gb:g}" for gb in kept),
+        "/".join(f"{gb:.3g}" for gb in kept),
         budget,
         block,
         "" if shard.plain_kv else " (whole blocks: each keeps its layers' states at its end)",
@@ -235,6 +237,7 @@ def assemble(
         chunk,
         may_regroup=not cfg.groups and shard.batches and not shard.tensor,
         nccl=shard.tensor and nccl_sums(plan.size),
+        constrain=grammars.processor,
     )
     # what the warm-up's activations took beyond the plan's runtime comes out of the room
     if kv_room is not None:

@@ -1,7 +1,7 @@
 """Rank 0's warm-up before it serves: the steps first requests would run (a prefill, decode at the
-batch sizes a GPU builds kernels for, on CUDA a prompt of every length up to a chunk), so no client
-waits for MLX to build them; and, on a ring on a GPU, the number of decode groups that decodes a
-full batch fastest there."""
+batch sizes a GPU builds kernels for with every way a row samples, on CUDA a prompt of every length
+up to a chunk), so no client waits for MLX to build them; and, on a ring on a GPU, the number of
+decode groups that decodes a full batch fastest there."""
 
 import itertools
 import logging
@@ -15,6 +15,7 @@ from mlx_ring.planning.cluster import RankFacts
 from mlx_ring.planning.cost import room_after
 from mlx_ring.planning.plan import ModelSpec
 from mlx_ring.planning.report import kv_room_gb, most_gb
+from mlx_ring.serving.grammar_text import json_grammar
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.scheduler import Scheduler
@@ -52,6 +53,15 @@ def warm_rows(max_active: int) -> list[int]:
 log = logging.getLogger(__name__)
 
 GREEDY = SamplingParams(temperature=0.0)
+# Every way rows of one plain setting sample together (sampling.sample_lazy): greedy and a draw,
+# with and without log-probabilities (a client that asks for none gets unnormalised logits), and
+# each filter. Their values are arrays to MLX (draws.py): one value builds the kernels of all.
+BATCHED = [
+    *(SamplingParams(temperature=t, logprobs=lp) for t in (0.0, 1.0) for lp in (False, True)),
+    SamplingParams(top_p=0.9),
+    SamplingParams(min_p=0.05),
+    SamplingParams(top_k=40),
+]
 
 
 def warm(
@@ -62,21 +72,27 @@ def warm(
     chunk: int,
     may_regroup: bool,
     nccl: bool,
+    constrain=None,
 ) -> list[dict]:
-    """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and
-    sampling settings first requests use, prompts of every length on CUDA (`warm_lengths`: a
-    whole chunk only where tensor mode sums over NCCL, `nccl`), the prompt cache seeded with
-    `prompt` (a short chat) and, where `may_regroup` (GROUPS auto, a batching model) on a GPU,
-    the faster of the groups it starts with and one. Returns every rank's `StatusRow` (as a
-    dict) after it: the warm-up runs the largest batch and the longest chunk, so their peaks
-    are the working peaks."""
+    """All of rank 0's warm-up, in order, each part logged: decode at the batch sizes and with
+    every way first requests sample (`constrain`: a grammar -> its logits processor, as the
+    engine's), prompts of every length on CUDA (`warm_lengths`: a whole chunk only where tensor
+    mode sums over NCCL, `nccl`), the prompt cache seeded with `prompt` (a short chat) and, where
+    `may_regroup` (GROUPS auto, a batching model) on a GPU, the faster of the groups it starts
+    with and one. Returns every rank's `StatusRow` (as a dict) after it: the warm-up runs the
+    largest batch and the longest chunk, so their peaks are the working peaks."""
     rows, params = warm_rows(max_active), warm_params()
+    # on a CPU none: what it builds, it keeps on disk for the next start (MLX's cache)
+    alone = alone_params(constrain is not None) if mx.default_device() != mx.cpu else []
+    took = warm_up(sched, ids, prompt, rows, params=params)
+    took += warm_mixed(sched, ids, prompt, rows, alone, constrain)
     log.info(
-        "warmed up in %.2f s (%s sequences at once, %d sampling settings; MLX "
-        "peak memory %.2f GiB)",
-        warm_up(sched, ids, prompt, rows, params=params),
+        "warmed up in %.2f s (%s sequences at once; %d sampling settings batched, %d sampled "
+        "row by row, alone and mixed in one group; MLX peak memory %.2f GiB)",
+        took,
         ", ".join(map(str, rows)),
         len(params),
+        len(alone),
         peak_gib(),
     )
     if lengths := warm_lengths(chunk, nccl):
@@ -200,7 +216,13 @@ def count_measured(
             view = replace(
                 view,
                 kv_room_gb=kv,
-                most_gb=most_gb(view.weights_gb, view.runtime_gb, kv, view.prompt_cache_gb),
+                most_gb=most_gb(
+                    view.weights_gb,
+                    view.runtime_gb,
+                    kv,
+                    view.prompt_cache_gb,
+                    (view.disk_queue_gb or 0.0) + (view.restore_gb or 0.0),
+                ),
             )
         out.append(replace(rank, planned=view))
     return tuple(out)
@@ -213,12 +235,43 @@ def peak_gib() -> float:
 
 
 def warm_params() -> list[SamplingParams]:
-    """The sampling settings the warm-up decodes with: on a GPU, where each builds kernels of its
-    own on first use, greedy and OpenAI's default (temperature 1), each with and without
-    log-probabilities (a client that asks for none gets unnormalised logits); on a CPU, greedy."""
-    if mx.default_device() == mx.cpu:
-        return [GREEDY]
-    return [SamplingParams(temperature=t, logprobs=lp) for t in (0.0, 1.0) for lp in (False, True)]
+    """The sampling settings the warm-up decodes batches with: on a GPU, where each way of
+    sampling builds kernels of its own on first use, every one (`BATCHED`); on a CPU, greedy."""
+    return [GREEDY] if mx.default_device() == mx.cpu else list(BATCHED)
+
+
+def alone_params(grammar: bool) -> list[SamplingParams]:
+    """The settings whose rows sample one by one, each a way of its own: a seed (with every
+    filter), penalties, a logit bias, alternatives reported and (`grammar`) a grammar's mask."""
+    return [
+        SamplingParams(seed=1, top_p=0.9, min_p=0.05, top_k=40),
+        SamplingParams(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5),
+        SamplingParams(logit_bias={0: 1.0, 1: -1.0}),
+        SamplingParams(temperature=0.0, top_logprobs=2),
+        *([SamplingParams(temperature=0.0, grammar=json_grammar(None))] if grammar else []),
+    ]
+
+
+def warm_mixed(
+    sched: Scheduler,
+    ids: itertools.count,
+    prompt: list[int],
+    rows: list[int],
+    alone: list[SamplingParams],
+    constrain=None,
+    tokens: int = 2,
+) -> float:
+    """Each of `alone` (settings whose rows sample one by one) in a row of its own, then, at each
+    of `rows` above one, a group whose rows take every setting in turn (`BATCHED`'s too: mixed,
+    they sample one by one as well); returns the seconds it took. Nothing is left behind."""
+    t0 = time.perf_counter()
+    if alone:
+        for p in alone:
+            _decode_seconds(sched, ids, prompt, 1, tokens, p, constrain=constrain)
+        for n in rows:
+            if n > 1:
+                _decode_seconds(sched, ids, prompt, n, tokens, BATCHED + alone, constrain=constrain)
+    return time.perf_counter() - t0
 
 
 def warm_lengths(chunk: int, nccl: bool) -> list[int]:
@@ -276,14 +329,19 @@ def _decode_seconds(
     prompt: list[int],
     n: int,
     tokens: int,
-    params: SamplingParams = GREEDY,
+    params: SamplingParams | list[SamplingParams] = GREEDY,
     keep: bool = False,
+    constrain=None,
 ) -> float:
-    """Seconds `n` sequences of `prompt` took from the last one's first token to their last.
-    `keep`: the prompt cache keeps them (else nothing of them)."""
+    """Seconds `n` sequences of `prompt` took from the last one's first token to their last;
+    `params`: theirs, or a list the rows take in turn. `keep`: the prompt cache keeps them (else
+    nothing of them)."""
+    each = params if isinstance(params, list) else [params]
     prefix, sched.prefix = sched.prefix, sched.prefix if keep else None
     try:
-        count = {s: 0 for s in (Sequence(next(ids), list(prompt), params) for _ in range(n))}
+        count = {
+            Sequence(next(ids), list(prompt), each[i % len(each)], constrain): 0 for i in range(n)
+        }
         for s in count:
             sched.add(s)
         started = None

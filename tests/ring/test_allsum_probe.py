@@ -37,11 +37,11 @@ def test_the_probe_measures_the_rings_all_sum(tmp_path):
 
 PIECES = """
 import mlx.core as mx
-from mlx_ring.ring.sums import _WHOLE_SUM, sum_in_pieces
+from mlx_ring.tensor.sums import sum_in_pieces
 from mlx_ring.ring.world import init_world
 world = init_world()
 x = mx.random.normal((2, 700, 576), key=mx.random.key(world.rank()))  # 3.2 MB: pieces; each rank's own
-whole, pieces = _WHOLE_SUM(x, group=world), sum_in_pieces(x, group=world)
+whole, pieces = mx.distributed.all_sum(x, group=world), sum_in_pieces(x, group=world)
 print("rank", world.rank(), "equal", mx.array_equal(whole, pieces).item(), "summed", not mx.allclose(whole, x).item())
 """
 

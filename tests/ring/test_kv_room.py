@@ -48,6 +48,7 @@ def test_requests_wait_for_room_in_the_kv_cache_and_one_that_cannot_fit_is_refus
         "HOSTFILE": str(hostfile),
         "KV_TOKENS": "64",
         "PROMPT_CACHE_GB": "0",
+        "PROMPT_DISK_GB": "0",  # no prompt cache: its disk tier's buffers would take room too
         "LAYERS": f"{half},{spec.n_layers - half}",
     }
     with running_server(tmp_path, n_ranks=2, env=env) as (url, _):

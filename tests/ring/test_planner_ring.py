@@ -74,6 +74,7 @@ def test_balanced_uneven_split_runs_token_exact(tmp_path):
         "STRATEGY": "balanced",
         "LAYERS": "",
         "PROMPT_CACHE_GB": "0",
+        "PROMPT_DISK_GB": "0",  # no prompt cache: its disk tier's buffers would take room too
     }
     launch(3, tmp_path, argv, timeout=120, env=env)
 

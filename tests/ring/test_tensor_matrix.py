@@ -1,5 +1,5 @@
 """Every type the pipeline serves, as a tiny random model of 6 query heads over 3 KV heads, split
-for tensor mode (`mlx_ring.models.tensor`) on 2 ranks (KV groups 2 + 1: uneven, so cut by the
+for tensor mode (`mlx_ring.tensor.cut`) on 2 ranks (KV groups 2 + 1: uneven, so cut by the
 standard layouts) and on 3 ranks (1 + 1 + 1: even, so by mlx-lm's own shard() where the type has
 one), also 4-bit on 2 ranks: the logits of a prompt and of greedy steps equal the whole model's in
 one process within the bound below, and the greedy tokens are the same. A type is admitted for
@@ -11,7 +11,7 @@ KV heads were tested for each type, and the test fails where the file says other
 model (SmolLM2-135M: 9 heads over 3 KV heads) runs in the same launches: 6 + 3 heads on 2 ranks,
 mlx-lm's shard() on 3, 3 + 2 + 2 + 2 on 4 (rank 2 keeps KV heads 1 and 2), 32 greedy tokens equal,
 and each rank holds the heads, columns and bytes the planner's `tensor_shares` says. After a change
-(mlx-lm, tensor.py), write the record and docs/models.md's list anew with
+(mlx-lm, mlx_ring/tensor/), write the record and docs/models.md's list anew with
 
     MLX_RING_ADMIT=1 ./launch.sh test tests/ring/test_tensor_matrix.py
 
@@ -36,7 +36,7 @@ from model_zoo import make, tiny_config
 from ringutil import ROOT, launch_cmd
 
 from mlx_ring.models import support
-from mlx_ring.models.tensor_shares import tensor_shares
+from mlx_ring.tensor.shares import tensor_shares
 
 DRIVER = str(ROOT / "tests" / "tensor_driver.py")
 PROMPT = [5, 17, 42, 99, 3, 250, 7]

@@ -169,3 +169,64 @@ def test_a_rank_0_whose_port_is_held_refuses_to_start_rather_than_restarting():
         f"cannot start: the HTTP server could not start on 127.0.0.1:{port} "
         "(port in use?); set PORT"
     )
+
+
+METAL_TIMEOUT = (
+    "[METAL] Command buffer execution failed: Caused GPU Timeout Error "
+    "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)."
+)
+
+
+def test_a_rank_whose_gpu_failed_restarts_the_ring_as_a_crash_does():
+    assert supervisor.ON_EXIT[exits.DEVICE_FAILED] == supervisor.ON_EXIT[exits.CRASHED]
+    out = exits.gpu_failure(1, METAL_TIMEOUT) + "\nNode with rank 1 exited with code 71\n"
+    assert supervisor.must_stop({0: exits.RING_BROKEN, 1: exits.DEVICE_FAILED}, out, HOSTS) is None
+
+
+def test_the_supervisor_names_the_rank_whose_gpu_failed_and_restarts_it_within_max_restarts(
+    supervised, caplog
+):
+    s, ends, calls = supervised
+    out = (
+        "2026-01-01 10:00:00 [rank 1 mini-b] ERROR mlx_ring.gpu: "
+        + exits.gpu_failure(1, METAL_TIMEOUT)
+        + "\nNode with rank 1 exited with code 71\nNode with rank 0 exited with code 75\n"
+    )
+    ends += [({0: exits.RING_BROKEN, 1: exits.DEVICE_FAILED}, out)] * 2
+    with caplog.at_level(logging.INFO, logger="launcher"):
+        assert supervisor.supervise(s, []) == 1  # MAX_RESTARTS=1: the second in a row gives up
+    assert calls == {"runs": 2, "hosts": 1}
+    named = (
+        "rank 0: code 75, rank 1 on mini-b: code 71 (its GPU failed); rank 1 on mini-b: the GPU "
+        "failed a command buffer (kIOGPUCommandBufferCallbackErrorTimeout): a GPU command buffer "
+        "ran, or waited, longer than the GPU watchdog allows"
+    )
+    assert f"the ring exited ({named}" in caplog.text and "restart 1 of 1" in caplog.text, (
+        caplog.text
+    )
+    state = read_state(s.state_file)
+    assert state["state"] == "failed" and named in state["why"], state
+
+
+def test_a_rank_process_whose_gpu_fails_exits_device_failed_with_the_line_the_launcher_names():
+    # server.py's own handler, as a worker's step or any rank's start-up meets the error: here the
+    # ring's start raises it (MLX raises it from the eval that meets it, in any of these)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import runpy, mlx_ring.ring.world as w\n"
+            "def failed(*a, **k):\n"
+            f"    raise RuntimeError({METAL_TIMEOUT!r})\n"
+            "w.init_world = failed\n"
+            "runpy.run_path('server.py', run_name='__main__')\n",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "MLX_RANK": "1"},
+    )
+    assert p.returncode == exits.DEVICE_FAILED, p.stderr
+    assert exits.gpu_failures(p.stderr) == {1: METAL_TIMEOUT} and "Traceback" not in p.stderr
+    assert supervisor.must_stop({1: p.returncode}, p.stderr, HOSTS) is None

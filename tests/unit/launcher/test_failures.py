@@ -1,10 +1,16 @@
 """launcher/failures.py: the causes a failed ring's output names, on recorded Metal errors
-(tests/data/macos/README.md names their sources) and MLX's ring connect failures."""
+(tests/data/macos/README.md names their sources) and MLX's ring connect failures; and the GPU
+failures a rank ends on (gpu.device_failure), as MLX raises them and as the launcher names them."""
 
 from pathlib import Path
 
-from mlx_ring.gpu import metal_failure
-from mlx_ring.launcher.failures import explain, ring_connect_failure
+import pytest
+
+from mlx_ring import exits
+from mlx_ring.gpu import device_failure, is_device_failure, metal_failure
+from mlx_ring.launcher.failures import explain, gpu_failed, ring_connect_failure
+from mlx_ring.ring.handle import RingError
+from mlx_ring.tensor.lockstep import RankLeft
 
 MAC = Path(__file__).resolve().parents[2] / "data" / "macos"
 
@@ -106,3 +112,64 @@ def test_explain_lists_every_cause_the_output_names():
         and "GPU command buffer" in causes[0]
         and "rank 1 could not connect" in causes[1]
     )
+
+
+# What MLX raises since 0.32.1, at an eval or read after the failed command buffer
+# (mlx/backend/metal/device.cpp: "[METAL] Command buffer execution failed: {}.", with Metal's
+# localizedDescription), and on CUDA (mlx/backend/cuda/utils.cpp's check_cuda_error: "{call}
+# failed: {cudaGetErrorString}", the string as an H200's driver gives it for error 700).
+METAL_TIMEOUT = (
+    "[METAL] Command buffer execution failed: Caused GPU Timeout Error "
+    "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)."
+)
+CUDA_ILLEGAL = "cudaStreamSynchronize(stream_) failed: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("said", [METAL_TIMEOUT, CUDA_ILLEGAL])
+def test_a_gpu_failure_is_known_in_mlxs_words_and_through_the_ring_errors_that_wrap_it(said):
+    assert device_failure(RuntimeError(said)) == said
+    # as ring/pipeline.py and ring/lockstep.py re-raise what an eval inside a ring step raised
+    for wrap in (RingError, RankLeft):
+        try:
+            try:
+                raise RuntimeError(said)
+            except RuntimeError as e:
+                raise wrap(f"ring step DECODE failed: {e}") from e
+        except wrap as outer:
+            assert is_device_failure(outer) and device_failure(outer) == said
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "[malloc] Unable to allocate 68719476736 bytes.",  # MLX refuses the graph: nothing ran
+        "cudaMallocAsync(&data, size, stream) failed: out of memory",  # not sticky
+        "[ring] Couldn't connect (error: 111)",
+        "logit_bias names token ids outside the vocabulary [0, 49152)",
+        "`min_p` has to be a float in the [0, 1] interval, but is 1.5",
+    ],
+)
+def test_other_errors_are_no_gpu_failure(said):
+    assert not is_device_failure(RuntimeError(said)) and not is_device_failure(ValueError(said))
+
+
+def test_a_ranks_gpu_failure_line_is_named_with_its_host_cause_and_fix():
+    out = "\n".join(
+        [
+            "2026-01-01 10:00:00 [rank 1 mini-b] ERROR mlx_ring.gpu: "
+            + exits.gpu_failure(1, METAL_TIMEOUT),
+            "2026-01-01 10:00:00 [rank 2 gpu-c] ERROR mlx_ring.gpu: "
+            + exits.gpu_failure(2, CUDA_ILLEGAL),
+            "Node with rank 1 exited with code 71",
+        ]
+    )
+    assert exits.gpu_failures(out) == {1: METAL_TIMEOUT, 2: CUDA_ILLEGAL}
+    metal, cuda = gpu_failed(out, ["127.0.0.1", "mini-b", "gpu-c"])
+    assert metal.startswith(
+        "rank 1 on mini-b: the GPU failed a command buffer "
+        "(kIOGPUCommandBufferCallbackErrorTimeout): a GPU command buffer ran, or waited, longer"
+    )
+    assert "lower PREFILL_CHUNK" in metal
+    assert cuda.startswith(f"rank 2 on gpu-c: the GPU failed a kernel ({CUDA_ILLEGAL}): ")
+    # named once: not again as an anonymous Metal error
+    assert explain(out, ["127.0.0.1", "mini-b", "gpu-c"]) == [metal, cuda]

@@ -11,8 +11,8 @@ from ringutil import ROOT
 from mlx_ring.api.ollama_routes import model_info
 from mlx_ring.api.served import ServedModel
 from mlx_ring.models.shape import ModelShape, read_shape, text_keys
-from mlx_ring.models.tensor_shares import tensor_shares
 from mlx_ring.planning.sizes import parameter_count
+from mlx_ring.tensor.shares import tensor_shares
 
 CONFIGS = ROOT / "tests" / "data" / "configs"
 BF16 = "bfloat16"

@@ -1,10 +1,11 @@
 """The plan's assembly from a ring's hosts: hosts.json's keys on each host's capabilities, the
-prompt cache set aside, and `plan_for`, the one assembly every caller runs: pure, no MLX."""
+prompt cache set aside (test_prompt_cache_plan.py), and `plan_for`, the one assembly every caller
+runs: pure, no MLX."""
 
 import pytest
 from planshapes import LLAMA_8B
 
-from mlx_ring.planning.capabilities import Capabilities, set_aside, with_host_keys
+from mlx_ring.planning.capabilities import Capabilities, with_host_keys
 
 
 def test_max_memory_gb_caps_the_budget_and_bad_keys_are_named():
@@ -13,14 +14,6 @@ def test_max_memory_gb_caps_the_budget_and_bad_keys_are_named():
     assert with_host_keys(cap, {"memory_gb": 16}).usable_gb == pytest.approx(16 * 2 / 3)
     with pytest.raises(ValueError, match="studio: tflops must be a positive number"):
         with_host_keys(cap, {"tflops": "fast"})
-
-
-def test_the_prompt_cache_is_set_aside_up_to_a_quarter_of_a_rank():
-    caps, kept = set_aside(
-        [Capabilities("studio", 64, 48, 30, 546), Capabilities("mini", 16, 2, 4, 120)], 1.0
-    )
-    assert kept == [1.0, 0.5] and [c.usable_gb for c in caps] == [47.0, 1.5]
-    assert set_aside(caps, 0.0)[0] == caps
 
 
 def test_plan_for_applies_host_keys_then_shares_hosts_then_sets_the_prompt_cache_aside():

@@ -1,6 +1,6 @@
 """Whether a model splits N ways for tensor mode, and each rank's share of it, from its config.json
 alone (no weights; its shape as `mlx_ring.models.shape` reads it): the planner's view of what
-`mlx_ring.models.tensor.split_model` does. Both cut by the same arithmetic here: attention by
+`mlx_ring.tensor.cut.split_model` does. Both cut by the same arithmetic here: attention by
 groups of KV heads (the larger groups to the first ranks) where every rank can have one, else by
 query heads with the KV heads they read shared (`head_split`); MLP and experts' columns as evenly
 as their quantization groups allow.
@@ -156,9 +156,9 @@ def _reading(a: int, b: int, g: int) -> Heads:
 def tensor_shares(config: dict, n: int) -> list[Share]:
     """Each of n ranks' share of the model `config` (a config.json) describes, split for tensor
     mode; ValueError, in `split_model`'s words, where it cannot be split n ways."""
-    kind = config.get("model_type", "?")
-    check_admitted(kind)
     shape = read_shape(config)
+    kind = shape.model_type or "?"
+    check_admitted(kind)
     heads, hidden = shape.heads, shape.hidden_size
     if not heads or not hidden:
         raise refuse(kind, "its config names no attention heads or hidden size")

@@ -6,9 +6,9 @@ import socket
 import mlx.core as mx
 import pytest
 
-from mlx_ring.ring.headlink import FORMAT, HeaderLink
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError
 from mlx_ring.ring.transport import Ring
+from mlx_ring.tensor.link import FORMAT, HeaderLink
 
 
 @pytest.fixture

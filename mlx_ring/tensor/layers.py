@@ -1,7 +1,10 @@
 """The layers a tensor-mode cut puts in a model: MLX's distributed linear layers holding a rank's
 rows or columns of a linear layer (quantized or not, in any ranges, so uneven splits too), an
-RMSNorm over a width the ranks share, and a block whose output is summed over the ranks.
+RMSNorm over a width the ranks share, and a block whose output is summed over the ranks. Every one
+that sums calls the all_sum it is given (`sums.summing`), never MLX's by its global name.
 """
+
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -11,6 +14,10 @@ from mlx.nn.layers.distributed import (
     QuantizedShardedToAllLinear,
     ShardedToAllLinear,
 )
+from mlx.utils import tree_flatten, tree_unflatten
+
+# An all_sum over the ranks that share the layers: an array in, the ranks' sum of it out.
+Sum = Callable[[mx.array], mx.array]
 
 
 def is_linear(m) -> bool:
@@ -77,56 +84,103 @@ def rows(layer, ranges: list[tuple[int, int]], group: mx.distributed.Group) -> n
     return out
 
 
-def columns(layer, a: int, b: int, group: mx.distributed.Group) -> nn.Module:
-    """A sharded-to-all layer holding input columns [a, b) of `layer`; it all_sums,
+def columns(layer, a: int, b: int, group: mx.distributed.Group, all_sum: Sum) -> nn.Module:
+    """A sharded-to-all layer holding input columns [a, b) of `layer`; it sums with `all_sum`,
     then adds the bias."""
+    slice_columns(layer, a, b)
+    return summed(layer, b - a, group, all_sum)
+
+
+def summed(layer, width: int, group: mx.distributed.Group, all_sum: Sum) -> nn.Module:
+    """A sharded-to-all layer of `layer`'s parameters, this rank's `width` input columns of each
+    output, summing with `all_sum`."""
     n, bias = group.size(), "bias" in layer
-    if isinstance(layer, nn.QuantizedLinear):
-        out = QuantizedShardedToAllLinear(
-            (b - a) * n,
+    if hasattr(layer, "bits"):
+        out = QuantizedSummedLinear(
+            width * n,
             out_width(layer),
             bias,
             layer.group_size,
             layer.bits,
             getattr(layer, "mode", "affine"),
             group=group,
+            all_sum=all_sum,
         )
     else:
-        out = ShardedToAllLinear((b - a) * n, out_width(layer), bias, group=group)
-    slice_columns(layer, a, b)
+        out = SummedLinear(width * n, out_width(layer), bias, group=group, all_sum=all_sum)
     out.update({k: v for k, v in layer.parameters().items() if isinstance(v, mx.array)})
     return out
 
 
+def sum_with(model: nn.Module, all_sum: Sum) -> None:
+    """Every sharded-to-all layer of MLX's that mlx-lm's `shard()` put in `model` replaced by ours
+    of the same parameters, which sums with `all_sum`; in place."""
+    mlx_layers = (ShardedToAllLinear, QuantizedShardedToAllLinear)
+    ours = [
+        (path, summed(m, in_width(m)[0], m.group, all_sum))
+        for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
+        if type(m) in mlx_layers
+    ]
+    if ours:
+        model.update_modules(tree_unflatten(ours))
+
+
+class SummedLinear(ShardedToAllLinear):
+    """MLX's sharded-to-all layer, summing with the `all_sum` it is given."""
+
+    def __init__(self, *args, all_sum: Sum, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.all_sum = all_sum
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = self.all_sum(x @ self["weight"].T)
+        return x + self["bias"] if "bias" in self else x
+
+
+class QuantizedSummedLinear(QuantizedShardedToAllLinear):
+    """MLX's quantized sharded-to-all layer, summing with the `all_sum` it is given."""
+
+    def __init__(self, *args, all_sum: Sum, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.all_sum = all_sum
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = mx.quantized_matmul(
+            x,
+            self["weight"],
+            scales=self["scales"],
+            biases=self.get("biases"),
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+        x = self.all_sum(x)
+        return x + self["bias"] if "bias" in self else x
+
+
 class SplitRMSNorm(nn.Module):
     """An RMSNorm over a width the ranks share (OLMo 2's norm over every head's queries): each rank
-    holds its part of the weight, and the sum of squares is all_summed."""
+    holds its part of the weight, and the sum of squares is summed over the ranks."""
 
-    def __init__(self, weight: mx.array, eps: float, width: int, group: mx.distributed.Group):
+    def __init__(self, weight: mx.array, eps: float, width: int, all_sum: Sum):
         super().__init__()
-        self.weight, self.eps, self.width, self.group = weight, eps, width, group
+        self.weight, self.eps, self.width, self.all_sum = weight, eps, width, all_sum
 
     def __call__(self, x: mx.array) -> mx.array:
         square = mx.sum(mx.square(x.astype(mx.float32)), axis=-1, keepdims=True)
-        mean = mx.distributed.all_sum(square, group=self.group) / self.width
+        mean = self.all_sum(square) / self.width
         return (x.astype(mx.float32) * mx.rsqrt(mean + self.eps)).astype(x.dtype) * self.weight
 
 
-_SUMMED: dict[type, type] = {}
+class SummedOutput(nn.Module):
+    """A block (a mixture of experts whose experts hold this rank's columns) whose output is
+    summed over the ranks, as mlx-lm's own blocks sum theirs when shard() sets their
+    `sharding_group`. It holds the block and calls it: the block's forward is its own."""
 
+    def __init__(self, block: nn.Module, all_sum: Sum):
+        super().__init__()
+        self.block, self.all_sum = block, all_sum
 
-def sum_output(block: nn.Module, group: mx.distributed.Group) -> None:
-    """Make `block` (a mixture of experts whose experts hold this rank's columns) all_sum its
-    output, as mlx-lm's own blocks do when shard() sets their `sharding_group`. Its class becomes
-    a subclass that adds the sum, so its parameters keep their names."""
-    cls = type(block)
-    if cls not in _SUMMED:
-
-        def __call__(self, *args, **kwargs):
-            return mx.distributed.all_sum(
-                cls.__call__(self, *args, **kwargs), group=self.summed_over
-            )
-
-        _SUMMED[cls] = type(f"Summed{cls.__name__}", (cls,), {"__call__": __call__})
-    block.__class__ = _SUMMED[cls]
-    block.summed_over = group
+    def __call__(self, *args, **kwargs):
+        return self.all_sum(self.block(*args, **kwargs))

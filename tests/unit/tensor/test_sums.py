@@ -3,7 +3,8 @@ rank of one core, in pieces MLX's ring sums in one part."""
 
 import mlx.core as mx
 
-from mlx_ring.ring.sums import (
+from mlx_ring.ring.world import ring_description
+from mlx_ring.tensor.sums import (
     RING_PART_BYTES,
     nccl_env,
     nccl_sums,
@@ -11,7 +12,6 @@ from mlx_ring.ring.sums import (
     sum_group,
     sum_in_pieces,
 )
-from mlx_ring.ring.world import ring_description
 
 
 def test_nccl_forms_at_rank_0s_ring_address_on_a_port_past_every_ring_port():

@@ -1,4 +1,5 @@
-"""The group tensor mode's all_sums run over: NCCL's on CUDA GPUs, else the ring's own world.
+"""The group tensor mode's all_sums run over (NCCL's on CUDA GPUs, else the ring's own world), and
+the all_sum the cut gives its layers (`summing`).
 
 NCCL's all_sum took 0.10 ms for a (1, 4096) bf16 array on 2 x H200 where the ring backend took 0.30
 (0.13 against 0.47 for (64, 4096)); NCCL has no send/recv in MLX, so the step protocol stays on the
@@ -7,6 +8,8 @@ ring and both groups live in one process (MLX keeps one of each backend).
 
 import logging
 import os
+from collections.abc import Callable
+from functools import partial
 
 import mlx.core as mx
 
@@ -21,7 +24,6 @@ log = logging.getLogger(__name__)
 # KiB a rank and direction). A rank with one core runs both spinning threads on it, so there two
 # smaller sums in turn beat one whole sum (docs/benchmarks.md).
 RING_PART_BYTES = 2 * 262144
-_WHOLE_SUM = mx.distributed.all_sum
 
 
 def nccl_env(description: list[list[str]], size: int) -> dict[str, str]:
@@ -48,8 +50,7 @@ def sum_group(
     else `world`. `description`: `world.ring_description()`. Every rank of the world calls this
     at the same point of its start."""
     if not nccl_sums(world.size()) or not description:
-        if world.size() > 1 and world_backend() == "ring" and cores_each() < 2:
-            mx.distributed.all_sum = sum_in_pieces  # MLX's and mlx-lm's layers call it by this name
+        if in_pieces(world):
             log.info(
                 "tensor mode's all_sums in pieces under %d KiB: this rank has one core, on which "
                 "MLX's ring would sum larger arrays in two parts at once",
@@ -77,6 +78,19 @@ def sum_group(
     return group
 
 
+def in_pieces(group: mx.distributed.Group) -> bool:
+    """Whether tensor mode's all_sums over `group` go in row `pieces`: a group of the ring's world,
+    on a rank with one core, where MLX's ring would sum larger arrays in two parts at once."""
+    size = group.size()
+    return size > 1 and not nccl_sums(size) and world_backend() == "ring" and cores_each() < 2
+
+
+def summing(group: mx.distributed.Group) -> Callable[[mx.array], mx.array]:
+    """The all_sum over `group` the cut gives its layers (an array in, the ranks' sum out):
+    `sum_in_pieces` where `in_pieces`, else MLX's own."""
+    return partial(sum_in_pieces if in_pieces(group) else mx.distributed.all_sum, group=group)
+
+
 def pieces(size: int, rows: int, row_bytes: int) -> list[tuple[int, int]]:
     """Row ranges [a, b) covering `rows` rows of `row_bytes` each, every range (of more than one
     row) under the bytes MLX's ring backend sums in two parts at once over `size` ranks."""
@@ -91,10 +105,10 @@ def sum_in_pieces(
     row `pieces` it sums in one: the same sums, elementwise."""
     size = (group or mx.distributed.init()).size()
     if x.ndim < 2 or x.nbytes < size * RING_PART_BYTES:
-        return _WHOLE_SUM(x, group=group, stream=stream)
+        return mx.distributed.all_sum(x, group=group, stream=stream)
     rows = x.reshape(-1, x.shape[-1])  # (rows, width)
     parts = [
-        _WHOLE_SUM(rows[a:b], group=group, stream=stream)
+        mx.distributed.all_sum(rows[a:b], group=group, stream=stream)
         for a, b in pieces(size, rows.shape[0], x.shape[-1] * x.itemsize)
     ]
     return mx.concatenate(parts).reshape(x.shape)

@@ -8,10 +8,10 @@ from ringutil import make_tiny_model, reference_logits
 from schedulerutil import decode_all
 
 from mlx_ring.planning.plan import uniform_plan
-from mlx_ring.ring.lockstep import Lockstep
 from mlx_ring.ring.pipeline import RingError
 from mlx_ring.ring.protocol import DTYPES, Header, Kind
 from mlx_ring.serving.scheduler import Scheduler
+from mlx_ring.tensor.lockstep import Lockstep
 from shard import load_shard
 
 

@@ -8,7 +8,7 @@ from itertools import combinations
 import pytest
 
 from mlx_ring.models import support
-from mlx_ring.models.tensor_shares import _reading, even, head_split, record, spans, tensor_shares
+from mlx_ring.tensor.shares import _reading, even, head_split, record, spans, tensor_shares
 
 
 @pytest.fixture
@@ -197,7 +197,7 @@ def test_split_model_on_one_rank_leaves_the_model_whole(default_model):
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load_model
 
-    from mlx_ring.models.tensor import split_model
+    from mlx_ring.tensor.cut import split_model
 
     model = load_model(default_model, lazy=True)[0]
     before = {k: v.shape for k, v in tree_flatten(model.parameters())}

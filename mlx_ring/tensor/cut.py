@@ -3,22 +3,24 @@ groups of KV heads, MLP columns, experts' columns) and the layers' all_sums join
 model's own forward gives the whole model's output on every rank.
 
 The model's own mlx-lm `shard()` cuts it where it has one and its even split fits the group.
-Otherwise the standard layouts are cut here with MLX's distributed layers (`tensor_layers.py`),
+Otherwise the standard layouts are cut here with MLX's distributed layers (`layers.py`),
 unevenly where the KV heads do not divide, and with a KV head kept by each rank that reads it where
 there are fewer KV heads than ranks: attention with q/k/v (or one fused qkv) and an output
 projection, MLPs of gate/up/down (or fused gate_up, or two layers), and mixture-of-experts blocks of
 switch layers. What is of another layout is refused. Which types the cut is right for is measured,
 as for the pipeline: tests/ring/test_tensor_matrix.py runs every type's tiny model split 2 and 3
-ways against the whole model and records the result in supported.json (`tensor`); `tensor_shares.py`
+ways against the whole model and records the result in supported.json (`tensor`); `shares.py`
 tells the planner, from a config alone, whether and how a model splits N ways.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
-from mlx_ring.models.tensor_layers import (
+from mlx_ring.tensor.layers import (
     SplitRMSNorm,
+    Sum,
+    SummedOutput,
     columns,
     in_width,
     is_linear,
@@ -26,9 +28,10 @@ from mlx_ring.models.tensor_layers import (
     rows,
     slice_columns,
     slice_rows,
-    sum_output,
+    sum_with,
 )
-from mlx_ring.models.tensor_shares import check_admitted, even, head_split, refuse, spans
+from mlx_ring.tensor.shares import check_admitted, even, head_split, refuse, spans
+from mlx_ring.tensor.sums import summing
 
 # Attention modules name their query and KV head counts one of these ways.
 HEAD_ATTRS = (
@@ -67,17 +70,19 @@ def model_type(model: nn.Module) -> str:
 
 def split_model(model: nn.Module, group: mx.distributed.Group) -> None:
     """Cut every layer of `model` (built lazily) to this rank's share of the `group`, in place,
-    so the model's unchanged forward gives the whole model's output on every rank; ValueError
-    naming the type where it cannot be split this many ways."""
+    so the model's unchanged forward gives the whole model's output on every rank, its layers
+    summing with `sums.summing(group)`; ValueError naming the type where it cannot be split this
+    many ways."""
     kind = model_type(model)
     if group.size() > 1:  # one rank holds the whole model, whatever its type
         check_admitted(kind)
-    cut(model, group, kind)
+    cut(model, group, kind, summing(group))
 
 
-def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
+def cut(model: nn.Module, group: mx.distributed.Group, kind: str, all_sum: Sum) -> str:
     """`split_model` without the admission check (the matrix test uses it to find the admitted
-    types); returns how it was cut: "shard()" (mlx-lm's) or "layouts" (here)."""
+    types), its layers summing with `all_sum`; returns how it was cut: "shard()" (mlx-lm's) or
+    "layouts" (here)."""
     n = group.size()
     if n == 1:
         return "whole"
@@ -87,6 +92,9 @@ def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
             model.shard(group)
         except (ValueError, AssertionError) as e:  # Qwen 3.5's asserts that the vocabulary divides
             raise refuse(kind, f"mlx-lm's shard() cannot split it {n} ways ({e})") from None
+        # Its sharded-to-all layers call MLX's all_sum by name; sums inside a model's own forward
+        # (a mixture of experts' `sharding_group`) stay MLX's.
+        sum_with(model, all_sum)
         return "shard()"
     work, why = _plan(model, n, group.rank())
     if why:
@@ -97,7 +105,7 @@ def cut(model: nn.Module, group: mx.distributed.Group, kind: str) -> str:
         )
         raise refuse(kind, why + even_only)
     for apply in work:
-        apply(group)
+        apply(group, all_sum)
     return "layouts"
 
 
@@ -136,7 +144,7 @@ def _plan(model: nn.Module, n: int, rank: int) -> tuple[list, str | None]:
             if _is_attention(m):
                 step, why = _attention(m, n, rank)
             elif _expert_block(m):
-                step, why = _experts(m, n, rank)
+                step, why = _experts(layer, name, m, n, rank)
             else:
                 step = _mlp(m, n, rank)
             if why:
@@ -237,7 +245,7 @@ def _attention(m: nn.Module, n: int, rank: int):
             else _joined([(start + j * per, start + (j + 1) * per) for j in mine.kv])
         )
 
-    def step(group):
+    def step(group, all_sum):
         for name, segments in parts.items():
             setattr(
                 m,
@@ -248,8 +256,8 @@ def _attention(m: nn.Module, n: int, rank: int):
             setattr(m, name, rows(c, heads_rows(0, per, True), group))
         for name, (c, per) in norms.items():
             ((a, b),) = heads_rows(0, per, c.weight.shape[-1] == q_width)
-            setattr(m, name, SplitRMSNorm(c.weight[a:b], c.eps, c.weight.shape[-1], group))
-        setattr(m, out_name, columns(o, mine.start * per_o, mine.end * per_o, group))
+            setattr(m, name, SplitRMSNorm(c.weight[a:b], c.eps, c.weight.shape[-1], all_sum))
+        setattr(m, out_name, columns(o, mine.start * per_o, mine.end * per_o, group, all_sum))
         for name in PER_HEAD:
             if isinstance(getattr(m, name, None), mx.array):
                 setattr(m, name, getattr(m, name)[mine.start : mine.end])
@@ -280,9 +288,10 @@ def _mlp(m: nn.Module, n: int, rank: int):
         a, b = spans(even(width, n, unit))[rank]
         fused, down = m.gate_up_proj, m.down_proj
 
-        def step(group):  # gate's rows, then up's: the forward splits the output in halves
+        # gate's rows, then up's: the forward splits the output in halves
+        def step(group, all_sum):
             m.gate_up_proj = rows(fused, [(a, b), (width + a, width + b)], group)
-            m.down_proj = columns(down, a, b, group)
+            m.down_proj = columns(down, a, b, group, all_sum)
 
         return step
     for names in MLP_NAMES:
@@ -292,11 +301,11 @@ def _mlp(m: nn.Module, n: int, rank: int):
         width, unit = in_width(parts[2])
         a, b = spans(even(width, n, unit))[rank]
 
-        def step(group, names=names, parts=parts, a=a, b=b):
+        def step(group, all_sum, names=names, parts=parts, a=a, b=b):
             for name, p in zip(names[:2], parts[:2]):
                 if p is not None:
                     setattr(m, name, rows(p, [(a, b)], group))
-            setattr(m, names[2], columns(parts[2], a, b, group))
+            setattr(m, names[2], columns(parts[2], a, b, group, all_sum))
 
         return step
     return None
@@ -312,9 +321,10 @@ def _expert_block(m: nn.Module) -> bool:
     return any(_switch(getattr(m, x, None)) for x in EXPERT_NAMES)
 
 
-def _experts(m: nn.Module, n: int, rank: int):
-    """(the cut, None) of a mixture of experts: each expert's columns, and any shared experts', in
-    place; the block all_sums its output (mlx-lm's `sharding_group` where it has one)."""
+def _experts(layer: nn.Module, name: str, m: nn.Module, n: int, rank: int):
+    """(the cut, None) of a mixture of experts (`layer`'s `name`): each expert's columns, and any
+    shared experts', in place; the block's output summed over the ranks."""
+    assert name, "a mixture of experts is a block of its layer"
     experts = next(getattr(m, x) for x in EXPERT_NAMES if _switch(getattr(m, x, None)))
     blocks = [experts] + [getattr(m, x) for x in SHARED_NAMES if getattr(m, x, None) is not None]
     plans = []
@@ -327,15 +337,17 @@ def _experts(m: nn.Module, n: int, rank: int):
         width, unit = in_width(down)
         plans.append((blk, spans(even(width, n, unit))[rank]))
 
-    def step(group):
+    def step(group, all_sum):
         for blk, (a, b) in plans:
-            for name in ("gate_proj", "up_proj"):
-                if hasattr(blk, name):
-                    slice_rows(getattr(blk, name), [(a, b)])
+            for part in ("gate_proj", "up_proj"):
+                if hasattr(blk, part):
+                    slice_rows(getattr(blk, part), [(a, b)])
             slice_columns(blk.down_proj, a, b, keep_bias=group.rank() == 0)
+        # mlx-lm's own block sums where its forward knows the sum belongs (before what each rank
+        # adds alike), with MLX's all_sum; another is held by one that sums its output
         if hasattr(m, "sharding_group"):
             m.sharding_group = group
         else:
-            sum_output(m, group)
+            layer.update_modules(tree_unflatten([(name, SummedOutput(m, all_sum))]))
 
     return step, None
