@@ -60,7 +60,7 @@ def exit_codes(codes: dict, hosts: list[str]) -> str:
     """The ranks' real exit codes (mlx.launch's own is 0 whatever they did)."""
     named = [
         f"{rank_on(r, hosts)}: {'killed' if c is None else f'code {c}'}"
-        + (" (its GPU failed)" if c == exits.DEVICE_FAILED else "")
+        + (f" ({exits.CAUSES[c]})" if c in exits.CAUSES else "")
         for r, c in sorted(codes.items())
     ]
     return ", ".join(named) or "no rank reported"
