@@ -31,6 +31,7 @@ class Bridge:
         self._events: list = []
         self._lock = threading.Lock()
         self._last_stats = 0.0
+        self._stats_bytes = len(self._stats())  # what each STATS is reckoned until it is made
         self.ready = threading.Event()
         self.refused: str | None = None  # why the HTTP server could not start
         self.closing = False
@@ -82,9 +83,9 @@ class Bridge:
             ends = any(isinstance(ev, (Started, Done, Failed)) for _, ev in events)
             if stats or ends or taken or now - self._last_stats > STATS_EVERY_S:
                 self._last_stats = now
-                self.out.put(self._stats)
+                self.out.put(self._stats, self._stats_bytes)
             if events or taken:
-                self.out.put(lambda: _step(events, taken))
+                self.out.put(lambda: _step(events, taken), wire.step_bytes(events))
 
     def _stats(self) -> bytes:
         return wire.pack(wire.STATS, stats=wire.stats_out(self.engine.stats()))
@@ -139,6 +140,7 @@ class Bridge:
             if self.out.full():
                 raise QueueFull("the HTTP process is slow to read the answers")
             self.engine.submit(*(r for _, r in reqs))
+            self.out.put(self._stats, self._stats_bytes)  # its queue, fresh while a step runs
         except QueueFull as e:  # the HTTP side's count lagged, or its reads do: a plain 503
             self._refuse(reqs, f"the server is busy ({e}); retry shortly", "server_overloaded")
         except Unavailable as e:

@@ -121,11 +121,13 @@ class Outbox:
         self._thread = threading.Thread(target=self._send_all, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, message) -> None:
+    def put(self, message, size: int = 0) -> None:
+        """`size`: a callable's bytes as the caller reckons them, until the sender has made them
+        (counted all the while, so that a reader that stalls fills `full` however they come)."""
+        size = len(message) if isinstance(message, bytes) else size
         with self._ready:
-            if isinstance(message, bytes):
-                self.backlog += len(message)
-            self._queue.append(message)
+            self.backlog += size
+            self._queue.append((message, size))
             self._ready.notify()
 
     def full(self) -> bool:
@@ -145,8 +147,10 @@ class Outbox:
                     self._ready.wait()
                 if not self._queue:
                     return
-                message = self._queue.popleft()
+                message, size = self._queue.popleft()
             data = message if isinstance(message, bytes) else message()
+            with self._ready:
+                self.backlog += len(data or b"") - size
             try:
                 if data:
                     self.sock.sendall(data)
@@ -154,9 +158,8 @@ class Outbox:
                 self.failed = True
                 return
             finally:
-                if isinstance(message, bytes):
-                    with self._ready:
-                        self.backlog -= len(message)
+                with self._ready:
+                    self.backlog -= len(data or b"")
 
 
 # -- values on the wire ------------------------------------------------------------------------
@@ -166,6 +169,14 @@ def params_of(fields: dict) -> SamplingParams:
     bias = fields.get("logit_bias")
     return SamplingParams(
         **{**fields, "logit_bias": {int(k): v for k, v in bias.items()} if bias else bias}
+    )
+
+
+def step_bytes(events: list) -> int:
+    """About the bytes a STEP of `events` takes, before the sender makes it (`event_out`)."""
+    return sum(
+        32 + sum(40 + 32 * len(t.top) for t in ev.tokens) if isinstance(ev, Delta) else 64
+        for _, ev in events
     )
 
 

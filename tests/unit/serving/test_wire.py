@@ -239,3 +239,87 @@ def test_the_bridge_sends_one_step_for_all_rows_of_a_round(tokenizer):
             steps.append(msg)
     assert [e[1] for e in steps[0]["ev"]] == [1, 2, 3]
     threading.Thread(target=a.close).start()
+
+
+def small_buffers(*socks, size=8192):
+    """As small as macOS's socket pairs are by default (Linux gives some 208 KiB)."""
+    for s in socks:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+
+def test_long_answers_through_8_kib_buffers_never_block_the_engine_and_all_arrive(tokenizer):
+    a, b = socket.socketpair()
+    small_buffers(a, b)
+    engine, rows, steps = StandIn(max_queue=8), 6, 1500
+    bridge = Bridge(engine, a)
+    bridge.lost = lambda why: None
+    remote = RemoteEngine(b, tokenizer, engine.max_queue, stats(), lambda clean: None)
+    bridge.start({})
+    assert wire.Reader(b).read()["k"] == wire.HELLO
+    remote.start()
+    seen = [[] for _ in range(rows)]
+
+    def slow(i):  # the HTTP side's loop, slower than the engine: the socket fills up
+        return lambda ev: (seen[i].append(ev), time.sleep(0.0002))
+
+    for i in range(rows):
+        remote.submit(Request([1], steps, SamplingParams(), slow(i)))
+    until(lambda: len(engine.got) == rows)
+    text = " ".join(f"line {n} of the tale, with some words of its own;" for n in range(400))
+    ids = tokenizer.encode(text)[:steps]
+    most = 0
+    t0 = time.perf_counter()
+    for tid in ids:
+        for r in engine.got:
+            r.sequence = r.sequence or object()
+            top = [(tid + k, -1.0 - k) for k in range(1, 6)]
+            r.emit(Delta("", [wire.Token(tid, -0.5, top)], 0))
+        engine.after_round()
+        most = max(most, bridge.out.backlog)
+    for r in engine.got:
+        r.emit(Done("length", 1, len(ids), 0))
+    engine.after_round()
+    engine_s = time.perf_counter() - t0
+    until(lambda: all(ev and isinstance(ev[-1], Done) for ev in seen), timeout=60)
+    read_s = time.perf_counter() - t0
+    # the reader fell far behind (a backlog many times the socket's), and the engine's steps went
+    # on at their own pace: a step that waited on the socket would take the reader's
+    assert most > 16 * 8192 and engine_s < read_s / 4, (most, engine_s, read_s)
+    for events in seen:
+        assert [t.id for e in events if isinstance(e, Delta) for t in e.tokens] == ids
+        assert "".join(e.text for e in events if isinstance(e, Delta)) == tokenizer.decode(ids)
+    until(lambda: bridge.out.backlog == 0)
+
+
+def test_a_reader_that_stalls_turns_new_requests_away_not_the_steps(tokenizer, monkeypatch):
+    """Back-pressure goes to admission: the steps still leave at once, queued for the sender,
+    and once that queue passes its bound a new request is a 503, sent when the reader reads."""
+    monkeypatch.setattr(wire, "BACKLOG_BYTES", 256 << 10)
+    a, b = socket.socketpair()
+    small_buffers(a, b)
+    engine = StandIn(max_queue=8)
+    bridge = Bridge(engine, a)
+    bridge.lost = lambda why: None
+    bridge.start({})
+    item = {"prompt": [1], "max_tokens": 9999, "params": {}, "after": None}
+    b.sendall(wire.pack(wire.SUBMIT, reqs=[item | {"id": 1}]))
+    until(lambda: engine.got)
+    sent = 0
+    while not bridge.out.full():  # nobody reads b
+        assert sent < 20_000, "the sender's backlog does not count the steps it holds"
+        start = time.perf_counter()
+        engine.got[0].emit(Delta("", [wire.Token(7, -0.5, [(8, -1.0)] * 5)], 0))
+        engine.after_round()
+        assert time.perf_counter() - start < 0.25
+        sent += 1
+    b.sendall(wire.pack(wire.SUBMIT, reqs=[item | {"id": 2}]))
+    reader, tokens, refused = wire.Reader(b), 0, None
+    while refused is None:
+        msg = reader.read()
+        for e in msg.get("ev", []) if msg["k"] == wire.STEP else []:
+            tokens += e[0] == "t" and e[1] == 1
+            refused = wire.event_in(e)[1] if e[0] == "f" and e[1] == 2 else refused
+    assert len(engine.got) == 1 and tokens == sent
+    assert refused.status == 503 and refused.type == "server_overloaded"
+    a.close()
