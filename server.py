@@ -41,7 +41,7 @@ from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
-from mlx_ring.tensor.link import HeaderLink
+from mlx_ring.tensor.control import open_control
 from mlx_ring.tensor.sums import sum_group
 from mlx_ring.tensor.worker import serve_tensor
 from shard import Shard, load_shard
@@ -235,10 +235,11 @@ def main() -> None:
     jaccl = world_backend() == "jaccl"
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
     frame = framed(jaccl, cfg.ring_frames)
-    # Tensor mode's headers on a socket of their own: through MLX, a CUDA rank's header
-    # waited for its GPU.
-    link = HeaderLink.open(world, description) if plan.tensor > 1 and not (jaccl or frame) else None
-    ring = Ring(world, cfg.receive_apart, deadlines, frame, [c.host for c in caps], link)
+    hosts = [c.host for c in caps]
+    # Tensor mode's steps on sockets of their own from rank 0, with beats that name a lost host
+    # (through MLX, a CUDA rank's step waited for its GPU, and a wait in an all_sum has no bound).
+    link = open_control(world, description, hosts, cfg.step_timeout) if plan.tensor > 1 else None
+    ring = Ring(world, cfg.receive_apart, deadlines, frame, hosts, link)
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:

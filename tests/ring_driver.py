@@ -33,10 +33,11 @@ from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
-from mlx_ring.ring.world import init_world  # noqa: E402
+from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.serving.warmup import choose_groups  # noqa: E402
+from mlx_ring.tensor.control import open_control  # noqa: E402
 from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
 from mlx_ring.tensor.worker import serve_tensor  # noqa: E402
 from shard import load_shard, rss_kib  # noqa: E402
@@ -98,13 +99,18 @@ def main():
     )
     a = p.parse_args()
     world = init_world()
+    cases = [case_args(a, json.loads(c)) for c in a.case] if a.case else [a] * len(a.model)
     ring = Ring(world)
+    # tensor mode's steps go on the control link, as the server's (opened once for every case)
+    tensor = any(c.parallel == "tensor" for c in cases)
+    hosts = [f"rank{r}" for r in range(world.size())]
+    link = open_control(world, ring_description(), hosts, 60) if tensor else None
     real = batching.sample_rows, batching.sample_lazy
     layers = a.layers or ["-"] * len(a.model)
-    cases = [case_args(a, json.loads(c)) for c in a.case] if a.case else [a] * len(a.model)
     # one launch, several models: startup is most of a run
     for model, out, sizes, case in zip(a.model, a.out, layers, cases, strict=True):
         try:
+            ring.link = link if case.parallel == "tensor" else None
             run(case, world, ring, Path(model), Path(out), sizes)
         finally:
             batching.sample_rows, batching.sample_lazy = real

@@ -35,7 +35,7 @@ from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
-from mlx_ring.tensor.link import HeaderLink  # noqa: E402
+from mlx_ring.tensor.control import open_control  # noqa: E402
 from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
 from mlx_ring.tensor.sums import sum_group  # noqa: E402
 from mlx_ring.tensor.worker import serve_tensor  # noqa: E402
@@ -102,7 +102,9 @@ def main():
     sums = sum_group(world, description)
     plan = tensor_plan(spec_from_folder(a.model).n_layers, world.size())
     shard = load_shard(a.model, plan, world.rank(), sums)
-    ring = Ring(world, link=HeaderLink.open(world, description))  # as the server's tensor mode
+    hosts = [f"rank{r}" for r in range(world.size())]
+    # as the server's tensor mode
+    ring = Ring(world, link=open_control(world, description, hosts, 60))
     ring.trace = [] if a.trace else None
     peer = None
     if a.peers:

@@ -17,7 +17,7 @@ from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 from mlx_ring.ring.world import prev_fds
 
 if TYPE_CHECKING:  # tensor mode opens the link and hands it in
-    from mlx_ring.tensor.link import HeaderLink
+    from mlx_ring.tensor.control import Spoke, Star
 
 
 def receives_apart(metal: bool, setting: frozenset[str] | None = None) -> frozenset[Kind]:
@@ -75,10 +75,11 @@ class Ring:
         deadlines: Deadlines | None = None,
         frame: int = 0,
         hosts: list[str] | None = None,
-        link: "HeaderLink | None" = None,
+        link: "Star | Spoke | None" = None,
     ):
         self.world = world
-        # tensor mode's headers go on this socket of their own, not MLX's ring (tensor/link.py)
+        # tensor mode's steps go on sockets of their own from rank 0, not MLX's
+        # (tensor/control.py)
         self.link = link
         # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed
         # instead, each naming the rank (and its host, `hosts`) waited on.
@@ -118,7 +119,16 @@ class Ring:
             self.trace.append((event, int(header.kind), header.group, time.perf_counter()))
 
     def send(self, header: Header, payload: mx.array | None) -> None:
-        """Pass a step on: its header, then its payload (computed within the send's graph)."""
+        """Pass a step on: its header, then its payload (computed within the send's graph); in
+        tensor mode, rank 0 sends both to every worker on the control link."""
+        if self.link is not None:
+            if payload is not None:
+                header = replace(
+                    header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype)
+                )
+            self.link.send(header, payload)
+            self.mark("out", header)
+            return
         self.send_header(header, payload)
         self.send_payload(header, payload)
 
@@ -130,9 +140,6 @@ class Ring:
             header = replace(header, shape=tuple(payload.shape), dtype=DTYPES.index(payload.dtype))
         # Evaluated on its own, before the payload: two independent sends in one
         # graph have no order.
-        if self.link is not None:
-            self.link.send(header.ints())
-            return
         with self.timed(lambda: f"{self._who(self.next)} to take a step's header"):
             mx.eval(mx.distributed.send(header.encode(), self.next, group=self.world))
 
@@ -191,13 +198,13 @@ class Ring:
         recv; `send_payload` does both. Other payloads arrive here, on the host, before this
         returns. (Building a forward step's graph must not read its input: the wait would then
         find no data coming.)"""
+        if self.link is not None:  # tensor mode: the step and its payload, from rank 0
+            header, payload = self.link.recv(lambda: self.term)
+            self.mark("in", header)
+            return header, payload
         if self.frame:
             return self._recv_frames()
-        if self.link is not None:
-            wait_readable([self.link.fileno()], lambda: self.term, self.prev)
-            header = Header.parse(self.link.recv())
-        else:
-            header = self._recv_header()
+        header = self._recv_header()
         self.mark("in", header)
         if not header.carried:
             return header, None

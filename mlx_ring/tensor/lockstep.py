@@ -1,7 +1,7 @@
 """Tensor mode's ring: every rank runs every step at once, joined by the step's all_sums.
 
-Rank 0 hands each step (its header and input: token ids, or a small table) to rank 1, which hands it
-on, and so on to the last rank; then every rank runs it. Nothing comes back round the ring: the
+Rank 0 hands each step (its header and input: token ids, or a small table) to every other rank on
+the control link (control.py); then every rank runs it. Nothing comes back round the ring: the
 all_sums give every rank the same output, so rank 0's own is the step's result. A decode step built
 on the tokens its group's last step is still sampling sends its header alone: the ids join every
 rank's graph in one more all_sum (`summed_ids`), so no rank waits for them on the host: rank 0
@@ -50,6 +50,8 @@ class Lockstep(SharedSteps):
         """Call `lost(why)` (from another thread) when a rank leaves the ring: rank 0 may be waiting
         inside a step's all_sums, where neither MLX nor a signal handler would wake it."""
         self.watch = StepWatch(0, lost=lost)
+        if getattr(self.ring, "link", None) is not None:
+            self.ring.link.watch(lost)  # the workers' beats: one gone or stuck, by its host
 
     def can_submit(self) -> bool:
         return len(self.done) < self.limit
@@ -60,7 +62,7 @@ class Lockstep(SharedSteps):
     def submit(
         self, header: Header, payload: mx.array | None, tag: object = None, chained: bool = False
     ) -> None:
-        """Send the step to rank 1, then apply it here: its all_sums need every rank in them.
+        """Send the step to every rank, then apply it here: its all_sums need every rank in them.
         `chained`: its token ids are the last DECODE step's, still being sampled: they go in the
         step's graph (`summed_ids`), and only the header goes on the wire."""
         assert self.can_submit()
@@ -77,7 +79,7 @@ class Lockstep(SharedSteps):
             payload, wire = summed_ids(header, wire, self.sums), None
         try:
             with self.watching():
-                self.ring.send(header, wire)  # the header (and a payload known here) on to rank 1
+                self.ring.send(header, wire)  # the header (and a payload known here) to every rank
         except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
             raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
         out = self.stage.apply(header, payload)
@@ -130,6 +132,8 @@ class Lockstep(SharedSteps):
         """The watch ends: every rank leaves now, and a socket closing is no fault."""
         if self.watch is not None:
             self.watch.stop()
+        if getattr(self.ring, "link", None) is not None:
+            self.ring.link.stop()
 
 
 def summed_ids(header: Header, ids: mx.array | None, group: mx.distributed.Group) -> mx.array:

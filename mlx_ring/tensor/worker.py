@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import PeerSilent, Ring
 from mlx_ring.ring.worker import WorkerStage, leave_on_sigterm
+from mlx_ring.tensor.control import BEAT_S
 from mlx_ring.tensor.lockstep import RankLeft, StepWatch, summed_ids
 
 log = logging.getLogger("shard")  # a worker's lines name the shard it runs
@@ -20,36 +21,37 @@ def serve_tensor(
     shard: WorkerStage, ring: Ring, drain_timeout: float = 30.0, step_timeout: float = 60.0
 ) -> None:
     """Ranks 1..N-1 in tensor mode, until a shutdown step goes by (a SIGTERM as in the pipeline:
-    ring/worker.py). The step (header and input: token ids or a small table) comes from the
-    previous rank, on the host, and goes on to the next (the last keeps it) before this rank runs
-    it: every rank then meets the step's all_sums, and every socket carries the same order of
-    messages."""
+    ring/worker.py). The step (header and input: token ids or a small table) comes from rank 0
+    on the control link (control.py), on the host; every rank then meets the step's all_sums.
+    Each step done is counted on the link, whose beats tell rank 0."""
     leave_on_sigterm(ring, drain_timeout)
     # Rank 0 times each step too, and names the failure to the clients: a worker's deadline comes a
     # little later, for a rank 0 that is itself gone or stuck.
     watch = StepWatch(shard.rank, step_timeout + WORKER_GRACE_S)
-    # Where headers come on a link of their own, a decode step stays queued on the device while the
-    # next header comes and the next step is built (as rank 0 and mlx-lm's loop do); a header
-    # through MLX would wait behind it (on a CPU, and on CUDA, where MLX's CPU stream waits for the
-    # GPU). Other steps are evaluated at once: a prefill chunk's intermediates are not held twice.
-    queue = ring.link is not None
+    # A decode step stays queued on the device while the next step comes and is built (as rank 0
+    # and mlx-lm's loop do). Other steps are evaluated at once: a prefill chunk's intermediates are
+    # not held twice.
+    link = ring.link
     queued: tuple[Header, mx.array] | None = None
     while True:
+        # no step within a beat: the ring is idle, and the queued step is done (the beats say so)
+        if queued is not None and not link.coming(BEAT_S):
+            mx.eval(queued[1])
+            ring.mark("done", queued[0])
+            link.completed()
+            queued = None
         try:
             header, payload = ring.recv()
         except PeerSilent as e:
             log.warning("leaving: %s", e)
             return
-        except RuntimeError as e:  # MLX's ring backend reports a lost peer this way
-            raise RankLeft(
-                f"rank {shard.rank}: the ring broke while a step came from rank {ring.prev}: {e}"
-            ) from e
+        except RuntimeError as e:  # the control link lost, or out of step
+            raise RankLeft(f"rank {shard.rank}: the ring broke while a step came: {e}") from e
         if header.kind == Kind.SHUTDOWN:
             watch.stop()  # every rank leaves now: closing sockets are no fault
+            link.stop()
         t0 = time.perf_counter()
         with watch.step(header):
-            if ring.rank < ring.size - 1:
-                ring.send(header, payload)
             if header.summed:
                 # rank 0's sampled ids, within the step's graph
                 payload = summed_ids(header, None, shard.world)
@@ -60,13 +62,13 @@ def serve_tensor(
             if queued is not None:  # the last decode step, now that this one is queued behind it
                 mx.eval(queued[1])
                 ring.mark("done", queued[0])
-            queued = (
-                (header, out) if queue and out is not None and header.kind == Kind.DECODE else None
-            )
+                link.completed()
+            queued = (header, out) if out is not None and header.kind == Kind.DECODE else None
             if queued is None:
                 if out is not None:
                     mx.eval(out)
                 ring.mark("done", header)
+                link.completed()
         shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return

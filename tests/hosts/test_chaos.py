@@ -280,3 +280,42 @@ def test_chaos_every_stream_ends_clearly_and_the_ring_heals(tmp_path_factory, de
     assert stopped.returncode == 0, stopped.stderr
     assert not any(left.values()), f"processes left: {left}"
     assert temp == [], f"temporary files left: {temp}"
+
+
+def test_a_cut_link_in_tensor_mode_is_named_within_seconds_on_default_settings(
+    tmp_path_factory, default_model
+):
+    """Tensor mode across two hosts, STEP_TIMEOUT as shipped: every rank waits inside each step's
+    all_sums, where nothing times out, so the control link's beats must name the host whose link
+    is cut; the ring answers again soon after the link returns."""
+    hosts = NetnsHosts(1, tmp_path_factory.mktemp("tensor-hosts"))
+    ring = Ring(tmp_path_factory.mktemp("tensor"), hosts)
+    del ring.env["STEP_TIMEOUT"]
+    ring.env["PARALLEL"] = "tensor"
+    [victim] = hosts.hosts
+    try:
+        r = ring.sh("start")
+        assert r.returncode == 0, r.stderr[-3000:]
+        before = ring.answer()
+        out, started = {}, threading.Event()
+        client = threading.Thread(target=stream, args=(ring, out, started), daemon=True)
+        client.start()
+        assert started.wait(120), out
+        t_fault = time.monotonic()
+        sh(f"ip link set {victim.veth} down")
+        client.join(60)
+        took = out.get("end", 0) - t_fault
+        assert isinstance(out.get("end"), float) and took <= 20, out
+        assert victim.name in out["error"], out
+        time.sleep(max(0.0, CUT_FOR - (time.monotonic() - t_fault)))
+        sh(f"ip link set {victim.veth} up")
+        recovered = ring.wait_answer(RECOVER_WITHIN)
+        assert ring.answer() == before
+        print(json.dumps({"streams_ended_s": round(took, 1), "serving_again_s": recovered}))
+    finally:
+        stopped = ring.sh("stop", timeout=120)
+        sh(f"ip link set {victim.veth} up", check=False)
+        left = hosts.pids(victim, but_sshd=True)
+        hosts.close()
+    assert stopped.returncode == 0, stopped.stderr
+    assert not left, f"processes left: {left}"

@@ -4,6 +4,7 @@ the mode shown where the plan is, and a rank killed mid-stream."""
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -95,8 +96,9 @@ def test_killed_rank_in_tensor_mode_errors_fast_then_ring_restarts(tensor_ring):
     assert httpx.get(f"{ln.url}/cluster/status", timeout=30).json()["plan"]["mode"] == "tensor"
 
 
-def test_stopped_rank_in_tensor_mode_times_out_then_ring_restarts(tensor_ring):
-    """A stopped rank closes nothing: the step's deadline (STEP_TIMEOUT) names the failure."""
+def test_stopped_rank_in_tensor_mode_is_named_then_ring_restarts(tensor_ring):
+    """A stopped rank closes nothing: its beats on the control link stop, and rank 0 names it
+    well before STEP_TIMEOUT (30 s here)."""
     ln = tensor_ring
     stopped = ln.pid("rank2")
     try:
@@ -106,10 +108,10 @@ def test_stopped_rank_in_tensor_mode_times_out_then_ring_restarts(tensor_ring):
             ln.client(timeout=120).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
             )
-        assert e.value.status_code == 503 and "no answer within 30 s" in e.value.message, (
-            e.value.message
-        )
-        assert time.monotonic() - t0 < 45
+        said = e.value.message
+        named = re.search(r"rank 2 \(.+\) sent nothing for 1\d s", said)
+        assert e.value.status_code == 503 and named, said
+        assert time.monotonic() - t0 < 25
         ln.wait_healthy(within=300)
         assert ln.pid("rank2") != stopped
     finally:

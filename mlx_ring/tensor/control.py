@@ -1,0 +1,391 @@
+"""Tensor mode's control link: a socket from rank 0 to each worker (a star), beside the
+transport the all_sums run on (ring, JACCL or NCCL).
+
+Each step's descriptor, its header and small payload (token ids, a table), goes from rank 0 to
+every worker at once, numbered, so a lost or doubled step is a named error. Beats go both ways
+every BEAT_S and carry the last step done: a cut link, a stopped rank or a dead one is named by
+its host within LOST_S, and one whose beats come while its steps don't, after STEP_TIMEOUT.
+
+Why a socket and not MLX: MLX evaluates send and recv on its CPU stream, which on CUDA waits for
+the GPU work queued before it, so a descriptor through MLX would wait behind the last step. A
+socket touches neither MLX nor the GPU, and it can be timed, where a wait inside an all_sum
+cannot.
+"""
+
+import logging
+import os
+import queue
+import secrets
+import select
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_ring.platform import keep_alive
+from mlx_ring.ring.deadline import leave
+from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, ProtocolError
+from mlx_ring.ring.transport import PeerSilent
+
+log = logging.getLogger(__name__)
+
+MESSAGE = struct.Struct("<Bq")  # kind, then a step's number (HELLO: the rank)
+HEADER = struct.Struct(f"<{HEADER_LEN}i")
+STEP, BEAT, HELLO = 1, 2, 3
+TOKEN = struct.Struct("<Q")  # this launch's own: a rank of another launch is turned away
+BEAT_S = 0.5
+LOST_S = 10.0  # twenty beats missed: the host is gone, not slow
+SEND_S = 10.0  # a send the peer does not take within this is a lost peer
+CONNECT_S = 60.0  # workers connect once they have rank 0's port, after loading
+BUFFER = 1 << 20  # a prefill chunk's ids and every beat fit without a wait
+
+
+def payload_bytes(payload: mx.array) -> bytes:
+    """The payload as raw bytes (16-bit floats as their bits: numpy has no bfloat16)."""
+    wide = payload.dtype.size == 2 and payload.dtype != mx.int16
+    return np.asarray(payload.view(mx.uint16) if wide else payload).tobytes()
+
+
+def payload_array(header: Header, data: bytes) -> mx.array:
+    """The payload `header` says, from its raw bytes."""
+    dtype = DTYPES[header.dtype]
+    wide = dtype.size == 2
+    arr = np.frombuffer(data, np.uint16 if wide else _NUMPY[dtype]).reshape(header.shape)
+    return mx.array(arr).view(dtype) if wide else mx.array(arr)
+
+
+_NUMPY = {mx.float32: np.float32, mx.int32: np.int32}
+
+
+def payload_size(header: Header) -> int:
+    return int(np.prod(header.shape)) * DTYPES[header.dtype].size if header.carried else 0
+
+
+@dataclass
+class Peer:
+    """One end of the star as the other end sees it: its socket, and its last beat."""
+
+    sock: socket.socket
+    rank: int
+    host: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    heard: float = field(default_factory=time.monotonic)  # its last message
+    done: int = 0  # the last step it said it completed
+
+    def who(self) -> str:
+        return f"rank {self.rank} ({self.host})"
+
+    def send(self, data: bytes) -> None:
+        """All of `data`, within SEND_S (the socket's timeout); RuntimeError naming the peer."""
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+            except OSError as e:
+                raise RuntimeError(
+                    f"{self.who()} took nothing from its control link for {SEND_S:.0f} s, or "
+                    f"closed it ({e}): its host is gone, stopped or cut off"
+                ) from e
+
+
+def read_exact(sock: socket.socket, n: int, who: str) -> bytes:
+    data = b""
+    while len(data) < n:
+        try:
+            part = sock.recv(n - len(data))
+        except OSError as e:
+            raise RuntimeError(f"{who}'s control link failed: {e}") from e
+        if not part:
+            raise RuntimeError(f"{who} closed its control link (the rank is gone)")
+        data += part
+    return data
+
+
+def _tune(sock: socket.socket) -> socket.socket:
+    sock.settimeout(SEND_S)  # reads wait in select first: this bounds the sends
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a descriptor is one write
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+    keep_alive(sock, LOST_S)  # a backstop only: the beats name a lost peer first
+    return sock
+
+
+class Star:
+    """Rank 0's end: a socket to every worker. The engine's thread sends the steps; a thread of
+    its own reads the workers' beats, sends rank 0's, and (once `watch` is called) calls
+    `lost(why)` once a worker is gone or stuck."""
+
+    def __init__(self, peers: list[Peer], step_timeout: float):
+        self.peers, self.step_timeout = peers, step_timeout
+        self.seq = 0
+        # steps some worker has not done: (seq, when); the engine's thread appends, the link's pops
+        self.issued: deque[tuple[int, float]] = deque()
+        self.lost: Callable[[str], None] | None = None
+        self.stopped = False
+        self.broken: str | None = None  # why the link's thread ended
+        threading.Thread(target=self._run, name="control-star", daemon=True).start()
+
+    def send(self, header: Header, payload: mx.array | None) -> None:
+        """One step's descriptor to every worker."""
+        self.seq += 1
+        body = payload_bytes(payload) if header.carried and payload is not None else b""
+        if len(body) != payload_size(header):
+            raise ValueError(f"a step's payload of {len(body)} bytes where {header} says other")
+        data = MESSAGE.pack(STEP, self.seq) + HEADER.pack(*header.ints()) + body
+        self.issued.append((self.seq, time.monotonic()))
+        for p in self.peers:
+            p.send(data)
+
+    def watch(self, lost: Callable[[str], None]) -> None:
+        """From now, `lost(why)` is called (once, from the link's thread) when a worker is gone
+        or stuck."""
+        for p in self.peers:
+            p.heard = time.monotonic()
+        self.lost, self.stopped = lost, False
+        if self.broken is not None:
+            self.stopped = True
+            lost(self.broken)
+
+    def stop(self) -> None:
+        """The ring is shutting down: its ranks leave, and that is no fault."""
+        self.stopped = True
+
+    def _run(self) -> None:
+        socks = {p.sock: p for p in self.peers}
+        beat = 0.0
+        while socks:
+            now = time.monotonic()
+            try:
+                if now - beat >= BEAT_S:
+                    beat = now
+                    for p in self.peers:  # lets each worker know rank 0 is there
+                        p.send(MESSAGE.pack(BEAT, self.seq))
+                for s in select.select(list(socks), [], [], BEAT_S)[0]:
+                    p = socks[s]
+                    kind, p.done = MESSAGE.unpack(read_exact(s, MESSAGE.size, p.who()))
+                    p.heard = time.monotonic()
+                why = self.overdue(time.monotonic())
+            except (RuntimeError, ValueError) as e:  # ValueError: a socket closed here
+                why, socks, self.broken = str(e), {}, str(e)  # for a `watch` still to come
+            if why is not None and self.lost is not None and not self.stopped:
+                self.stopped = True
+                self.lost(why)
+
+    def overdue(self, now: float) -> str | None:
+        """Why the ring is broken at `now`: a worker silent for LOST_S, or one whose beats come
+        while it has not done a step sent STEP_TIMEOUT ago; None if neither."""
+        for p in self.peers:
+            if now - p.heard > LOST_S:
+                return (
+                    f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every "
+                    f"{BEAT_S} s): its host is off, asleep or unreachable, or the link is cut"
+                )
+        least = min(p.done for p in self.peers)
+        while self.issued and self.issued[0][0] <= least:
+            self.issued.popleft()
+        if self.issued and now - self.issued[0][1] > self.step_timeout:
+            stuck = [p.who() for p in self.peers if p.done < self.issued[0][0]]
+            return (
+                f"{', '.join(stuck)} did no step for {self.step_timeout:.0f} s while its beats "
+                "came: it is stuck (or waits on another rank)"
+            )
+        return None
+
+    def close(self) -> None:
+        self.stopped = True
+        for p in self.peers:
+            p.sock.close()
+
+
+class Spoke:
+    """A worker's end: the socket to rank 0. A thread of its own reads it (steps go to a queue,
+    beats mark rank 0 alive), sends this worker's beats, and ends the rank with `lost(why)` once
+    rank 0 is silent for LOST_S."""
+
+    def __init__(self, peer: Peer, rank: int, lost: Callable[[str], None] | None = None):
+        self.peer, self.rank = peer, rank
+        self.steps: queue.Queue = queue.Queue()
+        self.held = None  # a step `coming` took from the queue, for `recv`
+        self.expected = 1
+        self.done = 0  # steps completed here, in order (`completed`)
+        self.stopped = False
+        self.lost = lost or leave
+        threading.Thread(target=self._run, name="control-spoke", daemon=True).start()
+
+    def completed(self) -> None:
+        """The oldest step not yet done is done (the next beat says so)."""
+        self.done += 1
+
+    def coming(self, within: float) -> bool:
+        """Whether a step comes within `within` seconds (it waits for the next `recv`)."""
+        if self.held is None:
+            try:
+                self.held = self.steps.get(timeout=within)
+            except queue.Empty:
+                return False
+        return True
+
+    def recv(self, term: Callable) -> tuple[Header, mx.array | None]:
+        """The next step; PeerSilent once a SIGTERM came and rank 0 stayed quiet (`term()`, as
+        `transport.wait_readable`), ProtocolError for a step out of order, RuntimeError for a
+        lost link."""
+        while not self.coming(1.0):
+            came = term()
+            if came is not None and time.monotonic() - came[0] > came[1]:
+                raise PeerSilent(
+                    f"asked to stop (SIGTERM) and rank 0 has sent no step for {came[1]:.0f} s since"
+                )
+        item, self.held = self.held, None
+        if isinstance(item, Exception):
+            raise item
+        seq, header, data = item
+        if seq != self.expected:
+            raise ProtocolError(
+                f"rank {self.rank} got step {seq} where step {self.expected} was due: a step was "
+                "lost or sent twice (the ranks are out of step)"
+            )
+        self.expected += 1
+        return header, payload_array(header, data) if data else None
+
+    def stop(self) -> None:
+        """Rank 0 shuts the ring down: its silence, or its socket closing, is no fault now (the
+        steps of a later ring on the same link still come)."""
+        self.stopped = True
+
+    def _run(self) -> None:
+        p, beat = self.peer, 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if now - beat >= BEAT_S:
+                    beat = now
+                    p.send(MESSAGE.pack(BEAT, self.done))
+                if select.select([p.sock], [], [], BEAT_S)[0]:
+                    self._read()
+                    p.heard = time.monotonic()
+                elif time.monotonic() - p.heard > LOST_S and not self.stopped:
+                    self.lost(
+                        f"rank 0 ({p.host}) sent nothing for {time.monotonic() - p.heard:.0f} s "
+                        f"(its beats come every {BEAT_S} s): its host is gone or the link is cut"
+                    )
+                    return
+            except (RuntimeError, ProtocolError) as e:
+                self.steps.put(e)  # the rank's thread raises it at its next step
+                return
+
+    def _read(self) -> None:
+        p = self.peer
+        kind, seq = MESSAGE.unpack(read_exact(p.sock, MESSAGE.size, p.who()))
+        if kind == BEAT:
+            return
+        if kind != STEP:
+            raise ProtocolError(f"rank {self.rank}: a control message no rank sends ({kind})")
+        header = Header.parse(HEADER.unpack(read_exact(p.sock, HEADER.size, p.who())))
+        size = payload_size(header)
+        data = read_exact(p.sock, size, p.who()) if size else b""
+        self.steps.put((seq, header, data))  # bytes: only the rank's own thread calls MLX
+
+    def close(self) -> None:
+        self.stopped = True
+        self.peer.sock.close()
+
+
+def rank0_addresses(description: list | None) -> list[str]:
+    """Where a worker may reach rank 0, in order: rank 0's first ring address (a LAN, or this
+    machine), the address rank 0's ssh came from (the one that reached this host, on a
+    Thunderbolt ring where rank 0's ring addresses are a neighbour's alone), JACCL's
+    coordinator."""
+    out = []
+    if description and isinstance(description[0], list) and description[0]:
+        out.append(description[0][0].rsplit(":", 1)[0].strip("[]"))
+    if ssh := os.environ.get("SSH_CONNECTION", "").split():
+        out.append(ssh[0])
+    if coordinator := os.environ.get("MLX_JACCL_COORDINATOR", ""):
+        out.append(coordinator.rsplit(":", 1)[0].strip("[]"))
+    return list(dict.fromkeys(out)) or ["127.0.0.1"]
+
+
+def open_control(
+    world: mx.distributed.Group,
+    description: list | None,
+    hosts: list[str],
+    step_timeout: float,
+) -> Star | Spoke:
+    """Every rank of `world` calls this at the same point of its start. Rank 0 listens on every
+    address, on a port the system picks, and tells the workers that port and this launch's token
+    in one all_gather (any transport has it); each worker connects and says who it is."""
+    rank, size = world.rank(), world.size()
+    listener = None
+    if rank == 0:
+        listener = _listener()
+        mine = [listener.getsockname()[1], secrets.randbits(31), secrets.randbits(31)]
+    else:
+        mine = [0, 0, 0]
+    rows = mx.distributed.all_gather(mx.array([mine], dtype=mx.int32), group=world)
+    port, high, low = rows[0].tolist()
+    token = (high << 31) | low
+    if rank == 0:
+        with listener:
+            return Star(_accept(listener, size - 1, token, hosts), step_timeout)
+    return Spoke(_connect(rank0_addresses(description), port, rank, token, hosts[0]), rank)
+
+
+def _listener() -> socket.socket:
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", 0))
+
+
+def _accept(listener: socket.socket, n: int, token: int, hosts: list[str]) -> list[Peer]:
+    """The `n` workers' sockets, by rank; one of another launch, or that says nothing, is
+    closed and the wait goes on."""
+    peers: dict[int, Peer] = {}
+    end = time.monotonic() + CONNECT_S
+    while len(peers) < n:
+        listener.settimeout(max(0.1, end - time.monotonic()))
+        try:
+            sock, _ = listener.accept()
+        except OSError as e:
+            missing = sorted(set(range(1, n + 1)) - set(peers))
+            raise RuntimeError(
+                f"rank(s) {missing} ({', '.join(hosts[r] for r in missing)}) opened no control "
+                f"link to rank 0 within {CONNECT_S:.0f} s ({e}): a firewall, or no route to "
+                "rank 0's address from there"
+            ) from e
+        sock.settimeout(5.0)
+        try:
+            kind, rank = MESSAGE.unpack(read_exact(sock, MESSAGE.size, "a worker"))
+            (said,) = TOKEN.unpack(read_exact(sock, TOKEN.size, "a worker"))
+        except (RuntimeError, struct.error):
+            sock.close()
+            continue
+        if kind != HELLO or said != token or not 0 < rank <= n or rank in peers:
+            sock.close()  # not this launch's
+            continue
+        peers[rank] = Peer(_tune(sock), rank, hosts[rank])
+    return [peers[r] for r in sorted(peers)]
+
+
+def _connect(addresses: list[str], port: int, rank: int, token: int, host0: str) -> Peer:
+    """The socket to rank 0, at the first of `addresses` that answers."""
+    errors = []
+    end = time.monotonic() + CONNECT_S
+    while time.monotonic() < end:
+        for address in addresses:
+            try:
+                sock = socket.create_connection((address, port), timeout=3.0)
+            except OSError as e:
+                errors.append(f"{address}: {e}")
+                continue
+            sock.sendall(MESSAGE.pack(HELLO, rank) + TOKEN.pack(token))
+            return Peer(_tune(sock), 0, host0)
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: "
+        + "; ".join(errors[-len(addresses) :])
+    )
