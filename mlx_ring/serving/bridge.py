@@ -1,6 +1,7 @@
 """Rank 0's engine served to its HTTP process (api/process.py) over one socket (serving/wire.py):
-a reader thread turns SUBMIT, CANCEL and PING into the engine's own calls; the engine's events of
-a round leave as one STEP message, sent from a thread of its own, so the engine thread only
+a reader thread turns SUBMIT, CANCEL and PING into the engine's own calls; the engine's events
+leave as one STEP message before a round's step (the requests it took, the prefills it began) and
+one after it (every row's tokens), sent from a thread of its own, so the engine thread only
 appends to a list and never waits on the HTTP side. Tokens only: the HTTP process makes the text
 and finds the stop strings."""
 
@@ -37,7 +38,7 @@ class Bridge:
         self.closing = False
         self.lost = exit_http_lost  # how the engine process ends when its HTTP process is gone
         engine.detokenize = False
-        engine.after_round = self.flush
+        engine.after_round = engine.before_step = self.flush
         self._reader = threading.Thread(target=self._read_all, name="from-http", daemon=True)
         self._flushed = time.monotonic()
 

@@ -78,6 +78,9 @@ class Engine:
         # False: the events carry tokens only, and the HTTP process makes their text (bridge.py)
         self.detokenize = True
         self.after_round: Callable[[], None] | None = None  # called at the end of every round
+        # called before each round's step: what it took off the queue and the prefills it began
+        # leave then, so the HTTP process's count of waiting requests never lags by a step
+        self.before_step: Callable[[], None] | None = None
 
     # -- called from the HTTP thread
     # ----------------------------------------------------------------
@@ -196,6 +199,8 @@ class Engine:
         # waits on the ring (the step's own scheduling then finds nothing more to send)
         self.sched.schedule()
         self._prefilling()
+        if self.before_step is not None:
+            self.before_step()
         results = self.sched.step()
         if busy:  # rank 0's busy time: its steps, waits on the other ranks included
             took = time.perf_counter() - t0
