@@ -78,8 +78,8 @@ class Engine:
         # False: the events carry tokens only, and the HTTP process makes their text (bridge.py)
         self.detokenize = True
         self.after_round: Callable[[], None] | None = None  # called at the end of every round
-        # called before each round's step: what it took off the queue and the prefills it began
-        # leave then, so the HTTP process's count of waiting requests never lags by a step
+        # called twice a round before its step, once it took requests off the queue and once
+        # their prefills began: the HTTP process's count of waiting requests must not lag
         self.before_step: Callable[[], None] | None = None
 
     # -- called from the HTTP thread
@@ -194,6 +194,8 @@ class Engine:
         for a in list(self.active.values()):
             if a.req.cancelled.is_set():
                 self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
+        if self.before_step is not None:  # what it took leaves before its first chunk is computed
+            self.before_step()
         busy, t0 = not self.sched.idle(), time.perf_counter()
         # scheduled first, so that the prompts whose prefill begins now hear of it before rank 0
         # waits on the ring (the step's own scheduling then finds nothing more to send)
