@@ -1,6 +1,6 @@
 """The bridge around the real engine (one rank of the default model, no mlx.launch) and the HTTP
 side's port over a socket pair: what the engine took off its queue reaches the HTTP side's count
-before the round's step comes home, so a long step never turns a request away with a 503 that
+before it computes anything for it, so a long step never turns a request away with a 503 that
 the engine's queue has room for; and the answers come through as text."""
 
 import socket
@@ -24,7 +24,7 @@ from mlx_ring.serving.port import Delta, Done, Request
 from mlx_ring.serving.scheduler import Scheduler
 from shard import load_shard
 
-STEP_S = 1.0  # each ring step, made this long: longer than any wait below
+STEP_S = 1.0  # each ring step and scheduling, made this long: longer than any wait below
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,16 @@ def bridged(default_model, tokenizer, monkeypatch):
     sched = Scheduler(Pipeline(shard, Ring(mx.distributed.init())), shard)
     engine = Engine(sched, tokenizer, max_queue=1, max_active=1, step_timeout=60)
     slow = threading.Event()
-    step = sched.step
 
-    def slow_step():
-        if slow.is_set():
-            time.sleep(STEP_S)
-        return step()
+    def slowed(run):  # a ring step, and the first chunk's compute on rank 0 as it is scheduled
+        def slow_run():
+            if slow.is_set():
+                time.sleep(STEP_S)
+            return run()
 
-    sched.step = slow_step
+        return slow_run
+
+    sched.step, sched.schedule = slowed(sched.step), slowed(sched.schedule)
     a, b = socket.socketpair()
     bridge = Bridge(engine, a)
     bridge.lost = lambda why: None
