@@ -34,6 +34,7 @@ from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.platform_disk import raise_open_files
+from mlx_ring.ring.control import open_control
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
@@ -41,7 +42,6 @@ from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
 from mlx_ring.rundir import RunDir
-from mlx_ring.tensor.control import open_control
 from mlx_ring.tensor.sums import sum_group
 from mlx_ring.tensor.worker import serve_tensor
 from shard import Shard, load_shard
@@ -236,10 +236,13 @@ def main() -> None:
     deadlines = Deadlines(cfg.step_timeout) if jaccl and rank != 0 else None
     frame = framed(jaccl, cfg.ring_frames)
     hosts = [c.host for c in caps]
-    # Tensor mode's steps on sockets of their own from rank 0, with beats that name a lost host
-    # (through MLX, a CUDA rank's step waited for its GPU, and a wait in an all_sum has no bound).
-    link = open_control(world, description, hosts, cfg.step_timeout) if plan.tensor > 1 else None
-    ring = Ring(world, cfg.receive_apart, deadlines, frame, hosts, link)
+    # Sockets from rank 0 to every worker, whose beats name a silent host in seconds; tensor mode's
+    # steps go on them too (through MLX, a CUDA rank's step waited for its GPU, and a wait in an
+    # all_sum has no bound).
+    many = world.size() > 1
+    control = open_control(world, description, hosts, cfg.step_timeout) if many else None
+    link = control if plan.tensor > 1 else None
+    ring = Ring(world, cfg.receive_apart, deadlines, frame, hosts, link, control)
     if deadlines is not None:
         deadlines.start(cfg.drain_timeout)
     if ring.apart:

@@ -29,6 +29,7 @@ from mlx_ring.cache import kvbits, tiers  # noqa: E402
 from mlx_ring.cache.disk import DiskTier  # noqa: E402
 from mlx_ring.models.shape import read_shape  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
+from mlx_ring.ring.control import open_control  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
@@ -37,7 +38,6 @@ from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.params import SamplingParams  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler, Sequence  # noqa: E402
 from mlx_ring.serving.warmup import choose_groups  # noqa: E402
-from mlx_ring.tensor.control import open_control  # noqa: E402
 from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
 from mlx_ring.tensor.worker import serve_tensor  # noqa: E402
 from shard import load_shard, rss_kib  # noqa: E402

@@ -30,12 +30,12 @@ from step_split import split_generate_step, split_ring  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
+from mlx_ring.ring.control import open_control  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
-from mlx_ring.tensor.control import open_control  # noqa: E402
 from mlx_ring.tensor.lockstep import Lockstep  # noqa: E402
 from mlx_ring.tensor.sums import sum_group  # noqa: E402
 from mlx_ring.tensor.worker import serve_tensor  # noqa: E402

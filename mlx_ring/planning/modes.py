@@ -21,13 +21,14 @@ from mlx_ring.planning.split import ShareSize
 STREAMS = (1, 16, 64)  # the loads each mode is predicted at
 PROMPT = 1536  # tokens of the long prompt whose first token is predicted
 CHUNK = 512  # prompt tokens a prefill step takes where PREFILL_CHUNK is auto
-# A tensor rank's host work per layer and step. On a GPU whose ring carries the step headers on a
-# link of their own (tensor/link.py), every rank builds a step while its device runs the last one,
+# A tensor rank's host work per layer and step. On a GPU whose steps come on the control link
+# (ring/control.py), every rank builds a step while its device runs the last one,
 # as mlx-lm's own loop does: the host's whole work (Python and MLX's encoding) hides behind the
 # device's, or the device's behind it; rank 0's thread was as busy as mlx-lm's loop's
 # (`tools/bench_tensor.py --split`, figures in docs/benchmarks.md).
 GPU_BUSY_LAYER_S = 0.31e-3
-# Where the headers come through MLX (JACCL's framed steps), a worker builds a step only once its
+# Where the headers came through MLX (JACCL's framed steps, as measured; JACCL with the control
+# link is not measured yet, so predicted the same), a worker builds a step only once its
 # header comes, and its device starts the step after that, so the host's work is added to the step
 # (`tools/bench_tensor.py --trace`, figures in docs/benchmarks.md). On a
 # CPU device, where the graph's building shares the cores with its compute, always added: calibrated
@@ -191,8 +192,8 @@ def tensor_parts(
 
 
 def hides_host(caps: list[Capabilities], allsum: AllSum) -> bool:
-    """Whether every rank builds a step while its device runs the last: GPUs whose headers travel on
-    the header link (every ring but JACCL's)."""
+    """Whether every rank builds a step while its device runs the last: GPUs on any ring but
+    JACCL's (measured so only elsewhere)."""
     return allsum.transport != DEFAULT_ALLSUM["jaccl"].transport and all(
         holds_graph(c) or metal(c) for c in caps
     )

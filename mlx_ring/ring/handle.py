@@ -102,3 +102,6 @@ class SharedSteps(RingHandle):
 
     def leaving(self) -> None:
         """Nothing is outstanding and SHUTDOWN goes next: the ranks' leaving is no fault now."""
+        control = getattr(self.ring, "control", None)
+        if control is not None:
+            control.stop()

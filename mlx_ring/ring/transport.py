@@ -17,7 +17,7 @@ from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, Kind
 from mlx_ring.ring.world import prev_fds
 
 if TYPE_CHECKING:  # tensor mode opens the link and hands it in
-    from mlx_ring.tensor.control import Spoke, Star
+    from mlx_ring.ring.control import Spoke, Star
 
 
 def receives_apart(metal: bool, setting: frozenset[str] | None = None) -> frozenset[Kind]:
@@ -76,11 +76,14 @@ class Ring:
         frame: int = 0,
         hosts: list[str] | None = None,
         link: "Star | Spoke | None" = None,
+        control: "Star | Spoke | None" = None,
     ):
         self.world = world
         # tensor mode's steps go on sockets of their own from rank 0, not MLX's
-        # (tensor/control.py)
+        # (ring/control.py)
         self.link = link
+        # the same sockets' beats, which name a silent host in either mode
+        self.control = control if control is not None else link
         # Where MLX's transport has no sockets to wait on (JACCL), a worker's waits are timed
         # instead, each naming the rank (and its host, `hosts`) waited on.
         self.deadlines, self.hosts = deadlines, hosts

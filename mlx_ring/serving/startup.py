@@ -218,10 +218,14 @@ def assemble(
     )
     engine.peers = ", ".join(f"{r.rank} on {r.host}" for r in cluster.ranks[1:])
     # a rank gone mid-step: fail the requests now, naming it (off the engine's thread)
+
+    def lost(why: str) -> None:
+        threading.Thread(target=engine.fail, args=(why,), daemon=True).start()
+
     if isinstance(pipe, Lockstep):
-        pipe.watch_peers(
-            lambda why: threading.Thread(target=engine.fail, args=(why,), daemon=True).start()
-        )
+        pipe.watch_peers(lost)
+    if (control := getattr(pipe.ring, "control", None)) is not None:
+        control.watch(lost)  # the workers' beats: one gone or stuck, named by its host
     hello = (
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "Hello"}], add_generation_prompt=True

@@ -2,5 +2,5 @@
 the layers' all_sums joining the shares. `cut.py` cuts a model into a rank's share (with the layers
 of `layers.py`), `shares.py` is the same arithmetic from a config alone (for the planner), `sums.py`
 the group and the function the all_sums run over, `lockstep.py` rank 0's handle and the workers'
-watch, `link.py` the TCP link the step headers travel on.
+watch. The steps travel on the ring's control link (ring/control.py).
 """

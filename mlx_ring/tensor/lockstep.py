@@ -50,8 +50,6 @@ class Lockstep(SharedSteps):
         """Call `lost(why)` (from another thread) when a rank leaves the ring: rank 0 may be waiting
         inside a step's all_sums, where neither MLX nor a signal handler would wake it."""
         self.watch = StepWatch(0, lost=lost)
-        if getattr(self.ring, "link", None) is not None:
-            self.ring.link.watch(lost)  # the workers' beats: one gone or stuck, by its host
 
     def can_submit(self) -> bool:
         return len(self.done) < self.limit
@@ -132,8 +130,7 @@ class Lockstep(SharedSteps):
         """The watch ends: every rank leaves now, and a socket closing is no fault."""
         if self.watch is not None:
             self.watch.stop()
-        if getattr(self.ring, "link", None) is not None:
-            self.ring.link.stop()
+        super().leaving()
 
 
 def summed_ids(header: Header, ids: mx.array | None, group: mx.distributed.Group) -> mx.array:

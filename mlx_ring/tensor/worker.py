@@ -6,10 +6,10 @@ import time
 
 import mlx.core as mx
 
+from mlx_ring.ring.control import BEAT_S
 from mlx_ring.ring.protocol import Header, Kind
 from mlx_ring.ring.transport import PeerSilent, Ring
 from mlx_ring.ring.worker import WorkerStage, leave_on_sigterm
-from mlx_ring.tensor.control import BEAT_S
 from mlx_ring.tensor.lockstep import RankLeft, StepWatch, summed_ids
 
 log = logging.getLogger("shard")  # a worker's lines name the shard it runs

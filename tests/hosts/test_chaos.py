@@ -25,9 +25,9 @@ REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
-STEP_TIMEOUT = 5
-# seconds from the fault to every stream's end
-BOUND = {"cut": 20, "kill": 20, "stop": STEP_TIMEOUT + 5}
+# Seconds from the fault to every stream's end, every setting as shipped (STEP_TIMEOUT 60 s): the
+# control link's beats name a silent host within seconds.
+BOUND = {"cut": 20, "kill": 20, "stop": 20}
 # seconds a link stays down at least: past ssh's keepalives (3 x 3 s), so the ring must
 # wait for the host
 CUT_FOR = 15
@@ -49,7 +49,6 @@ class Ring:
             "RING_PORT": str(free_port(4)),
             "LOG_DIR": str(tmp / "logs"),
             "STARTUP_TIMEOUT": "180",
-            "STEP_TIMEOUT": str(STEP_TIMEOUT),
             "MAX_RESTARTS": "10",
             "FAILOVER_AFTER": str(FAILOVER_AFTER),
         }
@@ -88,7 +87,7 @@ def stream(ring: Ring, out: dict, started: threading.Event) -> None:
     """A long greedy stream; `out` gets its token count and its end (an error and when, or done)."""
     out["tokens"] = 0
     try:
-        for chunk in ring.client(timeout=STEP_TIMEOUT + 60).chat.completions.create(
+        for chunk in ring.client(timeout=120).chat.completions.create(
             model="SmolLM2-135M-Instruct",
             messages=[{"role": "user", "content": "Count to a thousand."}],
             max_tokens=2000,
@@ -290,7 +289,6 @@ def test_a_cut_link_in_tensor_mode_is_named_within_seconds_on_default_settings(
     is cut; the ring answers again soon after the link returns."""
     hosts = NetnsHosts(1, tmp_path_factory.mktemp("tensor-hosts"))
     ring = Ring(tmp_path_factory.mktemp("tensor"), hosts)
-    del ring.env["STEP_TIMEOUT"]
     ring.env["PARALLEL"] = "tensor"
     [victim] = hosts.hosts
     try:

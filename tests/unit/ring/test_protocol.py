@@ -23,7 +23,7 @@ def test_a_header_no_rank_sends_is_refused():
         Header(Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2).ints()
     ) == Header(
         Kind.PREFILL, batch=1, offset=8, shape=(1, 8, 16), dtype=2
-    )  # the fields a header link carries
+    )  # the fields the control link carries
     good = Header.for_payload(Kind.DECODE, mx.zeros((2, 1, 8)), group=1)
     assert Header.decode(good.encode()) == good and good.carried
     # ids that come in an all_sum

@@ -12,10 +12,8 @@ import mlx.core as mx
 import pytest
 
 from mlx_ring.platform import keepalive_options
-from mlx_ring.ring.protocol import Header, Kind, ProtocolError
-from mlx_ring.ring.transport import Ring
-from mlx_ring.tensor import control
-from mlx_ring.tensor.control import (
+from mlx_ring.ring import control
+from mlx_ring.ring.control import (
     HEADER,
     HELLO,
     MESSAGE,
@@ -26,6 +24,8 @@ from mlx_ring.tensor.control import (
     Star,
     rank0_addresses,
 )
+from mlx_ring.ring.protocol import Header, Kind, ProtocolError
+from mlx_ring.ring.transport import Ring
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:

@@ -1,10 +1,11 @@
-"""Tensor mode's control link: a socket from rank 0 to each worker (a star), beside the
-transport the all_sums run on (ring, JACCL or NCCL).
+"""The control link: a socket from rank 0 to each worker (a star), beside MLX's transport
+(ring, JACCL or NCCL).
 
-Each step's descriptor, its header and small payload (token ids, a table), goes from rank 0 to
-every worker at once, numbered, so a lost or doubled step is a named error. Beats go both ways
-every BEAT_S and carry the last step done: a cut link, a stopped rank or a dead one is named by
-its host within LOST_S, and one whose beats come while its steps don't, after STEP_TIMEOUT.
+Beats go both ways every BEAT_S, in either mode: a cut link, a stopped rank or a dead one is named
+by its host within LOST_S. In tensor mode each step's descriptor, its header and small payload
+(token ids, a table), goes from rank 0 to every worker on it at once, numbered, so a lost or
+doubled step is a named error; the beats carry the last step done, and a worker whose beats come
+while its steps don't is named after STEP_TIMEOUT.
 
 Why a socket and not MLX: MLX evaluates send and recv on its CPU stream, which on CUDA waits for
 the GPU work queued before it, so a descriptor through MLX would wait behind the last step. A
@@ -28,7 +29,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from mlx_ring.platform import keep_alive
+from mlx_ring.platform import keep_alive, local_network_hint
 from mlx_ring.ring.deadline import leave
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, ProtocolError
 from mlx_ring.ring.transport import PeerSilent
@@ -98,6 +99,8 @@ def read_exact(sock: socket.socket, n: int, who: str) -> bytes:
     while len(data) < n:
         try:
             part = sock.recv(n - len(data))
+        except ConnectionResetError:  # closed with our beats unread: gone all the same
+            part = b""
         except OSError as e:
             raise RuntimeError(f"{who}'s control link failed: {e}") from e
         if not part:
@@ -183,7 +186,7 @@ class Star:
             if now - p.heard > LOST_S:
                 return (
                     f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every "
-                    f"{BEAT_S} s): its host is off, asleep or unreachable, or the link is cut"
+                    f"{BEAT_S} s): the rank is stopped, or its host is off, asleep or cut off"
                 )
         least = min(p.done for p in self.peers)
         while self.issued and self.issued[0][0] <= least:
@@ -385,7 +388,9 @@ def _connect(addresses: list[str], port: int, rank: int, token: int, host0: str)
             sock.sendall(MESSAGE.pack(HELLO, rank) + TOKEN.pack(token))
             return Peer(_tune(sock), 0, host0)
         time.sleep(0.5)
+    said = "; ".join(errors[-len(addresses) :])
+    if "No route to host" in said and (hint := local_network_hint()):
+        said += f" ({hint})"
     raise RuntimeError(
-        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: "
-        + "; ".join(errors[-len(addresses) :])
+        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: {said}"
     )
