@@ -1,7 +1,8 @@
 """Entry point on every rank: `mlx.launch --backend ring --hostfile hosts.json server.py`.
 
 Each rank loads its slice of layers. Rank 0 also holds the embedding and head, runs the engine on
-its main thread (the one thread that owns MLX) and serves the OpenAI API from a uvicorn thread.
+its main thread (the one thread that owns MLX) and serves the OpenAI API from a process of its
+own (mlx_ring/api/process.py), which never imports MLX.
 The other ranks loop on the step protocol until told to shut down.
 """
 
@@ -125,7 +126,8 @@ def serve_rank0(
     pipe = Lockstep(shard, ring, shard.world) if shard.plan.tensor > 1 else Pipeline(shard, ring)
     rank0 = assemble(cfg, shard, pipe, model_path, spec, cluster, caps)
     hosts = [r.host for r in cluster.ranks]
-    serve(cfg, rank0.engine, served_model(cfg, rank0), ring.size, shard.plan.describe(hosts))
+    served = served_model(cfg, rank0, model_path)
+    serve(cfg, rank0.engine, served, ring.size, shard.plan.describe(hosts))
 
 
 def local_model(cfg: Config, rank: int) -> Path:

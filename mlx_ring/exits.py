@@ -10,9 +10,12 @@ import re
 SHUT_DOWN = 0  # the ring shut down (its SHUTDOWN step), or a worker on a SIGTERM left a silent peer
 CRASHED = 1  # Python's own, for an exception nothing caught: a bug, or a tensor worker's RankLeft
 REFUSED = 2  # cannot start (a setting, a model, a host that differs), said in a refusal line
+HTTP_LOST = 69  # EX_UNAVAILABLE: rank 0's HTTP process died (api/process.py): it serves no one
 DEVICE_FAILED = 71  # EX_OSERR: its GPU failed a step (Metal, CUDA), said in a GPU failure line
 RING_BROKEN = 75  # EX_TEMPFAIL: the ring broke under the rank (a peer left, a step went unanswered)
 SSH_ENDED = 255  # ssh's, not the rank's: a remote rank's session was cut, or it died by a signal
+# the launcher's words for a rank that exited with these (after its code)
+CAUSES = {DEVICE_FAILED: "its GPU failed", HTTP_LOST: "its HTTP process died"}
 
 MARKER = "cannot start: "  # what the launcher finds a refusal by, wherever a line carries it
 

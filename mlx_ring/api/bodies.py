@@ -52,7 +52,8 @@ def read_body(model: type[BaseModel], raw: bytes) -> BaseModel | dict:
 
 class Bodies:
     """Reads bodies for the routes: in place when small, else in a pool of worker processes
-    (started at the first large body; spawned, as forking a process that runs MLX is unsafe)."""
+    (started at the first large body; spawned from the HTTP process, whose main module,
+    api/process.py, imports little at its top and no MLX)."""
 
     def __init__(self):
         self.pool: ProcessPoolExecutor | None = None

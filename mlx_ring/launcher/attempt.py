@@ -67,8 +67,9 @@ def why_left(
             f"rank {rank} on {host} stopped answering (its ssh session ended: the host is off, "
             "asleep or off the network); the ring restarts once it is back"
         )
-    if code == exits.DEVICE_FAILED:  # its line names the failure: `explain` adds it
-        return f"rank {rank} on {host} exited (code {code}: its GPU failed); the ring restarts"
+    if code in exits.CAUSES:  # a GPU's failure is named from its line: `explain` adds it
+        cause = exits.CAUSES[code]
+        return f"rank {rank} on {host} exited (code {code}: {cause}); the ring restarts"
     return (
         f"rank {rank} on {host} exited "
         f"({'killed' if code is None else f'code {code}'}); the ring restarts"

@@ -60,7 +60,7 @@ def exit_codes(codes: dict, hosts: list[str]) -> str:
     """The ranks' real exit codes (mlx.launch's own is 0 whatever they did)."""
     named = [
         f"{rank_on(r, hosts)}: {'killed' if c is None else f'code {c}'}"
-        + (" (its GPU failed)" if c == exits.DEVICE_FAILED else "")
+        + (f" ({exits.CAUSES[c]})" if c in exits.CAUSES else "")
         for r, c in sorted(codes.items())
     ]
     return ", ".join(named) or "no rank reported"
@@ -77,6 +77,7 @@ ON_EXIT = {
     # bounds one that does); the cause is named from the rank's line (failures.gpu_failed)
     exits.DEVICE_FAILED: RESTART,
     exits.RING_BROKEN: RESTART,  # a peer left or went silent: a new ring mends it
+    exits.HTTP_LOST: RESTART,  # rank 0's HTTP process died: a new one comes with the new ring
     exits.SSH_ENDED: RESTART,  # a host gone is waited for first (healing.restart_hosts)
 }
 

@@ -10,7 +10,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_ring.serving.port import Delta, Done, Request, Started
 from mlx_ring.serving.rows import Sequence
 from mlx_ring.serving.sampling import Token
-from mlx_ring.serving.textstream import Piece, TextStream
+from mlx_ring.serving.textstream import Piece, TextStream, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -18,10 +18,11 @@ log = logging.getLogger(__name__)
 class Answer:
     """Bookkeeping of one running request: its sequence and the text it has produced."""
 
-    def __init__(self, req: Request, seq: Sequence, tokenizer: TokenizerWrapper):
+    def __init__(self, req: Request, seq: Sequence, tokenizer: TokenizerWrapper | None):
+        """`tokenizer` None: tokens only, no text and no stop strings (the HTTP process's)."""
         self.req, self.seq = req, seq
         self.t0 = time.perf_counter()
-        self.text = TextStream(tokenizer.detokenizer, req.stop)
+        self.text = TextStream(tokenizer.detokenizer, req.stop) if tokenizer else Tokens()
         self.count = 0
         self.started = False  # told that its prefill has begun
 

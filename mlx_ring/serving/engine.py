@@ -75,6 +75,12 @@ class Engine:
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
         # the prompts prefilling now, as the engine thread last saw them (read by `stats`)
         self.prefills: tuple[PrefillProgress, ...] = ()
+        # False: the events carry tokens only, and the HTTP process makes their text (bridge.py)
+        self.detokenize = True
+        self.after_round: Callable[[], None] | None = None  # called at the end of every round
+        # called twice a round before its step, once it took requests off the queue and once
+        # their prefills began: the HTTP process's count of waiting requests must not lag
+        self.before_step: Callable[[], None] | None = None
 
     # -- called from the HTTP thread
     # ----------------------------------------------------------------
@@ -188,11 +194,15 @@ class Engine:
         for a in list(self.active.values()):
             if a.req.cancelled.is_set():
                 self._finish(a, Failed("cancelled by the client", 499, "cancelled"))
+        if self.before_step is not None:  # what it took leaves before its first chunk is computed
+            self.before_step()
         busy, t0 = not self.sched.idle(), time.perf_counter()
         # scheduled first, so that the prompts whose prefill begins now hear of it before rank 0
         # waits on the ring (the step's own scheduling then finds nothing more to send)
         self.sched.schedule()
         self._prefilling()
+        if self.before_step is not None:
+            self.before_step()
         results = self.sched.step()
         if busy:  # rank 0's busy time: its steps, waits on the other ranks included
             took = time.perf_counter() - t0
@@ -217,6 +227,8 @@ class Engine:
                             "server_error",
                         ),
                     )
+        if self.after_round is not None:
+            self.after_round()
 
     def stop(self) -> None:
         """Stop taking requests and drain; safe to call from a signal handler."""
@@ -329,7 +341,8 @@ class Engine:
                 if self.closed:
                     req.emit(Failed(self.closed, 503, "service_unavailable"))
                     continue
-                self.active[seq.id] = Answer(req, seq, self.tokenizer)
+                tokenizer = self.tokenizer if self.detokenize else None
+                self.active[seq.id] = Answer(req, seq, tokenizer)
             self.sched.add(seq)
 
     def _prefilling(self) -> None:

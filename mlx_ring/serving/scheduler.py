@@ -113,7 +113,8 @@ class Scheduler(Chooser):
         at = {id(s): i for i, s in enumerate(rows)}
         kept = [at[id(s)] for s in g.rows if id(s) in at]
         if kept != list(range(len(rows))):
-            ids = ids[mx.array(kept)]
+            # every row may have left (kept empty), and MLX makes an empty list float32
+            ids = ids[mx.array(kept, dtype=mx.int32)]
         if len(kept) < len(g.rows):  # sampled ids may be uint32; the ring carries int32
             joined = [[s.last] for s in g.rows[len(kept) :]]
             ids = mx.concatenate([ids.astype(mx.int32), mx.array(joined, dtype=mx.int32)])

@@ -77,3 +77,17 @@ class TextStream:
         piece = Piece(text, self.held_tokens)
         self.held, self.held_tokens = self.held[len(text) :], []
         return piece
+
+
+class Tokens:
+    """`TextStream`'s stand-in where the text is made elsewhere (the HTTP process): every token
+    passes on at once with no text, and nothing ends the answer but its end token or length."""
+
+    stop_hit = None
+    closed = False
+
+    def add(self, token_id: int, token=None) -> Piece:
+        return Piece("", [token if token is not None else token_id])
+
+    def end(self) -> None:
+        return None

@@ -230,3 +230,11 @@ def test_a_rank_process_whose_gpu_fails_exits_device_failed_with_the_line_the_la
     assert p.returncode == exits.DEVICE_FAILED, p.stderr
     assert exits.gpu_failures(p.stderr) == {1: METAL_TIMEOUT} and "Traceback" not in p.stderr
     assert supervisor.must_stop({1: p.returncode}, p.stderr, HOSTS) is None
+
+
+def test_a_rank_0_whose_http_process_died_has_a_code_of_its_own_named_and_restarts():
+    codes = [v for k, v in vars(exits).items() if k.isupper() and isinstance(v, int)]
+    assert len(codes) == len(set(codes)), "two ways a rank ends share an exit code"
+    assert supervisor.must_stop({0: exits.HTTP_LOST}, "", HOSTS) is None
+    said = supervisor.exit_codes({0: exits.HTTP_LOST}, HOSTS)
+    assert said == f"rank 0: code {exits.HTTP_LOST} (its HTTP process died)"

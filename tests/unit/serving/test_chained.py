@@ -219,3 +219,29 @@ def test_rows_joining_and_leaving_ride_ahead_of_the_chained_step(tiny, shard, pr
     for (prompt, n, _, params), row in zip(spec, chained):
         if params.temperature == 0:
             assert [i for i, _, _ in row] == reference_logits(tiny, prompt, n)[1]
+
+
+@pytest.mark.parametrize("wait", range(1, 5))
+def test_a_step_whose_rows_all_left_chains_on_for_the_rows_that_joined(shard, wait):
+    """Every row of the step coming home left (a client gone, a stop string found on the HTTP
+    side) as another joined the group: the chained step goes on with the joined row alone."""
+    pipe = Pipeline(shard, Ring(mx.distributed.init()))
+    sched = Scheduler(pipe, shard, groups=1, chunk=8)
+    first, second = Sequence(0, PROMPTS[0], P(temperature=0.0)), Sequence(1, PROMPTS[1], P())
+    got = {0: 0, 1: 0}
+    sched.add(first)
+    while got[0] < 3:
+        got[0] += len(sched.step())
+    sched.add(second)
+    steps = 0
+    while not sched.idle():
+        assert steps < 10 * TOKENS, "the joined row never finished"
+        for s, t in sched.step():
+            assert not isinstance(t, Exception), t
+            got[s.id] += 1
+            if s is second and got[1] == TOKENS:
+                sched.remove(second)
+        steps += 1
+        if steps == wait and not first.removed:
+            sched.remove(first)
+    assert got[1] == TOKENS and shard.status_row().open_sequences == 0
