@@ -18,8 +18,9 @@ from bench_targets import ROOT, ring_target
 
 def busy(url: str, text: str, stop: threading.Event, counted: list[int]) -> None:
     """Ask for the token count of `text` until `stop`, one request at a time."""
-    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
     with httpx.Client(timeout=120) as client:
+        model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": text}]}
         while not stop.is_set():
             r = client.post(f"{url}/v1/messages/count_tokens", json=body)
             r.raise_for_status()
