@@ -9,7 +9,6 @@ The other ranks loop on the step protocol until told to shut down.
 import functools
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from mlx_ring.ring.leftovers import drop_hostfile, note
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
-from mlx_ring.rundir import RunDir
+from mlx_ring.rundir import RunDir, log_as_rank
 from mlx_ring.tensor.sums import sum_group
 from mlx_ring.tensor.worker import serve_tensor
 from shard import Shard, load_shard
@@ -52,25 +51,7 @@ log = logging.getLogger("server")
 def setup_logging(cfg: Config, rank: int) -> None:
     """Every line carries rank and host; rank r also writes `logs/rank{r}.log`
     on its own machine."""
-    host = socket.gethostname()
-
-    class Tag(logging.Filter):
-        def filter(self, record):
-            record.rank, record.host = rank, host
-            return True
-
-    fmt = logging.Formatter(
-        "%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s"
-    )
-    cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [
-        logging.StreamHandler(sys.stderr),
-        logging.FileHandler(RunDir(cfg.log_dir).rank_log(rank)),
-    ]
-    for h in handlers:
-        h.setFormatter(fmt)
-        h.addFilter(Tag())
-    logging.basicConfig(level=cfg.log_level, handlers=handlers, force=True)
+    log_as_rank(rank, cfg.log_dir, cfg.log_level)
 
 
 def make_plan(

@@ -113,3 +113,30 @@ class RunDir:
     def logs(self) -> list[Path]:
         """Every log here, for `./launch.sh logs`."""
         return sorted(self.root.glob("*.log"))
+
+
+def log_as_rank(rank: int, log_dir: Path | None, level: str) -> None:
+    """Every line of this process carries rank and host, to stderr and (with `log_dir`) to the
+    rank's own log file there (`RunDir.rank_log`), on its own machine."""
+    import logging
+    import socket
+    import sys
+
+    host = socket.gethostname()
+
+    class Tag(logging.Filter):
+        def filter(self, record):
+            record.rank, record.host = rank, host
+            return True
+
+    fmt = logging.Formatter(
+        "%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s"
+    )
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(RunDir(log_dir).rank_log(rank)))
+    for h in handlers:
+        h.setFormatter(fmt)
+        h.addFilter(Tag())
+    logging.basicConfig(level=level, handlers=handlers, force=True)

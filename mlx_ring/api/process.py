@@ -20,25 +20,10 @@ log = logging.getLogger("http")
 def setup_logging(hello: dict) -> None:
     """As the ranks log (server.setup_logging): rank and host on every line, to stderr and to
     rank 0's log file."""
-    from mlx_ring.rundir import RunDir
+    from mlx_ring.rundir import log_as_rank
 
-    rank, host = hello["rank"], socket.gethostname()
-
-    class Tag(logging.Filter):
-        def filter(self, record):
-            record.rank, record.host = rank, host
-            return True
-
-    fmt = logging.Formatter(
-        "%(asctime)s [rank %(rank)d %(host)s] %(levelname)s %(name)s: %(message)s"
-    )
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if hello.get("log_dir"):
-        handlers.append(logging.FileHandler(RunDir(Path(hello["log_dir"])).rank_log(rank)))
-    for h in handlers:
-        h.setFormatter(fmt)
-        h.addFilter(Tag())
-    logging.basicConfig(level=hello["log_level"], handlers=handlers, force=True)
+    log_dir = hello.get("log_dir")
+    log_as_rank(hello["rank"], Path(log_dir) if log_dir else None, hello["log_level"])
 
 
 def served_model(hello: dict):
