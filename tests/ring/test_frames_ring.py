@@ -56,11 +56,8 @@ def test_framed_steps_match_mlx_lm_and_every_message_is_one_frame(tmp_path, mode
     for r in range(2):
         seen = json.loads((tmp_path / f"frames{r}.json").read_text())
         # Besides MLX's own all_gathers at startup (not sends), one size only, whatever the
-        # step; in tensor mode steps go from rank 0 to the last rank only (the all_sums
-        # give everyone the output).
+        # step; in tensor mode no step goes through MLX: they go on the control link from
+        # rank 0 (the all_sums give everyone the output).
         tensor = mode[0] == "--parallel"
-        want = {
-            "sent": [] if tensor and r == 1 else [256],
-            "received": [] if tensor and r == 0 else [256],
-        }
+        want = {"sent": [] if tensor else [256], "received": [] if tensor else [256]}
         assert seen == {"frame": 256, **want}, seen
