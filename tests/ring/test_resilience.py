@@ -163,7 +163,9 @@ def test_auth_queue_disconnect_and_validation(house):
 
     # One request generating, one waiting: the next is turned away with 503 and Retry-After.
     first = long_stream(client)
-    next(first)
+    # The role chunk comes before the engine takes the request; its first token, after.
+    while not next(first).choices[0].delta.content:
+        pass
     waiting = threading.Thread(
         target=lambda: client.chat.completions.create(
             model="SmolLM2-135M-Instruct",
