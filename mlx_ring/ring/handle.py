@@ -32,8 +32,9 @@ class RingHandle(Protocol):
     ring: Ring
     busy_since: float | None  # when the wait on the other ranks now running began (the watchdog's)
 
-    def can_submit(self) -> bool:
-        """Whether one more step may go out now (the handle bounds the steps outstanding)."""
+    def can_submit(self, chained: bool = False) -> bool:
+        """Whether one more step may go out now (the handle bounds the steps outstanding);
+        `chained`: a DECODE step built on ids not yet read."""
         ...
 
     def outstanding(self) -> int:
@@ -53,6 +54,11 @@ class RingHandle(Protocol):
 
     def settle(self) -> None:
         """Finish the last DECODE output, if that is still to do: before anything on it is read."""
+        ...
+
+    def make_way(self) -> None:
+        """Before other steps (calls, frees, rows leaving or joining) go out ahead of a chained
+        DECODE step, while the last DECODE output may still be unread."""
         ...
 
     def collect(self) -> tuple[object, mx.array | None]:
@@ -75,6 +81,11 @@ class SharedSteps(RingHandle):
     waits that the engine's watchdog reads, one step alone, and the shutdown."""
 
     busy_since: float | None = None
+
+    def make_way(self) -> None:
+        # The pipeline's next rank may be blocked sending that output home: nothing else leaves
+        # before it is read off the socket.
+        self.settle()
 
     @contextmanager
     def watching(self):

@@ -43,8 +43,12 @@ class Pipeline(SharedSteps):
         # the sockets' buffers) while rank 0 blocks sending to rank 1, and the ring would deadlock.
         self.unread: mx.array | None = None
 
-    def can_submit(self) -> bool:
-        return not self.ready if self.ring.size > 1 else True
+    def can_submit(self, chained: bool = False) -> bool:
+        """On a ring, while no step waits here for its place. A `chained` DECODE step may also wait
+        behind others (what goes just before it: calls, frees, rows leaving or joining; another
+        group's step), so the chain goes on through a join or a leave; each group has one at most
+        (its next is built once it is home), so the wait stays short."""
+        return self.ring.size == 1 or not self.ready or chained
 
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.ready)
@@ -55,7 +59,7 @@ class Pipeline(SharedSteps):
         """Apply `header` on rank 0; it goes on round the ring as soon as the ring has room, and
         `collect` hands `tag` back with it. `chained`: the step is built on the last DECODE payload,
         still unread (a group's next step built on the tokens just sampled from it)."""
-        assert self.can_submit()
+        assert self.can_submit(chained)
         out = self.stage.apply(header, payload)
         self.ring.mark("built", header)
         if self.ring.size == 1:

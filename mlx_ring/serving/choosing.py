@@ -282,7 +282,7 @@ class Chooser(Batching):
         (none drafts where speculative decoding is off: no call a row a step to ask)."""
         coming = [s for s in rows if not s.removed] + [s for b in g.joining for s in b.rows]
         return (
-            self.pipe.can_submit()
+            self.pipe.can_submit(chained=True)
             and not g.drop
             and rows == g.rows
             and not (

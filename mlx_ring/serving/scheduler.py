@@ -91,9 +91,10 @@ class Scheduler(Chooser):
             or any(s.removed for s in rows)
             or self._oldest_lane() is not g
         ):
-            # They go out first, and nothing leaves before this step's payload is read: read now,
-            # before the head and sampling are built on it (a wait once they were read sees none).
-            self.pipe.settle()
+            # They go out first. On a pipeline, nothing leaves before this step's payload is read:
+            # read now, before the head and sampling are built on it (a wait once they were read
+            # sees none).
+            self.pipe.make_way()
         return lambda ids: self._chained(g, rows, ids)
 
     def _chained(self, g: Group, rows: list[Sequence], ids: mx.array) -> None:
@@ -108,7 +109,7 @@ class Scheduler(Chooser):
             if lane is g or lane is False:
                 break
             self._submit_lane(lane)
-        if not (g.rows and self.pipe.can_submit() and self._oldest_lane() is g):
+        if not (g.rows and self.pipe.can_submit(chained=True) and self._oldest_lane() is g):
             return
         at = {id(s): i for i, s in enumerate(rows)}
         kept = [at[id(s)] for s in g.rows if id(s) in at]

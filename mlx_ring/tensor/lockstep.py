@@ -51,7 +51,7 @@ class Lockstep(SharedSteps):
         inside a step's all_sums, where neither MLX nor a signal handler would wake it."""
         self.watch = StepWatch(0, lost=lost)
 
-    def can_submit(self) -> bool:
+    def can_submit(self, chained: bool = False) -> bool:
         return len(self.done) < self.limit
 
     def outstanding(self) -> int:
@@ -63,7 +63,7 @@ class Lockstep(SharedSteps):
         """Send the step to every rank, then apply it here: its all_sums need every rank in them.
         `chained`: its token ids are the last DECODE step's, still being sampled: they go in the
         step's graph (`summed_ids`), and only the header goes on the wire."""
-        assert self.can_submit()
+        assert self.can_submit(chained)
         # sampled ids
         wire = (
             payload.astype(mx.int32)
@@ -93,6 +93,10 @@ class Lockstep(SharedSteps):
         self.done.append((header, out, tag))
         if chained:
             self.settle()  # the last step, now that this one is queued behind it: the wait is timed
+
+    def make_way(self) -> None:
+        """Nothing to do: nothing comes home on a socket, and the steps' all_sums keep their order,
+        so the steps before a chained one go out while the last computes."""
 
     def prefetch(self, *arrays: mx.array) -> None:
         """Start computing `arrays`, which the caller reads after submitting a

@@ -171,3 +171,64 @@ def test_every_host_gets_every_piece_in_tensor_mode_and_its_slice_in_a_pipeline(
     assert split == {"mac-a": whole[:15] + ["ends"], "mac-b": whole[15:30]}
     assert tensor_plan(30, 3).ranges == ((0, 30),) and tensor_plan(30, 3).size == 3
     assert [tensor_plan(30, 3).layers_of(r) for r in range(3)] == [range(0, 30)] * 3
+
+
+def test_each_descriptor_leaves_before_the_last_step_is_read_and_a_stop_shows_two_later(
+    tiny, monkeypatch
+):
+    """Steady decode in tensor mode, in the order rank 0 does things: descriptor k+1 goes to the
+    workers before the first blocking wait on step k (its output or its tokens), with no payload
+    (the ids ride in the step's all_sum); one read of tokens a round; a row stopped at the token
+    descriptor k made leaves in descriptor k+2 (k+1 was out before that token was read)."""
+    from mlx_ring.serving import runner
+    from mlx_ring.serving.params import SamplingParams
+    from mlx_ring.serving.scheduler import Sequence
+
+    _, shard = tiny
+    events = []
+    pipe = handle(shard, events)
+    wait, read = pipe._wait, runner.read_tokens
+
+    def waited(header, out):
+        events.append(("wait", Kind(header.kind).name))
+        wait(header, out)
+
+    def reading(samplers, drawn):
+        events.append(("read",))
+        return read(samplers, drawn)
+
+    monkeypatch.setattr(pipe, "_wait", waited)
+    monkeypatch.setattr(runner, "read_tokens", reading)
+    sched = Scheduler(pipe, shard, groups=1, chunk=8)
+    stop, tokens = 6, 12
+    a, b = (
+        Sequence(i, p, SamplingParams(temperature=0.0)) for i, p in enumerate([[5, 17], [9, 8]])
+    )
+    got = {0: 0, 1: 0}
+    sched.add(a)
+    sched.add(b)
+    while not sched.idle():
+        events.append(("round",))
+        for s, _ in sched.step():
+            got[s.id] += 1
+            if got[s.id] == (stop if s is a else tokens):
+                sched.remove(s)
+    assert got == {0: stop, 1: tokens}
+    decodes = [i for i, e in enumerate(events) if e[:2] == ("send", "DECODE")]
+    waits = [i for i, e in enumerate(events) if e == ("wait", "DECODE")]
+    headers = [h for h in pipe.ring.headers if h.kind == Kind.DECODE]
+    assert len(decodes) == len(waits) == len(headers)
+    # descriptor k+1 out before step k is waited for; the first after the join excepted
+    chained = [k for k, h in enumerate(headers) if h.summed]
+    assert chained == list(range(1, len(headers)))
+    assert all(decodes[k] < waits[k - 1] and events[decodes[k]][2] is None for k in chained)
+    # one read a round; in each round with a next step, after that step went out
+    rounds = [i for i, e in enumerate(events) if e == ("round",)] + [len(events)]
+    for start, end in zip(rounds, rounds[1:]):
+        part = [e[:2] for e in events[start:end]]
+        assert part.count(("read",)) <= 1, part
+        if ("read",) in part and ("send", "DECODE") in part:
+            assert part.index(("send", "DECODE")) < part.index(("read",)), part
+    # a's tokens: the first from the prefill, token j from descriptor j-1 (1-based)
+    rows = [h.shape[0] for h in headers]
+    assert rows[:stop] == [2] * stop and rows[stop] == 1, rows
