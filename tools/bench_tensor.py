@@ -32,6 +32,7 @@ from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
 from mlx_ring.ring.control import open_control  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
+from mlx_ring.ring.timeline import between_each_ping, tensor_steps  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402
@@ -196,7 +197,7 @@ def step_times(ranks: list[list]) -> list[str]:
     header) and its header-to-built and header-to-done; a worker's hop (rank 0's header leaving to
     it arriving), header to built (below zero for a step built before its header came), wait in the
     step, and wait for the next header."""
-    steps = [_steps(_between_pings(events), r) for r, events in enumerate(ranks)]
+    steps = [tensor_steps(between_each_ping(events)[0], r) for r, events in enumerate(ranks)]
     n = min(len(s) for s in steps)
     decode = [i for i in range(n) if steps[0][i]["kind"] == Kind.DECODE]
     med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
@@ -216,33 +217,6 @@ def step_times(ranks: list[list]) -> list[str]:
             f"header {med([s[i + 1]['in'] - s[i]['done'] for i in decode if i + 1 < n]):.2f}"
         )
     return lines
-
-
-def _between_pings(events: list) -> list:
-    """The events between the two PING steps around the traced run (each PING a few
-    events in a row)."""
-    pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
-    end = next(a for a, b in zip(pings, pings[1:]) if b > a + 1)  # the first PING's last event
-    return events[end + 1 : pings[pings.index(end) + 1]]
-
-
-def _steps(events: list, rank: int) -> list[dict]:
-    """Events grouped by step: a step starts with its header leaving rank 0 ("out") or arriving on a
-    worker ("in"). A worker builds every step and marks it "done" once each, in order, but maybe
-    during another step (a variant may build a step before its header comes, or finish it during
-    the next one): its k-th is its k-th step's."""
-    start, out, ordered = ("out" if rank == 0 else "in"), [], {"built": [], "done": []}
-    for event, kind, _group, t in events:
-        if event == start:
-            out.append({"kind": kind})
-        if event in ordered and rank:
-            ordered[event].append(t)
-        else:
-            out[-1].setdefault(event, t)
-    for event, times in ordered.items():
-        for step, t in zip(out, times):
-            step[event] = t
-    return out
 
 
 if __name__ == "__main__":

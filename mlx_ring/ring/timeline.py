@@ -23,17 +23,55 @@ def between_pings(events: list[tuple[str, int, int, float]]) -> list[tuple[str, 
     return events[pings[2] + 1 : pings[3]]
 
 
+def between_each_ping(events: list) -> list[list]:
+    """The runs of events between PING steps (a PING is a few events in a row), in order."""
+    runs, run, last_ping = [], [], False
+    for e in events:
+        if e[1] == Kind.PING:
+            if not last_ping:
+                runs.append(run)
+                run = []
+            last_ping = True
+        else:
+            run.append(e)
+            last_ping = False
+    return runs[1:]  # what came before the first PING is no run between two
+
+
+def tensor_steps(events: list, rank: int) -> list[dict]:
+    """Tensor mode's events grouped by step, each step's times by event name: a step starts with
+    its header leaving rank 0 ("out") or arriving on a worker ("in"). Every rank builds every step
+    and marks it "done" once each, in order, but maybe during another step (it finishes a decode
+    step during the next one): its k-th is its k-th step's."""
+    start, out, ordered = ("out" if rank == 0 else "in"), [], {"built": [], "done": []}
+    for event, kind, _group, t in events:
+        if event == start:
+            out.append({"kind": kind})
+        if event in ordered:
+            ordered[event].append(t)
+        else:
+            out[-1].setdefault(event, t)
+    for event, times in ordered.items():
+        for step, t in zip(out, times):
+            step[event] = t
+    return out
+
+
 def steps(events: list[tuple[str, int, int, float]]) -> list[dict[str, tuple[int, int, float]]]:
     """One rank's events grouped by step, in order: a step starts with its "built" on rank 0 (whose
-    "in" is the step coming home, later) and with its "in" on the other ranks."""
-    out, home = [], 0  # rank 0: steps whose "in" has not come back yet start at out[home]
+    "out" may come after later steps are built, as they wait for their place on the ring, and
+    whose "in" is the step coming home) and with its "in" on the other ranks."""
+    out = []
+    # rank 0: the first step not yet sent, and the first not yet home
+    later = {"out": 0, "in": 0}
     first = events[0][0] if events else "in"
     for event, kind, group, t in events:
         if event == first:
             out.append({})
-        if first == "built" and event == "in":
-            assert out[home]["built"][:2] == (kind, group), "a step came home out of order"
-            out[home]["in"], home = (kind, group, t), home + 1
+        if first == "built" and event in later:
+            i = later[event]
+            assert out[i]["built"][:2] == (kind, group), f"a step's {event} came out of order"
+            out[i][event], later[event] = (kind, group, t), i + 1
         else:
             out[-1][event] = (kind, group, t)
     return out

@@ -4,7 +4,13 @@ the ranks record (known times in, known times out)."""
 import pytest
 
 from mlx_ring.ring.protocol import Kind
-from mlx_ring.ring.timeline import between_pings, decode_times, steps
+from mlx_ring.ring.timeline import (
+    between_each_ping,
+    between_pings,
+    decode_times,
+    steps,
+    tensor_steps,
+)
 
 DECODE, FILTER, PING, SHUTDOWN = Kind.DECODE, Kind.FILTER, Kind.PING, Kind.SHUTDOWN
 
@@ -72,3 +78,41 @@ def test_only_the_events_between_the_two_pings_count():
     assert between_pings(warm + ping + rank0 + ping + shutdown) == rank0
     with pytest.raises(AssertionError, match="two PING steps"):
         between_pings(rank0)
+
+
+def test_a_step_built_while_the_last_waits_for_its_place_gets_its_own_out():
+    # group 1's step is built behind a FILTER that waits for room on the ring, so both "built"s
+    # come before either "out"
+    rank0 = [
+        ("built", FILTER, 0, 0.0),
+        ("built", DECODE, 1, 0.5),
+        ("out", FILTER, 0, 1.0),
+        ("in", FILTER, 0, 2.0),
+        ("out", DECODE, 1, 2.1),
+        ("in", DECODE, 1, 3.0),
+    ]
+    grouped = steps(rank0)
+    assert [(s["built"][2], s["out"][2], s["in"][2]) for s in grouped] == [
+        (0.0, 1.0, 2.0),
+        (0.5, 2.1, 3.0),
+    ]
+
+
+def test_runs_between_pings_and_tensor_steps_done_in_order():
+    ping = [("out", PING, 0, 0.0), ("built", PING, 0, 0.1), ("done", PING, 0, 0.2)]
+    # rank 0 in tensor mode: a decode step is done after the next one went out
+    first = [
+        ("out", DECODE, 0, 1.0),
+        ("built", DECODE, 0, 1.1),
+        ("out", DECODE, 0, 2.0),
+        ("built", DECODE, 0, 2.1),
+        ("done", DECODE, 0, 2.5),
+        ("done", DECODE, 0, 3.5),
+    ]
+    second = [("out", FILTER, 0, 5.0), ("built", FILTER, 0, 5.1), ("done", FILTER, 0, 5.2)]
+    runs = between_each_ping([("out", DECODE, 0, -1.0)] + ping + first + ping + second + ping)
+    assert runs == [first, second]
+    assert [(s["out"], s["built"], s["done"]) for s in tensor_steps(first, 0)] == [
+        (1.0, 1.1, 2.5),
+        (2.0, 2.1, 3.5),
+    ]
