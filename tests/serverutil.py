@@ -18,9 +18,12 @@ def running_server(
     extra_args: list[str] = (),
     env: dict | None = None,
     timeout: float = 300,
+    wrapper: list[str] = (),
 ):
+    """`wrapper`: a script (and its arguments) that runs server.py, in its place."""
     port = free_port()
     argv = [
+        *wrapper,
         str(ROOT / "server.py"),
         "--port",
         str(port),
