@@ -1,4 +1,4 @@
-"""Decode steps chained, and workers ahead of rank 0, request feature by request feature: the real
+"""Decode steps chained, and how the workers waited, request feature by request feature: the real
 scheduler (no HTTP) on a real ring in tensor or pipeline mode, counted from every rank's trace. Run
 it under mlx.launch, ranks on one host (their traces share one clock):
 
@@ -8,10 +8,10 @@ it under mlx.launch, ranks on one host (their traces share one clock):
 One line a scenario (a few rows of one request feature, or rows joining and leaving):
 - its DECODE steps and how many went out chained (built on ids not yet read; a group's first
   decode step cannot be);
-- how many reached every worker ahead. Tensor mode: the step's header was on the worker before
-  rank 0 had read the step it follows, so the worker queued it while that one ran. Pipeline: the
-  step's header was on the worker before the rank before it had sent the step's activations, so
-  the worker could build the step while they were computed;
+- tensor mode: how many no worker waited for on rank 0's host (the step's header was on each
+  worker before rank 0 had read the step it follows, so the worker queued it while that one ran);
+- the pipeline: a worker's median wait from its last step sent to the next step's header (rank 0's
+  stage and the hops: a pipeline's stages take turns);
 - rank 0's median decode period.
 """
 
@@ -100,28 +100,29 @@ def run(sched: Scheduler, rows: list[tuple[P, int, int]], constrain) -> list[tup
     return log
 
 
-def ahead(ranks: list[list], tensor: bool) -> tuple[int, int, list[float]]:
-    """Of the DECODE steps after the first, how many reached every worker ahead (the module's
-    doc), out of how many; and rank 0's periods between DECODE steps (seconds)."""
+def waits(ranks: list[list], tensor: bool) -> tuple[str, list[float]]:
+    """How the workers waited on DECODE steps after the first (the module's doc), in words; and
+    rank 0's periods between DECODE steps (seconds)."""
     if tensor:
         by = [tensor_steps(events, r) for r, events in enumerate(ranks)]
         kind, t = (lambda s: s["kind"]), (lambda s, e: s[e])
     else:
         by = [steps(events) for events in ranks]
         kind, t = (lambda s: s["built"][0]), (lambda s, e: s[e][2])
-    s0, done, total, periods, last = by[0], 0, 0, [], None
+    s0, ahead, idle, periods, last = by[0], [], [], [], None
     for i, s in enumerate(s0):
         if kind(s) != Kind.DECODE:
             continue
         if last is not None:
-            total += 1
             if tensor:  # rank 0 read step `last` after it sent step i: was i on each worker then?
-                done += all(t(w[i], "in") < t(s0[last], "done") for w in by[1:])
-            else:  # step i's header was on rank r before rank r-1 had sent its activations
-                done += all(t(by[r][i], "in") < t(by[r - 1][i], "out") for r in range(1, len(by)))
+                ahead.append(all(t(w[i], "in") < t(s0[last], "done") for w in by[1:]))
+            else:  # from a worker's last step sent to this one's header
+                idle += [t(w[i], "in") - t(w[i - 1], "out") for w in by[1:]]
             periods.append(t(s, "out") - t(s0[last], "out"))
         last = i
-    return done, total, periods
+    if tensor:
+        return f"no worker waited {sum(ahead)}/{len(ahead)}", periods
+    return f"a worker idle {statistics.median(idle) * 1e3:.2f} ms a step", periods
 
 
 def main():
@@ -159,11 +160,11 @@ def main():
     size = pipe.ring.size
     for k, (name, log) in enumerate(zip(todo, logs)):
         decode = [chained for kind, chained in log if kind == Kind.DECODE]
-        done, total, periods = ahead([r[k] for r in ranks], tensor)
+        waited, periods = waits([r[k] for r in ranks], tensor)
         period = statistics.median(periods) * 1e3 if periods else float("nan")
         print(
             f"{a.mode} {size} ranks, {name}: {len(decode)} DECODE steps, chained "
-            f"{sum(decode)}/{len(decode)}, ahead on every worker {done}/{total}, "
+            f"{sum(decode)}/{len(decode)}, {waited}, "
             f"period {period:.2f} ms",
             flush=True,
         )
