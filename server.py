@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_ring.cache import kvbits, tiers
 from mlx_ring.config import Config, parse_config
+from mlx_ring.hostfile import control_address
 from mlx_ring.hosts.identity import disagreement, identity
 from mlx_ring.hosts.weights import find_slice, manifest, pieces_for
 from mlx_ring.models.shape import read_shape
@@ -33,10 +34,10 @@ from mlx_ring.planning.report import format_summary
 from mlx_ring.planning.sizes import spec_from_folder
 from mlx_ring.platform import keep_awake
 from mlx_ring.platform_disk import raise_open_files
-from mlx_ring.ring.control import open_control
 from mlx_ring.ring.deadline import Deadlines
 from mlx_ring.ring.frames import framed
 from mlx_ring.ring.leftovers import drop_hostfile, note
+from mlx_ring.ring.rendezvous import open_control
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker
 from mlx_ring.ring.world import exchange, init_world, ring_description, world_backend
@@ -221,7 +222,8 @@ def main() -> None:
     # steps go on them too (through MLX, a CUDA rank's step waited for its GPU, and a wait in an
     # all_sum has no bound).
     many = world.size() > 1
-    control = open_control(world, description, hosts, cfg.step_timeout) if many else None
+    address = control_address(cfg.hostfile) if rank == 0 else None  # workers learn it from rank 0
+    control = open_control(world, description, hosts, cfg.step_timeout, address) if many else None
     link = control if plan.tensor > 1 else None
     ring = Ring(world, cfg.receive_apart, deadlines, frame, hosts, link, control)
     if deadlines is not None:

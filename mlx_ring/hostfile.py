@@ -32,7 +32,7 @@ HOST_KEYS = (
     "layers",
     "weight",
 )
-KNOWN_KEYS = ("ssh", "ips", "rdma", *HOST_KEYS)
+KNOWN_KEYS = ("ssh", "ips", "rdma", "control", *HOST_KEYS)
 EXAMPLE = (
     '[{"ssh": "mac-a.local", "ips": ["192.168.1.10"]}, {"ssh": "mac-b.local", '
     '"ips": ["192.168.1.11"]}]'
@@ -221,7 +221,26 @@ def _check_entries(path: Path, entries: list[dict]) -> list[dict]:
                 "(Macs cabled with Thunderbolt: its end of the cable from the rank before it, "
                 f"which `./launch.sh hosts --over thunderbolt` proposes), e.g. {EXAMPLE}"
             )
+        control = e.get("control")
+        if control is not None and (
+            not isinstance(control, str) or not control.strip() or len(control.encode()) > 64
+        ):
+            raise ValueError(
+                f'{where} ({e["ssh"]}) has "control" {control!r}; it must be the address (an IP '
+                "or a name, at most 64 bytes) at which the other hosts reach this one's control "
+                'link when it is rank 0, e.g. "control": "192.168.1.10"'
+            )
     return entries
+
+
+def control_address(path: Path) -> str | None:
+    """Where the workers reach rank 0's control link, if the first entry says (its "control"):
+    on a Thunderbolt ring of 3 or more Macs, rank 0's own ring addresses are its neighbours'
+    alone."""
+    if not path.is_file():
+        return None
+    control = load_entries(path)[0].get("control")
+    return control.strip() if control else None
 
 
 def host_keys(entry: dict) -> dict:

@@ -29,9 +29,9 @@ from mlx_ring.cache import kvbits, tiers  # noqa: E402
 from mlx_ring.cache.disk import DiskTier  # noqa: E402
 from mlx_ring.models.shape import read_shape  # noqa: E402
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan  # noqa: E402
-from mlx_ring.ring.control import open_control  # noqa: E402
 from mlx_ring.ring.pipeline import Pipeline  # noqa: E402
 from mlx_ring.ring.protocol import Kind  # noqa: E402
+from mlx_ring.ring.rendezvous import open_control  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402
 from mlx_ring.ring.world import init_world, ring_description  # noqa: E402

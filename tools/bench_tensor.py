@@ -30,8 +30,8 @@ from step_split import split_generate_step, split_ring  # noqa: E402
 
 from mlx_ring.planning.plan import tensor_plan  # noqa: E402
 from mlx_ring.planning.sizes import spec_from_folder  # noqa: E402
-from mlx_ring.ring.control import open_control  # noqa: E402
 from mlx_ring.ring.protocol import Header, Kind  # noqa: E402
+from mlx_ring.ring.rendezvous import open_control  # noqa: E402
 from mlx_ring.ring.timeline import between_each_ping, tensor_steps  # noqa: E402
 from mlx_ring.ring.transport import Ring  # noqa: E402
 from mlx_ring.ring.worker import serve_worker  # noqa: E402

@@ -11,9 +11,9 @@ from scheduler_run import run
 
 from mlx_ring.planning.plan import plan_from_sizes, tensor_plan, uniform_plan
 from mlx_ring.planning.sizes import spec_from_folder
-from mlx_ring.ring.control import open_control
 from mlx_ring.ring.pipeline import Pipeline
 from mlx_ring.ring.protocol import Header, Kind
+from mlx_ring.ring.rendezvous import open_control
 from mlx_ring.ring.timeline import between_pings
 from mlx_ring.ring.transport import Ring
 from mlx_ring.ring.worker import serve_worker

@@ -14,9 +14,7 @@ cannot.
 """
 
 import logging
-import os
 import queue
-import secrets
 import select
 import socket
 import struct
@@ -29,7 +27,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from mlx_ring.platform import keep_alive, local_network_hint
+from mlx_ring.platform import keep_alive
 from mlx_ring.ring.deadline import leave
 from mlx_ring.ring.protocol import DTYPES, HEADER_LEN, Header, ProtocolError
 from mlx_ring.ring.transport import PeerSilent
@@ -109,7 +107,7 @@ def read_exact(sock: socket.socket, n: int, who: str) -> bytes:
     return data
 
 
-def _tune(sock: socket.socket) -> socket.socket:
+def tune(sock: socket.socket) -> socket.socket:
     sock.settimeout(SEND_S)  # reads wait in select first: this bounds the sends
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a descriptor is one write
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
@@ -296,101 +294,3 @@ class Spoke:
     def close(self) -> None:
         self.stopped = True
         self.peer.sock.close()
-
-
-def rank0_addresses(description: list | None) -> list[str]:
-    """Where a worker may reach rank 0, in order: rank 0's first ring address (a LAN, or this
-    machine), the address rank 0's ssh came from (the one that reached this host, on a
-    Thunderbolt ring where rank 0's ring addresses are a neighbour's alone), JACCL's
-    coordinator."""
-    out = []
-    if description and isinstance(description[0], list) and description[0]:
-        out.append(description[0][0].rsplit(":", 1)[0].strip("[]"))
-    if ssh := os.environ.get("SSH_CONNECTION", "").split():
-        out.append(ssh[0])
-    if coordinator := os.environ.get("MLX_JACCL_COORDINATOR", ""):
-        out.append(coordinator.rsplit(":", 1)[0].strip("[]"))
-    return list(dict.fromkeys(out)) or ["127.0.0.1"]
-
-
-def open_control(
-    world: mx.distributed.Group,
-    description: list | None,
-    hosts: list[str],
-    step_timeout: float,
-) -> Star | Spoke:
-    """Every rank of `world` calls this at the same point of its start. Rank 0 listens on every
-    address, on a port the system picks, and tells the workers that port and this launch's token
-    in one all_gather (any transport has it); each worker connects and says who it is."""
-    rank, size = world.rank(), world.size()
-    listener = None
-    if rank == 0:
-        listener = _listener()
-        mine = [listener.getsockname()[1], secrets.randbits(31), secrets.randbits(31)]
-    else:
-        mine = [0, 0, 0]
-    rows = mx.distributed.all_gather(mx.array([mine], dtype=mx.int32), group=world)
-    port, high, low = rows[0].tolist()
-    token = (high << 31) | low
-    if rank == 0:
-        with listener:
-            return Star(_accept(listener, size - 1, token, hosts), step_timeout)
-    return Spoke(_connect(rank0_addresses(description), port, rank, token, hosts[0]), rank)
-
-
-def _listener() -> socket.socket:
-    if socket.has_dualstack_ipv6():
-        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
-    return socket.create_server(("", 0))
-
-
-def _accept(listener: socket.socket, n: int, token: int, hosts: list[str]) -> list[Peer]:
-    """The `n` workers' sockets, by rank; one of another launch, or that says nothing, is
-    closed and the wait goes on."""
-    peers: dict[int, Peer] = {}
-    end = time.monotonic() + CONNECT_S
-    while len(peers) < n:
-        listener.settimeout(max(0.1, end - time.monotonic()))
-        try:
-            sock, _ = listener.accept()
-        except OSError as e:
-            missing = sorted(set(range(1, n + 1)) - set(peers))
-            raise RuntimeError(
-                f"rank(s) {missing} ({', '.join(hosts[r] for r in missing)}) opened no control "
-                f"link to rank 0 within {CONNECT_S:.0f} s ({e}): a firewall, or no route to "
-                "rank 0's address from there"
-            ) from e
-        sock.settimeout(5.0)
-        try:
-            kind, rank = MESSAGE.unpack(read_exact(sock, MESSAGE.size, "a worker"))
-            (said,) = TOKEN.unpack(read_exact(sock, TOKEN.size, "a worker"))
-        except (RuntimeError, struct.error):
-            sock.close()
-            continue
-        if kind != HELLO or said != token or not 0 < rank <= n or rank in peers:
-            sock.close()  # not this launch's
-            continue
-        peers[rank] = Peer(_tune(sock), rank, hosts[rank])
-    return [peers[r] for r in sorted(peers)]
-
-
-def _connect(addresses: list[str], port: int, rank: int, token: int, host0: str) -> Peer:
-    """The socket to rank 0, at the first of `addresses` that answers."""
-    errors = []
-    end = time.monotonic() + CONNECT_S
-    while time.monotonic() < end:
-        for address in addresses:
-            try:
-                sock = socket.create_connection((address, port), timeout=3.0)
-            except OSError as e:
-                errors.append(f"{address}: {e}")
-                continue
-            sock.sendall(MESSAGE.pack(HELLO, rank) + TOKEN.pack(token))
-            return Peer(_tune(sock), 0, host0)
-        time.sleep(0.5)
-    said = "; ".join(errors[-len(addresses) :])
-    if "No route to host" in said and (hint := local_network_hint()):
-        said += f" ({hint})"
-    raise RuntimeError(
-        f"rank {rank} could not open its control link to rank 0 ({host0}) on port {port}: {said}"
-    )

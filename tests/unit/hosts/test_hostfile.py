@@ -40,6 +40,8 @@ def test_hostfile_names_resolved_and_ports_assigned(tmp_path):
         ([{"ips": ["10.0.0.1"]}], 'entry 0 lacks "ssh"'),
         ([{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-b"}], 'entry 1 (mac-b) lacks "ips"'),
         ([{"ssh": "mac-a", "ip": "10.0.0.1"}], "unknown key(s) ip"),
+        ([{"ssh": "mac-a", "ips": ["10.0.0.1"], "control": ""}], "has \"control\" ''"),
+        ([{"ssh": "mac-a", "ips": ["10.0.0.1"], "control": ["10.0.0.1"]}], "an IP or a name"),
         (
             [{"ssh": "mac-a", "ips": ["10.0.0.1"]}, {"ssh": "mac-b", "ips": ["10.0.0.1"]}],
             "for two hosts (mac-a and mac-b)",
@@ -184,3 +186,18 @@ def test_an_mlx_hostfiles_envs_reach_every_rank_and_settings_win(tmp_path):
     up.launch_args(ring, tmp_path / "out")
     env = (tmp_path / "out" / "env").read_text().splitlines()
     assert "MLX_METAL_FAST_SYNCH=1" in env and "MAX_QUEUE=64" in env and "MAX_QUEUE=9" not in env
+
+
+def test_the_first_entrys_control_address_is_where_workers_reach_rank_0(tmp_path):
+    from mlx_ring.hostfile import control_address
+
+    path = tmp_path / "hosts.json"
+    entries = [
+        {"ssh": "mini-a.local", "ips": ["192.168.0.1"], "control": "192.168.1.10"},
+        {"ssh": "mini-b.local", "ips": ["192.168.0.2"]},
+    ]
+    path.write_text(json.dumps(entries))
+    assert control_address(path) == "192.168.1.10"
+    path.write_text(json.dumps(entries[::-1]))  # only a worker's entry has one: not rank 0's
+    assert control_address(path) is None
+    assert control_address(tmp_path / "none.json") is None

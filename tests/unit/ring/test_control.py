@@ -12,19 +12,10 @@ import mlx.core as mx
 import pytest
 
 from mlx_ring.platform import keepalive_options
-from mlx_ring.ring import control
-from mlx_ring.ring.control import (
-    HEADER,
-    HELLO,
-    MESSAGE,
-    STEP,
-    TOKEN,
-    Peer,
-    Spoke,
-    Star,
-    rank0_addresses,
-)
+from mlx_ring.ring import control, rendezvous
+from mlx_ring.ring.control import HEADER, HELLO, MESSAGE, STEP, TOKEN, Peer, Spoke, Star
 from mlx_ring.ring.protocol import Header, Kind, ProtocolError
+from mlx_ring.ring.rendezvous import address_ints, address_of, rank0_addresses
 from mlx_ring.ring.transport import Ring
 
 
@@ -39,8 +30,8 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 def pair(lost=None, step_timeout=60.0, hosts=("mini-a", "mini-b")):
     """Rank 0's end and rank 1's, joined by a socket pair."""
     a, b = tcp_pair()
-    star = Star([Peer(control._tune(a), 1, hosts[1])], step_timeout)
-    spoke = Spoke(Peer(control._tune(b), 0, hosts[0]), 1, lost=lost or (lambda why: None))
+    star = Star([Peer(control.tune(a), 1, hosts[1])], step_timeout)
+    spoke = Spoke(Peer(control.tune(b), 0, hosts[0]), 1, lost=lost or (lambda why: None))
     return star, spoke
 
 
@@ -116,7 +107,7 @@ def test_beats_carry_the_steps_a_worker_did():
 def test_a_silent_worker_is_named_by_its_host(monkeypatch):
     monkeypatch.setattr(control, "LOST_S", 1.0)
     a, b = tcp_pair()  # rank 1's end says nothing: a cut link, a stopped host
-    star, said = Star([Peer(control._tune(a), 1, "mini-b")], 60.0), []
+    star, said = Star([Peer(control.tune(a), 1, "mini-b")], 60.0), []
     star.watch(said.append)
     wait_for(lambda: said, 10)
     assert said[0].startswith("rank 1 (mini-b) sent nothing for 1 s") and len(said) == 1
@@ -135,7 +126,7 @@ def test_a_worker_whose_beats_come_but_not_its_steps_is_named_as_stuck():
 
 def test_a_worker_that_closes_its_link_is_named():
     a, b = tcp_pair()
-    star, said = Star([Peer(control._tune(a), 2, "mini-c")], 60.0), []
+    star, said = Star([Peer(control.tune(a), 2, "mini-c")], 60.0), []
     star.watch(said.append)
     b.close()  # the rank died
     wait_for(lambda: said, 10)
@@ -146,7 +137,7 @@ def test_a_silent_rank_0_ends_the_worker_naming_its_host(monkeypatch):
     monkeypatch.setattr(control, "LOST_S", 1.0)
     a, b = tcp_pair()
     said = []
-    Spoke(Peer(control._tune(b), 0, "mini-a"), 1, lost=said.append)
+    Spoke(Peer(control.tune(b), 0, "mini-a"), 1, lost=said.append)
     wait_for(lambda: said, 10)
     assert said[0].startswith("rank 0 (mini-a) sent nothing for 1 s")
     a.close()
@@ -170,13 +161,13 @@ def test_a_rank_of_another_launch_is_turned_away():
 
     def accept():
         with listener:
-            got["peers"] = control._accept(listener, 1, 1234, ["mini-a", "mini-b"])
+            got["peers"] = rendezvous._accept(listener, 1, 1234, ["mini-a", "mini-b"])
 
     thread = threading.Thread(target=accept)
     thread.start()
     stale = socket.create_connection(("127.0.0.1", port))
     stale.sendall(MESSAGE.pack(HELLO, 1) + TOKEN.pack(999))  # an earlier launch's rank
-    peer = control._connect(["127.0.0.1"], port, 1, 1234, "mini-a")
+    peer = rendezvous._connect(["127.0.0.1"], port, 1, 1234, "mini-a")
     thread.join(10)
     [accepted] = got["peers"]
     assert (accepted.rank, accepted.host) == (1, "mini-b")
@@ -194,6 +185,12 @@ def test_a_worker_reaches_rank_0_where_the_ring_or_its_ssh_says(monkeypatch):
     assert rank0_addresses(None) == ["192.168.1.4"]
     monkeypatch.delenv("MLX_JACCL_COORDINATOR")
     assert rank0_addresses([["127.0.0.1:5000"]]) == ["127.0.0.1"]
+    # hosts.json's `control` first, as the all_gather carries it
+    said = address_of(address_ints("mini-a.local"))
+    assert said == "mini-a.local" and address_of(address_ints(None)) is None
+    assert rank0_addresses([["192.168.0.1:5000"]], said) == ["mini-a.local", "192.168.0.1"]
+    with pytest.raises(ValueError, match="longer than 64 bytes"):
+        address_ints("a" * 65)
 
 
 def test_keepalive_options_as_the_systems_headers_name_them():
@@ -206,7 +203,7 @@ def test_keepalive_options_as_the_systems_headers_name_them():
     ]
     assert keepalive_options(10, "Plan9") == []
     with socket.socket() as s:
-        control._tune(s)
+        control.tune(s)
         assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == int(control.LOST_S)
         assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= control.BUFFER
