@@ -35,6 +35,12 @@ from mlx_ring.platform import parse_ifconfig
 
 log = logging.getLogger("launcher")
 
+# A host the ring serves without answers every poll this long, then computes on its device, before
+# it is taken back: a Mac's Power Nap wakes it for moments, its network on and its GPU off, and a
+# ring taken back then would fail again at once.
+STEADY_S = 15.0
+PROBE = "import mlx.core as mx; a = mx.ones((256, 256)); mx.eval(a @ a); print('probe: ok')"
+
 
 @dataclass
 class Away:
@@ -184,15 +190,59 @@ def restart_hosts(
     return False
 
 
+class Steady:
+    """Whether a host is back for good: it answered every poll (`back`) for `steady_s` (a miss
+    starts the run over), then computed a `probe` on its device (a failed one starts it over)."""
+
+    def __init__(self, back, probe, steady_s: float = STEADY_S, clock=time.monotonic):
+        self.back, self.probe, self.steady_s, self.clock = back, probe, steady_s, clock
+        self.since: dict[str, float] = {}
+
+    def __call__(self, host: str) -> bool:
+        if not self.back(host):
+            self.since.pop(host, None)
+            return False
+        now = self.clock()
+        if now - self.since.setdefault(host, now) < self.steady_s:
+            return False
+        if self.probe(host):
+            return True
+        self.since.pop(host, None)
+        return False
+
+
+def computes(conf: Path, host: str) -> bool:
+    """Whether `host` runs a small MLX computation on its default device, under the project's
+    environment, within a minute."""
+    try:
+        p = ssh.run_on(
+            conf,
+            host,
+            host == "127.0.0.1",
+            '"$1" -c "$2"',
+            (ssh.env_python(ROOT), PROBE),
+            timeout=60,
+        )
+    except (subprocess.TimeoutExpired, ValueError):  # ValueError: ssh itself failed
+        return False
+    if "probe: ok" not in p.stdout:
+        log.info("%s answers, but its probe did not compute: %s", host, p.stderr.strip()[-300:])
+        return False
+    return True
+
+
 def watch_away(s: LaunchSettings, away: Away, stopping: threading.Event, take_back) -> None:
-    """While the ring serves without `away.hosts`: once they all answer, `take_back()` (drain the
-    ring, which then restarts with every host)."""
+    """While the ring serves without `away.hosts`: once they are all back for good (`Steady`),
+    `take_back()` (drain the ring, which then restarts with every host)."""
     conf = s.run.ssh_config
+    steady = Steady(lambda h: is_back(conf, h, away.addresses.get(h)), lambda h: computes(conf, h))
     while not stopping.is_set() and not away.back.is_set():
-        if away.hosts and all(is_back(conf, h, away.addresses.get(h)) for h in away.hosts):
+        if away.hosts and all([steady(h) for h in away.hosts]):  # each host's run, every poll
             log.info(
-                "%s answers again; taking it back (the ring restarts with every host)",
+                "%s answers again, %.0f s without a miss, and computes; taking it back (the ring "
+                "restarts with every host)",
                 ", ".join(away.hosts),
+                STEADY_S,
             )
             away.back.set()
             take_back()

@@ -1,7 +1,9 @@
 """Healing waits for a Mac whose Thunderbolt addresses were reset, as for a host away: the
 launcher's preflight tells it apart from a wrong hosts.json address (on recorded macOS ifconfig
 outputs), and the supervisor's restart waits until the Mac holds its ring address again (read
-through an ifconfig shim)."""
+through an ifconfig shim); a host the ring served without is taken back only after a steady run
+of answers and a probe computed on its device (a Mac in Power Nap answers for moments, its GPU
+off)."""
 
 import json
 import threading
@@ -171,3 +173,33 @@ def test_failover_hostfile_keeps_an_mlx_hostfiles_envs(tmp_path):
         "envs": ["MLX_METAL_FAST_SYNCH=1"],
         "hosts": [{"ssh": "mac-a", "ips": ["192.168.0.5"], "rdma": []}],
     }
+
+
+def test_a_host_away_is_back_for_good_only_after_a_steady_run_and_a_probe():
+    from mlx_ring.launcher.healing import Steady
+
+    now, answers, probes = [0.0], [], []
+    steady = Steady(
+        lambda h: answers.pop(0), lambda h: probes.pop(0), steady_s=15, clock=lambda: now[0]
+    )
+
+    def poll(answer: bool, probe: bool | None = None) -> bool:
+        answers.append(answer)
+        if probe is not None:
+            probes.append(probe)
+        got = steady("mini-b")
+        now[0] += 3
+        return got
+
+    # Power Nap: a few answers, then none; each miss starts the run over
+    assert not any(poll(a) for a in [True, True, False, True, True, True, False])
+    assert not any(poll(True) for _ in range(5))  # 0..12 s of answers: not yet
+    assert not poll(True, probe=False)  # 15 s, but its device did not compute: over again
+    assert not any(poll(True) for _ in range(5))
+    assert poll(True, probe=True) and not answers and not probes
+
+
+def test_the_probe_computes_on_this_machine_under_the_projects_environment(tmp_path):
+    from mlx_ring.launcher.healing import computes
+
+    assert computes(tmp_path / "ssh_config", "127.0.0.1")
