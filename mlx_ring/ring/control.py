@@ -2,10 +2,10 @@
 (ring, JACCL or NCCL).
 
 Beats go both ways every BEAT_S, in either mode: a cut link, a stopped rank or a dead one is named
-by its host within LOST_S. In tensor mode each step's descriptor, its header and small payload
-(token ids, a table), goes from rank 0 to every worker on it at once, numbered, so a lost or
-doubled step is a named error; the beats carry the last step done, and a worker whose beats come
-while its steps don't is named after STEP_TIMEOUT.
+by its host within LOST_S. The workers' beats carry the count of steps done, so a worker whose
+beats come while its steps don't is named after STEP_TIMEOUT. In tensor mode each step's
+descriptor, its header and small payload (token ids, a table), goes from rank 0 to every worker on
+it at once, numbered, so a lost or doubled step is a named error.
 
 Why a socket and not MLX: MLX evaluates send and recv on its CPU stream, which on CUDA waits for
 the GPU work queued before it, so a descriptor through MLX would wait behind the last step. A
@@ -132,15 +132,20 @@ class Star:
         threading.Thread(target=self._run, name="control-star", daemon=True).start()
 
     def send(self, header: Header, payload: mx.array | None) -> None:
-        """One step's descriptor to every worker."""
-        self.seq += 1
+        """One step's descriptor to every worker (tensor mode)."""
         body = payload_bytes(payload) if header.carried and payload is not None else b""
         if len(body) != payload_size(header):
             raise ValueError(f"a step's payload of {len(body)} bytes where {header} says other")
-        data = MESSAGE.pack(STEP, self.seq) + HEADER.pack(*header.ints()) + body
-        self.issued.append((self.seq, time.monotonic()))
+        data = MESSAGE.pack(STEP, self.issue()) + HEADER.pack(*header.ints()) + body
         for p in self.peers:
             p.send(data)
+
+    def issue(self) -> int:
+        """A step went to the workers (here, or round the pipeline's ring): its number; each
+        worker's beats say when it has done it."""
+        self.seq += 1
+        self.issued.append((self.seq, time.monotonic()))
+        return self.seq
 
     def watch(self, lost: Callable[[str], None]) -> None:
         """From now, `lost(why)` is called (once, from the link's thread) when a worker is gone
@@ -189,13 +194,22 @@ class Star:
         least = min(p.done for p in self.peers)
         while self.issued and self.issued[0][0] <= least:
             self.issued.popleft()
-        if self.issued and now - self.issued[0][1] > self.step_timeout:
-            stuck = [p.who() for p in self.peers if p.done < self.issued[0][0]]
-            return (
-                f"{', '.join(stuck)} did no step for {self.step_timeout:.0f} s while its beats "
-                "came: it is stuck (or waits on another rank)"
-            )
-        return None
+        return self.stuck(now)
+
+    def stuck(self, now: float) -> str | None:
+        """The workers that have not done a step sent STEP_TIMEOUT ago, named; None if none. (Any
+        thread may ask: it only reads.)"""
+        try:
+            seq, sent = self.issued[0]
+        except IndexError:
+            return None
+        stuck = [p.who() for p in self.peers if p.done < seq]
+        if now - sent <= self.step_timeout or not stuck:
+            return None
+        return (
+            f"{', '.join(stuck)} did no step for {self.step_timeout:.0f} s while its beats came: "
+            "it is stuck (or waits on another rank)"
+        )
 
     def close(self) -> None:
         self.stopped = True

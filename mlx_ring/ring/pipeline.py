@@ -158,3 +158,5 @@ class Pipeline(SharedSteps):
                 raise RingError(f"ring step {Kind(header.kind).name} failed: {e}") from e
             self.inflight.append((header, tag))
             self.heavy += header.kind not in LIGHT
+            if self.ring.control is not None:
+                self.ring.control.issue()  # the workers' beats tell each one's steps done

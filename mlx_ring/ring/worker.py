@@ -59,6 +59,8 @@ def serve_worker(
         out = shard.apply(header, payload)
         ring.mark("built", header)
         ring.send(header, out)  # on to the next rank; the last rank sends back to rank 0
+        if ring.control is not None:
+            ring.control.completed()  # the next beat tells rank 0: a worker stuck is named
         shard.count(header, time.perf_counter() - t0)
         if header.kind == Kind.SHUTDOWN:
             return

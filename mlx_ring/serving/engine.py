@@ -72,6 +72,8 @@ class Engine:
         self.busy_s = 0.0  # rank 0's time in ring steps, its waits on the other ranks included
         self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # ring steps by time (port.STEP_BUCKETS)
         self.peers = ""  # the other ranks and their hosts, named in ring errors (server.py sets it)
+        # the control link's word on which worker is stuck, at a time (startup.py sets it)
+        self.stuck: Callable[[float], str | None] | None = None
         self.constrain = constrain  # a grammar -> its logits processor (serving/grammar.py)
         # the prompts prefilling now, as the engine thread last saw them (read by `stats`)
         self.prefills: tuple[PrefillProgress, ...] = ()
@@ -249,13 +251,17 @@ class Engine:
         # on it here (only the waits: rank 0's own compute is not the other ranks' fault).
         while True:
             time.sleep(0.2)
-            started = self.pipe.busy_since
-            if started is not None and time.monotonic() - started > self.step_timeout:
+            started, now = self.pipe.busy_since, time.monotonic()
+            if started is not None and now - started > self.step_timeout:
+                # the control link's beats may name the rank whose steps stopped
+                named = self.stuck(now) if self.stuck is not None else None
                 self._die(
-                    (
+                    named
+                    or (
                         f"a ring step got no answer within {self.step_timeout:.0f} s (a rank is "
                         "stopped, hung or unreachable)"
-                    )
+                    ),
+                    named=named is not None,
                 )
 
     def _die(self, reason: str, named: bool = False, code: int = RING_BROKEN) -> None:

@@ -226,6 +226,7 @@ def assemble(
         pipe.watch_peers(lost)
     if (control := getattr(pipe.ring, "control", None)) is not None:
         control.watch(lost)  # the workers' beats: one gone or stuck, named by its host
+        engine.stuck = control.stuck
     hello = (
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "Hello"}], add_generation_prompt=True

@@ -1,7 +1,10 @@
-"""A worker out of step with rank 0: rank 1 skips every FILTER (rows leaving a decode group), as a
-rank that lost a step would (tests/fault_driver.py). The next decode step it gets has fewer rows
-than its group: it names the protocol error and leaves, the clients still waiting get a 503 (or, a
-stream already begun, an error event), and no token comes after the fault."""
+"""Faults of a worker while it serves (tests/fault_driver.py, once the server is up):
+- out of step with rank 0: rank 1 skips every FILTER (rows leaving a decode group), as a rank that
+  lost a step would. The next decode step it gets has fewer rows than its group: it names the
+  protocol error and leaves, the clients still waiting get a 503 (or, a stream already begun, an
+  error event), and no token comes after the fault;
+- stuck: rank 1 blocks in a decode step while its control link goes on beating. Rank 0 names it,
+  by its host, after STEP_TIMEOUT, in the pipeline as in tensor mode."""
 
 import json
 import threading
@@ -13,7 +16,6 @@ from serverutil import running_server
 
 from tools.random_model import make_random_model
 
-DRIVER = ["tests/fault_driver.py", "1"]
 SHORT = 12  # the first row's tokens: it leaves, and rank 1 skips its FILTER
 
 
@@ -46,13 +48,18 @@ def chat(max_tokens: int, stream: bool) -> dict:
 def test_a_worker_that_skipped_a_filter_names_it_and_no_token_comes_after(
     tmp_path, model, parallel
 ):
-    env = {"PARALLEL": parallel, "GROUPS": "1", "STEP_TIMEOUT": "20"}
-    args = ["--model", str(model)]
-    with running_server(tmp_path, 2, args, env=env, wrapper=DRIVER) as (url, proc):
+    marker = tmp_path / "fault"
+    env = {"PARALLEL": parallel, "GROUPS": "1", "STEP_TIMEOUT": "20", "FAULT_FILE": str(marker)}
+    args, driver = ["--model", str(model)], ["tests/fault_driver.py", "skip-filter", "1"]
+    with running_server(tmp_path, 2, args, env=env, wrapper=driver) as (url, proc):
+        marker.touch()
         got: dict = {}
 
         def streamed(name: str, max_tokens: int):
-            body = chat(max_tokens, True) | {"logit_bias": {"2": -100}}  # no end token
+            body = chat(max_tokens, True) | {
+                "logit_bias": {"2": -100},  # no end token
+                "stream_options": {"include_usage": True},
+            }
             with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
                 got[name] = [
                     (time.monotonic(), json.loads(line[6:]))
@@ -81,7 +88,8 @@ def test_a_worker_that_skipped_a_filter_names_it_and_no_token_comes_after(
         ]
 
     short = got["short"]
-    assert len(tokens(short)) == SHORT and short[-1][1]["choices"][0]["finish_reason"] == "length"
+    assert short[-1][1]["usage"]["completion_tokens"] == SHORT
+    assert short[-2][1]["choices"][0]["finish_reason"] == "length"
     plain = got["plain"]
     assert plain.status_code == 503, plain.text
     assert plain.json()["error"]["type"] == "service_unavailable", plain.text
@@ -93,3 +101,18 @@ def test_a_worker_that_skipped_a_filter_names_it_and_no_token_comes_after(
     assert len(after) <= 3, (len(after), len(tokens(long)))
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
     assert "rank 1: group 0 has 3 rows, step has 2" in logs, logs[-3000:]
+
+
+def test_a_worker_stuck_in_a_step_with_its_beats_going_is_named_after_step_timeout(tmp_path, model):
+    marker = tmp_path / "fault"
+    env = {"PARALLEL": "pipeline", "STEP_TIMEOUT": "5", "FAULT_FILE": str(marker)}
+    args, driver = ["--model", str(model)], ["tests/fault_driver.py", "hang", "1"]
+    with running_server(tmp_path, 2, args, env=env, wrapper=driver) as (url, proc):
+        marker.touch()
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat(50, False), timeout=60)
+        took = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    said = r.json()["error"]["message"]
+    assert "rank 1 (" in said and "did no step for 5 s while its beats came" in said, said
+    assert took < 30, took  # STEP_TIMEOUT, then the error: never a hang

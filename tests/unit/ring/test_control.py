@@ -124,6 +124,22 @@ def test_a_worker_whose_beats_come_but_not_its_steps_is_named_as_stuck():
     assert "rank 1 (mini-b) did no step for 1 s while its beats came" in said[0]
 
 
+def test_a_pipeline_worker_that_does_its_steps_is_not_named_and_one_that_stops_is():
+    """A pipeline's steps go round MLX's ring: rank 0 notes each one sent (`issue`), the workers
+    count those they passed on."""
+    said = []
+    star, spoke = pair(step_timeout=5.0)
+    star.watch(said.append)
+    for _ in range(3):  # each done at once: its beat comes well inside STEP_TIMEOUT
+        star.issue()
+        spoke.completed()
+    wait_for(lambda: not star.issued, 10)
+    assert not said
+    star.issue()  # never done, while the beats go on
+    wait_for(lambda: said, 20)
+    assert "rank 1 (mini-b) did no step for 5 s while its beats came" in said[0]
+
+
 def test_a_worker_that_closes_its_link_is_named():
     a, b = tcp_pair()
     star, said = Star([Peer(control.tune(a), 2, "mini-c")], 60.0), []
