@@ -40,6 +40,7 @@ STEP, BEAT, HELLO = 1, 2, 3
 TOKEN = struct.Struct("<Q")  # this launch's own: a rank of another launch is turned away
 BEAT_S = 0.5
 LOST_S = 10.0  # twenty beats missed: the host is gone, not slow
+SILENT_S = 4 * BEAT_S  # beats missed for this long: not a worker that beats
 SEND_S = 10.0  # a send the peer does not take within this is a lost peer
 CONNECT_S = 60.0  # workers connect once they have rank 0's port, after loading
 BUFFER = 1 << 20  # a prefill chunk's ids and every beat fit without a wait
@@ -172,8 +173,12 @@ class Star:
                     for p in self.peers:  # lets each worker know rank 0 is there
                         p.send(MESSAGE.pack(BEAT, self.seq))
                 for s in select.select(list(socks), [], [], BEAT_S)[0]:
-                    p = socks[s]
-                    kind, p.done = MESSAGE.unpack(read_exact(s, MESSAGE.size, p.who()))
+                    p, ready = socks[s], True
+                    # every beat queued: after a while without this thread (rank 0's own compute
+                    # on a busy machine) the first is old, its count of steps done too
+                    while ready:
+                        kind, p.done = MESSAGE.unpack(read_exact(s, MESSAGE.size, p.who()))
+                        ready = bool(select.select([s], [], [], 0)[0])
                     p.heard = time.monotonic()
                 why = self.overdue(time.monotonic())
             except (RuntimeError, ValueError) as e:  # ValueError: a socket closed here
@@ -197,18 +202,26 @@ class Star:
         return self.stuck(now)
 
     def stuck(self, now: float) -> str | None:
-        """The workers that have not done a step sent STEP_TIMEOUT ago, named; None if none. (Any
-        thread may ask: it only reads.)"""
+        """The workers that have not done a step sent STEP_TIMEOUT ago, named, those gone silent
+        first; None if none. (Any thread may ask: it only reads.)"""
         try:
             seq, sent = self.issued[0]
         except IndexError:
             return None
-        stuck = [p.who() for p in self.peers if p.done < seq]
-        if now - sent <= self.step_timeout or not stuck:
+        behind = [p for p in self.peers if p.done < seq]
+        if now - sent <= self.step_timeout or not behind:
             return None
+        # a STEP_TIMEOUT shorter than LOST_S comes before a silent worker is called lost
+        if silent := [p for p in behind if now - p.heard > SILENT_S]:
+            return (
+                f"{', '.join(p.who() for p in silent)} sent nothing for "
+                f"{now - max(p.heard for p in silent):.0f} s (its beats come every {BEAT_S} s) "
+                f"and did no step for {self.step_timeout:.0f} s: the rank is stopped, or its "
+                "host is off, asleep or cut off"
+            )
         return (
-            f"{', '.join(stuck)} did no step for {self.step_timeout:.0f} s while its beats came: "
-            "it is stuck (or waits on another rank)"
+            f"{', '.join(p.who() for p in behind)} did no step for {self.step_timeout:.0f} s "
+            "while its beats came: it is stuck (or waits on another rank)"
         )
 
     def close(self) -> None:

@@ -140,6 +140,18 @@ def test_a_pipeline_worker_that_does_its_steps_is_not_named_and_one_that_stops_i
     assert "rank 1 (mini-b) did no step for 5 s while its beats came" in said[0]
 
 
+def test_a_worker_silent_past_step_timeout_but_not_yet_lost_is_named_as_silent():
+    """STEP_TIMEOUT shorter than LOST_S: a stopped worker is named when its step is overdue, as
+    one whose beats stopped too."""
+    a, _b = tcp_pair()  # nobody beats from the far end
+    star, said = Star([Peer(control.tune(a), 1, "mini-b")], 3.0), []
+    star.watch(said.append)
+    star.issue()
+    wait_for(lambda: said, 10)
+    assert said[0].startswith("rank 1 (mini-b) sent nothing for 3 s"), said
+    assert "did no step for 3 s: the rank is stopped" in said[0], said
+
+
 def test_a_worker_that_closes_its_link_is_named():
     a, b = tcp_pair()
     star, said = Star([Peer(control.tune(a), 2, "mini-c")], 60.0), []
@@ -238,3 +250,19 @@ def test_a_header_split_across_writes_is_read_whole():
     header, payload = spoke.recv(no_term)
     assert header == Header(Kind.STATUS, shape=(3, 9), dtype=3)
     assert payload.reshape(-1).tolist() == list(range(27))
+
+
+def test_beats_queued_while_rank_0_was_busy_count_by_the_latest():
+    """A worker's beats that queued up while rank 0's thread did not run: the newest count of
+    steps done is the one that counts, so a step done meanwhile is no stuck worker."""
+    a, b = tcp_pair()
+    star, said = Star([Peer(control.tune(a), 1, "mini-b")], 1.0), []
+    star.issue()
+    star.issue()
+    time.sleep(1.2)  # both now older than STEP_TIMEOUT
+    star.watch(said.append)
+    # arrived together, the newest last: the worker did both steps meanwhile
+    b.sendall(b"".join(MESSAGE.pack(control.BEAT, done) for done in (0, 0, 1, 2)))
+    wait_for(lambda: not star.issued, 5)
+    time.sleep(0.5)
+    assert not said, said
