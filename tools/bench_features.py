@@ -1,7 +1,9 @@
 """Decode speed by request feature, through HTTP: one stream for each feature (greedy, a
 temperature, a seed, penalties, a logit bias, alternatives, a JSON schema) and 16 streams of
 mixed settings against 16 greedy ones, on a one-rank ring; beside mlx-lm's `generate_step` on
-the same model, in the same run.
+the same model, in the same run, greedy and with the features it has (its own sampler and logits
+processors: a temperature with top_p, a presence penalty, a logit bias), so what a feature costs
+mlx-lm itself is in the same table.
 
     .venv/bin/python tools/bench_features.py --model /tmp/llama3-8b --tokens 256 --rounds 3
 """
@@ -17,8 +19,11 @@ from pathlib import Path
 import mlx.core as mx
 from bench_targets import ROOT, ring_target
 from mlx_lm import load
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm_loop import one_stream
 from openai import AsyncOpenAI
+
+from mlx_ring.serving.sampling import CONTEXT  # the context the server's penalties count
 
 PROMPT = "Write a long story about a lighthouse keeper."
 SCHEMA = {
@@ -37,6 +42,17 @@ FEATURES = {
         "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
     },
+}
+
+# mlx-lm's own sampler and processors for the features it has: (sampler, processors)
+PEERS = {
+    "greedy": (make_sampler(0.0), None),
+    "temperature 0.7, top_p 0.9": (make_sampler(0.7, top_p=0.9), None),
+    "presence_penalty 0.5": (
+        make_sampler(0.0),
+        make_logits_processors(presence_penalty=0.5, presence_context_size=CONTEXT),
+    ),
+    "logit_bias": (make_sampler(0.0), make_logits_processors(logit_bias={11: 2.0})),
 }
 
 
@@ -85,10 +101,12 @@ def main() -> None:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )
-    results: dict[str, list[float]] = {"generate_step": []}
+    results: dict[str, list[float]] = {}
     for _ in range(a.rounds):
-        _, line = one_stream(model, prompt, a.tokens)
-        results["generate_step"].append(float(re.search(r"decode ([\d.]+) tokens/s", line)[1]))
+        for feature, (sampler, processors) in PEERS.items():
+            _, line = one_stream(model, prompt, a.tokens, sampler, processors)
+            tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
+            results.setdefault(f"generate_step, {feature}", []).append(tps)
     del model
     mx.clear_cache()
     mixed = [list(FEATURES.values())[i % len(FEATURES)] for i in range(16)]
@@ -101,11 +119,13 @@ def main() -> None:
             for label, group in (("16 greedy", [FEATURES["greedy"]] * 16), ("16 mixed", mixed)):
                 tps = asyncio.run(streams(ring.url, name, a.tokens, group))
                 results.setdefault(label, []).append(tps)
-    base, greedy = statistics.median(results["generate_step"]), statistics.median(results["greedy"])
+    med = {k: statistics.median(v) for k, v in results.items()}
+    base = med["generate_step, greedy"]
     print("| loop | tokens/s (median) | of generate_step | of greedy |\n| --- | --- | --- | --- |")
     for k, v in results.items():
-        m = statistics.median(v)
-        ref = statistics.median(results["16 greedy"]) if k.startswith("16") else greedy
+        ref = med["16 greedy"] if k.startswith("16") else med["greedy"]
+        ref = base if k.startswith("generate_step") else ref  # mlx-lm's own greedy
+        m = med[k]
         print(f"| {k} | {m:.1f} ({min(v):.1f}-{max(v):.1f}) | {m / base:.2f}x | {m / ref:.2f}x |")
     a.out.write_text(json.dumps(results, indent=1))
 

@@ -28,10 +28,20 @@ def line(
     )
 
 
-def one_stream(model, prompt: list[int], max_tokens: int) -> tuple[float, str]:
-    """mlx-lm's `generate_step`, one greedy stream of `max_tokens` tokens."""
+def one_stream(
+    model, prompt: list[int], max_tokens: int, sampler=GREEDY, processors=None
+) -> tuple[float, str]:
+    """mlx-lm's `generate_step`, one stream of `max_tokens` tokens (greedy, unless `sampler` and
+    `processors`, mlx-lm's own, say other)."""
     t0, first, out = time.perf_counter(), None, []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=GREEDY):
+    steps = generate_step(
+        mx.array(prompt),
+        model,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=processors,
+    )
+    for token, _ in steps:
         first = first or time.perf_counter()
         out.append(int(token))
     last = time.perf_counter()
