@@ -4,6 +4,7 @@ tier may hold, and the memory its writes may queue. Plain arithmetic and the fil
 no MLX.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -65,10 +66,17 @@ def floor_bytes(folder: Path, floor_gb: float | None) -> int:
 
 
 def held_bytes(folder: Path) -> int:
-    """Bytes of the blocks under `folder` (every scope's; 0 where there is no such folder)."""
-    if not folder.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in folder.rglob("*.kv") if p.is_file())
+    """Bytes of the blocks under `folder` (every scope's; 0 where there is no such folder). A
+    folder or block that vanishes meanwhile (another start deleting an old scope's) is skipped."""
+    total = 0
+    for top, _, names in os.walk(folder):  # a folder gone before it is listed is skipped
+        for name in names:
+            if name.endswith(".kv"):
+                try:
+                    total += os.stat(os.path.join(top, name)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
 
 
 def cap_bytes(folder: Path, disk_gb: float | None, floor: int) -> int:

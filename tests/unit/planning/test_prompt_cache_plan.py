@@ -205,3 +205,25 @@ def test_the_dry_run_shows_the_tiers(tmp_path, capsys):
     tokens = int(10 * GIB / d["prompt_cache"]["token_bytes"])
     assert f"disk tier: 10 GB a rank (PROMPT_DISK_GB), {tokens:,} tokens" in text
     assert f"RAM tier: {d['prompt_cache']['ram_tokens']:,} tokens for the ring" in text
+
+
+def test_held_bytes_skips_an_old_scope_another_start_deletes_meanwhile(tmp_path, monkeypatch):
+    """Two servers on one machine share the disk tier's root: one start may delete an old
+    scope's folder while the other counts what the root holds."""
+    import os
+
+    from mlx_ring.cache_sizes import held_bytes
+
+    for scope, size in (("aa", 3), ("bb.deleting-1-2", 5)):
+        (tmp_path / scope / "0f").mkdir(parents=True)
+        (tmp_path / scope / "0f" / "0f00.kv").write_bytes(b"x" * size)
+    real = os.scandir
+
+    def vanishing(path="."):
+        if ".deleting" in str(path):  # deleted between the root's listing and its own
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", vanishing)
+    assert held_bytes(tmp_path) == 3
+    assert held_bytes(tmp_path / "none") == 0
