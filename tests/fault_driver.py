@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def main() -> None:
     fault, rank, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
