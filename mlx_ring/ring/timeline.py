@@ -18,9 +18,10 @@ from mlx_ring.ring.protocol import Kind
 def between_pings(events: list[tuple[str, int, int, float]]) -> list[tuple[str, int, int, float]]:
     """The events between the first two PING steps (bench_steps sends one before and one after the
     traced run, with nothing else on the ring)."""
-    pings = [i for i, e in enumerate(events) if e[1] == Kind.PING]
-    assert len(pings) >= 6, f"expected two PING steps (3 events each), found {len(pings)} events"
-    return events[pings[2] + 1 : pings[3]]
+    runs = between_each_ping(events)
+    pings = sum(e[1] == Kind.PING for e in events)
+    assert runs, f"expected two PING steps (3 events each), found {pings} events"
+    return runs[0]
 
 
 def between_each_ping(events: list) -> list[list]:
