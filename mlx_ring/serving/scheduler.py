@@ -14,6 +14,9 @@ from mlx_ring.serving.rows import Group, Sequence, Step
 from mlx_ring.serving.runner import Ran, Runner
 from mlx_ring.serving.sampling import Token
 
+# calls that read or change a decode group's caches
+TOUCH = (Kind.SAVE_ROW, Kind.TRIM)
+
 
 class Scheduler(Chooser):
     """The chooser's lanes, with rank 0's runner for the steps that come home; the keyword
@@ -110,6 +113,10 @@ class Scheduler(Chooser):
                 break
             self._submit_lane(lane)
         if not (g.rows and self.pipe.can_submit(chained=True) and self._oldest_lane() is g):
+            return
+        if any(h.group == g.id and h.kind in TOUCH for h, _, _ in self.calls):
+            # a save or trim of its rows that found no room reads their caches as they stand: the
+            # step goes once it has
             return
         at = {id(s): i for i, s in enumerate(rows)}
         kept = [at[id(s)] for s in g.rows if id(s) in at]

@@ -133,10 +133,9 @@ def test_stop_button_cancels_the_request_on_the_server(browser, server, tmp_path
         timeout=10_000,
     )
     for _ in range(100):  # the server let the sequence go on every rank
-        if all(
-            r["open_sequences"] == 0
-            for r in httpx.get(f"{server}/cluster/status", timeout=10).json()["ranks"]
-        ):
+        status = httpx.get(f"{server}/cluster/status", timeout=10)
+        assert status.status_code == 200, status.text
+        if all(r["open_sequences"] == 0 for r in status.json()["ranks"]):
             break
         page.wait_for_timeout(100)
     else:
