@@ -1,9 +1,10 @@
 """Decode speed by request feature, through HTTP: one stream for each feature (greedy, a
 temperature, a seed, penalties, a logit bias, alternatives, a JSON schema) and 16 streams of
 mixed settings against 16 greedy ones, on a one-rank ring; beside mlx-lm's `generate_step` on
-the same model, in the same run, greedy and with the features it has (its own sampler and logits
-processors: a temperature with top_p, a presence penalty, a logit bias), so what a feature costs
-mlx-lm itself is in the same table.
+the same model, greedy and with the features it has (its own sampler and logits processors: a
+temperature with top_p, a presence penalty, a logit bias), so what a feature costs mlx-lm itself is
+in the same table. Each round runs mlx-lm's loop and the server's stream of a feature back to back,
+and the ratios are the median of the rounds' own.
 
     .venv/bin/python tools/bench_features.py --model /tmp/llama3-8b --tokens 256 --rounds 3
 """
@@ -16,7 +17,6 @@ import statistics
 import time
 from pathlib import Path
 
-import mlx.core as mx
 from bench_targets import ROOT, ring_target
 from mlx_lm import load
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -93,41 +93,65 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--only",
+        default=None,
+        help="these features alone, comma-separated (default: all, and the 16-stream pair)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "features.json")
     a = p.parse_args()
     a.pin, a.concurrency, a.server_args = False, [16], []
+    only = a.only.split(",") if a.only else [*FEATURES, "16 greedy", "16 mixed"]
+    if unknown := set(only) - {*FEATURES, "16 greedy", "16 mixed"}:
+        raise SystemExit(f"--only: no feature {sorted(unknown)}; they are {list(FEATURES)}")
     (ROOT / "bench-results").mkdir(exist_ok=True)
+    # mlx-lm's copy stays loaded beside the server's, so each round runs both back to back: on a
+    # lent machine whose speed drifts, a round's pair compares where separate runs would not.
     model, tokenizer = load(str(a.model))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )
-    results: dict[str, list[float]] = {}
-    for _ in range(a.rounds):
-        for feature, (sampler, processors) in PEERS.items():
-            _, line = one_stream(model, prompt, a.tokens, sampler, processors)
-            tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
-            results.setdefault(f"generate_step, {feature}", []).append(tps)
-    del model
-    mx.clear_cache()
     mixed = [list(FEATURES.values())[i % len(FEATURES)] for i in range(16)]
+    groups = {"16 greedy": [FEATURES["greedy"]] * 16, "16 mixed": mixed}
+    results: dict[str, list[float]] = {}
+    for feature in set(only) & set(PEERS):  # kernels built before the first timed round, as the
+        one_stream(model, prompt, 8, *PEERS[feature])  # server's warm-up builds its own
     with ring_target(a, a.model, "features", 1, [], {}) as ring:
-        name = a.model.name
         for _ in range(a.rounds):
-            for feature, settings in FEATURES.items():
-                tps = asyncio.run(streams(ring.url, name, a.tokens, [settings]))
+            for feature in only:
+                if feature in PEERS:
+                    _, line = one_stream(model, prompt, a.tokens, *PEERS[feature])
+                    tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
+                    results.setdefault(f"generate_step, {feature}", []).append(tps)
+                group = groups.get(feature, [FEATURES.get(feature)])
+                tps = asyncio.run(streams(ring.url, a.model.name, a.tokens, group))
                 results.setdefault(feature, []).append(tps)
-            for label, group in (("16 greedy", [FEATURES["greedy"]] * 16), ("16 mixed", mixed)):
-                tps = asyncio.run(streams(ring.url, name, a.tokens, group))
-                results.setdefault(label, []).append(tps)
-    med = {k: statistics.median(v) for k, v in results.items()}
-    base = med["generate_step, greedy"]
-    print("| loop | tokens/s (median) | of generate_step | of greedy |\n| --- | --- | --- | --- |")
-    for k, v in results.items():
-        ref = med["16 greedy"] if k.startswith("16") else med["greedy"]
-        ref = base if k.startswith("generate_step") else ref  # mlx-lm's own greedy
-        m = med[k]
-        print(f"| {k} | {m:.1f} ({min(v):.1f}-{max(v):.1f}) | {m / base:.2f}x | {m / ref:.2f}x |")
+    print(table(results))
     a.out.write_text(json.dumps(results, indent=1))
+
+
+def table(results: dict[str, list[float]]) -> str:
+    """Medians and ranges, and each line against mlx-lm's greedy and the ring's (or 16 greedy
+    streams') round by round: the median of the rounds' ratios."""
+    rows = [
+        "| loop | tokens/s, median (range) | of generate_step | of greedy |",
+        "| --- " * 4 + "|",
+    ]
+
+    def of(k: str, ref: str) -> str:
+        if ref not in results or k == ref:
+            return "1.00x" if k == ref else ""
+        return f"{statistics.median(x / y for x, y in zip(results[k], results[ref])):.2f}x"
+
+    for k, v in results.items():
+        ours = "16 greedy" if k.startswith("16") else "greedy"
+        ref = "generate_step, greedy"
+        mine = of(k, ref if k.startswith("generate_step") else ours)
+        rows.append(
+            f"| {k} | {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) | "
+            f"{of(k, ref) if not k.startswith('16') else ''} | {mine} |"
+        )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
