@@ -114,8 +114,9 @@ def main() -> None:
     mixed = [list(FEATURES.values())[i % len(FEATURES)] for i in range(16)]
     groups = {"16 greedy": [FEATURES["greedy"]] * 16, "16 mixed": mixed}
     results: dict[str, list[float]] = {}
-    for feature in set(only) & set(PEERS):  # kernels built before the first timed round, as the
-        one_stream(model, prompt, 8, *PEERS[feature])  # server's warm-up builds its own
+    # mlx-lm's kernels built before the first timed round, as the server's warm-up builds its own
+    for feature in set(only) & set(PEERS):
+        one_stream(model, prompt, 8, *PEERS[feature])
     with ring_target(a, a.model, "features", 1, [], {}) as ring:
         for _ in range(a.rounds):
             for feature in only:
@@ -123,7 +124,7 @@ def main() -> None:
                     _, line = one_stream(model, prompt, a.tokens, *PEERS[feature])
                     tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
                     results.setdefault(f"generate_step, {feature}", []).append(tps)
-                group = groups.get(feature, [FEATURES.get(feature)])
+                group = groups.get(feature) or [FEATURES[feature]]
                 tps = asyncio.run(streams(ring.url, a.model.name, a.tokens, group))
                 results.setdefault(feature, []).append(tps)
     print(table(results))

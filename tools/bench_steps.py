@@ -1,6 +1,6 @@
 """Drive the real scheduler on the ring without HTTP: how many steps of each kind, and how
-long, it takes N concurrent greedy sequences to produce their tokens. Run it under
-mlx.launch like the server:
+long, it takes N concurrent sequences (greedy, unless --feature) to produce their tokens. Run it
+under mlx.launch like the server:
 
     python tools/fed.py mlx.launch --backend ring --hostfile hosts.json -- \\
         python tools/bench_steps.py --model DIR --streams 1,16,64
@@ -14,6 +14,8 @@ the run-to-run drift of separate servers. With --peers (one rank), each line alt
 scheduler with mlx-lm's own loop (tools/mlx_lm_loop.py) on a second copy of the model, likewise;
 --split then times one stream's step by its parts (Python, MLX encoding, the wait for the token), as
 `split_ring` and `split_generate_step` in step_split.py do (bench_tensor.py's --split too).
+--feature samples every stream as one of bench_features.py's requests asks (greedy by default):
+with --peers, one stream against mlx-lm's loop with its own sampler and processors for it.
 """
 
 import argparse
@@ -29,11 +31,13 @@ from mlx_ring.gpu import one_gpu_per_rank  # noqa: E402
 one_gpu_per_rank()  # before MLX starts
 
 import mlx_lm_loop  # noqa: E402
+from bench_features import FEATURES, PEERS  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 from ring_join import join_ring, traced  # noqa: E402
 from scheduler_run import prompts, run  # noqa: E402
 from step_split import split_generate_step, split_ring  # noqa: E402
 
+from mlx_ring.api.openai_request import ChatCompletionRequest  # noqa: E402
 from mlx_ring.cache.blocks import BlockIndex  # noqa: E402
 from mlx_ring.ring.timeline import decode_times, summary  # noqa: E402
 from mlx_ring.serving.scheduler import Scheduler  # noqa: E402
@@ -71,11 +75,11 @@ def peer_ab(sched: Scheduler, model, n: int, a) -> None:
     median of ring/mlx-lm."""
     times: dict[str, list[float]] = {"ring": [], "mlx_lm": []}
     for r in range(a.rounds):
-        seconds, line = run(sched, n, a.max_tokens, a.prompt_of)
+        seconds, line = run(sched, n, a.max_tokens, a.prompt_of, a.params)
         times["ring"].append(seconds)
         print(f"round {r} ring-{sched.pipe.ring.size}: {line}", flush=True)
         seconds, line = (
-            mlx_lm_loop.one_stream(model, a.prompt_of(0), a.max_tokens)
+            mlx_lm_loop.one_stream(model, a.prompt_of(0), a.max_tokens, *a.peer)
             if n == 1
             else mlx_lm_loop.many_streams(model, n, a.max_tokens, a.prompt_of)
         )
@@ -161,8 +165,20 @@ def main():
         help="prompt tokens of one prefill step (rows x chunk; 0: one "
         "chunk), as the server's plan grants a CUDA device",
     )
+    p.add_argument(
+        "--feature",
+        choices=list(PEERS),
+        default="greedy",
+        help="how every stream samples, as bench_features.py asks it through HTTP (and, with "
+        "--peers, mlx-lm's own sampler and processors for one stream)",
+    )
     a = p.parse_args()
     a.prompt_of = prompts(a)
+    # the request's settings as the server's own adapter turns them into the engine's
+    a.params = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "."}], **FEATURES[a.feature]
+    ).sampling(0)
+    a.peer = PEERS[a.feature]
     pipe = join_ring(a.model, a.trace, a.layers)
     if pipe is None:
         return
@@ -183,13 +199,15 @@ def main():
     streams = [int(x) for x in a.streams.split(",")]
     if a.peers and pipe.ring.size > 1:
         raise SystemExit("--peers runs mlx-lm's loop beside a ring of one rank")
+    if a.peers and a.feature != "greedy" and streams != [1]:
+        raise SystemExit("--peers with --feature: one stream (mlx-lm's batch loop is greedy here)")
     peer = load_model(a.model)[0] if a.peers else None
     for n in streams:  # warm-up: kernels compile for each new shape on CUDA
-        run(sched, n, 4, a.prompt_of)
-        if peer is not None:
-            mlx_lm_loop.one_stream(peer, a.prompt_of(0), 4) if n == 1 else mlx_lm_loop.many_streams(
-                peer, n, 4, a.prompt_of
-            )
+        run(sched, n, 4, a.prompt_of, a.params)
+        if peer is not None and n == 1:
+            mlx_lm_loop.one_stream(peer, a.prompt_of(0), 4, *a.peer)
+        elif peer is not None:
+            mlx_lm_loop.many_streams(peer, n, 4, a.prompt_of)
     for n in streams:
         if peer is not None:
             peer_ab(sched, peer, n, a)
@@ -198,13 +216,13 @@ def main():
         else:
             print(
                 f"{pipe.ring.size} rank(s):",
-                run(sched, n, a.max_tokens, a.prompt_of)[1],
+                run(sched, n, a.max_tokens, a.prompt_of, a.params)[1],
                 flush=True,
             )
     for _ in range(a.rounds if a.split else 0):
-        print(split_ring(sched, a.max_tokens, a.prompt_of), flush=True)
+        print(split_ring(sched, a.max_tokens, a.prompt_of, a.params), flush=True)
         if peer is not None:
-            print(split_generate_step(peer, a.prompt_of(0), a.max_tokens), flush=True)
+            print(split_generate_step(peer, a.prompt_of(0), a.max_tokens, *a.peer), flush=True)
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)

@@ -1,5 +1,5 @@
-"""N greedy streams through the ring's real scheduler, their steps counted and timed (`run`, as
-bench_steps.py and bench_tensor.py print it), and each stream's prompt ids.
+"""N streams (greedy, or as asked) through the ring's real scheduler, their steps counted and
+timed (`run`, as bench_steps.py and bench_tensor.py print it), and each stream's prompt ids.
 """
 
 import itertools
@@ -15,14 +15,21 @@ from mlx_ring.ring.protocol import Kind
 from mlx_ring.serving.params import SamplingParams
 from mlx_ring.serving.scheduler import Scheduler, Sequence
 
+GREEDY = SamplingParams(temperature=0.0)
+
 
 def run(
-    sched: Scheduler, n: int, max_tokens: int, prompt: Callable[[int], list[int]]
+    sched: Scheduler,
+    n: int,
+    max_tokens: int,
+    prompt: Callable[[int], list[int]],
+    params: SamplingParams = GREEDY,
 ) -> tuple[float, str]:
-    """n sequences arriving together; returns the seconds until the last one had its last token
-    (as mlx_lm_loop times mlx-lm's loops) and one line of counts and times. What the scheduler
-    does after that (the step chained past the last token, the FILTER that frees the group) runs
-    untimed, as the step mlx-lm's loop starts past its last token does."""
+    """n sequences arriving together, each sampled as `params` say; returns the seconds until the
+    last one had its last token (as mlx_lm_loop times mlx-lm's loops) and one line of counts and
+    times. What the scheduler does after that (the step chained past the last token, the FILTER
+    that frees the group) runs untimed, as the step mlx-lm's loop starts past its last token
+    does."""
     kinds: dict[int, int] = {}
     shapes: dict[tuple[int, int], int] = {}  # PREFILL steps by (rows, tokens a row)
     pipe = sched.pipe
@@ -36,7 +43,7 @@ def run(
         submit(header, payload, *a, **kw)
 
     pipe.submit = counted
-    seqs = [Sequence(i, prompt(i), SamplingParams(temperature=0.0)) for i in range(n)]
+    seqs = [Sequence(i, prompt(i), params) for i in range(n)]
     count = dict.fromkeys(range(n), 0)
     tokens: dict[int, list[int]] = {i: [] for i in range(n)}
     t0, first, last, finished = time.perf_counter(), None, None, 0

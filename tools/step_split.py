@@ -10,7 +10,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx_lm_loop
 from mlx_lm.generate import generate_step
-from scheduler_run import run
+from scheduler_run import GREEDY, run
 
 from mlx_ring.serving import runner
 from mlx_ring.serving.scheduler import Scheduler
@@ -83,24 +83,34 @@ class Timed:
         return getattr(self._model, name)
 
 
-def split_generate_step(model, prompt: list[int], max_tokens: int) -> str:
-    """mlx-lm's loop: python = the model's forward built (its sampler is one argmax), encode =
-    `mx.async_eval`, wait = the rest of the step (the token read and the loop)."""
+def split_generate_step(
+    model, prompt: list[int], max_tokens: int, sampler=mlx_lm_loop.GREEDY, processors=None
+) -> str:
+    """mlx-lm's loop: python = the model's forward built (sampling, greedy unless `sampler` and
+    `processors` say other, is in the rest), encode = `mx.async_eval`, wait = the rest of the step
+    (the token read and the loop)."""
     clock = Clock()
     with patched(mx, "async_eval", clock.wrap(mx.async_eval, "encode")):
         steps = generate_step(
-            mx.array(prompt), Timed(model, clock), max_tokens=max_tokens, sampler=mlx_lm_loop.GREEDY
+            mx.array(prompt),
+            Timed(model, clock),
+            max_tokens=max_tokens,
+            sampler=sampler,
+            logits_processors=processors,
         )
         for _ in steps:
             clock.tick()
     return clock.line("generate_step", ("python", "encode"))
 
 
-def split_ring(sched: Scheduler, max_tokens: int, prompt: Callable[[int], list[int]]) -> str:
-    """The ring's scheduler, one stream: python = the stage, head and sampling built (`Shard.apply`,
-    `head`, `sample_lazy`), send = the step's header (and payload) leaving on the ring, encode = the
-    rest of `submit` (its `async_eval`) and the head's prefetch, wait = `read_tokens` and (in tensor
-    mode) the wait for the last step inside `submit`."""
+def split_ring(
+    sched: Scheduler, max_tokens: int, prompt: Callable[[int], list[int]], params=GREEDY
+) -> str:
+    """The ring's scheduler, one stream (greedy, unless `params` say other): python = the stage,
+    head and sampling built (`Shard.apply`, `head`, `sample_lazy`), send = the step's header (and
+    payload) leaving on the ring, encode = the rest of `submit` (its `async_eval`) and the head's
+    prefetch, wait = `read_tokens` and (in tensor mode) the wait for the last step inside
+    `submit`."""
     clock, shard, pipe = Clock(), sched.pipe.stage, sched.pipe
     submit, inner = pipe.submit, ("python", "wait", "send")
 
@@ -136,5 +146,5 @@ def split_ring(sched: Scheduler, max_tokens: int, prompt: Callable[[int], list[i
         for owner, name, f in [*parts, (pipe, "submit", timed_submit), (sched, "step", ticking)]:
             stack.enter_context(patched(owner, name, f))
         clock.t = time.perf_counter()
-        run(sched, 1, max_tokens, prompt)
+        run(sched, 1, max_tokens, prompt, params)
     return clock.line(f"ring-{pipe.ring.size}", ("python", "send", "encode", "wait"))
