@@ -225,7 +225,7 @@ def main():
             print(split_generate_step(peer, a.prompt_of(0), a.max_tokens, *a.peer), flush=True)
     if a.profile:
         prof = cProfile.Profile()
-        prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of)
+        prof.runcall(run, sched, max(streams), a.max_tokens, a.prompt_of, a.params)
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
     if a.trace and pipe.ring.size > 1:
         ranks = traced(sched, streams[-1], a)
