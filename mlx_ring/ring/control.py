@@ -164,7 +164,7 @@ class Star:
 
     def _run(self) -> None:
         socks = {p.sock: p for p in self.peers}
-        beat = 0.0
+        beat, p = 0.0, None
         while socks:
             now = time.monotonic()
             try:
@@ -182,10 +182,27 @@ class Star:
                     p.heard = time.monotonic()
                 why = self.overdue(time.monotonic())
             except (RuntimeError, ValueError) as e:  # ValueError: a socket closed here
-                why, socks, self.broken = str(e), {}, str(e)  # for a `watch` still to come
+                why = self.first_silent(time.monotonic(), p, str(e))
+                socks, self.broken = {}, why  # for a `watch` still to come
             if why is not None and self.lost is not None and not self.stopped:
                 self.stopped = True
                 self.lost(why)
+
+    def first_silent(self, now: float, failed: Peer | None, why: str) -> str:
+        """`why` `failed`'s link broke, unless another worker had gone silent before: once one
+        rank's ssh session ends (a cut link's, after ssh's keepalives) mlx.launch stops the
+        others, so a link that closes then is the fault's echo, and the silent host its cause."""
+        for p in self.peers:  # beats waiting unread: that worker is there
+            if p is not failed and select.select([p.sock], [], [], 0)[0]:
+                p.heard = now
+        silent = [p for p in self.peers if p is not failed and now - p.heard > SILENT_S]
+        if not silent:
+            return why
+        p = min(silent, key=lambda p: p.heard)
+        return (
+            f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every {BEAT_S} "
+            f"s): the rank is stopped, or its host is off, asleep or cut off; then {why}"
+        )
 
     def overdue(self, now: float) -> str | None:
         """Why the ring is broken at `now`: a worker silent for LOST_S, or one whose beats come

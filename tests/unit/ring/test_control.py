@@ -161,6 +161,25 @@ def test_a_worker_that_closes_its_link_is_named():
     assert said == ["rank 2 (mini-c) closed its control link (the rank is gone)"]
 
 
+def test_a_link_closed_after_another_worker_went_silent_names_the_silent_one_first(monkeypatch):
+    """A cut link stops that worker's beats; ssh gives up on its host after its keepalives, and
+    mlx.launch then stops the other ranks, whose links close: the cut host is the cause."""
+    monkeypatch.setattr(control, "SILENT_S", 0.5)
+    cut, cut_far = tcp_pair()  # rank 1's end says nothing
+    a, b = tcp_pair()
+    star = Star([Peer(control.tune(cut), 1, "mini-b"), Peer(control.tune(a), 2, "mini-c")], 60.0)
+    said = []
+    star.watch(said.append)
+    spoke = Spoke(Peer(control.tune(b), 0, "mini-a"), 2)  # rank 2 beats until it is stopped
+    time.sleep(1.2)
+    spoke.stop()
+    b.close()
+    wait_for(lambda: said, 10)
+    assert said[0].startswith("rank 1 (mini-b) sent nothing for "), said
+    assert said[0].endswith("then rank 2 (mini-c) closed its control link (the rank is gone)")
+    cut_far.close()
+
+
 def test_a_silent_rank_0_ends_the_worker_naming_its_host(monkeypatch):
     monkeypatch.setattr(control, "LOST_S", 1.0)
     a, b = tcp_pair()
