@@ -93,6 +93,14 @@ class Peer:
                 ) from e
 
 
+def silence(p: Peer, now: float) -> str:
+    """A worker heard from last at `p.heard`, named as silent."""
+    return (
+        f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every {BEAT_S} s): "
+        "the rank is stopped, or its host is off, asleep or cut off"
+    )
+
+
 def read_exact(sock: socket.socket, n: int, who: str) -> bytes:
     data = b""
     while len(data) < n:
@@ -198,21 +206,14 @@ class Star:
         silent = [p for p in self.peers if p is not failed and now - p.heard > SILENT_S]
         if not silent:
             return why
-        p = min(silent, key=lambda p: p.heard)
-        return (
-            f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every {BEAT_S} "
-            f"s): the rank is stopped, or its host is off, asleep or cut off; then {why}"
-        )
+        return f"{silence(min(silent, key=lambda p: p.heard), now)}; then {why}"
 
     def overdue(self, now: float) -> str | None:
         """Why the ring is broken at `now`: a worker silent for LOST_S, or one whose beats come
         while it has not done a step sent STEP_TIMEOUT ago; None if neither."""
         for p in self.peers:
             if now - p.heard > LOST_S:
-                return (
-                    f"{p.who()} sent nothing for {now - p.heard:.0f} s (its beats come every "
-                    f"{BEAT_S} s): the rank is stopped, or its host is off, asleep or cut off"
-                )
+                return silence(p, now)
         least = min(p.done for p in self.peers)
         while self.issued and self.issued[0][0] <= least:
             self.issued.popleft()
