@@ -118,17 +118,20 @@ def main() -> None:
     for feature in set(only) & set(PEERS):
         one_stream(model, prompt, 8, *PEERS[feature])
     with ring_target(a, a.model, "features", 1, [], {}) as ring:
-        for _ in range(a.rounds):
+        for r in range(a.rounds):
             for feature in only:
                 if feature in PEERS:
                     _, line = one_stream(model, prompt, a.tokens, *PEERS[feature])
                     tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
                     results.setdefault(f"generate_step, {feature}", []).append(tps)
+                    print(f"round {r}: generate_step, {feature} {tps:.1f} tokens/s", flush=True)
                 group = groups.get(feature) or [FEATURES[feature]]
                 tps = asyncio.run(streams(ring.url, a.model.name, a.tokens, group))
                 results.setdefault(feature, []).append(tps)
+                print(f"round {r}: {feature} {tps:.1f} tokens/s", flush=True)
+            # kept round by round: a run cut short still leaves what it measured
+            a.out.write_text(json.dumps(results, indent=1))
     print(table(results))
-    a.out.write_text(json.dumps(results, indent=1))
 
 
 def table(results: dict[str, list[float]]) -> str:
