@@ -95,13 +95,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--only",
-        default=None,
-        help="these features alone, comma-separated (default: all, and the 16-stream pair)",
+        action="append",
+        help="this feature alone (again for more; default: all, and the 16-stream pair)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "features.json")
     a = p.parse_args()
     a.pin, a.concurrency, a.server_args = False, [16], []
-    only = a.only.split(",") if a.only else [*FEATURES, "16 greedy", "16 mixed"]
+    only = a.only or [*FEATURES, "16 greedy", "16 mixed"]
     if unknown := set(only) - {*FEATURES, "16 greedy", "16 mixed"}:
         raise SystemExit(f"--only: no feature {sorted(unknown)}; they are {list(FEATURES)}")
     (ROOT / "bench-results").mkdir(exist_ok=True)
