@@ -7,7 +7,7 @@ The header is JSON: the file's format, the block's full key (hex), the scope it 
 each array's name, dtype, shape, byte offset and length within the payload, the payload's length
 and its blake2b-128 checksum. Nothing is trusted before it is checked: a torn write, a file renamed
 onto another key's name, a flipped byte and a file from another scope or format all fail `decode`
-with `Corrupt`. Pure bytes, no MLX: the engine thread turns arrays into bytes and back.
+with `Corrupt`. No MLX: the engine thread turns arrays into records and back.
 """
 
 import hashlib
@@ -23,9 +23,10 @@ MAX_HEADER = 1 << 20  # a header is a few hundred bytes per array; a larger leng
 
 @dataclass(frozen=True)
 class Record:
-    """One block's arrays for this rank, as bytes: name -> (dtype name, shape, raw bytes)."""
+    """One block's arrays for this rank: name -> (dtype name, shape, raw), raw as bytes or a
+    read-only byte view (cache/held.py's `to_record`)."""
 
-    arrays: dict[str, tuple[str, tuple[int, ...], bytes]]
+    arrays: dict[str, tuple[str, tuple[int, ...], bytes | memoryview]]
 
     def nbytes(self) -> int:
         return sum(memoryview(raw).nbytes for _, _, raw in self.arrays.values())

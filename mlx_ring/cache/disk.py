@@ -1,5 +1,7 @@
 """The prompt cache's disk tier: one rank's blocks (its own layers' KV, as bytes) on its own disk,
-so they outlive restarts. Bytes only, never MLX: the engine thread turns arrays into bytes and back.
+so they outlive restarts. Never MLX: the engine thread turns arrays into records (bytes, or
+read-only views of evaluated arrays' memory) and back, and records it put come back to that thread
+to be let go (`put` and `close` drop those the writer is done with).
 
 Layout: `root/<scope>/<first two hex>/<32 hex>.kv`, one file per block, named by its 16-byte chain
 key in lower case (macOS's file system ignores case). `scope` is the caller's hex digest of what
@@ -85,6 +87,9 @@ class DiskTier:
         self._wake = threading.Condition(self._lock)
         self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file size, least recent first
         self._queue: OrderedDict[bytes, Record] = OrderedDict()  # until its file is in place
+        # written or dropped, until the engine thread's next call lets them go: a record may view
+        # MLX's arrays, and only that thread frees them
+        self._done: list[Record] = []
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._bytes = self._queued = 0
         self._stopped: str | None = None  # why writes stopped, once they have
@@ -193,6 +198,7 @@ class DiskTier:
         """Queue the block for writing; False when it is held or queued already, or skipped
         (writes stopped, the queue full, or the block larger than the cap)."""
         _check_key(key)
+        self._let_go()
         size = record.nbytes()
         with self._lock:
             if key in self._index or key in self._queue:
@@ -256,9 +262,17 @@ class DiskTier:
                 self._bytes -= self._index.pop(key)
         return record
 
+    def _let_go(self) -> None:
+        """Drop the records the writer is done with, here on the engine thread (put and close);
+        the queue's bytes count them until then."""
+        with self._lock:
+            done, self._done = self._done, []
+            self._queued -= sum(r.nbytes() for r in done)
+        del done
+
     def stats(self) -> dict:
         """Ints for /metrics (misses include corrupt files; `skipped` counts puts not written),
-        and `writing`: False while writes are stopped or below the floor."""
+        and `writing`: False while writes are stopped or below the floor (from any thread)."""
         with self._lock:
             return {
                 "blocks": len(self._index),
@@ -282,6 +296,7 @@ class DiskTier:
             with self._lock:
                 self._abandon = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._let_go()
 
     # --- the writer thread ---------------------------------------------------------------------
 
@@ -295,9 +310,9 @@ class DiskTier:
                         break
                     key, record = next(iter(self._queue.items()))
                 size = self._write(key, record)
+                del record  # the queue's reference alone, which goes to the engine thread
                 with self._lock:
-                    del self._queue[key]
-                    self._queued -= record.nbytes()
+                    self._done.append(self._queue.pop(key))
                     if size:
                         self._index[key] = size
                         self._bytes += size
@@ -307,8 +322,8 @@ class DiskTier:
         finally:
             with self._lock:
                 self._counts["skipped"] += len(self._queue)
+                self._done.extend(self._queue.values())
                 self._queue.clear()
-                self._queued = 0
             scopes.release(self._lock_fd)
 
     def _write(self, key: bytes, record: Record) -> int:

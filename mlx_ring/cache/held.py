@@ -1,14 +1,16 @@
 """One rank's blocks of the prompt cache, for its own layers: the RAM tier (the blocks rank 0's
 index says every rank holds), the blocks a FETCH brought back from this rank's disk for the LOAD
 that follows it, and the writes to that disk. The SAVE, SAVE_ROW, FETCH and LOAD steps of
-`shard.Shard` (cache/steps.py) drive it; only the engine thread calls it, and it alone turns arrays
-into bytes and back: the disk tier's threads see bytes only.
+`shard.Shard` (cache/steps.py) drive it; only the engine thread calls it and makes or frees arrays:
+the disk tier's threads see bytes, or read-only views of evaluated arrays' memory that the
+engine thread lets go.
 """
 
 import logging
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 
 from mlx_ring.cache.blocks import KEY_INTS, key_of
 from mlx_ring.cache.kvbits import OFF
@@ -28,13 +30,19 @@ def _flat(tree, name: str = ""):
 
 
 def to_record(layers: list[tuple]):
-    """A block's per-layer arrays (nested by part, for some models) as the disk tier's bytes
-    (the arrays evaluated)."""
+    """A block's per-layer arrays (nested by part, for some models), evaluated, as the disk tier's
+    record: read-only views of their memory, not copies, so that the writer's thread reads them
+    (on CUDA, whose memory is managed, a first read from the host moves the pages: on the engine
+    thread it held prefills back). `DiskTier` lets the views go on the engine thread."""
     from mlx_ring.cache.disk import Record
 
     arrays = {}
     for name, a in _flat(layers):
-        raw = np.array(a.view(mx.uint8)).tobytes()
+        view = memoryview(a)
+        if view.c_contiguous:
+            raw = view.cast("B").toreadonly()
+        else:
+            raw = np.array(a.view(mx.uint8)).tobytes()
         arrays[name] = (str(a.dtype).removeprefix("mlx.core."), tuple(a.shape), raw)
     return Record(arrays)
 
@@ -103,9 +111,10 @@ class HeldBlocks:
             kept.append(layers)
             if ram:
                 self.ram[key] = layers
-            if write:
-                writes.append((key, layers))
-        mx.eval(kept)  # copied now: the source cache may change or go next step
+            if write:  # the disk's own copy where RAM keeps one: its pages may leave the GPU
+                writes.append((key, tree_map(mx.array, layers) if ram else layers))
+        # copied now: the source cache may change or go next step
+        mx.eval(kept, [layers for _, layers in writes])
         for key, layers in writes:
             self.disk.put(key, to_record(layers))
 

@@ -9,9 +9,10 @@ import logging
 import os
 import shutil
 import threading
+import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from mlx_ring.cache import blockfile, disk, scopes
@@ -60,22 +61,6 @@ def written(opened, *keys: bytes, **kw) -> int:
     return t.stats()["bytes"] // len(keys)
 
 
-@pytest.fixture
-def held_writer(monkeypatch):
-    """The writer waits before each block (at its free-space check) until `go` is set; `at` is
-    set once it waits there."""
-    held, usage = SimpleNamespace(go=threading.Event(), at=threading.Event()), shutil.disk_usage
-
-    def waiting(where):
-        held.at.set()
-        assert held.go.wait(60), "the test never let the writer go"
-        return usage(where)
-
-    monkeypatch.setattr(disk.shutil, "disk_usage", waiting)
-    yield held
-    held.go.set()
-
-
 def test_a_block_survives_a_restart(opened, tmp_path):
     t = opened()
     assert t.put(A, record(1)) and t.has(A) and not t.put(A, record(2))  # written once only
@@ -121,6 +106,20 @@ def test_close_is_bounded_and_drops_what_it_did_not_write(opened, tmp_path, held
     t._writer.join(60)
     assert [t.has(k) for k in (A, B)] == [True, False] and t.stats()["skipped"] == 1
     assert not t.put(C, record(3))
+
+
+def test_the_writer_never_lets_a_record_go_the_engine_threads_next_put_or_close_does(opened):
+    # a record may view MLX's arrays, and only the engine thread frees them
+    t, gone = opened(), []
+    for key in (A, B):
+        data = np.frombuffer(bytes(range(256)) * 4, dtype=np.uint8).copy()
+        weakref.finalize(data, lambda: gone.append(threading.current_thread().name))
+        assert t.put(key, Record({"raw": ("uint8", (1024,), memoryview(data).toreadonly())}))
+        del data
+    t.close()
+    assert gone == [threading.current_thread().name] * 2 and t.stats()["queued_bytes"] == 0
+    got = opened().get([A, B])
+    assert [r.arrays["raw"][2] for r in got] == [bytes(range(256)) * 4] * 2
 
 
 def truncate(p: Path) -> None:

@@ -58,3 +58,26 @@ def test_a_spoilt_block_and_every_one_after_it_count_as_misses(tmp_path):
     first.write_bytes(first.read_bytes()[:-3])
     held = HeldBlocks(0, DiskTier(tmp_path, "ab", 1 << 30, floor_bytes=0))
     assert fetched(held, KEYS) == [1, 1] and held.staged == {}
+
+
+def address(buffer) -> int:
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def test_a_block_ram_keeps_goes_to_the_disk_as_a_view_of_a_copy_of_its_own(tmp_path, held_writer):
+    # the writer's reads would move the pages of a CUDA array to the host, RAM's with them
+    disk = DiskTier(tmp_path, "ab", 1 << 30, floor_bytes=0)
+    held = HeldBlocks(0, disk)
+    kv = layers(2)
+
+    def compact(row, n, start, end):  # as SAVE's spans are
+        return [tuple(mx.contiguous(a) for a in pair) for pair in span_of(kv)(row, n, start, end)]
+
+    held.keep(lines(ram=1), B, compact)
+    [queued] = disk.get(KEYS[:1])  # the writer is held: from the queue
+    raw, ram = queued.arrays["0.0"][2], memoryview(held.ram[KEYS[0]][0][0]).cast("B")
+    assert isinstance(raw, memoryview) and raw.readonly
+    assert address(raw) != address(ram) and raw == ram
+    held_writer.go.set()
+    disk.close()
+    assert disk.stats()["blocks"] == 2
