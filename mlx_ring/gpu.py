@@ -80,6 +80,13 @@ def own_memory(info: dict) -> tuple[int, int] | None:
     return (int(total), int(free)) if total and free is not None else None
 
 
+def host_reads_move_pages(info: dict) -> bool:
+    """Whether the host reading an array moves its pages off the GPU, whose next use moves them
+    back: on a GPU with memory of its own (MLX's CUDA memory is managed), not on Metal or a CPU,
+    where both read the same memory."""
+    return own_memory(info) is not None
+
+
 def usable_own(total: int, free: int) -> int:
     """What a rank may fill on a GPU of its own: what is free now, at most
     `GPU_MEMORY_SHARE` of it."""

@@ -12,8 +12,10 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map
 
+from mlx_ring import gpu
 from mlx_ring.cache.blocks import KEY_INTS, key_of
 from mlx_ring.cache.kvbits import OFF
+from mlx_ring.planning.probe import device_info
 from mlx_ring.ring.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,9 @@ class HeldBlocks:
 
     def __init__(self, rank: int, disk=None):
         self.rank, self.disk = rank, disk
+        # a block RAM keeps too goes to the disk as a copy of its own where the writer's reads
+        # would move RAM's pages off the GPU
+        self.disk_copy = gpu.host_reads_move_pages(device_info())
         self.salt = b""  # what rank 0's keys chain from (cache/tiers.salt)
         self.kv = OFF  # KV_BITS: how its blocks are kept (cache/kvbits.py)
         self.ram: dict[bytes, list] = {}
@@ -111,8 +116,9 @@ class HeldBlocks:
             kept.append(layers)
             if ram:
                 self.ram[key] = layers
-            if write:  # the disk's own copy where RAM keeps one: its pages may leave the GPU
-                writes.append((key, tree_map(mx.array, layers) if ram else layers))
+            if write:
+                own = ram and self.disk_copy
+                writes.append((key, tree_map(mx.array, layers) if own else layers))
         # copied now: the source cache may change or go next step
         mx.eval(kept, [layers for _, layers in writes])
         for key, layers in writes:

@@ -3,6 +3,7 @@ FETCH after a restart, loaded as the first tokens of a prompt; a spoilt file cou
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from mlx_ring.cache.blocks import chain_keys, key_ints
 from mlx_ring.cache.disk import DiskTier
@@ -64,10 +65,14 @@ def address(buffer) -> int:
     return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
 
 
-def test_a_block_ram_keeps_goes_to_the_disk_as_a_view_of_a_copy_of_its_own(tmp_path, held_writer):
-    # the writer's reads would move the pages of a CUDA array to the host, RAM's with them
+@pytest.mark.parametrize("moves", [True, False], ids=["cuda", "shared memory"])
+def test_a_block_ram_keeps_goes_to_the_disk_as_a_view_copied_only_where_reads_move_pages(
+    tmp_path, held_writer, moves
+):
+    # on CUDA the writer's reads would move RAM's pages off the GPU; on Metal they move nothing
     disk = DiskTier(tmp_path, "ab", 1 << 30, floor_bytes=0)
     held = HeldBlocks(0, disk)
+    held.disk_copy = moves
     kv = layers(2)
 
     def compact(row, n, start, end):  # as SAVE's spans are
@@ -76,8 +81,8 @@ def test_a_block_ram_keeps_goes_to_the_disk_as_a_view_of_a_copy_of_its_own(tmp_p
     held.keep(lines(ram=1), B, compact)
     [queued] = disk.get(KEYS[:1])  # the writer is held: from the queue
     raw, ram = queued.arrays["0.0"][2], memoryview(held.ram[KEYS[0]][0][0]).cast("B")
-    assert isinstance(raw, memoryview) and raw.readonly
-    assert address(raw) != address(ram) and raw == ram
+    assert isinstance(raw, memoryview) and raw.readonly and raw == ram
+    assert (address(raw) != address(ram)) == moves
     held_writer.go.set()
     disk.close()
     assert disk.stats()["blocks"] == 2

@@ -12,6 +12,7 @@ from mlx_ring.gpu import (
     PREFILL_SHARE,
     STAGE_BUDGET_S,
     WATCHDOG_S,
+    host_reads_move_pages,
     receive_apart_setting,
     usable_bytes,
     watchdog_chunk,
@@ -262,3 +263,10 @@ def test_the_server_sizes_chunks_from_the_macs_in_the_ring_unless_prefill_chunk_
         [("mini", 32 * Q32B.layer_flops, 3.5), ("mini2", 32 * Q32B.layer_flops, 3.5)], cap=128
     )
     assert startup.prefill_chunk(cfg, Cluster(pair, PlanFacts(tensor=2)), Q32B.layer_flops) == want
+
+
+def test_only_a_gpu_with_memory_of_its_own_moves_pages_when_the_host_reads_an_array():
+    # the prompt cache's disk copy follows it (cache/held.py): a Mac's unified memory moves nothing
+    cuda = {"device_name": "NVIDIA H200", "total_memory": 150_110_011_392, "free_memory": 149 << 30}
+    assert host_reads_move_pages(cuda)
+    assert not any(map(host_reads_move_pages, (MAC_16GB, MAC_128GB, LINUX_CPU)))
