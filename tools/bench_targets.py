@@ -4,8 +4,10 @@ tensor), one-rank replicas and mlx-lm's servers, as the run's flags ask for them
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,6 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through every `with` of a started target
+
+
 class Target:
     """A server process we start, stream from, and stop."""
 
@@ -27,6 +33,10 @@ class Target:
         self.urls = [self.url]  # where the streams go, dealt in turn
 
     def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            # A SIGTERM (`timeout`, a job's end) must stop the server too: it runs in a session of
+            # its own, which the default handler would leave running, holding the GPU and its port.
+            signal.signal(signal.SIGTERM, _exit_on_signal)
         self.log = open(ROOT / "bench-results" / f"{self.name}.log", "w")
         self.proc = subprocess.Popen(
             self.cmd,
