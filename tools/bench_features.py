@@ -44,6 +44,12 @@ FEATURES = {
     },
 }
 
+# 16 streams at once: greedy, and the settings above in turn
+GROUPS = {
+    "16 greedy": [FEATURES["greedy"]] * 16,
+    "16 mixed": [list(FEATURES.values())[i % len(FEATURES)] for i in range(16)],
+}
+
 # mlx-lm's own sampler and processors for the features it has: (sampler, processors)
 PEERS = {
     "greedy": (make_sampler(0.0), None),
@@ -96,14 +102,13 @@ def main() -> None:
     p.add_argument(
         "--only",
         action="append",
+        choices=[*FEATURES, *GROUPS],
         help="this feature alone (again for more; default: all, and the 16-stream pair)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "features.json")
     a = p.parse_args()
     a.pin, a.concurrency, a.server_args = False, [16], []
-    only = a.only or [*FEATURES, "16 greedy", "16 mixed"]
-    if unknown := set(only) - {*FEATURES, "16 greedy", "16 mixed"}:
-        raise SystemExit(f"--only: no feature {sorted(unknown)}; they are {list(FEATURES)}")
+    only = a.only or [*FEATURES, *GROUPS]
     (ROOT / "bench-results").mkdir(exist_ok=True)
     # mlx-lm's copy stays loaded beside the server's, so each round runs both back to back: on a
     # lent machine whose speed drifts, a round's pair compares where separate runs would not.
@@ -111,8 +116,6 @@ def main() -> None:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )
-    mixed = [list(FEATURES.values())[i % len(FEATURES)] for i in range(16)]
-    groups = {"16 greedy": [FEATURES["greedy"]] * 16, "16 mixed": mixed}
     results: dict[str, list[float]] = {}
     # mlx-lm's kernels built before the first timed round, as the server's warm-up builds its own
     for feature in set(only) & set(PEERS):
@@ -125,7 +128,7 @@ def main() -> None:
                     tps = float(re.search(r"decode ([\d.]+) tokens/s", line)[1])
                     results.setdefault(f"generate_step, {feature}", []).append(tps)
                     print(f"round {r}: generate_step, {feature} {tps:.1f} tokens/s", flush=True)
-                group = groups.get(feature) or [FEATURES[feature]]
+                group = GROUPS.get(feature) or [FEATURES[feature]]
                 tps = asyncio.run(streams(ring.url, a.model.name, a.tokens, group))
                 results.setdefault(feature, []).append(tps)
                 print(f"round {r}: {feature} {tps:.1f} tokens/s", flush=True)
