@@ -7,6 +7,7 @@
   by its host, after STEP_TIMEOUT, in the pipeline as in tensor mode."""
 
 import json
+import re
 import threading
 import time
 
@@ -100,7 +101,10 @@ def test_a_worker_that_skipped_a_filter_names_it_and_no_token_comes_after(
     after = [t for t in tokens(long) if t > short[-1][0]]
     assert len(after) <= 3, (len(after), len(tokens(long)))
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
-    assert "rank 1: group 0 has 3 rows, step has 2" in logs, logs[-3000:]
+    # the filter skipped on rank 1 left it a row more than the step: 3 and 2 where all three
+    # requests had joined first, 2 and 1 where one came later (a busy machine)
+    named = re.search(r"rank 1: group 0 has (\d+) rows, step has (\d+)", logs)
+    assert named and int(named[1]) == int(named[2]) + 1, logs[-3000:]
 
 
 def test_a_worker_stuck_in_a_step_with_its_beats_going_is_named_after_step_timeout(tmp_path, model):
